@@ -1,0 +1,88 @@
+"""Pure math core of fedhead (SPEC sections 3-9): numpy/scipy only, float64.
+
+Targets are ``(N_m, C)`` arrays (rows are samples), Grams ``(C, C)``, heads ``(C, P)``.
+Every public function validates its input and raises :class:`UFMInputError` (a ``ValueError``)
+saying which argument, where and what value was wrong.
+"""
+
+from ._validate import ConvergenceWarning, NotFullyActiveError, UFMInputError
+from .barycenter import BarycenterResult, bw_barycenter, gram_recursion, gram_step, selection_round
+from .bw import bw_distance, bw_distance_squared, closest_head, transport_map
+from .finite_steps import (
+    FiniteStepResult,
+    GramMapStep,
+    commuting_delta,
+    displacement_delta,
+    finite_step_fixed_point,
+    gram_map_jacobian,
+    jacobian_spectral_radius,
+    profiled_gram_map,
+    profiled_round,
+    psi_gradient,
+    psi_value,
+    theta_min,
+)
+from .gap import GapDecomposition, gap_decomposition
+from .objectives import (
+    JointValue,
+    ObjectiveValue,
+    joint_hessian,
+    joint_objective,
+    moment_correction,
+    pack_joint,
+    profiled_objective,
+    proximal_term,
+    scipy_callables,
+    unpack_joint,
+)
+from .closed_forms import FullyActiveReport, check_fully_active, optimal_gram, optimal_loss
+from .moments import TargetMoments
+from .psd import psd_inv_sqrt, psd_power, psd_sqrt, sym
+
+__all__ = [
+    "BarycenterResult",
+    "ConvergenceWarning",
+    "FullyActiveReport",
+    "FiniteStepResult",
+    "GramMapStep",
+    "commuting_delta",
+    "displacement_delta",
+    "finite_step_fixed_point",
+    "gram_map_jacobian",
+    "jacobian_spectral_radius",
+    "profiled_gram_map",
+    "profiled_round",
+    "psi_gradient",
+    "psi_value",
+    "theta_min",
+    "GapDecomposition",
+    "JointValue",
+    "ObjectiveValue",
+    "gap_decomposition",
+    "joint_hessian",
+    "joint_objective",
+    "moment_correction",
+    "pack_joint",
+    "profiled_objective",
+    "proximal_term",
+    "scipy_callables",
+    "unpack_joint",
+    "NotFullyActiveError",
+    "TargetMoments",
+    "UFMInputError",
+    "bw_barycenter",
+    "bw_distance",
+    "bw_distance_squared",
+    "check_fully_active",
+    "closest_head",
+    "gram_recursion",
+    "gram_step",
+    "optimal_gram",
+    "optimal_loss",
+    "psd_inv_sqrt",
+    "psd_power",
+    "psd_sqrt",
+    "selection_round",
+    "sym",
+    "transport_map",
+]

@@ -1,0 +1,134 @@
+"""Closed forms of the profiled problem (SPEC sections 3-4): phi, L*, the fully active check."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from ._validate import NotFullyActiveError, UFMInputError, as_positive_scalar, as_spd
+from .moments import TargetMoments
+from .psd import sym
+
+
+def _alpha(lambda_h: float, lambda_w: float) -> float:
+    return float(np.sqrt(lambda_h / lambda_w))
+
+
+def _phi(T: np.ndarray, lambda_h: float, lambda_w: float) -> np.ndarray:
+    """Kernel of :func:`optimal_gram` (no validation)."""
+    w, V = np.linalg.eigh(sym(T))
+    g = np.maximum(_alpha(lambda_h, lambda_w) * np.sqrt(np.maximum(w, 0.0)) - lambda_h, 0.0)
+    return sym((V * g[..., None, :]) @ np.swapaxes(V, -1, -2))
+
+
+def optimal_gram(T, lambda_h: float, lambda_w: float) -> np.ndarray:
+    """Optimal head Gram ``phi(T)`` of the profiled objective ``F(.; T)`` (SPEC 4).
+
+    ``phi(T) = alpha T^{1/2} - lambda_H I`` with ``alpha = sqrt(lambda_H / lambda_W)`` in the
+    fully active regime ``lambda_min(T) > lambda_H lambda_W``. Outside it, the eigenvalues
+    ``alpha sqrt(s_i) - lambda_H`` that would be negative are set to zero, which is the exact
+    minimiser of ``F`` over PSD Grams (check the regime with :func:`check_fully_active`).
+
+    Parameters
+    ----------
+    T : array_like, shape (..., C, C)
+        Symmetric PSD target covariance(s).
+    lambda_h, lambda_w : float
+        Feature and head penalties, > 0.
+
+    Returns
+    -------
+    ndarray, shape (..., C, C)
+    """
+    lh = as_positive_scalar("lambda_h", lambda_h)
+    lw = as_positive_scalar("lambda_w", lambda_w)
+    T = as_spd("T", T, batch=True, strict=False)
+    return _phi(T, lh, lw)
+
+
+def optimal_loss(T, lambda_h: float, lambda_w: float) -> np.ndarray | float:
+    """Optimal local loss ``L*`` for target covariance ``T`` (SPEC 4).
+
+    ``L* = sum_{s_i > lH lW} (sqrt(lH lW s_i) - lH lW / 2) + 1/2 sum_{s_i <= lH lW} s_i`` with
+    ``s_i`` the eigenvalues of ``T``; valid also outside the fully active regime.
+
+    Parameters
+    ----------
+    T : array_like, shape (..., C, C)
+    lambda_h, lambda_w : float
+
+    Returns
+    -------
+    float or ndarray of shape (...)
+    """
+    lh = as_positive_scalar("lambda_h", lambda_h)
+    lw = as_positive_scalar("lambda_w", lambda_w)
+    T = as_spd("T", T, batch=True, strict=False)
+    s = np.maximum(np.linalg.eigvalsh(T), 0.0)
+    thr = lh * lw
+    val = np.where(s > thr, np.sqrt(thr * s) - 0.5 * thr, 0.5 * s).sum(axis=-1)
+    return float(val) if np.ndim(val) == 0 else val
+
+
+class FullyActiveReport(NamedTuple):
+    """Result of :func:`check_fully_active`.
+
+    Attributes
+    ----------
+    margins : ndarray, shape (M,)
+        ``lambda_min(Sigma_m) - lambda_H lambda_W`` (all > 0 when the check passes).
+    min_eigs : ndarray, shape (M,)
+        ``lambda_min(Sigma_m)``.
+    threshold : float
+        ``lambda_H lambda_W``.
+    """
+
+    margins: np.ndarray
+    min_eigs: np.ndarray
+    threshold: float
+
+    @property
+    def ratios(self) -> np.ndarray:
+        """``lambda_min(Sigma_m) / (lambda_H lambda_W)`` (the margin factor kappa), shape (M,)."""
+        return self.min_eigs / self.threshold
+
+
+def check_fully_active(moments, lambda_h: float, lambda_w: float) -> FullyActiveReport:
+    """Check ``lambda_min(Sigma_m) > lambda_H lambda_W`` for every client (SPEC 3).
+
+    Parameters
+    ----------
+    moments : TargetMoments or array_like of shape (M, C, C)
+        Client moments, or the client covariances directly.
+    lambda_h, lambda_w : float
+
+    Returns
+    -------
+    FullyActiveReport
+
+    Raises
+    ------
+    NotFullyActiveError
+        Naming the first violating client, its smallest eigenvalue and ``lambda_H lambda_W``.
+    """
+    lh = as_positive_scalar("lambda_h", lambda_h)
+    lw = as_positive_scalar("lambda_w", lambda_w)
+    if isinstance(moments, TargetMoments):
+        covs = np.asarray(moments.covs)
+    else:
+        covs = as_spd("covs", moments, batch=True, label="client", strict=False)
+        if covs.ndim != 3:
+            raise UFMInputError(f"covs: expected shape (M, C, C), got {covs.shape}")
+    min_eigs = np.linalg.eigvalsh(covs)[:, 0]
+    thr = lh * lw
+    margins = min_eigs - thr
+    bad = np.flatnonzero(margins <= 0)
+    if bad.size:
+        m = int(bad[0])
+        raise NotFullyActiveError(
+            f"client {m} is not fully active: smallest eigenvalue of Sigma_{m} is {min_eigs[m]:.6e} "
+            f"<= lambda_H * lambda_W = {thr:.6e} (margin {margins[m]:.3e}); "
+            f"{bad.size} of {covs.shape[0]} clients violate lambda_min(Sigma_m) > lambda_H lambda_W"
+        )
+    return FullyActiveReport(margins=margins, min_eigs=min_eigs, threshold=thr)
