@@ -1,0 +1,1 @@
+"""Hydra configuration tree of fedhead (a package so that ``pkg://conf`` finds it when installed)."""

@@ -1,0 +1,331 @@
+"""RawDataset -> standardised targets -> client partition -> :class:`FederatedData`, with a cache.
+
+The expensive part of a data set (reading the published files, or running a generator) is done
+once per configuration and kept as an uncompressed ``.npz`` in ``cfg.cache_path()``, named by the
+data-set name and a hash of every field of the configuration that can change the samples. The
+file is written atomically (temporary file + ``os.replace``) under an advisory file lock, so
+several processes (Flower clients in Ray actors) that ask for the same data set at once build it
+once and never read a half-written file. Inside one process a memo keeps the loaded arrays.
+
+Standardisation and partitioning are cheap and are redone on every call (they depend on
+``num_clients``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import tempfile
+import threading
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from fedhead.data.base import ClientData, DataError, FederatedData, RawDataset
+from fedhead.data.config import DatasetConfig
+from fedhead.data.partition import Partition, designed_partition, eigen_partition
+
+__all__ = [
+    "CACHE_VERSION",
+    "Standardization",
+    "standardize_targets",
+    "partition_raw",
+    "build_federated",
+    "cache_key",
+    "cache_file",
+    "load_raw_cached",
+    "save_raw",
+    "load_raw_file",
+    "clear_memo",
+]
+
+log = logging.getLogger(__name__)
+
+#: Bump when a loader or generator changes what it produces for the same configuration.
+CACHE_VERSION = 1
+
+#: Configuration fields that never change the samples (excluded from the cache key).
+_KEY_EXCLUDED = ("cache_dir", "allow_outside_regime", "num_clients")
+
+_MEMO: dict[str, RawDataset] = {}
+_MEMO_LOCK = threading.Lock()
+
+
+# --------------------------------------------------------------------------- standardisation
+@dataclasses.dataclass(frozen=True)
+class Standardization:
+    """Pooled training-target standardisation ``y_std = (y - offset) / scale``.
+
+    ``offset`` and ``scale`` are ``(C,)``; identity (zeros / ones) when disabled (MuJoCo).
+    """
+
+    y: np.ndarray
+    y_test: np.ndarray | None
+    offset: np.ndarray
+    scale: np.ndarray
+
+
+def standardize_targets(
+    y: np.ndarray, y_test: np.ndarray | None = None, *, enabled: bool = True
+) -> Standardization:
+    """Centre and scale targets with pooled training statistics (SPEC 10).
+
+    Parameters
+    ----------
+    y : ndarray, shape (N, C)
+        Training targets of all clients together.
+    y_test : ndarray, shape (N_test, C), optional
+        Transformed with the *training* offset and scale.
+    enabled : bool
+        False keeps the stored scale (offset 0, scale 1).
+
+    Returns
+    -------
+    Standardization
+        ``offset = mean(y, axis=0)``, ``scale = std(y, axis=0)`` (population, ``ddof=0``), so the
+        standardised training targets have zero mean and unit variance per coordinate.
+    """
+    y = np.asarray(y, dtype=np.float64)
+    c = y.shape[1]
+    if enabled:
+        offset = y.mean(axis=0)
+        scale = y.std(axis=0)
+        bad = np.flatnonzero(~(scale > 0))
+        if bad.size:
+            raise DataError(
+                f"target column(s) {bad.tolist()} are constant over the training set; "
+                "they cannot be standardised (check the data set's files)"
+            )
+    else:
+        offset, scale = np.zeros(c), np.ones(c)
+    ys = (y - offset) / scale
+    yts = None if y_test is None else (np.asarray(y_test, dtype=np.float64) - offset) / scale
+    return Standardization(y=ys, y_test=yts, offset=offset, scale=scale)
+
+
+# --------------------------------------------------------------------------- partition + tensors
+def partition_raw(raw: RawDataset, y_std: np.ndarray, y_test_std: np.ndarray | None,
+                  num_clients: int) -> Partition:
+    """Designed groups when the data set has them, else the leading-eigenvector partition."""
+    if raw.groups is not None:
+        return designed_partition(raw.groups, num_clients, raw.groups_test)
+    return eigen_partition(y_std, num_clients, y_test_std)
+
+
+def _tensor(a: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(np.ascontiguousarray(a))
+
+
+def build_federated(raw: RawDataset, num_clients: int) -> FederatedData:
+    """Standardise (unless ``raw.standardize`` is False), partition and convert to tensors.
+
+    Training inputs keep their dtype (float32 tabular, uint8 images); targets become float32 in
+    standardised units. Every client gets its samples in ascending original order.
+    """
+    st = standardize_targets(raw.y, raw.y_test, enabled=raw.standardize)
+    part = partition_raw(raw, st.y, st.y_test, num_clients)
+    x = raw.x if raw.is_image else raw.x.astype(np.float32, copy=False)
+    xt = None
+    if raw.x_test is not None:
+        xt = raw.x_test if raw.is_image else raw.x_test.astype(np.float32, copy=False)
+    clients = []
+    for m in range(num_clients):
+        idx = part.indices(m)
+        cd = ClientData(
+            x_train=_tensor(x[idx]),
+            y_train=_tensor(st.y[idx].astype(np.float32)),
+        )
+        if xt is not None and part.test is not None:
+            tidx = part.indices(m, test=True)
+            cd.x_test = _tensor(xt[tidx])
+            cd.y_test = _tensor(st.y_test[tidx].astype(np.float32))
+        clients.append(cd)
+    return FederatedData(
+        name=raw.name,
+        clients=clients,
+        input_shape=tuple(int(s) for s in raw.x.shape[1:]),
+        target_names=tuple(raw.target_names),
+        is_image=raw.is_image,
+        target_offset=st.offset,
+        target_scale=st.scale,
+        source=raw.source,
+    )
+
+
+# --------------------------------------------------------------------------- cache
+def _key_fields(cfg: DatasetConfig) -> dict:
+    fields = dataclasses.asdict(cfg)
+    for k in _KEY_EXCLUDED:
+        fields.pop(k, None)
+    files = cfg.use_files()
+    fields["source"] = "files" if files else "generate"  # "auto" resolved
+    if fields.get("root"):
+        fields["root"] = str(Path(fields["root"]).expanduser().resolve())
+    fields["__class__"] = f"{type(cfg).__module__}.{type(cfg).__qualname__}"
+    fields["__cache_version__"] = CACHE_VERSION
+    return fields
+
+
+def cache_key(cfg: DatasetConfig) -> str:
+    """SHA-256 (hex) of every sample-changing field of ``cfg``, its class and :data:`CACHE_VERSION`.
+
+    ``source`` enters as the resolved choice (files / generate), ``root`` as an absolute path;
+    ``cache_dir``, ``num_clients`` and
+    ``allow_outside_regime`` are excluded. The key does not see the *contents* of the files under
+    ``root``: delete the cache file (``fedhead-data`` prints its path) after replacing them.
+    """
+    blob = json.dumps(_key_fields(cfg), sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode("utf-8")).hexdigest()
+
+
+def cache_file(cfg: DatasetConfig) -> Path:
+    """``<cache_path>/<name>-<first 16 hex digits of cache_key>.npz``."""
+    name = cfg.name or "dataset"
+    return cfg.cache_path() / f"{name}-{cache_key(cfg)[:16]}.npz"
+
+
+def save_raw(raw: RawDataset, path: str | os.PathLike, config: dict | None = None) -> Path:
+    """Write ``raw`` as an uncompressed ``.npz`` atomically (temp file in the folder + replace)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    meta = {
+        "name": raw.name,
+        "target_names": list(raw.target_names),
+        "standardize": bool(raw.standardize),
+        "source": raw.source,
+        "config": config or {},
+        "cache_version": CACHE_VERSION,
+    }
+    arrays = {"x": raw.x, "y": raw.y, "meta": np.array(json.dumps(meta, default=str))}
+    for k in ("x_test", "y_test", "groups", "groups_test"):
+        v = getattr(raw, k)
+        if v is not None:
+            arrays[k] = v
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            np.savez(fh, **arrays)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, 0o644)  # mkstemp makes 0600; the cache may be shared
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+def load_raw_file(path: str | os.PathLike) -> RawDataset:
+    """Read a file written by :func:`save_raw` (no pickle). Raises DataError if unreadable."""
+    path = Path(path)
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            meta = json.loads(str(z["meta"]))
+            arrays = {k: z[k] for k in z.files if k != "meta"}
+    except (OSError, ValueError, KeyError, json.JSONDecodeError) as exc:
+        raise DataError(f"cached data set {path} is unreadable ({exc}); delete it to rebuild") from exc
+    if meta.get("cache_version") != CACHE_VERSION:
+        raise DataError(f"cached data set {path} has cache version {meta.get('cache_version')}, "
+                        f"expected {CACHE_VERSION}")
+    return RawDataset(
+        name=meta["name"],
+        x=arrays["x"],
+        y=arrays["y"],
+        target_names=tuple(meta["target_names"]),
+        x_test=arrays.get("x_test"),
+        y_test=arrays.get("y_test"),
+        groups=arrays.get("groups"),
+        groups_test=arrays.get("groups_test"),
+        standardize=bool(meta["standardize"]),
+        source=meta["source"],
+    )
+
+
+@contextlib.contextmanager
+def _file_lock(path: Path):
+    """Exclusive advisory lock on ``path`` (POSIX ``flock``; no-op where unavailable)."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - non-POSIX
+        yield
+        return
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fh = open(path, "a+b")
+    except OSError as exc:  # read-only cache folder: build without the lock (and the cache)
+        warnings.warn(f"cannot create the lock file {path} ({exc})", stacklevel=3)
+        yield
+        return
+    with fh:
+        fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+
+
+def _freeze(raw: RawDataset) -> RawDataset:
+    for k in ("x", "y", "x_test", "y_test", "groups", "groups_test"):
+        v = getattr(raw, k)
+        if isinstance(v, np.ndarray):
+            v.flags.writeable = False
+    return raw
+
+
+def clear_memo() -> None:
+    """Forget the in-process memo (the files in the cache folder stay)."""
+    with _MEMO_LOCK:
+        _MEMO.clear()
+
+
+def load_raw_cached(
+    cfg: DatasetConfig, loader: Callable[[DatasetConfig], RawDataset], *, use_cache: bool = True
+) -> RawDataset:
+    """Return ``loader(cfg)``, reusing the in-process memo and the cache file when possible.
+
+    Order: memo -> cache file -> (under the file lock: cache file again -> ``loader`` -> write the
+    cache atomically). ``use_cache=False`` always calls the loader and touches no file. Arrays of
+    the returned data set are read-only (shared by every caller in the process).
+    """
+    if not use_cache:
+        return loader(cfg)
+    key = cache_key(cfg)
+    with _MEMO_LOCK:
+        hit = _MEMO.get(key)
+    if hit is not None:
+        return hit
+    path = cache_file(cfg)
+    raw = _try_read(path)
+    if raw is None:
+        with _file_lock(path.with_name(path.name + ".lock")):
+            raw = _try_read(path)  # another process may have finished it meanwhile
+            if raw is None:
+                log.info("preparing data set %s (cache %s)", cfg.name, path)
+                raw = loader(cfg)
+                try:
+                    save_raw(raw, path, config=_key_fields(cfg))
+                    log.info("cached %s at %s", cfg.name, path)
+                except OSError as exc:
+                    warnings.warn(f"could not write the data cache {path}: {exc}", stacklevel=2)
+    raw = _freeze(raw)
+    with _MEMO_LOCK:
+        _MEMO[key] = raw
+    return raw
+
+
+def _try_read(path: Path) -> RawDataset | None:
+    if not path.exists():
+        return None
+    try:
+        return load_raw_file(path)
+    except DataError as exc:
+        warnings.warn(f"{exc}; rebuilding it", stacklevel=3)
+        return None

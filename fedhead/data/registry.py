@@ -1,0 +1,165 @@
+"""Data-set names -> config classes and loaders; :func:`load_federated`, the layer's entry point.
+
+Every data set is a module exposing a :class:`~fedhead.data.config.DatasetConfig` subclass and
+``load(cfg) -> RawDataset``. Modules are imported lazily (``fedhead.data`` does not import
+gymnasium or h5py until a data set needs them).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from fedhead.data.base import DataError, FederatedData, RawDataset
+from fedhead.data.config import DatasetConfig
+from fedhead.data.pipeline import build_federated, load_raw_cached
+
+__all__ = [
+    "DatasetEntry",
+    "REGISTRY",
+    "dataset_names",
+    "config_class",
+    "make_config",
+    "coerce_config",
+    "get_loader",
+    "load_raw",
+    "load_federated",
+]
+
+
+@dataclass(frozen=True)
+class DatasetEntry:
+    """Where a data set lives: ``module`` with config class ``config`` and ``load(cfg)``."""
+
+    name: str
+    module: str
+    config: str
+    image: bool
+
+
+REGISTRY: dict[str, DatasetEntry] = {
+    e.name: e
+    for e in (
+        DatasetEntry("beijing", "fedhead.data.beijing", "BeijingConfig", False),
+        DatasetEntry("swimmer", "fedhead.data.mujoco", "MujocoConfig", False),
+        DatasetEntry("hopper", "fedhead.data.mujoco", "MujocoConfig", False),
+        DatasetEntry("halfcheetah", "fedhead.data.mujoco", "MujocoConfig", False),
+        DatasetEntry("walker2d", "fedhead.data.mujoco", "MujocoConfig", False),
+        DatasetEntry("mpiigaze", "fedhead.data.mpiigaze", "MPIIGazeConfig", True),
+        DatasetEntry("300w_lp", "fedhead.data.w300lp", "W300LPConfig", True),
+        DatasetEntry("dsprites", "fedhead.data.dsprites", "DSpritesConfig", True),
+        DatasetEntry("shapes3d", "fedhead.data.shapes3d", "Shapes3DConfig", True),
+        DatasetEntry("cifar_geo", "fedhead.data.cifar_geo", "CifarGeoConfig", True),
+    )
+}
+
+
+def dataset_names() -> tuple[str, ...]:
+    """The ten names accepted by ``dataset=`` (SPEC 10 order)."""
+    return tuple(REGISTRY)
+
+
+def _entry(name: str) -> DatasetEntry:
+    try:
+        return REGISTRY[name]
+    except KeyError:
+        raise DataError(
+            f"unknown data set {name!r}; expected one of {', '.join(REGISTRY)}"
+        ) from None
+
+
+def _module(entry: DatasetEntry):
+    try:
+        return importlib.import_module(entry.module)
+    except ModuleNotFoundError as exc:
+        if exc.name == entry.module:
+            raise DataError(
+                f"data set {entry.name!r}: its module {entry.module} is not installed"
+            ) from exc
+        raise
+
+
+def config_class(name: str) -> type[DatasetConfig]:
+    """The :class:`DatasetConfig` subclass of data set ``name``."""
+    entry = _entry(name)
+    return getattr(_module(entry), entry.config)
+
+
+def get_loader(name: str) -> Callable[[DatasetConfig], RawDataset]:
+    """``load(cfg) -> RawDataset`` of data set ``name``."""
+    return getattr(_module(_entry(name)), "load")
+
+
+def make_config(name: str, **overrides) -> DatasetConfig:
+    """A config of data set ``name`` with its SPEC 10 defaults and the given field overrides."""
+    cls = config_class(name)
+    return cls(**{**overrides, "name": name})
+
+
+def coerce_config(cfg: DatasetConfig) -> DatasetConfig:
+    """Return ``cfg`` as its data set's config class (a plain :class:`DatasetConfig` or another
+    class is rebuilt from the fields both share; unknown extra fields are an error)."""
+    if not isinstance(cfg, DatasetConfig):
+        raise DataError(f"expected a DatasetConfig, got {type(cfg).__name__}")
+    cls = config_class(cfg.name)
+    if isinstance(cfg, cls):
+        return cfg
+    own = {f.name for f in dataclasses.fields(cls)}
+    given = dataclasses.asdict(cfg)
+    extra = sorted(set(given) - own)
+    if extra:
+        raise DataError(
+            f"data set {cfg.name!r} ({cls.__name__}) has no option(s) {extra}"
+        )
+    return cls(**given)
+
+
+def load_raw(cfg: DatasetConfig, *, use_cache: bool = True) -> RawDataset:
+    """Load (or generate) the un-partitioned data set through the cache of
+    :func:`fedhead.data.pipeline.load_raw_cached`."""
+    cfg = coerce_config(cfg)
+    raw = load_raw_cached(cfg, get_loader(cfg.name), use_cache=use_cache)
+    if raw.y.shape[0] != cfg.n_train:
+        warnings.warn(
+            f"{cfg.name}: loader returned {raw.y.shape[0]} training samples, config asks "
+            f"n_train={cfg.n_train}", stacklevel=2,
+        )
+    return raw
+
+
+def load_federated(
+    cfg: DatasetConfig,
+    *,
+    num_clients: int | None = None,
+    seed: int | None = None,
+    use_cache: bool = True,
+) -> FederatedData:
+    """Load, standardise and partition a data set (SPEC 10).
+
+    Parameters
+    ----------
+    cfg : DatasetConfig
+        The typed ``dataset`` config (its ``name`` selects the data set).
+    num_clients : int, optional
+        Number of clients ``M``; default ``cfg.num_clients``.
+    seed : int, optional
+        Overrides ``cfg.seed`` (generator seed and deterministic subsampling).
+    use_cache : bool
+        Reuse / write the cache file and in-process memo (default True).
+
+    Returns
+    -------
+    FederatedData
+        Fresh tensors on every call (safe to modify); the prepared arrays are cached.
+    """
+    cfg = coerce_config(cfg)
+    if seed is not None and seed != cfg.seed:
+        cfg = dataclasses.replace(cfg, seed=int(seed))
+    m = cfg.num_clients if num_clients is None else num_clients
+    if not isinstance(m, int) or m < 1:
+        raise DataError(f"num_clients must be a positive integer, got {m!r}")
+    raw = load_raw(cfg, use_cache=use_cache)
+    return build_federated(raw, m)
