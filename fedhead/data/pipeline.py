@@ -52,7 +52,7 @@ log = logging.getLogger(__name__)
 CACHE_VERSION = 1
 
 #: Configuration fields that never change the samples (excluded from the cache key).
-_KEY_EXCLUDED = ("cache_dir", "allow_outside_regime", "num_clients")
+_KEY_EXCLUDED = ("cache_dir", "allow_outside_regime", "num_clients", "chunk_images", "read_chunk")  # no effect on the samples
 
 _MEMO: dict[str, RawDataset] = {}
 _MEMO_LOCK = threading.Lock()
