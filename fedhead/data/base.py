@@ -82,6 +82,29 @@ class RawDataset:
             raise DataError(f"{self.name}: non-finite targets ({self.source})")
         if (self.x_test is None) != (self.y_test is None):
             raise DataError(f"{self.name}: x_test and y_test must both be given or both be None")
+        if self.y_test is not None:
+            c = len(self.target_names)
+            if self.y_test.ndim != 2 or self.y_test.shape[1] != c:
+                raise DataError(f"{self.name}: test targets must be (N_test, {c}), got {self.y_test.shape}")
+            if self.x_test.shape[0] != self.y_test.shape[0]:
+                raise DataError(
+                    f"{self.name}: {self.x_test.shape[0]} test inputs but {self.y_test.shape[0]} test "
+                    f"targets ({self.source})"
+                )
+            if self.x_test.shape[1:] != self.x.shape[1:]:
+                raise DataError(
+                    f"{self.name}: test inputs have sample shape {self.x_test.shape[1:]}, training "
+                    f"inputs {self.x.shape[1:]}"
+                )
+            if not np.all(np.isfinite(self.y_test)):
+                raise DataError(f"{self.name}: non-finite test targets ({self.source})")
+        for k, ref in (("groups", self.y), ("groups_test", self.y_test)):
+            g = getattr(self, k)
+            if g is None:
+                continue
+            if ref is None or g.ndim != 1 or g.shape[0] != ref.shape[0]:
+                n_ref = None if ref is None else ref.shape[0]
+                raise DataError(f"{self.name}: {k} must be one client id per sample ({n_ref}), got shape {g.shape}")
 
 
 @dataclass

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from fedhead.data._common import standardize_columns
 from fedhead.data.base import DataError, MissingDataError, RawDataset
 from fedhead.data.config import DatasetConfig
 
@@ -139,9 +140,7 @@ def load(cfg: BeijingConfig) -> RawDataset:
     rng = np.random.default_rng(cfg.seed)
     idx = np.sort(rng.choice(data.shape[0], size=cfg.n_train, replace=False))
     chosen = data[idx]
-    x = chosen[:, : len(INPUTS)]
-    sd = x.std(axis=0)
-    x = (x - x.mean(axis=0)) / np.where(sd > 0, sd, 1.0)
+    x = standardize_columns(chosen[:, : len(INPUTS)])
     return RawDataset(
         name=cfg.name,
         x=x.astype(np.float32),

@@ -43,6 +43,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from fedhead.data._common import check_split_sizes
 from fedhead.data.base import DataError, MissingDataError, RawDataset
 from fedhead.data.config import DatasetConfig
 
@@ -110,7 +111,8 @@ GROUPS: tuple[GeoGroup, ...] = (
 class CifarGeoConfig(DatasetConfig):
     """CIFAR-geo configuration (``_target_: fedhead.data.cifar_geo.CifarGeoConfig``).
 
-    Attributes (defaults)
+    Attributes (defaults; ``source``, ``cache_dir`` and ``allow_outside_regime`` as in
+    :class:`~fedhead.data.config.DatasetConfig`)
     ---------------------
     name : str = "cifar_geo"
     root : str or None = None
@@ -124,9 +126,7 @@ class CifarGeoConfig(DatasetConfig):
     n_test : int = 3000
     num_clients : int = 4
         The construction always has the 4 designed groups of :data:`GROUPS`.
-    cache_dir : str or None = None
     seed : int = 0
-    allow_outside_regime : bool = False
     image_source : str = "fashion_mnist"
         ``"cifar10"`` or ``"fashion_mnist"``.
     frame_size : int = 40
@@ -339,12 +339,9 @@ def _build(
 
 def load(cfg: CifarGeoConfig) -> RawDataset:
     """Build CIFAR-geo from the configured image source (see the module docstring)."""
-    if cfg.n_train <= 0 or cfg.n_test < 0:
-        raise ValueError(
-            f"cifar_geo: n_train must be > 0 and n_test >= 0, got {cfg.n_train}, {cfg.n_test}"
-        )
+    check_split_sizes(cfg, "cifar_geo")
     if cfg.frame_size <= 0 or cfg.max_shift < 0:
-        raise ValueError(
+        raise DataError(
             "cifar_geo: frame_size must be > 0 and max_shift >= 0, "
             f"got {cfg.frame_size}, {cfg.max_shift}"
         )

@@ -27,7 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
-from fedhead.data.base import DataError, MissingDataError, RawDataset
+from fedhead.data._common import check_split_sizes, draw_grid_indices, resolve_file, split_samples
+from fedhead.data.base import DataError, RawDataset
 from fedhead.data.config import DatasetConfig
 
 __all__ = [
@@ -66,20 +67,18 @@ _HALF_SIZE = 10.0  # half extent of a scale-1 sprite
 class DSpritesConfig(DatasetConfig):
     """dSprites configuration (``_target_: fedhead.data.dsprites.DSpritesConfig``).
 
-    Attributes (defaults)
+    Attributes (defaults; ``source``, ``cache_dir`` and ``allow_outside_regime`` as in
+    :class:`~fedhead.data.config.DatasetConfig`)
     ---------------------
     name : str = "dsprites"
     root : str or None = None
         Folder holding ``dsprites_ndarray_co1sh3sc6or40x32y32_64x64.npz`` (or the path of the
         file itself). None: the procedural renderer (offline default).
-    source : str = "auto"
     n_train : int = 12000
     n_test : int = 3000
     num_clients : int = 8
-    cache_dir : str or None = None
     seed : int = 0
         Seed of the factor-combination draw (same draw for the file and the renderer).
-    allow_outside_regime : bool = False
     file_name : str = "dsprites_ndarray_co1sh3sc6or40x32y32_64x64.npz"
     chunk_images : int = 16384
         Images decompressed at a time while streaming the official file.
@@ -107,9 +106,7 @@ def factor_values() -> dict[str, np.ndarray]:
 
 def sample_grid_indices(n: int, seed: int, n_grid: int = N_GRID) -> np.ndarray:
     """``n`` distinct flat grid indices drawn with ``default_rng(seed)`` (int64, draw order)."""
-    if n > n_grid:
-        raise DataError(f"dsprites: {n} samples asked for but only {n_grid} exist")
-    return np.random.default_rng(seed).choice(n_grid, size=n, replace=False).astype(np.int64)
+    return draw_grid_indices(n, seed, n_grid, "dsprites")
 
 
 def latents_from_indices(indices: np.ndarray) -> np.ndarray:
@@ -191,16 +188,6 @@ def generate(cfg: DSpritesConfig) -> RawDataset:
     return _split(cfg, imgs, y, source=f"procedural dSprites renderer (seed {cfg.seed})")
 
 
-def _resolve_file(cfg: DSpritesConfig) -> Path:
-    if cfg.root is None:
-        raise MissingDataError(cfg.file_name, "dataset.root (not set)", PUBLISHED_AT)
-    root = Path(cfg.root).expanduser()
-    path = root if root.is_file() else root / cfg.file_name
-    if not path.is_file():
-        raise MissingDataError(cfg.file_name, str(root), PUBLISHED_AT)
-    return path
-
-
 def _stream_rows(path: Path, key: str, wanted_sorted: np.ndarray, chunk: int) -> np.ndarray:
     """Rows ``wanted_sorted`` (ascending) of array ``key`` of an .npz, streamed chunk by chunk."""
     try:
@@ -252,7 +239,7 @@ def _stream_rows(path: Path, key: str, wanted_sorted: np.ndarray, chunk: int) ->
 def load_file(cfg: DSpritesConfig) -> RawDataset:
     """Read the official .npz and keep the ``n_train + n_test`` rows drawn with ``cfg.seed``."""
     _check_sizes(cfg)
-    path = _resolve_file(cfg)
+    path = resolve_file(cfg, cfg.file_name, PUBLISHED_AT)
     try:
         with np.load(path, allow_pickle=False) as z:
             if "latents_values" not in z.files or "imgs" not in z.files:
@@ -286,23 +273,10 @@ def load(cfg: DSpritesConfig) -> RawDataset:
 
 
 def _check_sizes(cfg: DSpritesConfig) -> None:
-    if cfg.n_train <= 0 or cfg.n_test < 0:
-        raise ValueError(
-            f"dsprites: n_train must be > 0 and n_test >= 0, got {cfg.n_train}, {cfg.n_test}"
-        )
+    check_split_sizes(cfg, "dsprites")
     if cfg.chunk_images <= 0:
-        raise ValueError(f"dsprites: chunk_images must be positive, got {cfg.chunk_images}")
+        raise DataError(f"dsprites: chunk_images must be positive, got {cfg.chunk_images}")
 
 
 def _split(cfg: DSpritesConfig, imgs: np.ndarray, y: np.ndarray, source: str) -> RawDataset:
-    n = cfg.n_train
-    has_test = cfg.n_test > 0
-    return RawDataset(
-        name=cfg.name,
-        x=imgs[:n],
-        y=np.ascontiguousarray(y[:n], dtype=np.float64),
-        target_names=TARGET_NAMES,
-        x_test=imgs[n:] if has_test else None,
-        y_test=np.ascontiguousarray(y[n:], dtype=np.float64) if has_test else None,
-        source=source,
-    )
+    return split_samples(cfg, imgs, y, TARGET_NAMES, source)

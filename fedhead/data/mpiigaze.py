@@ -34,6 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
+from fedhead.data._common import check_split_sizes, split_samples
 from fedhead.data.base import DataError, MissingDataError, RawDataset
 from fedhead.data.config import DatasetConfig
 
@@ -56,19 +57,17 @@ _EYES = {"left": 0, "right": 1}
 class MPIIGazeConfig(DatasetConfig):
     """MPIIGaze configuration (``_target_: fedhead.data.mpiigaze.MPIIGazeConfig``).
 
-    Attributes (defaults)
+    Attributes (defaults; ``source``, ``cache_dir`` and ``allow_outside_regime`` as in
+    :class:`~fedhead.data.config.DatasetConfig`)
     ---------------------
     name : str = "mpiigaze"
     root : str or None = None
         MPIIGaze folder (holding ``Data/Normalized``), or ``Data``, or ``Normalized``. Required:
         there is no generator.
-    source : str = "auto"
     n_train : int = 12000
     n_test : int = 3000
     num_clients : int = 8
-    cache_dir : str or None = None
     seed : int = 0
-    allow_outside_regime : bool = False
     eyes : str = "both"
         ``"both"``, ``"left"`` or ``"right"``.
     mirror_right : bool = True
@@ -160,12 +159,9 @@ def load(cfg: MPIIGazeConfig) -> RawDataset:
     """Read the Normalized .mat files and keep ``n_train + n_test`` eye images (see module doc)."""
     from tqdm.auto import tqdm
 
-    if cfg.n_train <= 0 or cfg.n_test < 0:
-        raise ValueError(
-            f"mpiigaze: n_train must be > 0 and n_test >= 0, got {cfg.n_train}, {cfg.n_test}"
-        )
+    check_split_sizes(cfg, "mpiigaze")
     if cfg.eyes not in ("both", "left", "right"):
-        raise ValueError(f"dataset.eyes must be 'both', 'left' or 'right', got {cfg.eyes!r}")
+        raise DataError(f"dataset.eyes must be 'both', 'left' or 'right', got {cfg.eyes!r}")
     if not cfg.use_files():
         raise MissingDataError(
             "Data/Normalized/pXX/dayYY.mat",
@@ -210,15 +206,7 @@ def load(cfg: MPIIGazeConfig) -> RawDataset:
     order = np.argsort(keys, kind="stable")
     imgs = np.ascontiguousarray(imgs[order])[:, None]
     ys = ys[order]
-    n = cfg.n_train
-    has_test = cfg.n_test > 0
     log.info("MPIIGaze: kept %d of %d eye images from %d files", n_keep, n_seen, len(files))
-    return RawDataset(
-        name=cfg.name,
-        x=imgs[:n],
-        y=ys[:n],
-        target_names=TARGET_NAMES,
-        x_test=imgs[n:] if has_test else None,
-        y_test=ys[n:] if has_test else None,
-        source=f"{folder} ({len(files)} files, eyes={cfg.eyes}, seed {cfg.seed})",
+    return split_samples(
+        cfg, imgs, ys, TARGET_NAMES, f"{folder} ({len(files)} files, eyes={cfg.eyes}, seed {cfg.seed})"
     )

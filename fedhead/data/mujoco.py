@@ -43,6 +43,7 @@ from pathlib import Path
 
 import numpy as np
 
+from fedhead.data._common import standardize_columns
 from fedhead.data.base import DataError, MissingDataError, RawDataset
 from fedhead.data.config import DatasetConfig
 
@@ -141,10 +142,7 @@ def load(cfg: MujocoConfig) -> RawDataset:
             f"gymnasium {task.env_id} generator (seed={cfg.seed}, gain={cfg.policy_gain}, "
             f"noise={cfg.noise_std}, episode_steps={cfg.episode_steps})"
         )
-    x = obs.astype(np.float64)
-    if cfg.standardize_inputs:
-        sd = x.std(axis=0)
-        x = (x - x.mean(axis=0)) / np.where(sd > 0, sd, 1.0)
+    x = standardize_columns(obs) if cfg.standardize_inputs else obs.astype(np.float64)
     return RawDataset(
         name=cfg.name,
         x=x.astype(np.float32),

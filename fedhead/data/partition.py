@@ -96,7 +96,11 @@ def eigen_partition(
     Partition
     """
     y_train = np.asarray(y_train, dtype=np.float64)
-    n = y_train.shape[0] if y_train.ndim == 2 else 0
+    if y_train.ndim != 2:
+        raise DataError(f"training targets must be an (N, C) array, got shape {y_train.shape}")
+    if not np.all(np.isfinite(y_train)):
+        raise DataError("training targets contain non-finite values; cannot partition")
+    n = y_train.shape[0]
     if not isinstance(num_clients, (int, np.integer)) or num_clients < 1:
         raise DataError(f"num_clients must be a positive integer, got {num_clients!r}")
     if n < num_clients:
@@ -117,6 +121,8 @@ def eigen_partition(
             raise DataError(
                 f"test targets must be (N_test, {y_train.shape[1]}), got shape {y_test.shape}"
             )
+        if not np.all(np.isfinite(y_test)):
+            raise DataError("test targets contain non-finite values; cannot assign them to clients")
         zt = y_test @ v
         lo, hi = intervals[:, 0], intervals[:, 1]
         dist = np.maximum(lo[None, :] - zt[:, None], 0.0) + np.maximum(zt[:, None] - hi[None, :], 0.0)

@@ -27,11 +27,11 @@ import colorsys
 import logging
 import os
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
-from fedhead.data.base import DataError, MissingDataError, RawDataset
+from fedhead.data._common import check_split_sizes, draw_grid_indices, resolve_file, split_samples
+from fedhead.data.base import DataError, RawDataset
 from fedhead.data.config import DatasetConfig
 
 __all__ = [
@@ -68,20 +68,18 @@ SHAPE_NAMES = ("cube", "cylinder", "sphere", "capsule")
 class Shapes3DConfig(DatasetConfig):
     """3D Shapes configuration (``_target_: fedhead.data.shapes3d.Shapes3DConfig``).
 
-    Attributes (defaults)
+    Attributes (defaults; ``source``, ``cache_dir`` and ``allow_outside_regime`` as in
+    :class:`~fedhead.data.config.DatasetConfig`)
     ---------------------
     name : str = "shapes3d"
     root : str or None = None
         Folder holding ``3dshapes.h5`` (or the path of the file itself). None: the MuJoCo
         renderer (offline default).
-    source : str = "auto"
     n_train : int = 12000
     n_test : int = 3000
     num_clients : int = 8
-    cache_dir : str or None = None
     seed : int = 0
         Seed of the factor-combination draw (same draw for the file and the renderer).
-    allow_outside_regime : bool = False
     file_name : str = "3dshapes.h5"
     gl_backend : str = "egl"
         OpenGL context of the renderer: ``"egl"`` (works headless, on CPU via Mesa) or
@@ -113,9 +111,7 @@ def factor_values() -> dict[str, np.ndarray]:
 
 def sample_grid_indices(n: int, seed: int, n_grid: int = N_GRID) -> np.ndarray:
     """``n`` distinct flat grid indices drawn with ``default_rng(seed)`` (int64, draw order)."""
-    if n > n_grid:
-        raise DataError(f"3dshapes: {n} samples asked for but only {n_grid} exist")
-    return np.random.default_rng(seed).choice(n_grid, size=n, replace=False).astype(np.int64)
+    return draw_grid_indices(n, seed, n_grid, "3dshapes")
 
 
 def labels_from_indices(indices: np.ndarray) -> np.ndarray:
@@ -297,23 +293,13 @@ def generate(cfg: Shapes3DConfig) -> RawDataset:
 
 # -------------------------------------------------------------------------------------- file
 
-def _resolve_file(cfg: Shapes3DConfig) -> Path:
-    if cfg.root is None:
-        raise MissingDataError(cfg.file_name, "dataset.root (not set)", PUBLISHED_AT)
-    root = Path(cfg.root).expanduser()
-    path = root if root.is_file() else root / cfg.file_name
-    if not path.is_file():
-        raise MissingDataError(cfg.file_name, str(root), PUBLISHED_AT)
-    return path
-
-
 def load_file(cfg: Shapes3DConfig) -> RawDataset:
     """Read the drawn rows of the official ``3dshapes.h5``."""
     import h5py
     from tqdm.auto import tqdm
 
     _check_sizes(cfg)
-    path = _resolve_file(cfg)
+    path = resolve_file(cfg, cfg.file_name, PUBLISHED_AT)
     try:
         fh = h5py.File(path, "r")
     except OSError as err:
@@ -353,23 +339,10 @@ def load(cfg: Shapes3DConfig) -> RawDataset:
 
 
 def _check_sizes(cfg: Shapes3DConfig) -> None:
-    if cfg.n_train <= 0 or cfg.n_test < 0:
-        raise ValueError(
-            f"3dshapes: n_train must be > 0 and n_test >= 0, got {cfg.n_train}, {cfg.n_test}"
-        )
+    check_split_sizes(cfg, "3dshapes")
     if cfg.read_chunk <= 0:
-        raise ValueError(f"3dshapes: read_chunk must be positive, got {cfg.read_chunk}")
+        raise DataError(f"3dshapes: read_chunk must be positive, got {cfg.read_chunk}")
 
 
 def _split(cfg: Shapes3DConfig, imgs: np.ndarray, y: np.ndarray, source: str) -> RawDataset:
-    n = cfg.n_train
-    has_test = cfg.n_test > 0
-    return RawDataset(
-        name=cfg.name,
-        x=imgs[:n],
-        y=np.ascontiguousarray(y[:n], dtype=np.float64),
-        target_names=TARGET_NAMES,
-        x_test=imgs[n:] if has_test else None,
-        y_test=np.ascontiguousarray(y[n:], dtype=np.float64) if has_test else None,
-        source=source,
-    )
+    return split_samples(cfg, imgs, y, TARGET_NAMES, source)

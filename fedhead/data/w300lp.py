@@ -30,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from fedhead.data._common import check_split_sizes, split_samples
 from fedhead.data.base import DataError, MissingDataError, RawDataset
 from fedhead.data.config import DatasetConfig
 
@@ -49,18 +50,16 @@ _POSE_LAYOUT = "pitch, yaw, roll, tx, ty, tz, scale"
 class W300LPConfig(DatasetConfig):
     """300W-LP configuration (``_target_: fedhead.data.w300lp.W300LPConfig``).
 
-    Attributes (defaults)
+    Attributes (defaults; ``source``, ``cache_dir`` and ``allow_outside_regime`` as in
+    :class:`~fedhead.data.config.DatasetConfig`)
     ---------------------
     name : str = "300w_lp"
     root : str or None = None
         The ``300W_LP`` folder. Required: there is no generator.
-    source : str = "auto"
     n_train : int = 12000
     n_test : int = 3000
     num_clients : int = 8
-    cache_dir : str or None = None
     seed : int = 0
-    allow_outside_regime : bool = False
     image_size : int = 64
     max_abs_angle_deg : float or None = 99.0
         Skip samples with a larger absolute pitch, yaw or roll (degrees); None keeps all.
@@ -113,12 +112,9 @@ def load(cfg: W300LPConfig) -> RawDataset:
     """Read ``n_train + n_test`` (image, pose) pairs chosen with ``cfg.seed`` (see module doc)."""
     from tqdm.auto import tqdm
 
-    if cfg.n_train <= 0 or cfg.n_test < 0:
-        raise ValueError(
-            f"300w_lp: n_train must be > 0 and n_test >= 0, got {cfg.n_train}, {cfg.n_test}"
-        )
+    check_split_sizes(cfg, "300w_lp")
     if cfg.image_size <= 0:
-        raise ValueError(f"300w_lp: image_size must be positive, got {cfg.image_size}")
+        raise DataError(f"300w_lp: image_size must be positive, got {cfg.image_size}")
     if not cfg.use_files():
         raise MissingDataError(
             "300W_LP/<subset>/*.jpg + .mat",
@@ -164,14 +160,4 @@ def load(cfg: W300LPConfig) -> RawDataset:
             f"|angle| <= {cfg.max_abs_angle_deg} deg), {n_keep} needed (n_train + n_test)"
         )
     log.info("300W-LP: kept %d samples, skipped %d by the angle filter", kept, skipped)
-    n = cfg.n_train
-    has_test = cfg.n_test > 0
-    return RawDataset(
-        name=cfg.name,
-        x=x[:n],
-        y=y[:n],
-        target_names=TARGET_NAMES,
-        x_test=x[n:] if has_test else None,
-        y_test=y[n:] if has_test else None,
-        source=f"{root} ({len(jpgs)} images, seed {cfg.seed})",
-    )
+    return split_samples(cfg, x, y, TARGET_NAMES, f"{root} ({len(jpgs)} images, seed {cfg.seed})")

@@ -17,6 +17,12 @@ WEIGHT_TOL = 1e-10
 PSD_RTOL = 1e-12
 
 
+def pd_floor(lmax, c: int):
+    """Smallest eigenvalue a ``c x c`` matrix with largest eigenvalue ``lmax`` must exceed to be
+    positive definite numerically: ``c * eps * lmax`` (eigenvalues below it are rounding of 0)."""
+    return c * np.finfo(np.float64).eps * lmax
+
+
 class UFMInputError(ValueError):
     """Bad input to the UFM math core; the message says which argument, where and what value."""
 
@@ -90,13 +96,14 @@ def as_spd(
     w = np.linalg.eigvalsh(a)
     lmin = w[..., 0]
     lmax = np.maximum(np.abs(w).max(axis=-1), np.finfo(float).tiny)
-    bad = (lmin <= 0.0) if strict else (lmin < -PSD_RTOL * lmax)
+    bad = (lmin <= pd_floor(lmax, a.shape[-1])) if strict else (lmin < -PSD_RTOL * lmax)
     if np.any(bad):
         idx = tuple(int(i) for i in np.argwhere(np.atleast_1d(bad))[0]) if a.ndim > 2 else ()
         val = float(lmin[idx] if idx else lmin)
         kind = "positive definite" if strict else "positive semidefinite"
+        detail = f" (largest {float(lmax[idx] if idx else lmax):.6e})" if strict else ""
         raise UFMInputError(
-            f"{name}{_where(idx, label)}: matrix is not {kind}: smallest eigenvalue {val:.6e}"
+            f"{name}{_where(idx, label)}: matrix is not {kind}: smallest eigenvalue {val:.6e}{detail}"
         )
     return a
 
@@ -139,9 +146,10 @@ def as_head(name: str, W, *, c: int | None = None, full_rank: bool = False) -> n
         raise UFMInputError(f"{name}: head shape {a.shape} has P = {P} < C = {C}")
     if full_rank:
         w = np.linalg.eigvalsh(a @ a.T)
-        if w[0] <= 0.0:
+        if w[0] <= pd_floor(w[-1], C):
             raise UFMInputError(
-                f"{name}: head does not have full row rank: smallest eigenvalue of W W^T is {w[0]:.6e}"
+                f"{name}: head does not have full row rank: smallest eigenvalue of W W^T is {w[0]:.6e} "
+                f"(largest {w[-1]:.6e})"
             )
     return a
 

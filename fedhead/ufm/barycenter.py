@@ -15,6 +15,7 @@ from ._validate import (
     as_positive_scalar,
     as_spd,
     as_weights,
+    pd_floor,
 )
 from .psd import _sqrt, _sqrt_and_inv_sqrt, sym
 
@@ -181,7 +182,8 @@ def bw_barycenter(grams, weights, *, init=None, tol: float = 1e-13, max_iter: in
     if init is None:
         R = np.einsum("m,mij->ij", weights, _sqrt(grams))
         init = sym(R @ R)
-        if np.linalg.eigvalsh(init)[0] <= 0:
+        w_init = np.linalg.eigvalsh(init)
+        if w_init[0] <= pd_floor(w_init[-1], init.shape[-1]):
             raise UFMInputError(
                 "grams: default start (sum_m p_m G_m^{1/2})^2 is singular; pass a positive definite init"
             )

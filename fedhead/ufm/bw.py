@@ -47,7 +47,16 @@ def bw_distance(A, B) -> np.ndarray | float:
 
 
 def bw_distance_squared(A, B) -> np.ndarray | float:
-    """``d_BW^2(A, B)``; see :func:`bw_distance`."""
+    """Squared Bures-Wasserstein distance ``d_BW^2(A, B)`` (SPEC 5); see :func:`bw_distance`.
+
+    Parameters
+    ----------
+    A, B : array_like, shape (..., C, C)
+
+    Returns
+    -------
+    float or ndarray of shape (...)
+    """
     d = bw_distance(A, B)
     return d * d
 

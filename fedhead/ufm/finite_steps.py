@@ -19,6 +19,7 @@ import numpy as np
 
 from ._validate import (
     ConvergenceWarning,
+    NotFullyActiveError,
     UFMInputError,
     as_float_array,
     as_head,
@@ -53,6 +54,24 @@ def _check_common(sigmas, weights, lambda_h, lambda_w):
     lh = as_positive_scalar("lambda_h", lambda_h)
     lw = as_positive_scalar("lambda_w", lambda_w)
     return s, p, lh, lw
+
+
+def _check_gram(G, s: np.ndarray) -> np.ndarray:
+    """A symmetric PSD server Gram ``G`` (C, C) matching the client covariances ``s`` (M, C, C)."""
+    G = as_spd("G", G, strict=False)
+    if G.shape[-1] != s.shape[-1]:
+        raise UFMInputError(f"G: shape {G.shape} does not match sigmas {s.shape}")
+    return G
+
+
+def _require_active_within(lmin: float, lh: float, lw: float, what: str) -> None:
+    """SPEC 9 expands around ``G_within = phi(Sigma_within)``: it needs ``lambda_min > lambda_H lambda_W``."""
+    thr = lh * lw
+    if not lmin > thr:
+        raise NotFullyActiveError(
+            f"{what}: smallest eigenvalue {lmin:.6e} <= lambda_H * lambda_W = {thr:.6e} "
+            f"(margin {lmin - thr:.3e}); the SPEC 9 expansion around G_within needs the fully active regime"
+        )
 
 
 def _check_steps(eta, E) -> tuple[float, int]:
@@ -145,9 +164,7 @@ def profiled_gram_map(G, sigmas, weights, lambda_h: float, lambda_w: float, eta:
     GramMapStep
     """
     s, p, lh, lw = _check_common(sigmas, weights, lambda_h, lambda_w)
-    G = as_spd("G", G, strict=False)
-    if G.shape[-1] != s.shape[-1]:
-        raise UFMInputError(f"G: shape {G.shape} does not match sigmas {s.shape}")
+    G = _check_gram(G, s)
     eta, E = _check_steps(eta, E)
     g, k = _gram_map(G, s, p, lh, lw, eta, E)
     return GramMapStep(g, k)
@@ -268,14 +285,19 @@ def gram_map_jacobian(G, sigmas, weights, lambda_h: float, lambda_w: float, eta:
     ``h = 1e-30 max(1, ||G||)`` (the map is rational in ``G``), which is exact to rounding (no
     subtractive cancellation, unlike central differences).
 
+    Parameters
+    ----------
+    G : array_like, shape (C, C)
+        Server Gram where the Jacobian is taken (symmetric PSD).
+    sigmas, weights, lambda_h, lambda_w, eta, E
+        As in :func:`profiled_round`.
+
     Returns
     -------
     ndarray, shape (C(C+1)/2, C(C+1)/2)
     """
     s, p, lh, lw = _check_common(sigmas, weights, lambda_h, lambda_w)
-    G = as_spd("G", G, strict=False)
-    if G.shape[-1] != s.shape[-1]:
-        raise UFMInputError(f"G: shape {G.shape} does not match sigmas {s.shape}")
+    G = _check_gram(G, s)
     eta, E = _check_steps(eta, E)
     C = G.shape[0]
     B, iu, ju = _sym_basis(C)
@@ -290,7 +312,13 @@ def gram_map_jacobian(G, sigmas, weights, lambda_h: float, lambda_w: float, eta:
 def jacobian_spectral_radius(G, sigmas, weights, lambda_h: float, lambda_w: float, eta: float, E: int) -> float:
     """Spectral radius of :func:`gram_map_jacobian` at ``G`` (e.g. the fixed point ``G_{eta,E}``).
 
-    SPEC 9: ``1 - 2 h theta_min + O(h^2)`` at the fixed point, ``h = eta E``.
+    SPEC 9: ``1 - 2 h theta_min + O(h^2)`` at the fixed point, ``h = eta E``. Arguments as in
+    :func:`gram_map_jacobian`.
+
+    Returns
+    -------
+    float
+        ``max |eig(J)|``.
     """
     J = gram_map_jacobian(G, sigmas, weights, lambda_h, lambda_w, eta, E)
     return float(np.abs(np.linalg.eigvals(J)).max())
@@ -303,11 +331,23 @@ def theta_min(sigma_within, lambda_h: float, lambda_w: float) -> float:
     ----------
     sigma_within : array_like, shape (C, C)
         Symmetric positive definite ``Sigma_within``.
+    lambda_h, lambda_w : float, > 0
+
+    Returns
+    -------
+    float
+        In ``(0, 2 lambda_W)``.
+
+    Raises
+    ------
+    NotFullyActiveError
+        If ``lambda_min(Sigma_within) <= lambda_H lambda_W`` (the formula would be <= 0).
     """
     S = as_spd("sigma_within", sigma_within, strict=True)
     lh = as_positive_scalar("lambda_h", lambda_h)
     lw = as_positive_scalar("lambda_w", lambda_w)
     lmin = float(np.linalg.eigvalsh(S)[0])
+    _require_active_within(lmin, lh, lw, "sigma_within")
     return 2.0 * lw * (1.0 - np.sqrt(lh * lw / lmin))
 
 
@@ -321,9 +361,26 @@ def _psi_parts(G, s, p, lh, lw):
 
 
 def psi_value(G, sigmas, weights, lambda_h: float, lambda_w: float) -> float:
-    """``psi(G) = 2 sum_m p_m Tr(Lambda_m(G) G Lambda_m(G))`` (SPEC 9)."""
+    """``psi(G) = 2 sum_m p_m Tr(Lambda_m(G) G Lambda_m(G))`` (SPEC 9).
+
+    ``Lambda_m(G) = lambda_W/2 I - lambda_H/2 A^{-1} Sigma_m A^{-1}``, ``A = G + lambda_H I``
+    (SPEC 4).
+
+    Parameters
+    ----------
+    G : array_like, shape (C, C)
+        Symmetric PSD Gram.
+    sigmas : array_like, shape (M, C, C)
+        Client covariances ``Sigma_m``.
+    weights : array_like, shape (M,)
+    lambda_h, lambda_w : float, > 0
+
+    Returns
+    -------
+    float
+    """
     s, p, lh, lw = _check_common(sigmas, weights, lambda_h, lambda_w)
-    G = as_spd("G", G, strict=False)
+    G = _check_gram(G, s)
     _, _, L = _psi_parts(G, s, p, lh, lw)
     return float(2.0 * np.einsum("m,mij,jk,mki->", p, L, G, L))
 
@@ -335,14 +392,20 @@ def psi_gradient(G, sigmas, weights, lambda_h: float, lambda_w: float) -> np.nda
     ``d Lambda_m[X] = lambda_H/2 (A^{-1} X K_m + K_m X A^{-1})``, the directional derivative
     is ``d psi[X] = 2 sum_m p_m (2 Tr(d Lambda_m[X] G Lambda_m) + Tr(Lambda_m^2 X))``, so
     ``grad psi = sym(2 sum_m p_m [lambda_H (K_m G Lambda_m A^{-1} + A^{-1} G Lambda_m K_m)
-    + Lambda_m^2])``.
+    + Lambda_m^2])`` (SPEC 9).
+
+    Parameters
+    ----------
+    G, sigmas, weights, lambda_h, lambda_w
+        As in :func:`psi_value`.
 
     Returns
     -------
     ndarray, shape (C, C)
+        Symmetric.
     """
     s, p, lh, lw = _check_common(sigmas, weights, lambda_h, lambda_w)
-    G = as_spd("G", G, strict=False)
+    G = _check_gram(G, s)
     return _psi_gradient(G, s, p, lh, lw)
 
 
@@ -370,12 +433,16 @@ def displacement_delta(sigmas, weights, lambda_h: float, lambda_w: float) -> np.
     Returns
     -------
     ndarray, shape (C, C)
+
+    Raises
+    ------
+    NotFullyActiveError
+        If ``lambda_min(Sigma_within) <= lambda_H lambda_W`` (``G_within`` would be clipped).
     """
     s, p, lh, lw = _check_common(sigmas, weights, lambda_h, lambda_w)
     S = sym(np.einsum("m,mij->ij", p, s))
     w, V = np.linalg.eigh(S)
-    if w[0] <= 0:
-        raise UFMInputError(f"sigmas: Sigma_within is not positive definite (smallest eigenvalue {w[0]:.6e})")
+    _require_active_within(float(w[0]), lh, lw, "sigmas: Sigma_within = sum_m p_m Sigma_m")
     alpha = _alpha(lh, lw)
     g_within = _phi(S, lh, lw)
     Y = V.T @ _psi_gradient(g_within, s, p, lh, lw) @ V
@@ -395,11 +462,17 @@ def commuting_delta(eigs, weights, lambda_h: float, lambda_w: float) -> np.ndarr
     eigs : array_like, shape (M, C)
         Client eigenvalues ``lambda_{m,i} > 0`` in the common eigenbasis.
     weights : array_like, shape (M,)
+    lambda_h, lambda_w : float, > 0
 
     Returns
     -------
     ndarray, shape (C,)
         Eigenvalues of ``Delta`` in the same basis.
+
+    Raises
+    ------
+    NotFullyActiveError
+        If some ``lbar_i <= lambda_H lambda_W``.
     """
     lam = as_float_array("eigs", eigs, ndim=2)
     if np.any(lam <= 0):
@@ -410,5 +483,7 @@ def commuting_delta(eigs, weights, lambda_h: float, lambda_w: float) -> np.ndarr
     lw = as_positive_scalar("lambda_w", lambda_w)
     sq = np.sqrt(lh * lw)
     lbar = p @ lam
+    i = int(np.argmin(lbar))
+    _require_active_within(float(lbar[i]), lh, lw, f"eigs: eigenvalue {i} of Sigma_within (lbar_{i})")
     spread = p @ (lam / lbar - 1.0) ** 2
     return sq * (sq - 0.75 * np.sqrt(lbar)) * spread

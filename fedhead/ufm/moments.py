@@ -75,6 +75,11 @@ class TargetMoments:
             Rows are samples (SPEC's ``Y_m`` is ``targets[m].T``).
         weights : array_like, shape (M,), optional
             Aggregation weights; default ``N_m / N``.
+
+        Returns
+        -------
+        TargetMoments
+            Population moments ``mu_m = Y_m 1 / N_m``, ``Sigma_m = Y_m Y_m^T / N_m - mu_m mu_m^T``.
         """
         if isinstance(targets, np.ndarray) and targets.ndim == 2:
             raise UFMInputError("targets: expected a sequence of (N_m, C) arrays, one per client, got one array")
@@ -96,7 +101,23 @@ class TargetMoments:
 
     @classmethod
     def from_stats(cls, counts, means, covs, weights=None) -> TargetMoments:
-        """Moments from uploaded statistics ``(N_m, mu_m, Sigma_m)``; default weights ``N_m / N``."""
+        """Moments from uploaded statistics ``(N_m, mu_m, Sigma_m)`` (SPEC 3, server side).
+
+        Parameters
+        ----------
+        counts : array_like, shape (M,)
+            Sample counts ``N_m`` (integers >= 1).
+        means : array_like, shape (M, C)
+            Client means ``mu_m``.
+        covs : array_like, shape (M, C, C)
+            Client population covariances ``Sigma_m`` (symmetric PSD).
+        weights : array_like, shape (M,), optional
+            Aggregation weights; default ``N_m / N``.
+
+        Returns
+        -------
+        TargetMoments
+        """
         counts_a = as_float_array("counts", counts, ndim=1)
         if weights is None:
             if np.any(counts_a <= 0):

@@ -232,7 +232,12 @@ class JointValue(NamedTuple):
 
 
 def pack_joint(W, b, H) -> np.ndarray:
-    """Flatten ``(W (C,P), b (C,), H (N,P))`` to ``[vec W, b, vec H]`` (row-major)."""
+    """Flatten ``(W (C,P), b (C,), H (N,P))`` to ``[vec W, b, vec H]`` (row-major).
+
+    Returns
+    -------
+    ndarray, shape (C*P + C + N*P,), float64
+    """
     return np.concatenate([np.ravel(W), np.ravel(b), np.ravel(H)]).astype(np.float64)
 
 
@@ -307,6 +312,11 @@ def joint_hessian(W, b, H, Y, lambda_h: float, lambda_w: float, *, rho: float = 
     ``Hess = J^T J / N + (cross term R[n,c] d_pq / N between W[c,p] and H[n,q])
     + diag(lambda_W + rho on W, 0 on b, lambda_H / N on H)`` with ``J`` the Jacobian of the
     residual ``R`` (row-major ``(n, c)``).
+
+    Parameters
+    ----------
+    W, b, H, Y, lambda_h, lambda_w, rho, w_ref
+        As in :func:`joint_objective`.
 
     Returns
     -------

@@ -12,7 +12,16 @@ from ._validate import UFMInputError, as_spd, as_symmetric
 
 
 def sym(A) -> np.ndarray:
-    """Symmetric part ``(A + A^T) / 2`` over the last two axes (no validation)."""
+    """Symmetric part ``(A + A^T) / 2`` over the last two axes (no validation).
+
+    Parameters
+    ----------
+    A : array_like, shape (..., C, C)
+
+    Returns
+    -------
+    ndarray, shape (..., C, C)
+    """
     A = np.asarray(A)
     return 0.5 * (A + np.swapaxes(A, -1, -2))
 
@@ -58,14 +67,34 @@ def psd_sqrt(A) -> np.ndarray:
 
 
 def psd_inv_sqrt(A) -> np.ndarray:
-    """Inverse square root ``A^{-1/2}`` of a symmetric positive definite ``A`` (..., C, C)."""
+    """Inverse square root ``A^{-1/2}`` of a symmetric positive definite matrix (SPEC notation).
+
+    Parameters
+    ----------
+    A : array_like, shape (..., C, C)
+        Symmetric positive definite (smallest eigenvalue above ``C eps lambda_max``).
+
+    Returns
+    -------
+    ndarray, shape (..., C, C)
+        ``V diag(w^{-1/2}) V^T`` with ``(w, V) = eigh(sym(A))``.
+    """
     return _inv_sqrt(as_spd("A", A, batch=True, strict=True))
 
 
 def psd_power(A, p: float) -> np.ndarray:
-    """Matrix power ``A^p`` of a symmetric PSD matrix through ``eigh`` (batched).
+    """Matrix power ``A^p = V diag(w^p) V^T`` of a symmetric PSD matrix through ``eigh``.
 
-    ``p > 0`` accepts positive semidefinite ``A``; ``p <= 0`` requires positive definite ``A``.
+    Parameters
+    ----------
+    A : array_like, shape (..., C, C)
+        ``p > 0``: symmetric positive semidefinite; ``p <= 0``: positive definite.
+    p : float
+        Finite exponent.
+
+    Returns
+    -------
+    ndarray, shape (..., C, C)
     """
     p = float(p)
     if not np.isfinite(p):
@@ -78,5 +107,17 @@ def psd_power(A, p: float) -> np.ndarray:
 
 
 def sym_eigh(A) -> tuple[np.ndarray, np.ndarray]:
-    """Eigen-decomposition of a symmetric matrix (validated, symmetrised first): ``(w, V)``."""
+    """Eigen-decomposition of a symmetric matrix (validated, symmetrised first).
+
+    Parameters
+    ----------
+    A : array_like, shape (..., C, C)
+
+    Returns
+    -------
+    w : ndarray, shape (..., C)
+        Ascending eigenvalues.
+    V : ndarray, shape (..., C, C)
+        Orthonormal eigenvectors in the columns.
+    """
     return np.linalg.eigh(as_symmetric("A", A, batch=True))

@@ -64,7 +64,6 @@ def test_image_grid_png(tmp_path):
 
 
 def test_cli_image_dataset_writes_grid(tmp_path, capsys):
-    pytest.importorskip("fedhead.data.dsprites")
     cfg = _compose([
         "dataset=dsprites", "dataset.n_train=160", "dataset.n_test=40",
         f"dataset.cache_dir={tmp_path}", f"figure={tmp_path / 'grid.png'}", "figure_samples=8",

@@ -91,6 +91,12 @@ def test_deterministic_ties_and_errors():
         eigen_partition(np.ones((3, 2)), 0)
     with pytest.raises(DataError, match="test targets"):
         eigen_partition(np.ones((8, 2)), 2, np.ones((3, 3)))
+    with pytest.raises(DataError, match=r"\(N, C\) array, got shape \(8,\)"):
+        eigen_partition(np.ones(8), 2)
+    with pytest.raises(DataError, match="training targets contain non-finite"):
+        eigen_partition(np.array([[1.0, np.nan]] * 4), 2)
+    with pytest.raises(DataError, match="test targets contain non-finite"):
+        eigen_partition(np.ones((8, 2)), 2, np.array([[np.inf, 0.0]]))
 
 
 def test_designed_partition():

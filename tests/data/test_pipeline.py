@@ -250,10 +250,6 @@ def test_dataset_yaml_files(name):
     from fedhead.data.registry import REGISTRY
 
     assert (module, cls) == (REGISTRY[name].module, REGISTRY[name].config)
-    try:
-        __import__(module)
-    except ModuleNotFoundError:
-        pytest.skip(f"{module} not written yet")
     from hydra.utils import instantiate
 
     cfg = instantiate(y)
@@ -304,3 +300,69 @@ def test_unusable_cache_folder_warns_and_still_loads(tmp_path):
     with pytest.warns(UserWarning, match="lock file|could not write the data cache"):
         raw = load_raw_cached(cfg, lambda c: _raw())
     assert raw.y.shape == (400, 3)
+
+
+def test_partition_is_made_in_standardised_units():
+    """SPEC 10: the leading eigenvector is taken after standardisation (pooled training stats);
+    in original units a large-scale column would dominate and give a different split."""
+    rng = np.random.default_rng(5)
+    n = 800
+    a = rng.normal(size=n)
+    b = rng.normal(size=n)
+    # column 0: huge scale, weakly tied to b; column 1: unit scale, strongly tied to b
+    y = np.column_stack([1000.0 * (0.2 * b + a), b + 0.05 * rng.normal(size=n)]) + [50.0, -3.0]
+    x = np.arange(n, dtype=np.float32)[:, None]
+    raw = RawDataset(name="toy", x=x, y=y, target_names=("t0", "t1"), source="test")
+    fed = build_federated(raw, 4)
+    st = standardize_targets(y)
+    v = eigen_partition(st.y, 4).direction
+    np.testing.assert_allclose(abs(v), [np.sqrt(0.5)] * 2, atol=1e-12)  # 2-d standardised: +-45 deg
+    z = st.y @ v
+    order = np.argsort(z, kind="stable")
+    for m, c in enumerate(fed.clients):
+        idx = c.x_train[:, 0].numpy().astype(int)
+        np.testing.assert_array_equal(np.sort(idx), np.sort(order[200 * m:200 * (m + 1)]))
+    # the raw-unit split (dominated by column 0) is a different partition
+    raw_part = eigen_partition(y, 4)
+    assert abs(raw_part.direction[0]) > 0.99
+    assert not np.array_equal(raw_part.train, eigen_partition(st.y, 4).train)
+    # stored scale (MuJoCo): the uncentred raw targets are split as they are
+    fed_raw = build_federated(dataclasses.replace(raw, standardize=False), 4)
+    for m, c in enumerate(fed_raw.clients):
+        idx = c.x_train[:, 0].numpy().astype(int)
+        np.testing.assert_array_equal(idx, raw_part.indices(m))
+
+
+def test_raw_dataset_rejects_inconsistent_splits():
+    x, y = np.zeros((10, 2), np.float32), np.zeros((10, 3))
+    names = ("a", "b", "c")
+    with pytest.raises(DataError, match="9 test inputs but 8 test targets"):
+        RawDataset("toy", x, y, names, x_test=np.zeros((9, 2)), y_test=np.zeros((8, 3)))
+    with pytest.raises(DataError, match=r"test targets must be \(N_test, 3\)"):
+        RawDataset("toy", x, y, names, x_test=np.zeros((8, 2)), y_test=np.zeros((8, 2)))
+    with pytest.raises(DataError, match="non-finite test targets"):
+        RawDataset("toy", x, y, names, x_test=np.zeros((2, 2)), y_test=np.array([[0, np.nan, 0]] * 2))
+    with pytest.raises(DataError, match="test inputs have sample shape"):
+        RawDataset("toy", x, y, names, x_test=np.zeros((2, 3)), y_test=np.zeros((2, 3)))
+    with pytest.raises(DataError, match="groups must be one client id per sample"):
+        RawDataset("toy", x, y, names, groups=np.zeros(9, np.int64))
+    with pytest.raises(DataError, match="groups_test must be one client id per sample"):
+        RawDataset("toy", x, y, names, groups=np.zeros(10, np.int64), groups_test=np.zeros(3, np.int64))
+
+
+def test_shared_split_helpers():
+    from fedhead.data._common import check_split_sizes, split_samples
+
+    cfg = DatasetConfig(name="toy", n_train=3, n_test=2)
+    x, y = np.arange(5)[:, None].astype(np.float32), np.arange(10.0).reshape(5, 2)
+    raw = split_samples(cfg, x, y, ("a", "b"), "src")
+    np.testing.assert_array_equal(raw.x[:, 0], [0, 1, 2])
+    np.testing.assert_array_equal(raw.y_test, y[3:])
+    assert raw.y.flags.c_contiguous and raw.y.dtype == np.float64
+    no_test = split_samples(dataclasses.replace(cfg, n_train=5, n_test=0), x, y, ("a", "b"), "src")
+    assert no_test.x_test is None and no_test.y_test is None
+    with pytest.raises(DataError, match="expected n_train \\+ n_test = 5 samples, got 4 inputs"):
+        split_samples(cfg, x[:4], y, ("a", "b"), "src")
+    for n_train, n_test in ((0, 1), (5, -1)):
+        with pytest.raises(DataError, match="toy: n_train must be > 0 and n_test >= 0"):
+            check_split_sizes(dataclasses.replace(cfg, n_train=n_train, n_test=n_test), "toy")

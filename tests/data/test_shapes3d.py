@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import colorsys
 
+import h5py
 import numpy as np
 import pytest
 
@@ -19,8 +20,6 @@ from fedhead.data.shapes3d import (
     render_scenes,
     sample_grid_indices,
 )
-
-h5py = pytest.importorskip("h5py")
 
 
 def _write_h5(folder, n, seed, images_shape=None, with_labels=True):

@@ -179,3 +179,120 @@ def test_not_fully_active_message():
         check_fully_active(tm, 0.1, 0.1)
     msg = str(err.value)
     assert "client 1" in msg and "4.000000e-03" in msg and "1.000000e-02" in msg and "margin" in msg
+
+
+def test_numerically_singular_inputs_are_not_positive_definite():
+    """Rank-deficient Grams / heads whose rounding eigenvalue comes out slightly positive are
+    rejected where positive definiteness is required (their inverse square root is garbage)."""
+    rng = np.random.default_rng(7)
+    for _ in range(200):
+        B = rng.normal(size=(3, 2))
+        G = B @ B.T  # rank 2; eigvalsh often returns a tiny positive smallest eigenvalue
+        with pytest.raises(UFMInputError, match="not positive definite"):
+            psd_inv_sqrt(G)
+        with pytest.raises(UFMInputError, match="G: matrix is not positive definite"):
+            gram_step(G, np.stack([np.eye(3), 2 * np.eye(3)]), [0.5, 0.5])
+        W = rng.normal(size=(2, 1)) @ rng.normal(size=(1, 5))  # rank 1
+        with pytest.raises(UFMInputError, match="does not have full row rank"):
+            closest_head(W, SPD)
+    # a well-conditioned but tiny matrix is still positive definite (the floor is relative)
+    np.testing.assert_allclose(psd_inv_sqrt(1e-200 * np.eye(2)), 1e100 * np.eye(2), rtol=1e-12)
+
+
+def test_section9_quantities_require_fully_active_sigma_within():
+    from fedhead.ufm import commuting_delta, theta_min
+
+    covs = np.stack([np.diag([1.0, 0.004]), np.diag([2.0, 0.006])])  # Sigma_within_22 = 0.005
+    with pytest.raises(NotFullyActiveError, match=r"sigma_within: smallest eigenvalue 5\.0+e-03"):
+        theta_min(covs.mean(0), 0.1, 0.1)
+    with pytest.raises(NotFullyActiveError, match="Sigma_within"):
+        displacement_delta(covs, [0.5, 0.5], 0.1, 0.1)
+    with pytest.raises(NotFullyActiveError, match=r"eigenvalue 1 of Sigma_within.*1\.0+e-02"):
+        commuting_delta([[1.0, 0.004], [2.0, 0.006]], [0.5, 0.5], 0.1, 0.1)
+    assert theta_min(covs.mean(0), 0.01, 0.1) > 0  # threshold 1e-3 < 5e-3: inside the regime
+
+
+def test_psi_and_gram_map_shape_mismatch():
+    from fedhead.ufm import profiled_gram_map, psi_gradient, psi_value
+
+    covs = np.stack([np.eye(3), 2 * np.eye(3)])
+    for fn in (psi_value, psi_gradient):
+        with pytest.raises(UFMInputError, match=r"G: shape \(2, 2\) does not match sigmas"):
+            fn(SPD, covs, [0.5, 0.5], 0.1, 0.1)
+    with pytest.raises(UFMInputError, match=r"G: shape \(2, 2\) does not match sigmas"):
+        profiled_gram_map(SPD, covs, [0.5, 0.5], 0.1, 0.1, 0.1, 2)
+    with pytest.raises(UFMInputError, match="weights sum"):
+        psi_value(np.eye(3), covs, [0.5, 0.6], 0.1, 0.1)
+
+
+# every public entry point that takes a matrix, with the argument name its error must carry;
+# ``X`` is the bad matrix (single-matrix arguments) or a 2 x 2 stack with X at client 1
+_W = np.array([[1.0, 0.2, 0.0], [0.0, 1.0, 0.3]])
+
+
+def _stack(X):
+    X = np.asarray(X, dtype=float)
+    if X.shape != (2, 2):
+        return np.stack([np.zeros_like(X), X])
+    return np.stack([SPD, X])
+
+
+def _entry_points():
+    from fedhead.ufm import (
+        displacement_delta,
+        finite_step_fixed_point,
+        profiled_gram_map,
+        psi_value,
+        selection_round,
+        theta_min,
+    )
+
+    w2 = [0.5, 0.5]
+    return {
+        "optimal_gram T": (lambda X: optimal_gram(X, 0.1, 0.1), "T"),
+        "optimal_loss T": (lambda X: optimal_loss(X, 0.1, 0.1), "T"),
+        "bw_distance A": (lambda X: bw_distance(X, SPD), "A"),
+        "bw_distance B": (lambda X: bw_distance(SPD, X), "B"),
+        "transport_map G": (lambda X: transport_map(X, SPD), "G"),
+        "transport_map G_target": (lambda X: transport_map(SPD, _stack(X)), "G_target at client 1"),
+        "closest_head G_target": (lambda X: closest_head(_W, X), "G_target"),
+        "gram_step grams": (lambda X: gram_step(SPD, _stack(X), w2), "grams at client 1"),
+        "gram_recursion G0": (lambda X: gram_recursion(X, GRAMS, P3, 2), "G0"),
+        "selection_round grams": (lambda X: selection_round(_W, _stack(X), w2), "grams at client 1"),
+        "bw_barycenter grams": (lambda X: bw_barycenter(_stack(X), w2), "grams at client 1"),
+        "bw_barycenter init": (lambda X: bw_barycenter(GRAMS, P3, init=X), "init"),
+        "profiled_objective T": (lambda X: profiled_objective(_W, X, 0.1, 0.1), "T"),
+        "moment_correction sigma_m": (lambda X: moment_correction(_W, X, SPD, 0.1), "sigma_m"),
+        "moment_correction sigma_cen": (lambda X: moment_correction(_W, SPD, X, 0.1), "sigma_cen"),
+        "check_fully_active covs": (lambda X: check_fully_active(_stack(X), 0.1, 0.1), "covs at client 1"),
+        "TargetMoments covs": (lambda X: TargetMoments(w2, np.zeros((2, np.shape(X)[0])), _stack(X)),
+                               "covs at client 1"),
+        "theta_min sigma_within": (lambda X: theta_min(X, 0.1, 0.1), "sigma_within"),
+        "psi_value G": (lambda X: psi_value(X, GRAMS[:2], w2, 0.1, 0.1), "G"),
+        "psi_value sigmas": (lambda X: psi_value(SPD, _stack(X), w2, 0.1, 0.1), "sigmas at client 1"),
+        "profiled_gram_map G": (lambda X: profiled_gram_map(X, GRAMS[:2], w2, 0.1, 0.1, 0.1, 2), "G"),
+        "finite_step_fixed_point sigmas": (
+            lambda X: finite_step_fixed_point(_stack(X), w2, 0.1, 0.1, 0.1, 2), "sigmas at client 1"),
+        "displacement_delta sigmas": (lambda X: displacement_delta(_stack(X), w2, 0.1, 0.1),
+                                      "sigmas at client 1"),
+    }
+
+
+_BAD = {
+    "non-square": (np.ones((2, 3)), "(not square|expected shape)"),
+    "non-symmetric": (np.array([[1.0, 0.5], [0.2, 1.0]]), "not symmetric"),
+    "nan": (np.array([[1.0, np.nan], [np.nan, 1.0]]), "non-finite value nan"),
+    "inf": (np.array([[np.inf, 0.0], [0.0, 1.0]]), "non-finite value inf"),
+    "indefinite": (np.array([[1.0, 0.0], [0.0, -0.5]]), "not positive (semi)?definite"),
+}
+
+
+@pytest.mark.parametrize("bad", list(_BAD))
+@pytest.mark.parametrize("entry", list(_entry_points()))
+def test_every_matrix_argument_rejects_bad_matrices(entry, bad):
+    fn, where = _entry_points()[entry]
+    X, what = _BAD[bad]
+    if bad in ("nan", "inf", "non-square"):
+        where = where.split(" at ")[0]  # caught by the array check, before the per-client check
+    with pytest.raises(UFMInputError, match=rf"^{where}\b.*{what}"):
+        fn(X)
