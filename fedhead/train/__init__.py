@@ -1,0 +1,49 @@
+"""Local training (torch): the SPEC 2 objective, the SPEC 10 recipe, alignment (SPEC 5).
+
+See ``docs/architecture.md``. The Flower client calls :func:`train_local`, :func:`align` and
+:func:`evaluate_local`; :func:`select_device` picks the device at run time.
+"""
+
+from fedhead.train.align import AlignResult, align, procrustes_rotation
+from fedhead.train.config import TrainConfig, TrainDivergedError, TrainInputError
+from fedhead.train.objective import (
+    LocalEvaluation,
+    add_head_penalty_grads,
+    compute_features,
+    evaluate_local,
+    minibatch_loss,
+    moment_correction_grad,
+    moment_correction_torch,
+    objective_from_features,
+)
+from fedhead.train.trainer import (
+    LocalMetrics,
+    LocalResult,
+    clip_gradients,
+    cosine_schedule,
+    select_device,
+    train_local,
+)
+
+__all__ = [
+    "AlignResult",
+    "LocalEvaluation",
+    "LocalMetrics",
+    "LocalResult",
+    "TrainConfig",
+    "TrainDivergedError",
+    "TrainInputError",
+    "add_head_penalty_grads",
+    "align",
+    "clip_gradients",
+    "compute_features",
+    "cosine_schedule",
+    "evaluate_local",
+    "minibatch_loss",
+    "moment_correction_grad",
+    "moment_correction_torch",
+    "objective_from_features",
+    "procrustes_rotation",
+    "select_device",
+    "train_local",
+]

@@ -1,0 +1,218 @@
+"""Backbones (private per client) and the shared linear head (SPEC 1, 10).
+
+Every backbone maps a batch to features ``(B, P)`` and has :meth:`Backbone.rotate_features`,
+which replaces the features ``h`` by ``Q^T h`` for an orthogonal ``Q`` ``(P, P)`` without
+changing anything else (used by alignment, SPEC 5). Networks whose last layer is a
+``Linear`` do it by ``weight <- Q^T weight``, ``bias <- Q^T bias``; the free-feature backbone by
+``table <- table Q`` (rows are the samples' features).
+
+All modules are built on the CPU from a seed inside :func:`seeded`, which forks the global RNG so
+building a model never disturbs the caller's random state, and every client built from the same
+seed starts from the same weights.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterator
+
+import numpy as np
+import torch
+from torch import nn
+from torchvision.models.resnet import BasicBlock, ResNet
+
+
+class ModelError(ValueError):
+    """Bad model configuration or input: the message says what and where."""
+
+
+@contextlib.contextmanager
+def seeded(seed: int) -> Iterator[None]:
+    """Run the body with the CPU RNG seeded by ``seed``, restoring the caller's RNG state after."""
+    if not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise ModelError(f"model seed must be a non-negative integer, got {seed!r}")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(int(seed))
+        yield
+
+
+def _as_rotation(q: np.ndarray | torch.Tensor, dim: int, where: str) -> torch.Tensor:
+    """Validate an orthogonal ``(dim, dim)`` matrix and return it as a float64 CPU tensor."""
+    qt = torch.as_tensor(np.asarray(q.detach().cpu() if isinstance(q, torch.Tensor) else q),
+                         dtype=torch.float64)
+    if qt.shape != (dim, dim):
+        raise ModelError(f"{where}: rotation must be ({dim}, {dim}), got {tuple(qt.shape)}")
+    if not torch.isfinite(qt).all():
+        raise ModelError(f"{where}: rotation has non-finite entries")
+    err = torch.linalg.matrix_norm(qt.T @ qt - torch.eye(dim, dtype=torch.float64)).item()
+    if err > 1e-6 * math.sqrt(dim):
+        raise ModelError(f"{where}: rotation is not orthogonal (||Q^T Q - I||_F = {err:.3g})")
+    return qt
+
+
+@torch.no_grad()
+def rotate_linear_output(layer: nn.Linear, q: np.ndarray | torch.Tensor) -> None:
+    """Replace the outputs ``z`` of ``layer`` by ``Q^T z``: ``weight <- Q^T weight``, ``bias <- Q^T bias``.
+
+    The product is formed in float64 and cast back to the parameters' dtype.
+    """
+    qt = _as_rotation(q, layer.out_features, "rotate_features")
+    qt = qt.to(layer.weight.device)
+    layer.weight.copy_((qt.T @ layer.weight.double()).to(layer.weight.dtype))
+    if layer.bias is not None:
+        layer.bias.copy_((qt.T @ layer.bias.double()).to(layer.bias.dtype))
+
+
+class Backbone(nn.Module):
+    """Base class: a private feature extractor ``x -> h(x)`` with ``h`` in ``R^P``.
+
+    Attributes
+    ----------
+    feature_dim : int
+        ``P``.
+    input_shape : tuple of int or None
+        Shape of one input sample (``(F,)`` or ``(ch, H, W)``); None for the free-feature
+        backbone, whose inputs are sample indices.
+    expects_indices : bool
+        True when the inputs are ``(B,)`` int64 sample indices (free features).
+    is_image : bool
+        True for image backbones (channels-last eligible).
+    """
+
+    feature_dim: int
+    input_shape: tuple[int, ...] | None
+    expects_indices: bool = False
+    is_image: bool = False
+
+    def rotate_features(self, q: np.ndarray | torch.Tensor) -> None:  # pragma: no cover - abstract
+        """Replace the features ``h`` by ``Q^T h`` (``Q`` orthogonal ``(P, P)``) in place."""
+        raise NotImplementedError
+
+
+class ResidualBlock(nn.Module):
+    """``x -> PReLU(x + Linear(PReLU(Linear(x))))``, width preserved."""
+
+    def __init__(self, width: int):
+        super().__init__()
+        self.fc1 = nn.Linear(width, width)
+        self.act1 = nn.PReLU()
+        self.fc2 = nn.Linear(width, width)
+        self.act2 = nn.PReLU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.act2(x + self.fc2(self.act1(self.fc1(x))))
+
+
+class ResMLP(Backbone):
+    """Tabular backbone (SPEC 10): input projection + PReLU, ``depth`` residual blocks of width
+    ``width`` with PReLU, then ``Linear(width, P)`` with no activation.
+
+    Parameters
+    ----------
+    in_features : int
+        ``F``, the input dimension.
+    width, depth, feature_dim : int
+        Block width (1024 in the paper), number of residual blocks (3) and ``P`` (512).
+    """
+
+    def __init__(self, in_features: int, width: int = 1024, depth: int = 3, feature_dim: int = 512):
+        super().__init__()
+        self.feature_dim = feature_dim
+        self.input_shape = (in_features,)
+        self.stem = nn.Sequential(nn.Linear(in_features, width), nn.PReLU())
+        self.blocks = nn.Sequential(*[ResidualBlock(width) for _ in range(depth)])
+        self.proj = nn.Linear(width, feature_dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(self.blocks(self.stem(x)))
+
+    def rotate_features(self, q: np.ndarray | torch.Tensor) -> None:
+        rotate_linear_output(self.proj, q)
+
+
+class ImageBackbone(Backbone):
+    """A torchvision :class:`~torchvision.models.ResNet` whose ``fc`` is the ``512 -> P`` projection
+    after global average pooling (the features have no activation)."""
+
+    is_image = True
+
+    def __init__(self, net: ResNet, input_shape: tuple[int, int, int], feature_dim: int):
+        super().__init__()
+        self.net = net
+        self.input_shape = tuple(input_shape)
+        self.feature_dim = feature_dim
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+    def rotate_features(self, q: np.ndarray | torch.Tensor) -> None:
+        rotate_linear_output(self.net.fc, q)
+
+
+def _kaiming_conv(conv: nn.Conv2d) -> nn.Conv2d:
+    # the same initialisation torchvision's ResNet gives its convolutions
+    nn.init.kaiming_normal_(conv.weight, mode="fan_out", nonlinearity="relu")
+    return conv
+
+
+def torchvision_resnet(depth: int, in_channels: int, feature_dim: int) -> ResNet:
+    """torchvision ResNet-18/34 from scratch with ``in_channels`` inputs and a ``512 -> P`` fc."""
+    layers = {18: [2, 2, 2, 2], 34: [3, 4, 6, 3]}
+    if depth not in layers:
+        raise ModelError(f"resnet depth must be 18 or 34, got {depth}")
+    net = ResNet(BasicBlock, layers[depth], num_classes=feature_dim)
+    if in_channels != 3:
+        net.conv1 = _kaiming_conv(nn.Conv2d(in_channels, 64, kernel_size=7, stride=2, padding=3, bias=False))
+    return net
+
+
+def residual_cnn(in_channels: int, feature_dim: int, groups: int = 8) -> ResNet:
+    """ResNet-18 layout with ``GroupNorm(groups)`` instead of BatchNorm, a 3x3 stride-1 stem and no
+    max-pool (SPEC 10 "residual CNN")."""
+    net = ResNet(BasicBlock, [2, 2, 2, 2], num_classes=feature_dim,
+                 norm_layer=lambda c: nn.GroupNorm(groups, c))
+    net.conv1 = _kaiming_conv(nn.Conv2d(in_channels, 64, kernel_size=3, stride=1, padding=1, bias=False))
+    net.maxpool = nn.Identity()
+    return net
+
+
+class FreeFeatureBackbone(Backbone):
+    """The unconstrained feature model as a network: one trainable ``P``-vector per training sample.
+
+    Input: sample indices ``(B,)`` int64 in ``[0, n_samples)``; output ``table[idx]`` ``(B, P)``.
+    Initialised ``N(0, init_scale^2 / P)`` so each feature has norm about ``init_scale``. The
+    table's gradient is dense, so (Adam)W moves every row at every step, as for any network
+    parameter; full-batch training is exactly the UFM of SPEC 2.
+    """
+
+    expects_indices = True
+
+    def __init__(self, n_samples: int, feature_dim: int = 512, init_scale: float = 1.0):
+        super().__init__()
+        self.feature_dim = feature_dim
+        self.input_shape = None
+        self.n_samples = n_samples
+        self.table = nn.Parameter(torch.randn(n_samples, feature_dim) * (init_scale / math.sqrt(feature_dim)))
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        return self.table.index_select(0, idx)
+
+    @torch.no_grad()
+    def rotate_features(self, q: np.ndarray | torch.Tensor) -> None:
+        qt = _as_rotation(q, self.feature_dim, "FreeFeatureBackbone.rotate_features")
+        qt = qt.to(self.table.device)
+        self.table.copy_((self.table.double() @ qt).to(self.table.dtype))
+
+
+def build_head(feature_dim: int, n_targets: int, seed: int) -> nn.Linear:
+    """The shared head ``Linear(P, C)`` with bias, initialised from ``seed`` (torch's default init).
+
+    Its ``weight`` is ``W`` ``(C, P)`` and its ``bias`` is ``b`` ``(C,)`` (SPEC notation).
+    """
+    if feature_dim < 1 or n_targets < 1:
+        raise ModelError(f"head needs feature_dim >= 1 and n_targets >= 1, got {feature_dim}, {n_targets}")
+    if n_targets > feature_dim:
+        raise ModelError(f"head needs P >= C (SPEC notation), got P={feature_dim} < C={n_targets}")
+    with seeded(seed):
+        return nn.Linear(feature_dim, n_targets)

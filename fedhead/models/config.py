@@ -1,0 +1,149 @@
+"""Typed model configuration: every file of ``conf/model/`` names one of these as ``_target_``.
+
+:func:`build_backbone` turns a config, the data set's input shape, the client's sample count and a
+seed into a :class:`~fedhead.models.backbones.Backbone`; the same seed gives the same weights on
+every client (SPEC 10: all clients start from one common random backbone).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fedhead.models.backbones import (
+    Backbone,
+    FreeFeatureBackbone,
+    ImageBackbone,
+    ModelError,
+    ResMLP,
+    residual_cnn,
+    seeded,
+    torchvision_resnet,
+)
+
+
+@dataclass
+class ModelConfig:
+    """Options shared by every backbone.
+
+    Attributes
+    ----------
+    name : str
+        Label used in logs and result files.
+    feature_dim : int
+        ``P``, the feature dimension (512 in SPEC 10).
+    """
+
+    name: str = ""
+    feature_dim: int = 512
+
+    def __post_init__(self) -> None:
+        if self.feature_dim < 1:
+            raise ModelError(f"model {self.name!r}: feature_dim must be >= 1, got {self.feature_dim}")
+
+    def build(self, input_shape: tuple[int, ...], n_samples: int) -> Backbone:
+        """Build the backbone with the current RNG (use :func:`build_backbone` for a seeded one)."""
+        raise NotImplementedError(f"{type(self).__name__} is a base class; use a concrete model config")
+
+
+def _tabular_features(cfg: ModelConfig, input_shape: tuple[int, ...]) -> int:
+    if len(input_shape) != 1 or input_shape[0] < 1:
+        raise ModelError(f"model {cfg.name!r} needs tabular inputs (F,), got input shape {tuple(input_shape)}")
+    return int(input_shape[0])
+
+
+def _image_channels(cfg: ModelConfig, input_shape: tuple[int, ...]) -> int:
+    if len(input_shape) != 3 or min(input_shape) < 1:
+        raise ModelError(
+            f"model {cfg.name!r} needs image inputs (channels, height, width), got input shape {tuple(input_shape)}"
+        )
+    return int(input_shape[0])
+
+
+@dataclass
+class ResMLPConfig(ModelConfig):
+    """ResMLP (SPEC 10 tabular model): ``depth`` residual blocks of ``width`` with PReLU."""
+
+    name: str = "resmlp"
+    width: int = 1024
+    depth: int = 3
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.width < 1 or self.depth < 0:
+            raise ModelError(f"model {self.name!r}: need width >= 1 and depth >= 0, got {self.width}, {self.depth}")
+
+    def build(self, input_shape: tuple[int, ...], n_samples: int) -> Backbone:
+        return ResMLP(_tabular_features(self, input_shape), self.width, self.depth, self.feature_dim)
+
+
+@dataclass
+class ResNetConfig(ModelConfig):
+    """torchvision ResNet-18/34 from scratch, ``fc`` replaced by a ``512 -> P`` projection."""
+
+    name: str = "resnet18"
+    depth: int = 18
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.depth not in (18, 34):
+            raise ModelError(f"model {self.name!r}: depth must be 18 or 34, got {self.depth}")
+
+    def build(self, input_shape: tuple[int, ...], n_samples: int) -> Backbone:
+        ch = _image_channels(self, input_shape)
+        return ImageBackbone(torchvision_resnet(self.depth, ch, self.feature_dim), input_shape, self.feature_dim)
+
+
+@dataclass
+class ResidualCNNConfig(ModelConfig):
+    """ResNet-18 layout, ``GroupNorm(groups)``, 3x3 stride-1 stem, no max-pool."""
+
+    name: str = "rescnn"
+    groups: int = 8
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.groups < 1 or 64 % self.groups:
+            raise ModelError(f"model {self.name!r}: groups must divide 64, got {self.groups}")
+
+    def build(self, input_shape: tuple[int, ...], n_samples: int) -> Backbone:
+        ch = _image_channels(self, input_shape)
+        return ImageBackbone(residual_cnn(ch, self.feature_dim, self.groups), input_shape, self.feature_dim)
+
+
+@dataclass
+class FreeFeatureConfig(ModelConfig):
+    """Free features (the UFM as a network): one trainable ``P``-vector per training sample."""
+
+    name: str = "free"
+    init_scale: float = 1.0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not self.init_scale > 0:
+            raise ModelError(f"model {self.name!r}: init_scale must be > 0, got {self.init_scale}")
+
+    def build(self, input_shape: tuple[int, ...], n_samples: int) -> Backbone:
+        if n_samples < 1:
+            raise ModelError(f"model {self.name!r} needs n_samples >= 1 (one feature per sample), got {n_samples}")
+        return FreeFeatureBackbone(int(n_samples), self.feature_dim, self.init_scale)
+
+
+def build_backbone(cfg: ModelConfig, input_shape: tuple[int, ...], n_samples: int, seed: int) -> Backbone:
+    """Build the backbone described by ``cfg`` on the CPU from ``seed``.
+
+    Parameters
+    ----------
+    cfg : ModelConfig
+        A concrete config (:class:`ResMLPConfig`, :class:`ResNetConfig`, :class:`ResidualCNNConfig`,
+        :class:`FreeFeatureConfig`).
+    input_shape : tuple of int
+        One sample's shape: ``(F,)`` tabular, ``(ch, H, W)`` images (ignored by free features).
+    n_samples : int
+        The client's training-sample count (used by free features only).
+    seed : int
+        Same seed, same initial weights (the global RNG is left untouched).
+    """
+    if not isinstance(cfg, ModelConfig):
+        raise ModelError(f"build_backbone needs a ModelConfig, got {type(cfg).__name__}")
+    with seeded(seed):
+        return cfg.build(tuple(int(s) for s in input_shape), int(n_samples))

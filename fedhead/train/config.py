@@ -1,0 +1,115 @@
+"""Typed local-training configuration (SPEC 2 objective, SPEC 10 recipe)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+
+class TrainInputError(ValueError):
+    """Bad training configuration or input: the message says what was wrong and where."""
+
+
+class TrainDivergedError(RuntimeError):
+    """Local training produced non-finite values; the message says at which step."""
+
+
+@dataclass
+class TrainConfig:
+    """Local training of one client for one round (SPEC 10 defaults).
+
+    Attributes
+    ----------
+    epochs : int
+        ``E``, passes over the client's data per call (SPEC 10: 4000).
+    batch_size : int
+        Shuffled minibatches of this size (256); a batch size ``>= N_m`` means full-batch
+        training (no shuffling, the data are used as stored).
+    lr, lr_min : float
+        Cosine schedule from ``lr`` (1e-3) to ``lr_min`` (1e-5) over the call's steps:
+        ``lr_k = lr_min + (lr - lr_min) (1 + cos(pi k / S)) / 2`` for step ``k`` of ``S``.
+    betas, eps : AdamW moments and epsilon; the optimiser has weight decay 0 (the ``lambda_W``
+        penalty is part of the objective) and is re-created at every call.
+    clip_norm : float or None
+        Global gradient-norm clip (5); None disables clipping.
+    lambda_h, lambda_w : float
+        ``lambda_H``, ``lambda_W`` of SPEC 2 (0.01 each), both > 0.
+    rho : float
+        Proximal weight: ``rho/2 ||W - W_t||_F^2`` to the broadcast head (0 = off).
+    gamma : float
+        Weight of the moment correction ``C_m(W)`` of SPEC 2/8 (0 = off, 1 = full correction).
+    center_targets : bool
+        Client-wise target centring: train on ``y - mu_m`` (the reference becomes ``G_within``).
+    seed : int
+        Seed of the minibatch permutations (deterministic on CPU).
+    bf16, channels_last, compile, cuda_graphs, tf32 : bool
+        Fast-path switches used on CUDA only (ignored on CPU, with a log line when set): bfloat16
+        autocast of the backbone, channels-last memory format for image backbones,
+        ``torch.compile`` of the forward/loss, CUDA graphs (``torch.compile`` mode
+        ``"reduce-overhead"``), TF32 matmuls/convolutions.
+    eval_batch_size : int
+        Chunk size of the full-data evaluation after training.
+    progress : bool
+        Show a tqdm bar over epochs.
+    """
+
+    epochs: int = 4000
+    batch_size: int = 256
+    lr: float = 1e-3
+    lr_min: float = 1e-5
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    clip_norm: float | None = 5.0
+    lambda_h: float = 0.01
+    lambda_w: float = 0.01
+    rho: float = 0.0
+    gamma: float = 0.0
+    center_targets: bool = False
+    seed: int = 0
+    bf16: bool = False
+    channels_last: bool = True
+    compile: bool = False
+    cuda_graphs: bool = False
+    tf32: bool = True
+    eval_batch_size: int = 1024
+    progress: bool = False
+
+    def __post_init__(self) -> None:
+        self.betas = tuple(float(b) for b in self.betas)  # Hydra passes ListConfig
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise :class:`TrainInputError` naming the first bad field."""
+
+        def bad(field: str, need: str) -> TrainInputError:
+            return TrainInputError(f"TrainConfig.{field} {need}, got {getattr(self, field)!r}")
+
+        def finite(v: object) -> bool:
+            return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+        if not isinstance(self.epochs, int) or self.epochs < 1:
+            raise bad("epochs", "must be an integer >= 1")
+        if not isinstance(self.batch_size, int) or self.batch_size < 1:
+            raise bad("batch_size", "must be an integer >= 1")
+        if not (finite(self.lr) and self.lr > 0):
+            raise bad("lr", "must be > 0")
+        if not (finite(self.lr_min) and 0 <= self.lr_min <= self.lr):
+            raise bad("lr_min", f"must be in [0, lr={self.lr}]")
+        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
+            raise bad("betas", "must be two numbers in [0, 1)")
+        if not (finite(self.eps) and self.eps > 0):
+            raise bad("eps", "must be > 0")
+        if self.clip_norm is not None and not (finite(self.clip_norm) and self.clip_norm > 0):
+            raise bad("clip_norm", "must be > 0 or None (no clipping)")
+        if not (finite(self.lambda_h) and self.lambda_h > 0):
+            raise bad("lambda_h", "must be > 0 (SPEC 2)")
+        if not (finite(self.lambda_w) and self.lambda_w > 0):
+            raise bad("lambda_w", "must be > 0 (SPEC 2)")
+        if not (finite(self.rho) and self.rho >= 0):
+            raise bad("rho", "must be >= 0 (proximal weight)")
+        if not (finite(self.gamma) and self.gamma >= 0):
+            raise bad("gamma", "must be >= 0 (correction weight)")
+        if not isinstance(self.seed, int) or self.seed < 0:
+            raise bad("seed", "must be a non-negative integer")
+        if not isinstance(self.eval_batch_size, int) or self.eval_batch_size < 1:
+            raise bad("eval_batch_size", "must be an integer >= 1")
