@@ -1,0 +1,328 @@
+"""The fedhead ClientApp (flwr 1.42 Message API): ``query``, ``train`` and ``evaluate`` handlers.
+
+* ``query``: the client's ``(N_m, mu_m, Sigma_m)`` (only these O(C^2) numbers leave the client).
+* ``train``: runs :func:`fedhead.train.train_local` on the client's partition with the
+  procedure's terms (proximal ``rho``, correction ``gamma`` with the server's ``Sigma_cen``,
+  target centring), optionally aligns the trained head to the broadcast, and uploads the head
+  (plus the backbone for full-model averaging). The ``exact`` procedure returns
+  ``Pi_m(W_t)`` in closed form (:func:`fedhead.ufm.closest_head`) instead of training.
+* ``evaluate``: MSE of the broadcast (shared) head with the client's own backbone.
+
+The private backbone persists across rounds in a :class:`clients.store.BackboneStore` under the
+job's state folder, keyed by run and partition; every client starts from the same seeded random
+backbone and the broadcast head. :func:`make_client_app` builds the app from a
+:class:`fedhead.config.JobConfig` (or a function ``Context -> JobConfig``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+import numpy as np
+import torch
+from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+
+from clients.store import BackboneStore
+from fedhead import ufm
+from fedhead.aggregation import is_private_state
+from strategies import protocol as P
+
+log = logging.getLogger(__name__)
+
+PARTITION_ID_KEY = "partition-id"
+
+_DATA: dict[tuple[str, int], Any] = {}
+_DATA_LOCK = threading.Lock()
+
+
+class ClientError(RuntimeError):
+    """A client could not serve a message; the text names the partition and the cause."""
+
+
+# -------------------------------------------------------------------------------- helpers
+def partition_of(context: Context, job: Any) -> int:
+    """The client's partition id (``partition-id`` of the node config), checked against M."""
+    if PARTITION_ID_KEY not in context.node_config:
+        raise ClientError(f"node config lacks '{PARTITION_ID_KEY}' (got {dict(context.node_config)})")
+    pid = int(context.node_config[PARTITION_ID_KEY])
+    if not 0 <= pid < job.settings.num_clients:
+        raise ClientError(f"partition-id {pid} outside 0..{job.settings.num_clients - 1}")
+    return pid
+
+
+def federated_data(job: Any):
+    """The job's partitioned data set, loaded once per process (the data layer caches on disk)."""
+    from fedhead.data.registry import load_federated
+
+    key = (repr(job.dataset), job.settings.num_clients)
+    with _DATA_LOCK:
+        data = _DATA.get(key)
+        if data is None:
+            data = load_federated(job.dataset, num_clients=job.settings.num_clients)
+            _DATA[key] = data
+    return data
+
+
+def client_data(job: Any, pid: int):
+    data = federated_data(job)
+    if len(data.clients) != job.settings.num_clients:
+        raise ClientError(f"data set {data.name} has {len(data.clients)} clients, expected {job.settings.num_clients}")
+    return data, data.clients[pid]
+
+
+def is_free(job: Any) -> bool:
+    from fedhead.models import FreeFeatureConfig
+
+    return isinstance(job.model, FreeFeatureConfig)
+
+
+def train_inputs(job: Any, cd: Any) -> torch.Tensor:
+    """Training inputs: the stored tensor, or sample indices for the free-feature backbone."""
+    return torch.arange(cd.n_train) if is_free(job) else cd.x_train
+
+
+def _limit_threads(job: Any) -> None:
+    n = max(1, int(job.resources.client_cpus))
+    if torch.get_num_threads() != n:
+        torch.set_num_threads(n)
+
+
+def store_of(job: Any, context: Context) -> BackboneStore:
+    return BackboneStore(job.state_dir / f"run_{context.run_id}")
+
+
+def load_backbone(job: Any, context: Context, pid: int, data: Any, cd: Any, *, required: bool):
+    """The client's private backbone: the stored one, or the common seeded initial backbone."""
+    from fedhead.models import build_backbone
+
+    backbone = build_backbone(job.model, data.input_shape, cd.n_train, job.settings.seed)
+    stored = store_of(job, context).load(pid)
+    if stored is not None:
+        backbone.load_state_dict(stored[1])
+    elif required:
+        raise ClientError(f"partition {pid}: no stored private backbone (evaluate before any training?)")
+    return backbone
+
+
+def apply_shared_state(backbone: torch.nn.Module, record: ArrayRecord | None, pid: int) -> None:
+    """Load the averaged backbone (full-model averaging), keeping the private BatchNorm stats."""
+    if record is None:
+        return
+    own = backbone.state_dict()
+    shared = {k: torch.as_tensor(v.numpy()) for k, v in record.items()}
+    unknown = sorted(set(shared) - set(own))
+    if unknown:
+        raise ClientError(f"partition {pid}: broadcast backbone has unknown entries {unknown[:5]}")
+    for k, v in shared.items():
+        if is_private_state(k):
+            continue
+        own[k] = v.to(own[k].dtype).reshape(own[k].shape)
+    backbone.load_state_dict(own)
+
+
+def shared_state(backbone: torch.nn.Module) -> ArrayRecord:
+    """The backbone's shareable state (BatchNorm running statistics excluded)."""
+    return ArrayRecord(
+        {
+            k: Array(v.detach().cpu().numpy().copy())
+            for k, v in backbone.state_dict().items()
+            if not is_private_state(k)
+        }
+    )
+
+
+def _sigma_cen(msg: Message, job: Any, pid: int) -> np.ndarray | None:
+    if job.procedure.gamma <= 0:
+        return None
+    if P.SIGMA_CEN not in msg.content.array_records:
+        raise ClientError(f"partition {pid}: corrected procedure but the message carries no Sigma_cen")
+    return msg.content.array_records[P.SIGMA_CEN]["sigma_cen"].numpy().astype(np.float64)
+
+
+def _round_of(msg: Message) -> int:
+    cfg = msg.content.config_records.get(P.CONFIG)
+    if cfg is None or P.SERVER_ROUND not in cfg:
+        raise ClientError("message lacks config['server-round']")
+    return int(cfg[P.SERVER_ROUND])
+
+
+def exact_head(job: Any, y: np.ndarray, broadcast: np.ndarray, sigma_cen: np.ndarray | None):
+    """``Pi_m(W_t)`` from the client's (corrected) optimal Gram, its bias and objective gap.
+
+    Returns ``(W~ (C,P), b~ (C,), relative objective gap of L_m)``; SPEC 4-5, 8.
+    """
+    moments = ufm.TargetMoments.from_targets([y])
+    mu, sigma = np.asarray(moments.means[0]), np.asarray(moments.covs[0])
+    gamma = job.procedure.gamma
+    target = sigma if sigma_cen is None else (1.0 - gamma) * sigma + gamma * sigma_cen
+    lh, lw = job.settings.lambda_h, job.settings.lambda_w
+    weight = ufm.closest_head(broadcast, ufm.optimal_gram(target, lh, lw))
+    bias = np.zeros_like(mu) if job.procedure.centered else mu
+    value = ufm.profiled_objective(weight, sigma, lh, lw, hessian=False).value
+    best = float(ufm.optimal_loss(sigma, lh, lw))
+    return weight, bias, (value - best) / best
+
+
+def head_distances(job: Any, y: torch.Tensor, broadcast: np.ndarray, weight: np.ndarray,
+                   sigma_cen: np.ndarray | None) -> dict[str, float]:
+    """Distance data of a returned head ``W~``: to the broadcast ``W_t`` and to the closest
+    optimal head ``Pi_m(W_t)`` of the client's (corrected) objective (SPEC 5, 11)."""
+    y64 = y.detach().cpu().numpy().astype(np.float64)
+    sigma = np.asarray(ufm.TargetMoments.from_targets([y64]).covs[0])
+    gamma = job.procedure.gamma
+    target = sigma if sigma_cen is None else (1.0 - gamma) * sigma + gamma * sigma_cen
+    pi = ufm.closest_head(broadcast, ufm.optimal_gram(target, job.settings.lambda_h, job.settings.lambda_w))
+    return {
+        "distance_to_broadcast": float(np.linalg.norm(weight - broadcast)),
+        "distance_to_selection": float(np.linalg.norm(weight - pi)),
+        "relative_distance_to_selection": float(np.linalg.norm(weight - pi) / np.linalg.norm(pi)),
+    }
+
+
+# -------------------------------------------------------------------------------- handlers
+def handle_query(job: Any, msg: Message, context: Context) -> Message:
+    """Reply with ``(N_m, mu_m, Sigma_m)`` of the client's training targets (SPEC 3)."""
+    pid = partition_of(context, job)
+    _, cd = client_data(job, pid)
+    y = cd.y_train.detach().cpu().numpy().astype(np.float64)
+    moments = ufm.TargetMoments.from_targets([y])
+    content = RecordDict(
+        {
+            P.MOMENTS: ArrayRecord(
+                {"mean": Array(np.asarray(moments.means[0])), "cov": Array(np.asarray(moments.covs[0]))}
+            ),
+            P.METRICS: MetricRecord({P.NUM_EXAMPLES: int(y.shape[0]), P.PARTITION_ID: pid}),
+        }
+    )
+    return Message(content, reply_to=msg)
+
+
+def handle_train(job: Any, msg: Message, context: Context) -> Message:
+    """One round of local work: train (or the closed-form rule) and upload the head."""
+    from fedhead.train import align, select_device, train_local
+
+    _limit_threads(job)
+    pid = partition_of(context, job)
+    rnd = _round_of(msg)
+    data, cd = client_data(job, pid)
+    w_t, b_t = P.read_head(msg.content.array_records[P.HEAD])
+    sigma_cen = _sigma_cen(msg, job, pid)
+    y = cd.y_train
+    n = int(y.shape[0])
+    content = RecordDict()
+    metrics: dict[str, float | int] = {P.NUM_EXAMPLES: n, P.PARTITION_ID: pid, "server-round": rnd}
+
+    if job.procedure.exact:
+        weight, bias, gap = exact_head(job, y.detach().cpu().numpy().astype(np.float64), w_t, sigma_cen)
+        metrics["objective_gap"] = float(gap)
+    else:
+        device = select_device(job.settings.device)
+        backbone = load_backbone(job, context, pid, data, cd, required=False)
+        if job.procedure.full_model:
+            apply_shared_state(backbone, msg.content.array_records.get(P.BACKBONE), pid)
+        head = torch.nn.Linear(w_t.shape[1], w_t.shape[0])
+        with torch.no_grad():
+            head.weight.copy_(torch.as_tensor(w_t, dtype=torch.float32))
+            head.bias.copy_(torch.as_tensor(b_t, dtype=torch.float32))
+        seed = job.settings.seed * 1_000_003 + 1_009 * rnd + pid
+        result = train_local(
+            backbone, head, train_inputs(job, cd), y, job.train,
+            broadcast_weight=w_t, sigma_cen=sigma_cen, device=device, seed=seed,
+        )
+        weight, bias = result.weight, result.bias
+        lm = result.metrics
+        metrics.update(
+            objective_gap=float(lm.relative_gap), objective=float(lm.objective),
+            optimal_objective=float(lm.optimal_objective), local_train_mse=float(lm.train_mse),
+            train_seconds=float(lm.seconds), n_steps=int(lm.n_steps),
+        )
+        if job.procedure.align:
+            trained_gram = weight @ weight.T
+            aligned = align(head, backbone, w_t)
+            weight, bias = aligned.weight, aligned.bias
+            metrics["align_distance_before"] = float(aligned.distance_before)
+            metrics["align_distance_after"] = float(aligned.distance_after)
+            content[P.CHECKS] = ArrayRecord({"trained_gram": Array(np.asarray(trained_gram, dtype=np.float64))})
+        if job.procedure.full_model:
+            content[P.BACKBONE] = shared_state(backbone)
+        store_of(job, context).save(pid, rnd, backbone.state_dict())
+    metrics.update(head_distances(job, y, w_t, weight, sigma_cen))
+    content[P.HEAD] = P.head_record(weight, bias)
+    content[P.METRICS] = MetricRecord(metrics)
+    return Message(content, reply_to=msg)
+
+
+def handle_evaluate(job: Any, msg: Message, context: Context) -> Message:
+    """MSE of the shared head with the client's own backbone on its train (and test) data."""
+    from fedhead.train import evaluate_local, select_device
+
+    _limit_threads(job)
+    pid = partition_of(context, job)
+    data, cd = client_data(job, pid)
+    w, b = P.read_head(msg.content.array_records[P.HEAD])
+    backbone = load_backbone(job, context, pid, data, cd, required=True)
+    if job.procedure.full_model:
+        apply_shared_state(backbone, msg.content.array_records.get(P.BACKBONE), pid)
+    device = select_device(job.settings.device)
+    backbone.to(device)
+    offset = None
+    if job.procedure.centered:
+        offset = cd.y_train.detach().cpu().double().mean(0).numpy()
+    lh, lw = job.settings.lambda_h, job.settings.lambda_w
+    ev = evaluate_local(backbone, (w, b), train_inputs(job, cd), cd.y_train, lambda_h=lh, lambda_w=lw,
+                        target_offset=offset, device=device)
+    metrics: dict[str, float | int] = {
+        P.NUM_EXAMPLES: int(cd.n_train), P.PARTITION_ID: pid, "train_mse": float(ev.mse),
+        "shared_objective": float(ev.objective),
+    }
+    if cd.x_test is not None and cd.y_test is not None and cd.y_test.shape[0] > 0 and not is_free(job):
+        et = evaluate_local(backbone, (w, b), cd.x_test, cd.y_test, lambda_h=lh, lambda_w=lw,
+                            target_offset=offset, device=device)
+        metrics["test_mse"] = float(et.mse)
+        metrics[P.NUM_TEST_EXAMPLES] = int(cd.y_test.shape[0])
+    return Message(RecordDict({P.METRICS: MetricRecord(metrics)}), reply_to=msg)
+
+
+# -------------------------------------------------------------------------------- the app
+def make_client_app(job: Any) -> ClientApp:
+    """Build the ClientApp.
+
+    ``job`` is a :class:`fedhead.config.JobConfig`, a sequence of them (one simulation serving
+    several procedures one after another: each message's ``config["job"]`` picks the job), or a
+    function ``Context -> JobConfig`` (deployments, where the run config names the job). The
+    jobs travel with the app (closure) in a Ray simulation.
+    """
+    if isinstance(job, (list, tuple)):
+        jobs = tuple(job)
+
+        def resolve(msg: Message, _ctx: Context) -> Any:
+            cfg = msg.content.config_records.get(P.CONFIG)
+            idx = int(cfg.get("job", 0)) if cfg is not None else 0
+            if not 0 <= idx < len(jobs):
+                raise ClientError(f"message names job {idx}, but this app serves {len(jobs)} job(s)")
+            return jobs[idx]
+    elif callable(job):
+        def resolve(msg: Message, ctx: Context) -> Any:
+            return job(ctx)
+    else:
+        def resolve(msg: Message, ctx: Context) -> Any:
+            return job
+
+    app = ClientApp()
+
+    @app.query()
+    def query(msg: Message, context: Context) -> Message:
+        return handle_query(resolve(msg, context), msg, context)
+
+    @app.train()
+    def train(msg: Message, context: Context) -> Message:
+        return handle_train(resolve(msg, context), msg, context)
+
+    @app.evaluate()
+    def evaluate(msg: Message, context: Context) -> Message:
+        return handle_evaluate(resolve(msg, context), msg, context)
+
+    return app

@@ -1,0 +1,103 @@
+"""Client-side store of private backbones (they never travel in a message).
+
+A state is kept per ``(run key, partition)`` on local disk under a state folder, written
+atomically (``torch.save`` into memory, then :func:`fedhead.io.write_bytes_atomic`), with an
+in-process cache in front. The file name carries the round that wrote it
+(``partition_<pid>.r<round>.pt``) so a worker process can tell, without reading the file,
+whether its cached copy is still the newest (in a Ray simulation several worker processes may
+serve the same partition in different rounds).
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import re
+import threading
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fedhead.io import write_bytes_atomic
+
+log = logging.getLogger(__name__)
+
+_NAME = re.compile(r"^partition_(\d+)\.r(\d+)\.pt$")
+
+
+class StoreError(RuntimeError):
+    """A stored client state is missing, unreadable or inconsistent."""
+
+
+class BackboneStore:
+    """Private per-partition state of one run, on disk with an in-process cache.
+
+    Parameters
+    ----------
+    root : path
+        State folder (one per run; created on first save).
+    """
+
+    _cache: dict[tuple[str, int], tuple[int, dict[str, Any]]] = {}
+    _lock = threading.Lock()
+
+    def __init__(self, root: str | Path):
+        self.root = Path(root)
+
+    def _files(self, partition: int) -> list[tuple[int, Path]]:
+        if not self.root.is_dir():
+            return []
+        out = []
+        for p in self.root.iterdir():
+            m = _NAME.match(p.name)
+            if m and int(m.group(1)) == partition:
+                out.append((int(m.group(2)), p))
+        return sorted(out)
+
+    def latest_round(self, partition: int) -> int | None:
+        """Round of the newest stored state of ``partition`` (None when nothing is stored)."""
+        files = self._files(partition)
+        return files[-1][0] if files else None
+
+    def load(self, partition: int) -> tuple[int, dict[str, Any]] | None:
+        """``(round, state)`` of the newest stored state, or None. The state is a copy-safe dict
+        of CPU tensors (the caller loads it into a module)."""
+        files = self._files(partition)
+        if not files:
+            return None
+        rnd, path = files[-1]
+        key = (str(self.root.resolve()), partition)
+        with self._lock:
+            cached = self._cache.get(key)
+        if cached is not None and cached[0] == rnd:
+            return cached
+        try:
+            payload = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as exc:  # noqa: BLE001 - re-raised with the file named
+            raise StoreError(f"cannot read the private state of partition {partition} from {path}: {exc}") from exc
+        if not isinstance(payload, dict) or payload.get("round") != rnd or "state" not in payload:
+            raise StoreError(f"private state file {path} is inconsistent (expected round {rnd})")
+        entry = (rnd, payload["state"])
+        with self._lock:
+            self._cache[key] = entry
+        return entry
+
+    def save(self, partition: int, round_: int, state: dict[str, Any]) -> Path:
+        """Store ``state`` (tensors moved to CPU) as the state of ``partition`` after ``round_``."""
+        cpu_state = {k: (v.detach().to("cpu").clone() if torch.is_tensor(v) else v) for k, v in state.items()}
+        buf = io.BytesIO()
+        torch.save({"round": int(round_), "state": cpu_state}, buf)
+        path = write_bytes_atomic(self.root / f"partition_{partition}.r{int(round_)}.pt", buf.getvalue())
+        for rnd, old in self._files(partition):
+            if rnd < round_:
+                old.unlink(missing_ok=True)
+        with self._lock:
+            self._cache[(str(self.root.resolve()), partition)] = (int(round_), cpu_state)
+        return path
+
+    @classmethod
+    def clear_cache(cls) -> None:
+        """Forget every cached state of this process."""
+        with cls._lock:
+            cls._cache.clear()

@@ -1,0 +1,373 @@
+"""Typed configuration of ``fedhead-run``, built once from the composed Hydra config.
+
+:func:`load_config` is the one place that reads raw keys: it instantiates every ``_target_``
+node (``dataset``, ``model``, ``train``, ``procedure``, ``experiment``, ``resources``,
+``output``) into the dataclasses below and validates the whole thing before anything starts.
+Everything deeper receives a :class:`JobConfig` (one federation: one procedure).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+PROCEDURES = (
+    "ordinary", "proximal", "corrected", "corrected_proximal", "aligned", "aligned_corrected",
+    "centered", "full_model", "exact",
+)
+DEVICES = ("auto", "cpu", "cuda")
+
+
+class ConfigError(ValueError):
+    """Invalid configuration: the message names the key, the value and what is allowed."""
+
+
+@dataclass(frozen=True)
+class ProcedureConfig:
+    """A local-training procedure (issue 5, SPEC 10; Hydra group ``procedure/``).
+
+    Attributes
+    ----------
+    name : str
+        The name users type (``procedure=corrected_proximal``).
+    rho : float
+        Proximal weight (``rho/2 ||W - W_t||^2``); the top-level ``rho=`` overrides it.
+    gamma : float
+        Moment-correction strength (0 off, 1 full; SPEC 8).
+    align : bool
+        Align the trained head to the broadcast before upload (SPEC 5).
+    centered : bool
+        Client-wise target centring (reference ``G_within``).
+    full_model : bool
+        Average the backbone too (BatchNorm statistics stay private).
+    exact : bool
+        Return ``Pi_m(W_t)`` in closed form instead of training (the theory's rule).
+    """
+
+    name: str
+    rho: float = 0.0
+    gamma: float = 0.0
+    align: bool = False
+    centered: bool = False
+    full_model: bool = False
+    exact: bool = False
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.rho, (int, float)) and math.isfinite(self.rho) and self.rho >= 0):
+            raise ConfigError(f"procedure {self.name!r}: rho must be a finite number >= 0, got {self.rho!r}")
+        if not (isinstance(self.gamma, (int, float)) and 0.0 <= self.gamma <= 1.0):
+            raise ConfigError(f"procedure {self.name!r}: gamma must lie in [0, 1], got {self.gamma!r}")
+        if self.exact and (self.align or self.full_model):
+            raise ConfigError(f"procedure {self.name!r}: exact cannot be combined with align/full_model")
+        if self.full_model and self.align:
+            raise ConfigError(f"procedure {self.name!r}: full_model cannot be combined with align")
+
+    @property
+    def strategy_kind(self) -> str:
+        """``"full_model"``, ``"aligned"`` or ``"head"`` (see :func:`strategies.make_strategy`)."""
+        if self.full_model:
+            return "full_model"
+        return "aligned" if self.align else "head"
+
+    @property
+    def reference(self) -> str:
+        """The Gram the procedure should reach: ``"within"``, ``"cen"`` or ``"star"``."""
+        if self.centered:
+            return "within"
+        return "cen" if self.gamma > 0 else "star"
+
+
+@dataclass(frozen=True)
+class ExperimentConfig:
+    """Which procedures a run executes one after another (Hydra group ``experiment/``)."""
+
+    name: str = "single"
+    procedures: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "procedures", tuple(str(p) for p in self.procedures))
+        unknown = [p for p in self.procedures if p not in PROCEDURES]
+        if unknown:
+            raise ConfigError(f"experiment {self.name!r}: unknown procedures {unknown}; choose from {PROCEDURES}")
+
+
+@dataclass(frozen=True)
+class ResourcesConfig:
+    """Ray simulation resources (per virtual SuperNode / client)."""
+
+    client_cpus: float = 1.0
+    client_gpus: float | None = None
+    ray_num_cpus: int | None = None
+    ray_num_gpus: int | None = None
+    evaluate_mse: bool = True
+
+    def __post_init__(self) -> None:
+        if not self.client_cpus > 0:
+            raise ConfigError(f"resources.client_cpus must be > 0, got {self.client_cpus}")
+        if self.client_gpus is not None and not 0 <= self.client_gpus <= 1:
+            raise ConfigError(
+                f"resources.client_gpus must be a GPU share in [0, 1] (fractions let clients share a GPU), "
+                f"got {self.client_gpus}"
+            )
+
+    def backend_config(self, num_clients: int, use_cuda: bool) -> dict[str, Any]:
+        """The ``backend_config`` of :func:`flwr.simulation.run_simulation` (Ray backend)."""
+        gpus = self.client_gpus
+        if gpus is None:
+            gpus = (1.0 / num_clients) if use_cuda else 0.0
+        init_args: dict[str, Any] = {}
+        if self.ray_num_cpus is not None:
+            init_args["num_cpus"] = int(self.ray_num_cpus)
+        if self.ray_num_gpus is not None:
+            init_args["num_gpus"] = int(self.ray_num_gpus)
+        return {
+            "client_resources": {"num_cpus": float(self.client_cpus), "num_gpus": float(gpus)},
+            "init_args": init_args,
+        }
+
+
+@dataclass(frozen=True)
+class OutputConfig:
+    """Where and what a run writes."""
+
+    dir: str | None = None
+    tensorboard: bool = True
+    figures: bool = True
+    keep_client_state: bool = False
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """Top-level keys users type (``rounds=``, ``local_epochs=``, ``seed=`` ...)."""
+
+    rounds: int
+    local_epochs: int
+    seed: int
+    rho: float | None
+    lambda_h: float
+    lambda_w: float
+    num_clients: int
+    device: str
+    diagnose_only: bool
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.rounds, int) or self.rounds < 1:
+            raise ConfigError(f"rounds must be an integer >= 1, got {self.rounds!r}")
+        if not isinstance(self.local_epochs, int) or self.local_epochs < 1:
+            raise ConfigError(f"local_epochs must be an integer >= 1, got {self.local_epochs!r}")
+        if not isinstance(self.seed, int) or self.seed < 0:
+            raise ConfigError(f"seed must be a non-negative integer, got {self.seed!r}")
+        if self.rho is not None and not (math.isfinite(self.rho) and self.rho >= 0):
+            raise ConfigError(f"rho must be >= 0 or null, got {self.rho!r}")
+        for key in ("lambda_h", "lambda_w"):
+            v = getattr(self, key)
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
+                raise ConfigError(f"{key} must be a positive number, got {v!r}")
+        if not isinstance(self.num_clients, int) or self.num_clients < 2:
+            raise ConfigError(f"num_clients must be an integer >= 2, got {self.num_clients!r}")
+        if self.device not in DEVICES:
+            raise ConfigError(f"device must be one of {DEVICES}, got {self.device!r}")
+
+
+@dataclass(frozen=True)
+class JobConfig:
+    """Everything one federation (one procedure) needs; small and picklable (sent to Ray)."""
+
+    settings: RunSettings
+    procedure: ProcedureConfig
+    dataset: Any  # fedhead.data.config.DatasetConfig (subclass)
+    model: Any  # fedhead.models.ModelConfig (subclass)
+    train: Any  # fedhead.train.config.TrainConfig with the procedure's terms set
+    resources: ResourcesConfig
+    output: OutputConfig
+    output_dir: Path
+    state_dir: Path
+    resolved: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    @property
+    def name(self) -> str:
+        return self.procedure.name
+
+
+@dataclass(frozen=True)
+class FedheadConfig:
+    """The whole typed configuration of one ``fedhead-run`` invocation."""
+
+    settings: RunSettings
+    dataset: Any
+    model: Any
+    train: Any
+    procedures: tuple[ProcedureConfig, ...]
+    experiment: ExperimentConfig
+    resources: ResourcesConfig
+    output: OutputConfig
+    resolved: dict[str, Any]
+
+    def jobs(self, output_dir: str | Path) -> list[JobConfig]:
+        """One :class:`JobConfig` per procedure; each writes into ``output_dir/<procedure>``."""
+        root = Path(self.output.dir) if self.output.dir else Path(output_dir)
+        out = []
+        for proc in self.procedures:
+            rho = self.settings.rho if self.settings.rho is not None else proc.rho
+            if rho != proc.rho:
+                proc = dataclasses.replace(proc, rho=float(rho))
+            train = dataclasses.replace(
+                self.train, rho=float(proc.rho), gamma=float(proc.gamma),
+                center_targets=bool(proc.centered),
+            )
+            job_dir = root / proc.name
+            out.append(
+                JobConfig(
+                    settings=self.settings, procedure=proc, dataset=self.dataset,
+                    model=self.model, train=train, resources=self.resources,
+                    output=self.output, output_dir=job_dir, state_dir=job_dir / "client_state",
+                    resolved=self.resolved,
+                )
+            )
+        return out
+
+
+def conf_dir():
+    """The Hydra config tree: the installed package ``conf`` (``pkg://conf``), or, in a source
+    checkout where ``conf`` is not installed, the ``conf/`` folder beside the ``fedhead`` package."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("conf")
+    if spec is not None and spec.submodule_search_locations:
+        root = resources.files("conf")
+        if root.joinpath("config.yaml").is_file():
+            return root
+    local = Path(__file__).resolve().parent.parent / "conf"
+    if (local / "config.yaml").is_file():
+        return local
+    raise ConfigError("cannot find the Hydra config tree: install the 'conf' package or run from a source checkout")
+
+
+def hydra_config_path() -> str:
+    """``config_path`` for ``hydra.main``: ``pkg://conf`` when installed, else the folder."""
+    root = conf_dir()
+    return str(root) if isinstance(root, Path) else "pkg://conf"
+
+
+def compose_config(overrides: list[str] | tuple[str, ...] = ()) -> Any:
+    """Compose ``conf/config.yaml`` with ``overrides`` outside a Hydra app (tests, ``flwr run``)."""
+    from hydra import compose, initialize_config_dir, initialize_config_module
+    from hydra.core.global_hydra import GlobalHydra
+
+    root = conf_dir()
+    if GlobalHydra.instance().is_initialized():
+        return compose(config_name="config", overrides=list(overrides))
+    if isinstance(root, Path):
+        ctx = initialize_config_dir(config_dir=str(root), version_base=None)
+    else:
+        ctx = initialize_config_module(config_module="conf", version_base=None)
+    with ctx:
+        return compose(config_name="config", overrides=list(overrides))
+
+
+def _conf_file(group: str, name: str):
+    return conf_dir().joinpath(group, f"{name}.yaml")
+
+
+def load_procedure(name: str) -> ProcedureConfig:
+    """Instantiate ``conf/procedure/<name>.yaml`` (used for an experiment's procedure list)."""
+    from hydra.utils import instantiate
+    from omegaconf import OmegaConf
+
+    if name not in PROCEDURES:
+        raise ConfigError(f"unknown procedure {name!r}; choose from {PROCEDURES}")
+    path = _conf_file("procedure", name)
+    if not path.is_file():
+        raise ConfigError(f"procedure {name!r} has no config file conf/procedure/{name}.yaml")
+    return _instantiate(instantiate, OmegaConf.create(path.read_text()), f"procedure {name}", ProcedureConfig)
+
+
+def _instantiate(instantiate, node, where: str, expected: type | tuple[type, ...]):
+    try:
+        obj = instantiate(node, _convert_="all")
+    except Exception as exc:  # noqa: BLE001 - re-raised with the config location
+        raise ConfigError(f"{where}: could not build the config object: {exc}") from exc
+    if not isinstance(obj, expected):
+        raise ConfigError(f"{where}: _target_ must build a {expected}, got {type(obj).__name__}")
+    return obj
+
+
+def load_config(cfg: Any) -> FedheadConfig:
+    """Turn the composed Hydra ``DictConfig`` into typed objects and validate them.
+
+    Parameters
+    ----------
+    cfg : omegaconf.DictConfig
+        Hydra's composition of ``conf/config.yaml`` with the groups and the user's overrides.
+
+    Returns
+    -------
+    FedheadConfig
+        Procedures: the one selected with ``procedure=NAME``, else the experiment's list.
+    """
+    from hydra.utils import instantiate
+    from omegaconf import OmegaConf
+
+    from fedhead.data.config import DatasetConfig
+    from fedhead.models import ModelConfig
+    from fedhead.train.config import TrainConfig
+
+    for key in ("dataset", "model", "train", "resources", "output"):
+        if cfg.get(key) is None:
+            raise ConfigError(f"the composed config has no '{key}' section (check conf/config.yaml)")
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    dataset = _instantiate(instantiate, cfg.dataset, "dataset", DatasetConfig)
+    model = _instantiate(instantiate, cfg.model, "model", ModelConfig)
+    train = _instantiate(instantiate, cfg.train, "train", TrainConfig)
+    resources_cfg = _instantiate(instantiate, cfg.resources, "resources", ResourcesConfig)
+    output = _instantiate(instantiate, cfg.output, "output", OutputConfig)
+    if cfg.get("experiment") is not None:
+        experiment = _instantiate(instantiate, cfg.experiment, "experiment", ExperimentConfig)
+    else:
+        experiment = ExperimentConfig()
+    num_clients = cfg.get("num_clients")
+    if num_clients is None:
+        num_clients = dataset.num_clients
+    rho = cfg.get("rho")
+    settings = RunSettings(
+        rounds=cfg.rounds, local_epochs=cfg.local_epochs, seed=cfg.seed,
+        rho=None if rho is None else float(rho), lambda_h=float(cfg.lambda_h),
+        lambda_w=float(cfg.lambda_w), num_clients=int(num_clients), device=str(cfg.device),
+        diagnose_only=bool(cfg.diagnose_only),
+    )
+    if cfg.get("procedure") is not None:
+        procedures: tuple[ProcedureConfig, ...] = (
+            _instantiate(instantiate, cfg.procedure, "procedure", ProcedureConfig),
+        )
+    else:
+        if not experiment.procedures:
+            raise ConfigError(
+                f"no procedure selected: pass procedure=NAME or use an experiment with a procedure list "
+                f"(experiment {experiment.name!r} has none)"
+            )
+        procedures = tuple(load_procedure(p) for p in experiment.procedures)
+    from fedhead.models import FreeFeatureConfig
+
+    if isinstance(model, FreeFeatureConfig) and any(p.full_model for p in procedures):
+        raise ConfigError(
+            "procedure full_model cannot average free-feature backbones (one private feature per "
+            "sample: their shapes differ between clients); pick another model= or procedure="
+        )
+    names = [p.name for p in procedures]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"procedures must be distinct, got {names}")
+    if (train.epochs, train.lambda_h, train.lambda_w) != (
+        settings.local_epochs, settings.lambda_h, settings.lambda_w
+    ):
+        raise ConfigError(
+            "train.epochs/lambda_h/lambda_w must follow the top-level local_epochs/lambda_h/lambda_w "
+            f"(got {train.epochs}/{train.lambda_h}/{train.lambda_w}); set them at the top level"
+        )
+    return FedheadConfig(
+        settings=settings, dataset=dataset, model=model, train=train, procedures=procedures,
+        experiment=experiment, resources=resources_cfg, output=output, resolved=resolved,
+    )

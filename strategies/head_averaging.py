@@ -1,0 +1,500 @@
+"""fedhead strategies on flwr's Message API: head averaging, moment exchange, alignment check,
+full-model averaging.
+
+The strategies are thin: every number they compute comes from :mod:`fedhead.aggregation`.
+
+* :class:`HeadAveraging` (a :class:`flwr.serverapp.strategy.FedAvg` subclass): before round 1 a
+  ``query`` message asks every client for ``(N_m, mu_m, Sigma_m)``; the server builds
+  :class:`fedhead.ufm.TargetMoments`, diagnoses the federation, checks the fully active
+  condition and computes ``G_star, G_cen, G_within, G_m``. Each round it broadcasts the head
+  (and ``Sigma_cen`` to corrected clients), averages the returned heads with weights
+  ``N_m / N`` and measures the round (SPEC 11); an ``evaluate`` message then collects the MSE
+  of the shared head on each client's own backbone.
+* :class:`AlignedHeadAveraging`: additionally verifies that every aligned head kept the Gram of
+  the head the client trained (alignment is a rotation, SPEC 5).
+* :class:`FullModelAveraging`: additionally averages the backbone (BatchNorm statistics stay on
+  the clients) and broadcasts it.
+
+Measurements are handed to an observer (:class:`RunObserver`) that writes results, TensorBoard
+and progress; the strategy itself does no I/O.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+from flwr.app import (
+    Array,
+    ArrayRecord,
+    ConfigRecord,
+    Message,
+    MessageType,
+    MetricRecord,
+    RecordDict,
+)
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import FedAvg, Result
+
+from fedhead import aggregation as agg
+from fedhead import ufm
+from strategies import protocol as P
+
+log = logging.getLogger(__name__)
+
+
+class FederationError(RuntimeError):
+    """A round could not be completed (client error, missing replies, failed verification)."""
+
+
+@dataclass(frozen=True)
+class MomentExchange:
+    """Outcome of the one-time moment exchange before round 1."""
+
+    moments: ufm.TargetMoments
+    diagnosis: agg.Diagnosis
+    gap: Any  # fedhead.ufm.GapDecomposition, None outside the fully active regime
+    targets: agg.Targets | None  # None outside the fully active regime
+    node_ids: tuple[int, ...]  # ordered by partition id
+    partition_ids: tuple[int, ...]
+
+
+class RunObserver(Protocol):
+    """Receives what the strategy measures (implemented by the run layer)."""
+
+    def on_exchange(self, exchange: MomentExchange) -> None: ...
+
+    def on_round(self, record: agg.RoundRecord) -> None: ...
+
+
+class _NullObserver:
+    def on_exchange(self, exchange: MomentExchange) -> None:  # noqa: D102
+        pass
+
+    def on_round(self, record: agg.RoundRecord) -> None:  # noqa: D102
+        pass
+
+
+def _raise_on_errors(replies: Sequence[Message], stage: str, expected: int) -> list[Message]:
+    """Fail loudly on error replies or missing replies (never continue with partial state)."""
+    errors = [m for m in replies if m.has_error()]
+    if errors:
+        detail = "; ".join(
+            f"node {m.metadata.src_node_id}: {m.error.reason}" for m in errors
+        )
+        raise FederationError(f"{stage}: {len(errors)} client(s) failed: {detail}")
+    if len(replies) != expected:
+        raise FederationError(
+            f"{stage}: expected {expected} replies, received {len(replies)} (timeout or lost client)"
+        )
+    return list(replies)
+
+
+def _metrics(message: Message) -> MetricRecord:
+    content = message.content
+    if P.METRICS not in content.metric_records:
+        raise agg.ReplyError(P.node_of(message), f"reply lacks the '{P.METRICS}' MetricRecord")
+    return content.metric_records[P.METRICS]
+
+
+def _partition(message: Message) -> int:
+    metrics = _metrics(message)
+    if P.PARTITION_ID not in metrics:
+        raise agg.ReplyError(P.node_of(message), f"metrics lack '{P.PARTITION_ID}'")
+    return int(metrics[P.PARTITION_ID])
+
+
+class HeadAveraging(FedAvg):
+    """Head-only federated averaging with the one-time moment exchange (issue 5).
+
+    Parameters
+    ----------
+    lambda_h, lambda_w : float
+        Penalties of the local objective (SPEC 2); used for the closed-form targets.
+    gamma : float
+        Moment-correction strength the clients use (0: none, 1: full, SPEC 8). When positive the
+        server sends ``Sigma_cen`` with every training message.
+    centered : bool
+        Clients centre their targets (reference Gram becomes ``G_within``).
+    observer : RunObserver, optional
+        Receives the exchange and every round record.
+    evaluate_mse : bool
+        Send an ``evaluate`` message after every round to measure train/test MSE of the shared
+        head with each client's own backbone.
+    min_nodes : int
+        Number of clients expected (all take part in every round).
+    timeout : float, optional
+        Seconds to wait for the replies of one message phase (None: no limit).
+    message_config : dict, optional
+        Entries added to the ``config`` record of every message (e.g. the job index when one
+        simulation serves several procedures).
+    """
+
+    def __init__(
+        self,
+        *,
+        lambda_h: float,
+        lambda_w: float,
+        min_nodes: int,
+        gamma: float = 0.0,
+        centered: bool = False,
+        observer: RunObserver | None = None,
+        evaluate_mse: bool = True,
+        timeout: float | None = None,
+        message_config: dict[str, int | float | str | bool] | None = None,
+    ) -> None:
+        super().__init__(
+            fraction_train=1.0,
+            fraction_evaluate=1.0,
+            min_train_nodes=min_nodes,
+            min_evaluate_nodes=min_nodes,
+            min_available_nodes=min_nodes,
+            weighted_by_key=P.NUM_EXAMPLES,
+            arrayrecord_key=P.HEAD,
+            configrecord_key=P.CONFIG,
+        )
+        if lambda_h <= 0 or lambda_w <= 0:
+            raise ValueError(f"lambda_h and lambda_w must be positive, got {lambda_h}, {lambda_w}")
+        self.lambda_h = float(lambda_h)
+        self.lambda_w = float(lambda_w)
+        self.gamma = float(gamma)
+        self.centered = bool(centered)
+        self.observer: RunObserver = observer or _NullObserver()
+        self.evaluate_mse = bool(evaluate_mse)
+        self.min_nodes = int(min_nodes)
+        self.timeout = timeout
+        self.message_config = dict(message_config or {})
+        self.exchange: MomentExchange | None = None
+        self.tracker: agg.RoundTracker | None = None
+        self._broadcast: tuple[np.ndarray, np.ndarray] | None = None
+        self._head_shape: tuple[int, int] | None = None
+
+    # ---------------------------------------------------------------- description
+    def summary(self) -> None:
+        log.info(
+            "%s: lambda_h=%g lambda_w=%g gamma=%g centered=%s clients=%d",
+            type(self).__name__, self.lambda_h, self.lambda_w, self.gamma, self.centered,
+            self.min_nodes,
+        )
+
+    # ---------------------------------------------------------------- moment exchange
+    def query_messages(self, node_ids: Iterable[int]) -> list[Message]:
+        """One ``query`` message per node asking for ``(N_m, mu_m, Sigma_m)``."""
+        record = RecordDict({P.CONFIG: ConfigRecord({"stage": "moments", **self.message_config})})
+        return [
+            Message(content=record, dst_node_id=int(n), message_type=MessageType.QUERY)
+            for n in node_ids
+        ]
+
+    def aggregate_moments(self, replies: Iterable[Message]) -> MomentExchange:
+        """Validate the query replies and compute moments, diagnosis and reference Grams.
+
+        Sets and returns :attr:`exchange`.
+        """
+        replies = _raise_on_errors(list(replies), "moment exchange", self.min_nodes)
+        rows = []
+        for msg in replies:
+            node = P.node_of(msg)
+            if P.MOMENTS not in msg.content.array_records:
+                raise agg.ReplyError(node, f"query reply lacks the '{P.MOMENTS}' ArrayRecord")
+            arrays = msg.content.array_records[P.MOMENTS]
+            metrics = _metrics(msg)
+            if P.NUM_EXAMPLES not in metrics:
+                raise agg.ReplyError(node, f"query reply metrics lack '{P.NUM_EXAMPLES}'")
+            rows.append(
+                (_partition(msg), node, metrics[P.NUM_EXAMPLES], arrays["mean"].numpy(),
+                 arrays["cov"].numpy())
+            )
+        rows.sort(key=lambda r: r[0])
+        pids = [r[0] for r in rows]
+        if len(set(pids)) != len(pids):
+            raise FederationError(f"moment exchange: duplicate partition ids {pids}")
+        moments = agg.aggregate_moments(
+            [r[2] for r in rows], [r[3] for r in rows], [r[4] for r in rows],
+            node_ids=[f"{r[1]} (partition {r[0]})" for r in rows],
+        )
+        diagnosis, gap = agg.diagnose(moments, self.lambda_h, self.lambda_w)
+        targets = None if gap is None else agg.reference_targets(
+            moments, gap, self.lambda_h, self.lambda_w, gamma=self.gamma, centered=self.centered
+        )
+        self.exchange = MomentExchange(
+            moments=moments, diagnosis=diagnosis, gap=gap, targets=targets,
+            node_ids=tuple(r[1] for r in rows), partition_ids=tuple(pids),
+        )
+        return self.exchange
+
+    def exchange_moments(self, grid: Grid) -> MomentExchange:
+        """Run the one-time moment exchange over ``grid`` and report it to the observer."""
+        node_ids = self._wait_for_nodes(grid)
+        replies = grid.send_and_receive(self.query_messages(node_ids), timeout=self.timeout)
+        self.exchange = self.aggregate_moments(replies)
+        for line in self.exchange.diagnosis.format().splitlines():
+            log.info("diagnosis: %s", line)
+        self.observer.on_exchange(self.exchange)
+        return self.exchange
+
+    def _wait_for_nodes(self, grid: Grid) -> list[int]:
+        from flwr.serverapp.strategy.strategy_utils import sample_nodes
+
+        node_ids, _ = sample_nodes(grid, self.min_nodes, self.min_nodes)
+        return sorted(node_ids)
+
+    # ---------------------------------------------------------------- training
+    def begin(self, initial_head: tuple[np.ndarray, np.ndarray]) -> agg.RoundRecord:
+        """Record round 0 for the initial head (after :meth:`exchange_moments`)."""
+        if self.exchange is None:
+            raise RuntimeError("exchange_moments must run before training")
+        if self.exchange.targets is None:
+            # outside the fully active regime the closed forms (and every reference) are undefined
+            ufm.check_fully_active(self.exchange.moments, self.lambda_h, self.lambda_w)
+            raise RuntimeError("reference targets are missing although the federation is fully active")
+        self.tracker = agg.RoundTracker(self.exchange.targets)
+        w, b = (np.asarray(a, dtype=np.float64) for a in initial_head)
+        c = self.exchange.moments.dim
+        if w.ndim != 2 or w.shape[0] != c or b.shape != (c,):
+            raise ValueError(f"initial head {w.shape}/{b.shape} does not match C = {c} targets")
+        self._head_shape = (w.shape[0], w.shape[1])
+        rec = self.tracker.start(w, b)
+        self.observer.on_round(rec)
+        return rec
+
+    def train_content(self, arrays: ArrayRecord, config: ConfigRecord) -> RecordDict:
+        """Content of a training message (head, config, Sigma_cen for corrected clients)."""
+        content = RecordDict({P.HEAD: arrays, P.CONFIG: config})
+        if self.gamma > 0:
+            if self.exchange is None:
+                raise RuntimeError("the corrected procedure needs the moment exchange first")
+            content[P.SIGMA_CEN] = ArrayRecord(
+                {"sigma_cen": Array(np.asarray(self.exchange.moments.sigma_cen, dtype=np.float64))}
+            )
+        return content
+
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        head_arrays = ArrayRecord({k: arrays[k] for k in ("weight", "bias")})
+        self._broadcast = P.read_head(head_arrays)
+        config[P.SERVER_ROUND] = server_round
+        config.update(self.message_config)
+        content = self.train_content(head_arrays, config)
+        self._extend_train_content(content, arrays)
+        node_ids = self._wait_for_nodes(grid)
+        return [
+            Message(content=content, dst_node_id=n, message_type=MessageType.TRAIN)
+            for n in node_ids
+        ]
+
+    def _extend_train_content(self, content: RecordDict, arrays: ArrayRecord) -> None:
+        """Hook for subclasses that broadcast more than the head."""
+
+    def _ordered(self, replies: Sequence[Message]) -> list[Message]:
+        """Replies ordered by partition id, checked against the moment exchange."""
+        assert self.exchange is not None
+        by_pid = {}
+        for msg in replies:
+            by_pid[_partition(msg)] = msg
+        if sorted(by_pid) != list(self.exchange.partition_ids):
+            raise FederationError(
+                f"replies came from partitions {sorted(by_pid)}, expected "
+                f"{list(self.exchange.partition_ids)}"
+            )
+        return [by_pid[pid] for pid in self.exchange.partition_ids]
+
+    def parse_train_replies(
+        self, replies: Iterable[Message]
+    ) -> tuple[list[Message], np.ndarray, np.ndarray, np.ndarray]:
+        """Validated heads ``(M,C,P)``, biases ``(M,C)``, counts ``(M,)`` ordered by partition."""
+        if self._head_shape is None:
+            raise RuntimeError("begin() must record the initial head before training")
+        msgs = self._ordered(_raise_on_errors(list(replies), "training", self.min_nodes))
+        heads, biases, counts = [], [], []
+        for msg, n_exp in zip(msgs, np.asarray(self.exchange.moments.counts), strict=True):
+            node = P.node_of(msg)
+            if P.HEAD not in msg.content.array_records:
+                raise agg.ReplyError(node, f"training reply lacks the '{P.HEAD}' ArrayRecord")
+            w, b = P.read_head(msg.content.array_records[P.HEAD])
+            metrics = _metrics(msg)
+            w, b, n = agg.validate_head(
+                w, b, metrics.get(P.NUM_EXAMPLES), node_id=node, shape=self._head_shape
+            )
+            if n_exp is not None and n != int(n_exp):
+                raise agg.ReplyError(node, f"reported {n} samples, but {int(n_exp)} in the moment exchange")
+            heads.append(w)
+            biases.append(b)
+            counts.append(n)
+        return msgs, np.stack(heads), np.stack(biases), np.asarray(counts)
+
+    def verify_replies(self, msgs: Sequence[Message], heads: np.ndarray) -> dict[str, float]:
+        """Hook: extra checks on the replies; returns scalars to log with the round."""
+        return {}
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        msgs, heads, biases, counts = self.parse_train_replies(replies)
+        extra = self.verify_replies(msgs, heads)
+        avg = agg.average_heads(heads, biases, counts)
+        metrics = [_metrics(m) for m in msgs]
+        gaps = [float(m["objective_gap"]) for m in metrics if "objective_gap" in m]
+        client_metrics = [
+            {k: float(v) for k, v in m.items() if not isinstance(v, list)} for m in metrics
+        ]
+        assert self.tracker is not None and self._broadcast is not None
+        rec = self.tracker.record(
+            server_round, avg.weight, avg.bias, broadcast=self._broadcast[0],
+            client_heads=heads, objective_gaps=gaps if len(gaps) == len(msgs) else None,
+            client_metrics=client_metrics, extra=extra,
+        )
+        arrays = P.head_record(avg.weight, avg.bias)
+        self._add_aggregate(arrays, msgs, counts)
+        out_metrics = MetricRecord({k: float(v) for k, v in rec.scalars().items() if "/" not in k})
+        if not self.evaluate_mse:
+            self.observer.on_round(rec)
+        return arrays, out_metrics
+
+    def _add_aggregate(self, arrays: ArrayRecord, msgs: Sequence[Message], counts: np.ndarray) -> None:
+        """Hook for subclasses that aggregate more than the head."""
+
+    # ---------------------------------------------------------------- evaluation (MSE)
+    def configure_evaluate(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        if not self.evaluate_mse:
+            return []
+        config[P.SERVER_ROUND] = server_round
+        config.update(self.message_config)
+        head = ArrayRecord({k: arrays[k] for k in ("weight", "bias")})
+        content = RecordDict({P.HEAD: head, P.CONFIG: config})
+        self._extend_train_content(content, arrays)
+        return [
+            Message(content=content, dst_node_id=n, message_type=MessageType.EVALUATE)
+            for n in self._wait_for_nodes(grid)
+        ]
+
+    def aggregate_evaluate(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> MetricRecord | None:
+        if not self.evaluate_mse:
+            return None
+        msgs = self._ordered(_raise_on_errors(list(replies), "evaluation", self.min_nodes))
+        ms = [_metrics(m) for m in msgs]
+        for m, msg in zip(ms, msgs, strict=True):
+            if "train_mse" not in m:
+                raise agg.ReplyError(P.node_of(msg), "evaluation reply lacks 'train_mse'")
+        train = agg.weighted_mean([m["train_mse"] for m in ms], [m[P.NUM_EXAMPLES] for m in ms])
+        test = None
+        if all("test_mse" in m for m in ms):
+            test = agg.weighted_mean([m["test_mse"] for m in ms], [m[P.NUM_TEST_EXAMPLES] for m in ms])
+        assert self.tracker is not None
+        rec = self.tracker.set_mse(server_round, train, test)
+        self.observer.on_round(rec)
+        out = {"train_mse": train}
+        if test is not None:
+            out["test_mse"] = test
+        return MetricRecord(out)
+
+    # ---------------------------------------------------------------- the whole run
+    def run(
+        self,
+        grid: Grid,
+        initial_head: tuple[np.ndarray, np.ndarray] | Callable[[int], tuple[np.ndarray, np.ndarray]],
+        num_rounds: int,
+        *,
+        train_config: ConfigRecord | None = None,
+        diagnose_only: bool = False,
+    ) -> Result | None:
+        """Moment exchange, diagnosis, then ``num_rounds`` rounds of :meth:`FedAvg.start`.
+
+        ``initial_head`` is ``(W_0 (C,P), b_0 (C,))`` or a function of ``C`` (known after the
+        exchange) returning it; every client starts from this head.
+        """
+        exchange = self.exchange_moments(grid)
+        if diagnose_only:
+            return None
+        if callable(initial_head):
+            initial_head = initial_head(exchange.moments.dim)
+        self.begin(initial_head)
+        arrays = P.head_record(*initial_head)
+        return self.start(
+            grid=grid, initial_arrays=arrays, num_rounds=num_rounds,
+            timeout=self.timeout if self.timeout is not None else 3600.0,
+            train_config=train_config or ConfigRecord(),
+        )
+
+
+class AlignedHeadAveraging(HeadAveraging):
+    """Head averaging for aligned clients; verifies that alignment kept each client's Gram.
+
+    Each aligned client reports ``trained_gram = W^ W^^T`` of the head it trained (before
+    alignment) in its ``checks`` record; the server checks that the uploaded head has the same
+    Gram to relative tolerance ``rtol`` and fails naming the client otherwise.
+    """
+
+    def __init__(self, *, rtol: float = 1e-6, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.rtol = float(rtol)
+
+    def verify_replies(self, msgs: Sequence[Message], heads: np.ndarray) -> dict[str, float]:
+        worst = 0.0
+        for msg, w in zip(msgs, heads, strict=True):
+            node = P.node_of(msg)
+            if P.CHECKS not in msg.content.array_records:
+                raise agg.ReplyError(node, f"aligned reply lacks the '{P.CHECKS}' ArrayRecord")
+            g_trained = agg.validate_array(
+                msg.content.array_records[P.CHECKS]["trained_gram"].numpy(),
+                (w.shape[0], w.shape[0]), node_id=node, name="trained_gram",
+            )
+            err = agg.relative_error(w @ w.T, g_trained)
+            if err > self.rtol:
+                raise agg.ReplyError(
+                    node,
+                    f"aligned head changed the trained Gram (relative error {err:.3g} > {self.rtol:g})",
+                )
+            worst = max(worst, err)
+        return {"alignment_gram_error": worst}
+
+
+class FullModelAveraging(HeadAveraging):
+    """Full-model averaging: heads and backbones averaged with weights ``N_m / N``.
+
+    The aggregated backbone (BatchNorm running statistics excluded, they never leave the
+    client) travels in the ``backbone`` record of every training and evaluation message.
+    ``initial_backbone`` is the common random backbone all clients start from.
+    """
+
+    def __init__(self, *, initial_backbone: dict[str, np.ndarray] | None = None, **kwargs: Any):
+        super().__init__(**kwargs)
+        self._backbone = (
+            None if initial_backbone is None
+            else {k: np.asarray(v) for k, v in initial_backbone.items() if not agg.is_private_state(k)}
+        )
+
+    def _extend_train_content(self, content: RecordDict, arrays: ArrayRecord) -> None:
+        if self._backbone is not None:
+            content[P.BACKBONE] = P.numpy_to_arrays(self._backbone)
+
+    def _add_aggregate(self, arrays: ArrayRecord, msgs: Sequence[Message], counts: np.ndarray) -> None:
+        states = []
+        for msg in msgs:
+            if P.BACKBONE not in msg.content.array_records:
+                raise agg.ReplyError(P.node_of(msg), f"full-model reply lacks '{P.BACKBONE}'")
+            states.append(P.arrays_to_numpy(msg.content.array_records[P.BACKBONE]))
+        dtypes = {k: v.dtype for k, v in states[0].items()}
+        avg = agg.average_states(states, counts, node_ids=[P.node_of(m) for m in msgs])
+        self._backbone = {k: v.astype(dtypes[k]) if np.issubdtype(dtypes[k], np.floating) else v
+                          for k, v in avg.items()}
+
+
+def make_strategy(
+    kind: str, **kwargs: Any
+) -> HeadAveraging:
+    """Build the strategy a procedure needs: ``"head"``, ``"aligned"`` or ``"full_model"``."""
+    classes: dict[str, Callable[..., HeadAveraging]] = {
+        "head": HeadAveraging, "aligned": AlignedHeadAveraging, "full_model": FullModelAveraging,
+    }
+    if kind not in classes:
+        raise ValueError(f"unknown strategy kind {kind!r}; expected one of {sorted(classes)}")
+    return classes[kind](**kwargs)

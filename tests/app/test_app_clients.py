@@ -1,0 +1,157 @@
+"""The ClientApp handlers and the ServerApp body, run in-process with a real ClientApp (no Ray)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from app_helpers import InProcessGrid, instruction
+
+from clients import BackboneStore, make_client_app
+from clients.app import federated_data
+from fedhead import ufm
+from fedhead.config import ConfigError, compose_config, load_config
+from fedhead.run import RunRecorder, serve
+
+
+def _job(tmp_path: Path, *overrides: str):
+    cfg = load_config(compose_config([
+        "dataset.n_train=240", f"dataset.cache_dir={tmp_path / 'cache'}", "num_clients=3",
+        "output.tensorboard=false", "output.figures=false", *overrides,
+    ]))
+    return cfg.jobs(tmp_path / "out")[0]
+
+
+def _serve(job, run_id: int = 11):
+    grid = InProcessGrid(make_client_app(job), job.settings.num_clients, run_id=run_id)
+    recorder = RunRecorder(job, show_progress=False)
+    serve(grid, job, recorder, show_progress=False)
+    return recorder.finish("completed"), grid
+
+
+TINY = ["model=resmlp_small", "model.width=16", "model.feature_dim=8", "local_epochs=3", "rounds=2"]
+
+
+def test_query_handler_reports_exact_moments(tmp_path, task_identity):
+    job = _job(tmp_path, "procedure=exact", "model=free")
+    grid = InProcessGrid(make_client_app(job), 3)
+    data = federated_data(job)
+    for node, ctx in grid.contexts.items():
+        reply = grid.handlers[node](instruction(node, "query"))
+        pid = ctx.node_config["partition-id"]
+        y = data.clients[pid].y_train.double().numpy()
+        mom = reply.content.array_records["moments"]
+        np.testing.assert_allclose(mom["mean"].numpy(), y.mean(0), rtol=0, atol=1e-12)
+        np.testing.assert_allclose(mom["cov"].numpy(), np.cov(y.T, bias=True), rtol=0, atol=1e-12)
+        assert reply.content.metric_records["metrics"]["num-examples"] == y.shape[0]
+
+
+def test_exact_procedure_in_process_follows_recursion(tmp_path, task_identity):
+    job = _job(tmp_path, "procedure=exact", "model=free", "rounds=4")
+    res, _ = _serve(job)
+    on_disk = json.loads((job.output_dir / "results.json").read_text())
+    assert on_disk["status"] == "completed" and len(on_disk["rounds"]) == 5
+    g = np.array([r["gram"] for r in res["rounds"]])
+    rec = ufm.gram_recursion(g[0], np.array(res["targets"]["client_grams"]), np.array(res["targets"]["weights"]), 4)
+    np.testing.assert_allclose(g, rec, rtol=0, atol=1e-10 * np.abs(rec).max())
+    assert max(r["delta"] for r in res["rounds"][1:]) < 1e-9
+    assert all(abs(r["objective_gaps"][0]) < 1e-5 for r in res["rounds"][1:])  # exact heads are optimal
+
+
+@pytest.mark.parametrize("procedure", ["proximal", "corrected_proximal", "aligned", "centered", "full_model"])
+def test_trained_procedures_complete_and_keep_backbones_private(tmp_path, task_identity, procedure):
+    job = _job(tmp_path, f"procedure={procedure}", *TINY)
+    res, grid = _serve(job)
+    assert [r["round"] for r in res["rounds"]] == [0, 1, 2]
+    last = res["rounds"][-1]
+    assert np.isfinite(last["train_mse"]) and len(last["objective_gaps"]) == 3 and last["delta"] > 0
+    assert res["reference"] == {"corrected_proximal": "cen", "centered": "within"}.get(procedure, "star")
+    store = BackboneStore(job.state_dir / "run_11")
+    for pid in range(3):
+        assert store.latest_round(pid) == 2  # only the newest private state is kept
+    kinds = [m.metadata.message_type for m in grid.sent]
+    assert kinds.count("query") == 3 and kinds.count("train") == 6 and kinds.count("evaluate") == 6
+    train_msgs = [m for m in grid.sent if m.metadata.message_type == "train"]
+    has_backbone = ["backbone" in m.content.array_records for m in train_msgs]
+    # the backbone travels only under full-model averaging, and only after round 1
+    assert has_backbone == ([False] * 3 + [True] * 3 if procedure == "full_model" else [False] * 6)
+    has_sigma = {"sigma_cen" in m.content.array_records for m in train_msgs}
+    assert has_sigma == {procedure == "corrected_proximal"}
+    if procedure == "aligned":
+        assert last["alignment_gram_error"] < 1e-5
+    # the clients' own distance data agree with the server's selection distance
+    cm = last["client_metrics"]
+    p = np.asarray(res["moments"]["weights"])
+    assert last["delta"] == pytest.approx(sum(w * c["distance_to_selection"] for w, c in zip(p, cm)), rel=1e-5)
+
+
+def test_clients_start_from_one_common_backbone(tmp_path, task_identity):
+    from fedhead.models import build_backbone
+
+    job = _job(tmp_path, "procedure=ordinary", *TINY)
+    data = federated_data(job)
+    a = build_backbone(job.model, data.input_shape, data.clients[0].n_train, job.settings.seed)
+    b = build_backbone(job.model, data.input_shape, data.clients[1].n_train, job.settings.seed)
+    for (ka, va), (kb, vb) in zip(a.state_dict().items(), b.state_dict().items(), strict=True):
+        assert ka == kb and torch.equal(va, vb)
+
+
+def test_backbone_store_is_atomic_and_detects_newer_states(tmp_path):
+    store = BackboneStore(tmp_path / "s")
+    assert store.load(0) is None
+    store.save(0, 1, {"w": torch.ones(2)})
+    store.save(0, 2, {"w": 2 * torch.ones(2)})
+    assert sorted(p.name for p in (tmp_path / "s").iterdir()) == ["partition_0.r2.pt"]
+    rnd, state = store.load(0)
+    assert rnd == 2 and torch.equal(state["w"], 2 * torch.ones(2))
+    # another process wrote round 3: the cached round-2 copy must not be served
+    other = {"round": 3, "state": {"w": 3 * torch.ones(2)}}
+    torch.save(other, tmp_path / "s" / "partition_0.r3.pt")
+    rnd, state = store.load(0)
+    assert rnd == 3 and torch.equal(state["w"], 3 * torch.ones(2))
+    (tmp_path / "s" / "partition_0.r4.pt").write_bytes(b"garbage")
+    with pytest.raises(Exception, match="partition 0"):
+        store.load(0)
+
+
+def test_flwr_run_apps_resolve_the_job_from_the_run_config(tmp_path, task_identity):
+    """The module-level server_app / client_app serve ``flwr run .`` from the run config."""
+    from fedhead import run as run_mod
+
+    run_config = {
+        "overrides": f"procedure=exact model=free rounds=2 num_clients=3 dataset.n_train=240 "
+                     f"dataset.cache_dir={tmp_path / 'cache'} output.tensorboard=false output.figures=false",
+        "procedure-index": 0, "output-dir": str(tmp_path / "flwr"),
+    }
+    grid = InProcessGrid(run_mod.client_app, 3, run_config=run_config)
+    ctx = next(iter(grid.contexts.values()))
+    run_mod.server_app(grid, ctx)
+    res = json.loads((tmp_path / "flwr" / "exact" / "results.json").read_text())
+    assert res["status"] == "completed" and len(res["rounds"]) == 3
+
+
+def test_config_validation_errors(tmp_path):
+    with pytest.raises(ConfigError, match="full_model cannot average free-feature"):
+        _job(tmp_path, "procedure=full_model", "model=free")
+    with pytest.raises(ConfigError, match="rounds must be an integer >= 1"):
+        _job(tmp_path, "procedure=exact", "rounds=0")
+    with pytest.raises(ConfigError, match="device must be one of"):
+        _job(tmp_path, "procedure=exact", "device=tpu")
+    with pytest.raises(ConfigError, match="no procedure selected"):
+        _job(tmp_path, "experiment=single", "experiment.procedures=[]")
+
+
+def test_diagnose_only_exchanges_moments_and_trains_nothing(tmp_path, task_identity):
+    job = _job(tmp_path, "procedure=proximal", "diagnose_only=true", *TINY)
+    grid = InProcessGrid(make_client_app(job), 3)
+    recorder = RunRecorder(job, show_progress=False)
+    serve(grid, job, recorder, show_progress=False)
+    res = recorder.finish("diagnosed")
+    assert {m.metadata.message_type for m in grid.sent} == {"query"}
+    assert res["rounds"] == [] and res["diagnosis"]["fully_active"]
+    d = res["diagnosis"]
+    assert d["share_m_mu"] + d["share_m_sigma"] + d["share_m_a"] == pytest.approx(1.0, abs=1e-12)
+    assert np.asarray(res["targets"]["g_star"]).shape == (3, 3)
