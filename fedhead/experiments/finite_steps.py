@@ -1,0 +1,269 @@
+"""Finite local training (SPEC 12, SPEC 9): E profiled gradient steps of size eta per round.
+
+* Three random non-commuting instances (C = 3, M = 4): for every ``eta`` and ``E`` the rounds
+  are iterated from a fixed random head until the server Gram residual is below 1e-13
+  (:func:`fedhead.ufm.finite_step_fixed_point`); recorded are the BW distances of the fixed
+  point to ``G_within`` and ``G_star`` (normalised by ``d_BW(G_within, G_star)``) and the rounds
+  needed.  Theory: ``E = 1`` gives exactly ``G_within``; many local steps drift toward
+  ``G_star``.
+* Displacement: on commuting configurations ``(G_{eta,E} - G_within)_ii`` against
+  ``eta (E - 1) Delta_i`` (:func:`fedhead.ufm.commuting_delta`), ratio -> 1 as ``h -> 0``; on the
+  non-commuting instances against ``eta (E - 1) Delta`` (:func:`fedhead.ufm.displacement_delta`).
+* Local rate: spectral radius of the Gram-map Jacobian at the fixed point against
+  ``1 - 2 h theta_min`` for ``E in {2, 4, 8}`` and small ``h = eta E``.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from fedhead import ufm
+from fedhead.plots import new_figure, save_figure
+
+from .common import ExperimentResult, Headline, dirichlet_weights, finish, quartiles, random_head, random_spd
+
+log = logging.getLogger(__name__)
+
+NAME = "finite_steps"
+DESCRIPTION = "E local gradient steps: fixed point G_within (E=1) -> G_star, displacement Delta, rate"
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Finite-step study parameters (defaults: the full profile of SPEC 12)."""
+
+    n_instances: int = 3
+    C: int = 3
+    M: int = 4
+    lam: float = 1.0
+    gram_eig_range: tuple[float, float] = (0.4, 4.0)
+    etas: tuple[float, ...] = (0.02, 0.05, 0.1, 0.2, 0.5)
+    steps: tuple[int, ...] = (1, 2, 5, 10, 20, 50, 100, 200, 500, 2000)
+    tol: float = 1e-13
+    max_rounds: int = 200_000
+    n_commuting: int = 24
+    displacement_eta: float = 5e-4
+    displacement_steps: int = 4
+    jacobian_steps: tuple[int, ...] = (2, 4, 8)
+    jacobian_h: tuple[float, ...] = (1e-4, 3e-4, 1e-3, 3e-3, 1e-2)
+    seed: int = 5
+
+    @classmethod
+    def quick(cls) -> Settings:
+        """Quick profile: one instance, three step sizes, eight commuting configurations."""
+        return cls(n_instances=1, etas=(0.02, 0.1, 0.5), n_commuting=8)
+
+    @classmethod
+    def full(cls) -> Settings:
+        """Full profile (SPEC 12)."""
+        return cls()
+
+
+def _instance(s: Settings, rng: np.random.Generator):
+    eye = np.eye(s.C)
+    grams = np.stack([random_spd(s.C, *s.gram_eig_range, rng) for _ in range(s.M)])
+    sigmas = np.stack([ufm.sym((g + s.lam * eye) @ (g + s.lam * eye)) for g in grams])
+    return sigmas, dirichlet_weights(s.M, 2.0, rng), random_head(s.C, s.C, 0.7, 1.5, rng)
+
+
+def newton_fixed_point(G0, sigmas, weights, lam: float, eta: float, E: int, *, tol: float = 1e-14,
+                       max_iter: int = 50) -> tuple[np.ndarray, int, float]:
+    """Fixed point of the profiled Gram map by Newton's method on ``g(G) - G``.
+
+    Uses :func:`fedhead.ufm.profiled_gram_map` and its exact Jacobian
+    :func:`fedhead.ufm.gram_map_jacobian` in upper-triangle coordinates; needed for small
+    ``h = eta E``, where plain rounds contract only by ``1 - 2 h theta_min`` each.
+
+    Returns
+    -------
+    (G (C, C), iterations, final relative residual ``||g(G) - G|| / ||G||``)
+    """
+    G = np.array(G0, dtype=np.float64)
+    C = G.shape[0]
+    iu, ju = np.triu_indices(C)
+    res = np.inf
+    for k in range(1, max_iter + 1):
+        r = ufm.profiled_gram_map(G, sigmas, weights, lam, lam, eta, E).gram - G
+        res = float(np.linalg.norm(r) / np.linalg.norm(G))
+        if res < tol:
+            return G, k - 1, res
+        J = ufm.gram_map_jacobian(G, sigmas, weights, lam, lam, eta, E)
+        dx = np.linalg.solve(J - np.eye(J.shape[0]), -r[iu, ju])
+        D = np.zeros((C, C))
+        D[iu, ju] = dx
+        D[ju, iu] = dx
+        G = G + D
+    return G, max_iter, res
+
+
+def _grid(s: Settings, sigmas, weights, W0, g_within, g_star, bar) -> dict:
+    d_ref = float(ufm.bw_distance(g_within, g_star))
+    shape = (len(s.etas), len(s.steps))
+    to_within, to_star, rounds = np.full(shape, np.nan), np.full(shape, np.nan), np.full(shape, np.nan)
+    status = [["" for _ in s.steps] for _ in s.etas]
+    for i, eta in enumerate(s.etas):
+        for j, E in enumerate(s.steps):
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always", ufm.ConvergenceWarning)
+                try:
+                    fp = ufm.finite_step_fixed_point(sigmas, weights, s.lam, s.lam, eta, E, w0=W0, tol=s.tol,
+                                                     max_rounds=s.max_rounds)
+                except ufm.UFMInputError as exc:
+                    status[i][j] = f"diverged: {exc}"
+                    bar.update()
+                    continue
+            status[i][j] = "converged" if fp.converged and not caught else f"not converged ({fp.residual:.1e})"
+            to_within[i, j] = float(ufm.bw_distance(fp.gram, g_within)) / d_ref
+            to_star[i, j] = float(ufm.bw_distance(fp.gram, g_star)) / d_ref
+            rounds[i, j] = fp.n_rounds
+            bar.update()
+    return {"d_within_star": d_ref, "to_within": to_within, "to_star": to_star, "rounds": rounds,
+            "status": status}
+
+
+def _commuting(s: Settings, rng) -> dict:
+    eta, E = s.displacement_eta, s.displacement_steps
+    measured, predicted = [], []
+    for _ in range(s.n_commuting):
+        g = rng.uniform(*s.gram_eig_range, size=(s.M, s.C))
+        eigs = (g + s.lam) ** 2
+        w = dirichlet_weights(s.M, 2.0, rng)
+        sigmas = np.stack([np.diag(e) for e in eigs])
+        g_within = ufm.optimal_gram(np.diag(w @ eigs), s.lam, s.lam)
+        G, _, _ = newton_fixed_point(g_within, sigmas, w, s.lam, eta, E)
+        measured.append(np.diag(G - g_within))
+        predicted.append(eta * (E - 1) * ufm.commuting_delta(eigs, w, s.lam, s.lam))
+    measured, predicted = np.array(measured), np.array(predicted)
+    return {"eta": eta, "E": E, "measured": measured, "predicted": predicted, "ratio": measured / predicted}
+
+
+def _jacobian(s: Settings, sigmas, weights, g_within) -> dict:
+    th = ufm.theta_min(np.einsum("m,mij->ij", weights, sigmas), s.lam, s.lam)
+    one_minus = np.zeros((len(s.jacobian_steps), len(s.jacobian_h)))
+    disp_err = np.zeros_like(one_minus)
+    delta = ufm.displacement_delta(sigmas, weights, s.lam, s.lam)
+    for i, E in enumerate(s.jacobian_steps):
+        for j, h in enumerate(s.jacobian_h):
+            eta = h / E
+            G, _, _ = newton_fixed_point(g_within, sigmas, weights, s.lam, eta, E)
+            rho = ufm.jacobian_spectral_radius(G, sigmas, weights, s.lam, s.lam, eta, E)
+            one_minus[i, j] = 1.0 - rho
+            pred = eta * (E - 1) * delta
+            disp_err[i, j] = float(np.linalg.norm(G - g_within - pred) / np.linalg.norm(pred))
+    return {"theta_min": th, "one_minus_radius": one_minus,
+            "ratio_to_2h_theta": one_minus / (2.0 * np.asarray(s.jacobian_h) * th),
+            "displacement_rel_err": disp_err}
+
+
+def run(settings: Settings, out_dir: str | Path) -> ExperimentResult:
+    """Run the finite-step study; write ``results.json`` and ``finite_steps.png``."""
+    s = settings
+    out_dir = Path(out_dir)
+    rng = np.random.default_rng(s.seed)
+    grids, jacs = [], []
+    total = s.n_instances * (len(s.etas) * len(s.steps) + 1) + 1
+    with tqdm(total=total, desc="finite_steps", unit="solve", leave=False) as bar:
+        for _ in range(s.n_instances):
+            sigmas, weights, W0 = _instance(s, rng)
+            g_within = ufm.optimal_gram(np.einsum("m,mij->ij", weights, sigmas), s.lam, s.lam)
+            g_star = ufm.bw_barycenter(ufm.optimal_gram(sigmas, s.lam, s.lam), weights).gram
+            grids.append(_grid(s, sigmas, weights, W0, g_within, g_star, bar))
+            jacs.append(_jacobian(s, sigmas, weights, g_within))
+            bar.update()
+        comm = _commuting(s, rng)
+        bar.update()
+
+    to_within = np.stack([g["to_within"] for g in grids])  # (inst, eta, E)
+    to_star = np.stack([g["to_star"] for g in grids])
+    rounds = np.stack([g["rounds"] for g in grids])
+    ratio_jac = np.stack([j["ratio_to_2h_theta"] for j in jacs])  # (inst, E, h)
+    disp_err = np.stack([j["displacement_rel_err"] for j in jacs])
+    steps = np.asarray(s.steps)
+    hs = np.asarray(s.jacobian_h)
+
+    fig, axes = new_figure(6, ncols=3, panel_size=(4.6, 3.9))
+    for i, eta in enumerate(s.etas):
+        axes[0].plot(steps, np.nanmedian(to_within[:, i], 0), marker="o", markersize=3, label=f"eta={eta:g}")
+        axes[1].plot(steps, np.nanmedian(to_star[:, i], 0), marker="o", markersize=3, label=f"eta={eta:g}")
+        axes[2].plot(steps, np.nanmedian(rounds[:, i], 0), marker="o", markersize=3, label=f"eta={eta:g}")
+    for ax, ylab, title in [(axes[0], "d_BW(G_eta,E, G_within) / d_BW(G_within, G_star)", "distance to G_within"),
+                            (axes[1], "d_BW(G_eta,E, G_star) / d_BW(G_within, G_star)", "distance to G_star"),
+                            (axes[2], "rounds to residual < 1e-13", "rounds needed")]:
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("local steps E")
+        ax.set_ylabel(ylab, fontsize="small")
+        ax.set_title(title + f" (median of {s.n_instances})")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize="x-small")
+    ax = axes[3]
+    pred, meas = comm["predicted"].ravel(), comm["measured"].ravel()
+    agree = np.sign(pred) == np.sign(meas)
+    ax.scatter(np.abs(pred[agree]), np.abs(meas[agree]), s=10, color="C0", label="same sign")
+    if not agree.all():
+        ax.scatter(np.abs(pred[~agree]), np.abs(meas[~agree]), s=14, color="C3", marker="x", label="opposite sign")
+    lim = np.array([np.abs(pred).min() * 0.7, np.abs(pred).max() * 1.4])
+    ax.plot(lim, lim, "k-", linewidth=1, label="measured = predicted")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("|eta (E-1) Delta_i|")
+    ax.set_ylabel("|(G_eta,E - G_within)_ii|")
+    ax.set_title(f"commuting: eta={comm['eta']:g}, E={comm['E']}")
+    ax.legend(fontsize="small")
+    ax.grid(True, alpha=0.3)
+    ax = axes[4]
+    for i, E in enumerate(s.jacobian_steps):
+        ax.plot(hs, np.median(ratio_jac[:, i], 0), marker="o", label=f"E={E}")
+    ax.axhline(1.0, color="k", linestyle="--", linewidth=1, label="theory")
+    ax.set_xscale("log")
+    ax.set_xlabel("h = eta E")
+    ax.set_ylabel("(1 - spectral radius) / (2 h theta_min)")
+    ax.set_title("local contraction rate")
+    ax.legend(fontsize="small")
+    ax.grid(True, alpha=0.3)
+    ax = axes[5]
+    for i, E in enumerate(s.jacobian_steps):
+        ax.plot(hs, np.median(disp_err[:, i], 0), marker="o", label=f"E={E}")
+    ax.plot(hs, hs, color="0.5", linestyle=":", label="slope 1 (O(h))")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("h = eta E")
+    ax.set_ylabel("||G - G_within - eta(E-1)Delta|| / ||eta(E-1)Delta||", fontsize="small")
+    ax.set_title("non-commuting displacement vs Delta")
+    ax.legend(fontsize="small")
+    ax.grid(True, alpha=0.3)
+    figures = [save_figure(fig, out_dir / "finite_steps.png")]
+
+    e1 = list(s.steps).index(1) if 1 in s.steps else None
+    n_bad = sum(st != "converged" for g in grids for row in g["status"] for st in row)
+    headline = [
+        Headline("max_E=1_dist_to_G_within_rel", float(np.nanmax(to_within[:, :, e1])) if e1 is not None else np.nan,
+                 "0 (E = 1 fixed point is G_within)"),
+        Headline(f"median_E={steps[-1]}_dist_to_G_star_rel", float(np.nanmedian(to_star[:, :, -1])),
+                 "< 1 (drifts toward G_star)"),
+        Headline(f"median_E={steps[-1]}_dist_to_G_within_rel", float(np.nanmedian(to_within[:, :, -1])),
+                 "> 0 (leaves G_within)"),
+        Headline("runs_not_converged", float(n_bad), "0"),
+        Headline("median_displacement_ratio", float(np.median(comm["ratio"])), "1 (eta (E-1) Delta_i)"),
+        Headline("max_|displacement_ratio-1|", float(np.max(np.abs(comm["ratio"] - 1.0))), "O(h) small"),
+        Headline("spectral_ratio_at_h_min", float(np.median(ratio_jac[:, :, 0])), "1 (1 - 2 h theta_min)"),
+        Headline("spectral_ratio_at_h_max", float(np.median(ratio_jac[:, :, -1])), "1 + O(h)"),
+        Headline("noncommuting_displacement_err_at_h_min", float(np.median(disp_err[:, :, 0])), "O(h)"),
+    ]
+    results = {
+        "etas": list(s.etas), "steps": list(s.steps),
+        "to_within": to_within, "to_star": to_star, "rounds": rounds,
+        "status": [g["status"] for g in grids], "d_within_star": [g["d_within_star"] for g in grids],
+        "commuting": comm,
+        "commuting_ratio": quartiles(comm["ratio"].ravel()),
+        "jacobian": {"E": list(s.jacobian_steps), "h": hs, "theta_min": [j["theta_min"] for j in jacs],
+                     "one_minus_radius": np.stack([j["one_minus_radius"] for j in jacs]),
+                     "ratio_to_2h_theta": ratio_jac, "displacement_rel_err": disp_err},
+    }
+    return finish(NAME, out_dir, s, {"instances": s.seed}, results, headline, figures)
