@@ -33,6 +33,8 @@ from strategies import protocol as P
 log = logging.getLogger(__name__)
 
 PARTITION_ID_KEY = "partition-id"
+NUM_PARTITIONS_KEY = "num-partitions"
+STATE_DIR_KEY = "state-dir"
 
 _DATA: dict[tuple[str, int], Any] = {}
 _DATA_LOCK = threading.Lock()
@@ -50,6 +52,12 @@ def partition_of(context: Context, job: Any) -> int:
     pid = int(context.node_config[PARTITION_ID_KEY])
     if not 0 <= pid < job.settings.num_clients:
         raise ClientError(f"partition-id {pid} outside 0..{job.settings.num_clients - 1}")
+    n_parts = context.node_config.get(NUM_PARTITIONS_KEY)
+    if n_parts is not None and int(n_parts) != job.settings.num_clients:
+        raise ClientError(
+            f"node config num-partitions={n_parts} but the run has num_clients={job.settings.num_clients} "
+            f"(start one SuperNode per partition with matching num-partitions, or set num_clients=)"
+        )
     return pid
 
 
@@ -91,6 +99,14 @@ def _limit_threads(job: Any) -> None:
 
 
 def store_of(job: Any, context: Context) -> BackboneStore:
+    """The private backbone store of this client: ``<state-dir>/<procedure>/run_<id>`` when the
+    SuperNode's node config names a ``state-dir`` (deployments: a folder local to the client),
+    else ``<output>/<procedure>/client_state/run_<id>`` (simulation, single machine)."""
+    node_dir = context.node_config.get(STATE_DIR_KEY)
+    if node_dir:
+        from pathlib import Path
+
+        return BackboneStore(Path(str(node_dir)) / job.name / f"run_{context.run_id}")
     return BackboneStore(job.state_dir / f"run_{context.run_id}")
 
 

@@ -294,19 +294,24 @@ class Diagnosis:
     recommendation: str
 
     def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict (undefined, i.e. NaN, quantities become ``None``)."""
+
+        def num(x: float) -> float | None:
+            return float(x) if np.isfinite(x) else None
+
         return {
             "margins": self.margins.tolist(),
             "threshold": self.threshold,
             "fully_active": self.fully_active,
-            "rel_gap": self.rel_gap,
-            "gap_trace": self.gap_trace,
-            "trace_m_mu": self.trace_mu,
-            "trace_m_sigma": self.trace_sigma,
-            "trace_m_a": self.trace_a,
-            "share_m_mu": self.share_mu,
-            "share_m_sigma": self.share_sigma,
-            "share_m_a": self.share_a,
-            "bw_variance": self.bw_variance,
+            "rel_gap": num(self.rel_gap),
+            "gap_trace": num(self.gap_trace),
+            "trace_m_mu": num(self.trace_mu),
+            "trace_m_sigma": num(self.trace_sigma),
+            "trace_m_a": num(self.trace_a),
+            "share_m_mu": num(self.share_mu),
+            "share_m_sigma": num(self.share_sigma),
+            "share_m_a": num(self.share_a),
+            "bw_variance": num(self.bw_variance),
             "recommendation": self.recommendation,
         }
 
@@ -428,48 +433,75 @@ class Targets:
     (``phi(Sigma_m)``, or ``phi((1-gamma) Sigma_m + gamma Sigma_cen)`` when corrected); the
     exact recursion and the selection distance use them. ``reference`` names the endpoint the
     procedure should reach (``"star"``, ``"cen"`` or ``"within"``).
+
+    Outside the fully active regime (``fully_active=False``, only with the explicit
+    ``dataset.allow_outside_regime=true`` override) ``phi`` is the PSD minimiser with clipped
+    eigenvalues, so ``g_cen``, ``g_within``, ``grams`` and ``client_grams`` are still the
+    optimal Grams of their objectives, but the barycenter theory of SPEC 5-7 does not hold:
+    ``g_star`` is ``None`` and so is everything derived from it or from the recursion.
     """
 
-    g_star: np.ndarray
+    g_star: np.ndarray | None
     g_cen: np.ndarray
     g_within: np.ndarray
     grams: np.ndarray  # phi(Sigma_m), (M, C, C)
     client_grams: np.ndarray  # what the procedure's clients fit, (M, C, C)
     weights: np.ndarray  # p_m (M,)
     reference: str
+    fully_active: bool = True
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "g_star": self.g_star.tolist(),
+            "g_star": None if self.g_star is None else self.g_star.tolist(),
             "g_cen": self.g_cen.tolist(),
             "g_within": self.g_within.tolist(),
             "grams": self.grams.tolist(),
             "client_grams": self.client_grams.tolist(),
             "weights": self.weights.tolist(),
             "reference": self.reference,
+            "fully_active": self.fully_active,
         }
+
+    @property
+    def reference_gram(self) -> np.ndarray | None:
+        """The Gram named by :attr:`reference` (``None`` when it is undefined)."""
+        return {"star": self.g_star, "cen": self.g_cen, "within": self.g_within}[self.reference]
+
+
+def _reference_name(gamma: float, centered: bool) -> str:
+    if centered:
+        return "within"
+    return "cen" if gamma > 0 else "star"
 
 
 def reference_targets(
     moments: ufm.TargetMoments, gap: Any, lambda_h: float, lambda_w: float, *,
     gamma: float = 0.0, centered: bool = False,
 ) -> Targets:
-    """Collect the reference Grams for a procedure (correction strength ``gamma``, centring)."""
+    """Collect the reference Grams for a procedure (correction strength ``gamma``, centring).
+
+    ``gap`` is the :class:`fedhead.ufm.GapDecomposition` of the federation (fully active
+    regime); pass ``gap=None`` outside the regime to get the partial targets described in
+    :class:`Targets` (``g_star=None``; ``g_cen``, ``g_within`` and the client Grams as the PSD
+    minimisers ``phi`` with clipped eigenvalues).
+    """
     client_grams = ufm.optimal_gram(effective_covariances(moments, gamma), lambda_h, lambda_w)
-    if centered:
-        reference = "within"
-    elif gamma > 0:
-        reference = "cen"
+    if gap is None:
+        g_star = None
+        g_cen = ufm.optimal_gram(moments.sigma_cen, lambda_h, lambda_w)
+        g_within = ufm.optimal_gram(moments.sigma_within, lambda_h, lambda_w)
+        grams = ufm.optimal_gram(moments.covs, lambda_h, lambda_w)
     else:
-        reference = "star"
+        g_star, g_cen, g_within, grams = gap.g_star, gap.g_cen, gap.g_within, gap.grams
     return Targets(
-        g_star=np.asarray(gap.g_star, dtype=np.float64),
-        g_cen=np.asarray(gap.g_cen, dtype=np.float64),
-        g_within=np.asarray(gap.g_within, dtype=np.float64),
-        grams=np.asarray(gap.grams, dtype=np.float64),
+        g_star=None if g_star is None else np.asarray(g_star, dtype=np.float64),
+        g_cen=np.asarray(g_cen, dtype=np.float64),
+        g_within=np.asarray(g_within, dtype=np.float64),
+        grams=np.asarray(grams, dtype=np.float64),
         client_grams=np.asarray(client_grams, dtype=np.float64),
         weights=np.asarray(moments.weights, dtype=np.float64),
-        reference=reference,
+        reference=_reference_name(gamma, centered),
+        fully_active=gap is not None,
     )
 
 
@@ -492,23 +524,25 @@ class RoundRecord:
     ``gram`` is ``G_t = W_t W_t^T`` of the aggregated head after round ``t`` (round 0: the
     initial head). ``predicted_gram`` is the exact recursion's prediction for the *next* round,
     ``S(G_t)`` applied to this round's measured Gram. ``trajectory_error`` is the median over
-    rounds 1..t of ``e_F(G_s, recursion from the run's own G_0)``.
+    rounds 1..t of ``e_F(G_s, recursion from the run's own G_0)``. Quantities that need
+    ``G_star`` or the recursion are ``None`` outside the fully active regime (see
+    :class:`Targets`).
     """
 
     round: int
     gram: np.ndarray
     bias: np.ndarray
-    e_f_star: float
-    e_f_cen: float
-    e_f_within: float
-    d_star: float
-    d_cen: float
-    d_within: float
-    e_f_reference: float
-    recursion_gram: np.ndarray
-    e_f_recursion: float
+    e_f_star: float | None
+    e_f_cen: float | None
+    e_f_within: float | None
+    d_star: float | None
+    d_cen: float | None
+    d_within: float | None
+    e_f_reference: float | None
+    recursion_gram: np.ndarray | None
+    e_f_recursion: float | None
     trajectory_error: float | None
-    predicted_gram: np.ndarray
+    predicted_gram: np.ndarray | None
     delta: float | None = None
     objective_gaps: list[float] | None = None
     train_mse: float | None = None
@@ -516,17 +550,12 @@ class RoundRecord:
     client_metrics: list[dict[str, float]] = field(default_factory=list)
     extra: dict[str, float] = field(default_factory=dict)
 
+    _SCALARS = ("e_f_star", "e_f_cen", "e_f_within", "d_star", "d_cen", "d_within", "e_f_reference",
+                "e_f_recursion", "trajectory_error", "delta", "train_mse", "test_mse")
+
     def scalars(self) -> dict[str, float]:
-        """Every scalar of the record (for TensorBoard and progress lines)."""
-        out = {
-            "e_f_star": self.e_f_star, "e_f_cen": self.e_f_cen, "e_f_within": self.e_f_within,
-            "d_star": self.d_star, "d_cen": self.d_cen, "d_within": self.d_within,
-            "e_f_reference": self.e_f_reference, "e_f_recursion": self.e_f_recursion,
-        }
-        for key in ("trajectory_error", "delta", "train_mse", "test_mse"):
-            value = getattr(self, key)
-            if value is not None:
-                out[key] = float(value)
+        """Every defined scalar of the record (for TensorBoard and progress lines)."""
+        out = {k: float(getattr(self, k)) for k in self._SCALARS if getattr(self, k) is not None}
         if self.objective_gaps:
             for i, g in enumerate(self.objective_gaps):
                 out[f"objective_gap/client_{i}"] = float(g)
@@ -534,6 +563,9 @@ class RoundRecord:
         return out
 
     def to_dict(self) -> dict[str, Any]:
+        def mat(x: np.ndarray | None) -> list | None:
+            return None if x is None else x.tolist()
+
         return {
             "round": self.round,
             "gram": self.gram.tolist(),
@@ -545,14 +577,14 @@ class RoundRecord:
             "d_cen": self.d_cen,
             "d_within": self.d_within,
             "e_f_reference": self.e_f_reference,
-            "recursion_gram": self.recursion_gram.tolist(),
+            "recursion_gram": mat(self.recursion_gram),
             "e_f_recursion": self.e_f_recursion,
             "trajectory_error": self.trajectory_error,
             "delta": self.delta,
             "objective_gaps": self.objective_gaps,
             "train_mse": self.train_mse,
             "test_mse": self.test_mse,
-            "predicted_gram": self.predicted_gram.tolist(),
+            "predicted_gram": mat(self.predicted_gram),
             "client_metrics": self.client_metrics,
             **{k: float(v) for k, v in self.extra.items()},
         }
@@ -562,7 +594,8 @@ class RoundTracker:
     """Accumulates the per-round server measurements of one run (pure numpy state).
 
     Call :meth:`start` with the initial head, then :meth:`record` after every aggregation.
-    The exact recursion (SPEC 6) is run alongside from the run's own ``G_0``.
+    The exact recursion (SPEC 6) is run alongside from the run's own ``G_0`` (fully active
+    regime only; outside it the recursion, ``G_star`` and the selection distance are ``None``).
     """
 
     def __init__(self, targets: Targets):
@@ -570,28 +603,37 @@ class RoundTracker:
         self.records: list[RoundRecord] = []
         self._recursion: list[np.ndarray] = []
 
+    @property
+    def theory(self) -> bool:
+        """True when the SPEC 5-7 quantities (G_star, recursion, selection) are defined."""
+        return self.targets.fully_active and self.targets.g_star is not None
+
     def _measure(self, t: int, weight: np.ndarray, bias: np.ndarray, **kw: Any) -> RoundRecord:
         tg = self.targets
         g = np.asarray(weight, dtype=np.float64) @ np.asarray(weight, dtype=np.float64).T
         g = 0.5 * (g + g.T)
-        ref = {"star": tg.g_star, "cen": tg.g_cen, "within": tg.g_within}[tg.reference]
-        rec_g = self._recursion[t]
-        if t >= 1:
-            errs = [relative_error(r.gram, self._recursion[r.round]) for r in self.records[1:]]
-            errs.append(relative_error(g, rec_g))
-            traj = float(np.median(errs))
-        else:
-            traj = None
+        ref = tg.reference_gram
+
+        def err(fn, ref_g):  # undefined (None) for a missing or zero reference Gram
+            return None if ref_g is None or not np.any(ref_g) else fn(g, ref_g)
+
+        rec_g = pred = traj = e_rec = None
+        if self.theory:
+            rec_g = self._recursion[t]
+            e_rec = relative_error(g, rec_g)
+            pred = ufm.gram_step(g, tg.client_grams, tg.weights)
+            if t >= 1:
+                errs = [relative_error(r.gram, self._recursion[r.round]) for r in self.records[1:]]
+                errs.append(e_rec)
+                traj = float(np.median(errs))
         return RoundRecord(
             round=t, gram=g, bias=np.asarray(bias, dtype=np.float64),
-            e_f_star=relative_error(g, tg.g_star), e_f_cen=relative_error(g, tg.g_cen),
-            e_f_within=relative_error(g, tg.g_within),
-            d_star=direction_error(g, tg.g_star), d_cen=direction_error(g, tg.g_cen),
-            d_within=direction_error(g, tg.g_within), e_f_reference=relative_error(g, ref),
-            recursion_gram=rec_g, e_f_recursion=relative_error(g, rec_g),
-            trajectory_error=traj,
-            predicted_gram=ufm.gram_step(g, tg.client_grams, tg.weights),
-            **kw,
+            e_f_star=err(relative_error, tg.g_star), e_f_cen=err(relative_error, tg.g_cen),
+            e_f_within=err(relative_error, tg.g_within),
+            d_star=err(direction_error, tg.g_star), d_cen=err(direction_error, tg.g_cen),
+            d_within=err(direction_error, tg.g_within), e_f_reference=err(relative_error, ref),
+            recursion_gram=rec_g, e_f_recursion=e_rec, trajectory_error=traj,
+            predicted_gram=pred, **kw,
         )
 
     def start(self, weight: np.ndarray, bias: np.ndarray) -> RoundRecord:
@@ -615,9 +657,11 @@ class RoundTracker:
         if t != self.records[-1].round + 1:
             raise ValueError(f"round {t} recorded after round {self.records[-1].round}")
         tg = self.targets
-        while len(self._recursion) <= t:
-            self._recursion.append(ufm.gram_step(self._recursion[-1], tg.client_grams, tg.weights))
-        delta = selection_distance(client_heads, broadcast, tg.client_grams, tg.weights)
+        delta = None
+        if self.theory:
+            while len(self._recursion) <= t:
+                self._recursion.append(ufm.gram_step(self._recursion[-1], tg.client_grams, tg.weights))
+            delta = selection_distance(client_heads, broadcast, tg.client_grams, tg.weights)
         rec = self._measure(
             t, weight, bias, delta=delta,
             objective_gaps=None if objective_gaps is None else [float(x) for x in objective_gaps],

@@ -115,6 +115,7 @@ class RunRecorder:
         self.records: dict[int, agg.RoundRecord] = {}
         self.tb = TensorBoardLogger(self.dir / "tensorboard") if job.output.tensorboard else None
         self.show_progress = show_progress
+        self.base_timing: dict[str, Any] = {}  # merged into results["timing"] by finish()
         self._bar = None
         seeds = {"seed": job.settings.seed, "dataset_seed": int(getattr(job.dataset, "seed", 0))}
         prov = provenance(seeds)
@@ -177,14 +178,13 @@ class RunRecorder:
             self.tb.round(record, self.targets)
         self.write()
         log.info(
-            "[%s] round %d: e_F(G_star)=%.4g e_F(G_cen)=%.4g e_F(G_within)=%.4g recursion=%.3g delta=%s train_mse=%s",
-            self.job.name, t, record.e_f_star, record.e_f_cen, record.e_f_within, record.e_f_recursion,
-            "-" if record.delta is None else f"{record.delta:.4g}",
-            "-" if record.train_mse is None else f"{record.train_mse:.4g}",
+            "[%s] round %d: e_F(G_star)=%s e_F(G_cen)=%s e_F(G_within)=%s recursion=%s delta=%s train_mse=%s",
+            self.job.name, t, _fmt(record.e_f_star), _fmt(record.e_f_cen), _fmt(record.e_f_within),
+            _fmt(record.e_f_recursion, ".3g"), _fmt(record.delta), _fmt(record.train_mse),
         )
         if self._bar is not None and t >= 1:
             self._bar.update(1)
-            self._bar.set_postfix(e_star=f"{record.e_f_star:.3g}", e_cen=f"{record.e_f_cen:.3g}")
+            self._bar.set_postfix(e_star=_fmt(record.e_f_star, ".3g"), e_cen=_fmt(record.e_f_cen, ".3g"))
 
     def finish(self, status: str, *, timing: dict[str, Any] | None = None, error: str | None = None) -> dict[str, Any]:
         if self._bar is not None:
@@ -192,7 +192,8 @@ class RunRecorder:
         self.results["status"] = status
         if error:
             self.results["error"] = error
-        self.results["timing"] = dict(timing or {}, total_seconds=time.perf_counter() - self.t_start)
+        self.results["timing"] = dict(self.base_timing, **(timing or {}),
+                                      total_seconds=time.perf_counter() - self.t_start)
         if status == "completed" and self.job.output.figures and len(self.records) > 1:
             self.results["figures"] = [str(p.name) for p in write_figures(self)]
         self.write()
@@ -203,12 +204,17 @@ class RunRecorder:
         return self.results
 
 
+def _fmt(value: float | None, spec: str = ".4g") -> str:
+    """A number for logs and tables; ``-`` where it is undefined (None)."""
+    return "-" if value is None else format(value, spec)
+
+
 def final_summary(results: dict[str, Any]) -> str:
     last = results["rounds"][-1]
     return (
         f"procedure {results['procedure']['name']}: after round {last['round']} "
-        f"e_F(G_star) = {last['e_f_star']:.4g}, e_F(G_cen) = {last['e_f_cen']:.4g}, "
-        f"e_F(G_within) = {last['e_f_within']:.4g} (reference: G_{results['reference']})"
+        f"e_F(G_star) = {_fmt(last['e_f_star'])}, e_F(G_cen) = {_fmt(last['e_f_cen'])}, "
+        f"e_F(G_within) = {_fmt(last['e_f_within'])} (reference: G_{results['reference']})"
     )
 
 
@@ -220,13 +226,18 @@ def write_figures(rec: RunRecorder) -> list[Path]:
     rounds = sorted(rec.records)
     recs = [rec.records[t] for t in rounds]
     x = np.asarray(rounds, dtype=float)
+
+    def arr(values):  # None (undefined outside the fully active regime) -> NaN
+        return np.array([np.nan if v is None else v for v in values], dtype=float)
+
     curves = {
-        "e_F(G_t, G_star)": np.array([r.e_f_star for r in recs]),
-        "e_F(G_t, G_cen)": np.array([r.e_f_cen for r in recs]),
-        "e_F(G_t, G_within)": np.array([r.e_f_within for r in recs]),
+        "e_F(G_t, G_star)": arr(r.e_f_star for r in recs),
+        "e_F(G_t, G_cen)": arr(r.e_f_cen for r in recs),
+        "e_F(G_t, G_within)": arr(r.e_f_within for r in recs),
         # round 0 is the recursion's own start (error 0): drawn from round 1 on
-        "e_F(G_t, recursion)": np.array([np.nan if r.round == 0 else r.e_f_recursion for r in recs]),
+        "e_F(G_t, recursion)": arr(None if r.round == 0 else r.e_f_recursion for r in recs),
     }
+    curves = {k: v for k, v in curves.items() if np.isfinite(v).any()}
     fig, (ax,) = plots.new_figure(1, panel_size=(5.5, 4.0))
     with warnings.catch_warnings():  # the NaN at round 0 of the recursion curve is intended
         warnings.filterwarnings("ignore", "All-NaN slice", RuntimeWarning)
@@ -258,6 +269,7 @@ def make_job_strategy(job: JobConfig, observer: Any, message_config: dict[str, A
         centered=job.procedure.centered, observer=observer,
         evaluate_mse=job.resources.evaluate_mse and not job.procedure.exact,
         message_config=message_config,
+        allow_outside_regime=bool(job.dataset.allow_outside_regime),
     )
 
 
@@ -282,14 +294,53 @@ def _use_cuda(job: JobConfig) -> bool:
 
 
 def prepare_data(job: JobConfig):
-    """Load (or generate) the job's data once in the driver: validates it and warms the cache
-    the Ray workers read, before any worker starts."""
+    """Load (or generate) the job's data once in the driver: validates it, warms the cache the
+    Ray workers read, and refuses a federation outside the fully active regime (SPEC 3) before
+    any worker starts, unless ``dataset.allow_outside_regime=true`` or ``diagnose_only=true``
+    (the server repeats the check on the exchanged moments, which is what deployments use)."""
+    from fedhead.data.margins import ensure_fully_active
     from fedhead.data.registry import load_federated
 
     data = load_federated(job.dataset, num_clients=job.settings.num_clients)
     if data.n_clients != job.settings.num_clients:
         raise ValueError(f"data set {data.name} gave {data.n_clients} clients, expected {job.settings.num_clients}")
+    if not job.settings.diagnose_only:
+        ensure_fully_active(data, job.settings.lambda_h, job.settings.lambda_w,
+                            allow_outside_regime=bool(job.dataset.allow_outside_regime))
     return data
+
+
+def start_ray(init_args: dict[str, Any]) -> bool:
+    """Start Ray for a simulation unless it is running; return whether this call started it.
+
+    flwr's Ray backend would start it with a ``runtime_env`` (only to pass ``PYTHONPATH``),
+    which makes Ray set up a runtime environment before every actor (~2.5 s of the start on 2
+    cores, see benchmarks/bench_overhead.py). Starting it here without one, with the same
+    ``PYTHONPATH`` exported to the worker processes, no dashboard and ``init_args`` from the
+    resources config, lets flwr reuse the running instance (it shuts Ray down at the end).
+    """
+    import os
+
+    import ray
+
+    if ray.is_initialized():
+        return False
+    paths = [p for p in sys.path if p]
+    if os.environ.get("PYTHONPATH"):
+        paths.append(os.environ["PYTHONPATH"])
+    os.environ["PYTHONPATH"] = os.pathsep.join(paths)
+    args = dict(init_args)
+    args.setdefault("include_dashboard", False)
+    ray.init(**args)
+    return True
+
+
+def stop_ray() -> None:
+    """Shut Ray down if it is still running (idempotent)."""
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()
 
 
 def timing_summary(recorder: RunRecorder, pgrid: ProgressGrid | None, t_sim: float, t_end: float) -> dict[str, Any]:
@@ -335,17 +386,41 @@ def run_federations(jobs: list[JobConfig], *, show_progress: bool = True, verbos
 
     if not jobs:
         return []
+    t_begin = time.perf_counter()
     first = jobs[0]
     for job in jobs[1:]:
         if (job.settings.num_clients, job.resources, job.dataset) != (first.settings.num_clients, first.resources, first.dataset):
             raise ValueError("jobs of one simulation must share the data set, client count and resources")
-    prepare_data(first)
+    backend = first.resources.backend_config(first.settings.num_clients, _use_cuda(first))
+    if not verbose:
+        for name in ("flwr", "alembic"):  # flwr's in-memory link state logs its migrations
+            logging.getLogger(name).setLevel(logging.WARNING)
+        backend["init_args"].setdefault("logging_level", logging.ERROR)
+        backend["init_args"].setdefault("log_to_driver", False)
+    # the driver's data preparation (cache warm-up, regime check) overlaps the Ray start
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1, thread_name_prefix="fedhead-data") as pool:
+        data_ready = pool.submit(prepare_data, first)
+        t_ray = time.perf_counter()
+        started_ray = start_ray(backend["init_args"])
+        t_ray = time.perf_counter() - t_ray
+        try:
+            data_ready.result()
+        except BaseException:
+            if started_ray:
+                stop_ray()
+            raise
     for job in jobs:
         if job.state_dir.exists():
             shutil.rmtree(job.state_dir)
     recorders = [RunRecorder(job, show_progress=show_progress) for job in jobs]
+    recorders[0].t_start = t_begin  # the first federation's wall time includes data + Ray start
+    for rec in recorders:
+        rec.base_timing["ray_init_seconds"] = t_ray
     grids: dict[int, ProgressGrid] = {}
     sim_start: dict[int, float] = {}
+    served: list[float] = []
     server_app = ServerApp()
 
     @server_app.main()
@@ -359,12 +434,8 @@ def run_federations(jobs: list[JobConfig], *, show_progress: bool = True, verbos
                      getattr(job.dataset, "name", "?"), getattr(job.model, "name", "?"))
             grids[i] = serve(grid, job, rec, show_progress=show_progress, message_config={"job": i})
             _finish_job(job, rec, grids[i], sim_start[i] if i else t_sim, time.perf_counter())
+        served.append(time.perf_counter())
 
-    backend = first.resources.backend_config(first.settings.num_clients, _use_cuda(first))
-    if not verbose:
-        logging.getLogger("flwr").setLevel(logging.WARNING)
-        backend["init_args"].setdefault("logging_level", logging.ERROR)
-        backend["init_args"].setdefault("log_to_driver", False)
     t_sim = time.perf_counter()
     try:
         run_simulation(
@@ -378,6 +449,10 @@ def run_federations(jobs: list[JobConfig], *, show_progress: bool = True, verbos
                 rec.finish("failed", error=f"{type(exc).__name__}: {exc}",
                            timing=timing_summary(rec, grids.get(i), sim_start.get(i, t_sim), time.perf_counter()))
         raise
+    finally:
+        stop_ray()  # flwr shuts Ray down itself on success; this covers early failures
+    if served:
+        log.info("simulation teardown (actors, Ray shutdown): %.2f s", time.perf_counter() - served[-1])
     failed = [r for r in recorders if r.results["status"] not in ("completed", "diagnosed")]
     for rec in failed:
         if rec.results["status"] == "running":
@@ -416,7 +491,7 @@ def error_table(all_results: list[dict[str, Any]]) -> str:
         row = [str(i)]
         for key in ("e_f_star", "e_f_cen"):
             for r in done:
-                row.append(f"{r['rounds'][i][key]:.4g}" if i < len(r["rounds"]) else "")
+                row.append(_fmt(r["rounds"][i][key]) if i < len(r["rounds"]) else "")
         rows.append(row)
     # reorder so that each procedure's pair sits together
     order = [0]
@@ -508,16 +583,54 @@ def job_from_context(context: Context) -> JobConfig:
 server_app = ServerApp()
 
 
+def deployment_logging(job: JobConfig) -> None:
+    """Console (streamed by ``flwr run --stream``) and ``<output>/run.log`` logging of the
+    fedhead loggers in a deployed ServerApp, where no Hydra sets logging up."""
+    fmt = logging.Formatter("[%(asctime)s][%(name)s][%(levelname)s] %(message)s")
+    Path(job.output_dir).mkdir(parents=True, exist_ok=True)
+    for name in ("fedhead", "strategies"):
+        logger = logging.getLogger(name)
+        logger.setLevel(logging.INFO)
+        if not any(getattr(h, "_fedhead", False) for h in logger.handlers):
+            for handler in (logging.StreamHandler(sys.stdout),
+                            logging.FileHandler(Path(job.output_dir) / "run.log")):
+                handler.setFormatter(fmt)
+                handler._fedhead = True  # noqa: SLF001 - marks our handlers (idempotent setup)
+                logger.addHandler(handler)
+        logger.propagate = False
+
+
 @server_app.main()
 def _deployment_main(grid: Grid, context: Context) -> None:
     job = job_from_context(context)
+    deployment_logging(job)
     recorder = RunRecorder(job)
+    run = getattr(grid, "run", None)
+    if run is not None:  # the FAB identifies the code when no git checkout is at hand
+        recorder.results["provenance"]["fab"] = {
+            "fab_id": run.fab_id, "fab_version": run.fab_version, "fab_hash": run.fab_hash,
+            "run_id": int(run.run_id),
+        }
+    recorder.results["provenance"]["run_config"] = dict(context.run_config)
+    log.info("running procedure %s (%d rounds x %d local epochs, %d clients, data %s, model %s) -> %s",
+             job.name, job.settings.rounds, job.settings.local_epochs, job.settings.num_clients,
+             getattr(job.dataset, "name", "?"), getattr(job.model, "name", "?"), job.output_dir)
+    t0 = time.perf_counter()
+    pgrid = None
     try:
-        serve(grid, job, recorder)
+        pgrid = serve(grid, job, recorder)
     except BaseException as exc:
-        recorder.finish("failed", error=f"{type(exc).__name__}: {exc}")
+        recorder.finish("failed", error=f"{type(exc).__name__}: {exc}",
+                        timing=timing_summary(recorder, pgrid, t0, time.perf_counter()))
         raise
-    recorder.finish("diagnosed" if job.settings.diagnose_only else "completed")
+    _finish_job(job, recorder, pgrid, t0, time.perf_counter())
+    if recorder.results.get("diagnosis"):
+        log.info("diagnosis:\n  %s", "\n  ".join(_diag_lines(recorder.results["diagnosis"])))
+    table = error_table([recorder.results])
+    if table:
+        log.info("relative error of the shared head Gram G_t per round:\n%s", table)
+    if not job.output.keep_client_state and job.state_dir.exists():
+        shutil.rmtree(job.state_dir, ignore_errors=True)  # clients on this machine (default state dir)
 
 
 def _make_deployment_client_app():

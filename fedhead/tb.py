@@ -21,6 +21,8 @@ def ellipse_figure(gram: np.ndarray, targets: Any, *, round_: int, gram0: np.nda
     grams = {f"G_{round_}": gram, "G_star": targets.g_star, "G_cen": targets.g_cen, "G_within": targets.g_within}
     styles = ["-", "--", "--", ":"]
     colors = ["C0", "C1", "C3", "C2"]
+    if targets.g_star is None:  # undefined outside the fully active regime
+        del grams["G_star"], styles[1], colors[1]
     if gram0 is not None:
         grams["G_0"] = gram0
         styles.append(":")

@@ -22,6 +22,7 @@ and progress; the strategy itself does no I/O.
 from __future__ import annotations
 
 import logging
+import warnings
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -57,7 +58,7 @@ class MomentExchange:
     moments: ufm.TargetMoments
     diagnosis: agg.Diagnosis
     gap: Any  # fedhead.ufm.GapDecomposition, None outside the fully active regime
-    targets: agg.Targets | None  # None outside the fully active regime
+    targets: agg.Targets  # g_star None outside the fully active regime
     node_ids: tuple[int, ...]  # ordered by partition id
     partition_ids: tuple[int, ...]
 
@@ -131,6 +132,11 @@ class HeadAveraging(FedAvg):
     message_config : dict, optional
         Entries added to the ``config`` record of every message (e.g. the job index when one
         simulation serves several procedures).
+    allow_outside_regime : bool
+        Outside the fully active regime the run refuses to train (after reporting the
+        diagnosis) unless this is True (``dataset.allow_outside_regime=true``); then it trains
+        with the partial targets of :class:`fedhead.aggregation.Targets` (``G_star`` and the
+        recursion recorded as null) and a warning.
     """
 
     def __init__(
@@ -145,6 +151,7 @@ class HeadAveraging(FedAvg):
         evaluate_mse: bool = True,
         timeout: float | None = None,
         message_config: dict[str, int | float | str | bool] | None = None,
+        allow_outside_regime: bool = False,
     ) -> None:
         super().__init__(
             fraction_train=1.0,
@@ -167,6 +174,7 @@ class HeadAveraging(FedAvg):
         self.min_nodes = int(min_nodes)
         self.timeout = timeout
         self.message_config = dict(message_config or {})
+        self.allow_outside_regime = bool(allow_outside_regime)
         self.exchange: MomentExchange | None = None
         self.tracker: agg.RoundTracker | None = None
         self._broadcast: tuple[np.ndarray, np.ndarray] | None = None
@@ -216,8 +224,10 @@ class HeadAveraging(FedAvg):
             [r[2] for r in rows], [r[3] for r in rows], [r[4] for r in rows],
             node_ids=[f"{r[1]} (partition {r[0]})" for r in rows],
         )
-        diagnosis, gap = agg.diagnose(moments, self.lambda_h, self.lambda_w)
-        targets = None if gap is None else agg.reference_targets(
+        with warnings.catch_warnings():  # reported below (refusal or OutsideRegimeWarning)
+            warnings.simplefilter("ignore", UserWarning)
+            diagnosis, gap = agg.diagnose(moments, self.lambda_h, self.lambda_w)
+        targets = agg.reference_targets(
             moments, gap, self.lambda_h, self.lambda_w, gamma=self.gamma, centered=self.centered
         )
         self.exchange = MomentExchange(
@@ -236,6 +246,27 @@ class HeadAveraging(FedAvg):
         self.observer.on_exchange(self.exchange)
         return self.exchange
 
+    def check_regime(self) -> None:
+        """Refuse to train outside the fully active regime unless explicitly allowed.
+
+        Raises :class:`fedhead.data.OutsideRegimeError` naming the clients and margins; with
+        ``allow_outside_regime`` emits :class:`fedhead.data.OutsideRegimeWarning` (and logs it).
+        """
+        from fedhead.data.margins import OutsideRegimeWarning, ensure_fully_active
+
+        if self.exchange is None:
+            raise RuntimeError("exchange_moments must run before the regime check")
+        if self.exchange.diagnosis.fully_active:
+            return
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", OutsideRegimeWarning)
+            ensure_fully_active(self.exchange.moments, self.lambda_h, self.lambda_w,
+                                allow_outside_regime=self.allow_outside_regime)
+        for w in caught:
+            log.warning("%s G_star, the exact recursion, predicted_gram, trajectory_error and delta "
+                        "are recorded as null.", w.message)
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+
     def _wait_for_nodes(self, grid: Grid) -> list[int]:
         from flwr.serverapp.strategy.strategy_utils import sample_nodes
 
@@ -247,10 +278,7 @@ class HeadAveraging(FedAvg):
         """Record round 0 for the initial head (after :meth:`exchange_moments`)."""
         if self.exchange is None:
             raise RuntimeError("exchange_moments must run before training")
-        if self.exchange.targets is None:
-            # outside the fully active regime the closed forms (and every reference) are undefined
-            ufm.check_fully_active(self.exchange.moments, self.lambda_h, self.lambda_w)
-            raise RuntimeError("reference targets are missing although the federation is fully active")
+        self.check_regime()
         self.tracker = agg.RoundTracker(self.exchange.targets)
         w, b = (np.asarray(a, dtype=np.float64) for a in initial_head)
         c = self.exchange.moments.dim
@@ -338,7 +366,10 @@ class HeadAveraging(FedAvg):
         extra = self.verify_replies(msgs, heads)
         avg = agg.average_heads(heads, biases, counts)
         metrics = [_metrics(m) for m in msgs]
-        gaps = [float(m["objective_gap"]) for m in metrics if "objective_gap" in m]
+        gaps = [
+            float(agg.validate_array(m["objective_gap"], (), node_id=P.node_of(msg), name="objective_gap"))
+            for m, msg in zip(metrics, msgs, strict=True) if "objective_gap" in m
+        ]
         client_metrics = [
             {k: float(v) for k, v in m.items() if not isinstance(v, list)} for m in metrics
         ]
@@ -381,13 +412,18 @@ class HeadAveraging(FedAvg):
             return None
         msgs = self._ordered(_raise_on_errors(list(replies), "evaluation", self.min_nodes))
         ms = [_metrics(m) for m in msgs]
+        train_v, train_n, test_v, test_n = [], [], [], []
         for m, msg in zip(ms, msgs, strict=True):
+            node = P.node_of(msg)
             if "train_mse" not in m:
-                raise agg.ReplyError(P.node_of(msg), "evaluation reply lacks 'train_mse'")
-        train = agg.weighted_mean([m["train_mse"] for m in ms], [m[P.NUM_EXAMPLES] for m in ms])
-        test = None
-        if all("test_mse" in m for m in ms):
-            test = agg.weighted_mean([m["test_mse"] for m in ms], [m[P.NUM_TEST_EXAMPLES] for m in ms])
+                raise agg.ReplyError(node, "evaluation reply lacks 'train_mse'")
+            train_v.append(float(agg.validate_array(m["train_mse"], (), node_id=node, name="train_mse")))
+            train_n.append(agg.validate_count(m.get(P.NUM_EXAMPLES), node_id=node))
+            if "test_mse" in m:
+                test_v.append(float(agg.validate_array(m["test_mse"], (), node_id=node, name="test_mse")))
+                test_n.append(agg.validate_count(m.get(P.NUM_TEST_EXAMPLES), node_id=node))
+        train = agg.weighted_mean(train_v, train_n)
+        test = agg.weighted_mean(test_v, test_n) if len(test_v) == len(ms) else None
         assert self.tracker is not None
         rec = self.tracker.set_mse(server_round, train, test)
         self.observer.on_round(rec)

@@ -155,3 +155,24 @@ def test_diagnose_only_exchanges_moments_and_trains_nothing(tmp_path, task_ident
     d = res["diagnosis"]
     assert d["share_m_mu"] + d["share_m_sigma"] + d["share_m_a"] == pytest.approx(1.0, abs=1e-12)
     assert np.asarray(res["targets"]["g_star"]).shape == (3, 3)
+
+
+def test_node_config_state_dir_and_partition_count(tmp_path, task_identity):
+    """Deployments: `state-dir` in the node config keeps the private backbone there (never in
+    the output folder), and a `num-partitions` that disagrees with num_clients is refused."""
+    job = _job(tmp_path, "procedure=proximal", "model=free", "local_epochs=2", "rounds=1")
+    grid = InProcessGrid(make_client_app(job), 3, run_id=5)
+    for n, ctx in grid.contexts.items():
+        ctx.node_config["state-dir"] = str(tmp_path / f"node{n}")
+    recorder = RunRecorder(job, show_progress=False)
+    serve(grid, job, recorder, show_progress=False)
+    assert recorder.finish("completed")["status"] == "completed"
+    for pid, n in enumerate(grid.contexts):
+        assert BackboneStore(tmp_path / f"node{n}" / "proximal" / "run_5").latest_round(pid) == 1
+    assert not job.state_dir.exists()
+    bad = InProcessGrid(make_client_app(job), 3)
+    for ctx in bad.contexts.values():
+        ctx.node_config["num-partitions"] = 4
+    node = next(iter(bad.contexts))
+    with pytest.raises(Exception, match="num-partitions=4 but the run has num_clients=3"):
+        bad.handlers[node](instruction(node, "query"))

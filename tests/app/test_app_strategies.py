@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from app_helpers import FakeGrid, NumpyClient, instruction, query_reply, train_reply
-from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message
+from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, MetricRecord, RecordDict
 
 from fedhead import aggregation as agg
 from fedhead import ufm
@@ -181,10 +181,34 @@ def test_diagnose_only_stops_after_the_exchange(task_identity, fig2_targets):
 def test_training_outside_regime_fails_after_reporting(task_identity, fig2_targets):
     obs = Recorder()
     clients = {n: NumpyClient(y, pid, 1.0, 0.5) for pid, (n, y) in enumerate(zip(NODES, fig2_targets))}
-    with pytest.warns(UserWarning, match="fully active"):
-        with pytest.raises(ufm.NotFullyActiveError, match="client 0"):
-            _strategy(observer=obs, lambda_h=1.0, lambda_w=0.5).run(FakeGrid(clients), (np.eye(2), np.zeros(2)), 2)
+    grid = FakeGrid(clients)
+    with pytest.raises(ufm.NotFullyActiveError, match=r"worst: client 0.*allow_outside_regime=true"):
+        _strategy(observer=obs, lambda_h=1.0, lambda_w=0.5).run(grid, (np.eye(2), np.zeros(2)), 2)
     assert len(obs.exchanges) == 1 and not obs.exchanges[0].diagnosis.fully_active
+    assert obs.records == [] and {m.metadata.message_type for m in grid.sent} == {"query"}
+
+
+def test_training_outside_regime_with_the_override(task_identity, fig2_targets):
+    """lH lW = 0.5 > lambda_min(Sigma_0) = 0.11: client 0's optimal Gram is the clipped phi
+    (rank 1); with the override the exact rule still runs and G_star-based numbers are null."""
+    from fedhead.data import OutsideRegimeWarning
+
+    obs = Recorder()
+    clients = {n: NumpyClient(y, pid, 1.0, 0.5) for pid, (n, y) in enumerate(zip(NODES, fig2_targets))}
+    strategy = _strategy(observer=obs, lambda_h=1.0, lambda_w=0.5, allow_outside_regime=True)
+    with pytest.warns(OutsideRegimeWarning, match="client 0"):
+        strategy.run(FakeGrid(clients), (np.eye(2), np.zeros(2)), 2)
+    tg = obs.exchanges[0].targets
+    assert tg.g_star is None and not tg.fully_active
+    np.testing.assert_allclose(tg.g_cen, ufm.optimal_gram(obs.exchanges[0].moments.sigma_cen, 1.0, 0.5), atol=1e-14)
+    assert np.linalg.matrix_rank(tg.grams[0], tol=1e-10) == 1
+    rounds = [r for r in obs.records if r.train_mse is not None]
+    assert [r.round for r in rounds] == [1, 2]
+    for r in rounds:
+        assert r.e_f_star is None and r.recursion_gram is None and r.delta is None
+        assert r.predicted_gram is None and r.trajectory_error is None
+        assert np.isfinite(r.e_f_cen) and r.objective_gaps is not None
+        np.testing.assert_allclose(r.gram, r.gram.T, atol=0)
 
 
 def test_aligned_strategy_verifies_the_gram(task_identity, fig2_targets):
@@ -237,3 +261,27 @@ def test_make_strategy_kinds():
     assert type(make_strategy("aligned", lambda_h=1, lambda_w=1, min_nodes=2)) is AlignedHeadAveraging
     with pytest.raises(ValueError, match="unknown strategy kind"):
         make_strategy("nope", lambda_h=1, lambda_w=1, min_nodes=2)
+
+
+def test_evaluation_replies_are_validated(task_identity, fig2_targets):
+    """A NaN MSE or a bad count stops the run and names the client (no corrupted record)."""
+    strategy = _strategy()
+    _exchange(strategy, fig2_targets)
+    strategy.begin((np.eye(2), np.zeros(2)))
+
+    def replies(bad_node, **bad):
+        out = []
+        for pid, (n, y) in enumerate(zip(NODES, fig2_targets)):
+            metrics = {P.NUM_EXAMPLES: y.shape[0], P.PARTITION_ID: pid, "train_mse": 1.0}
+            if n == bad_node:
+                metrics.update(bad)
+            out.append(Message(RecordDict({P.METRICS: MetricRecord(metrics)}), reply_to=instruction(n, "evaluate")))
+        return out
+
+    with pytest.raises(agg.ReplyError, match="node 57.*train_mse has 1 non-finite"):
+        strategy.aggregate_evaluate(0, replies(57, train_mse=float("nan")))
+    with pytest.raises(agg.ReplyError, match="node 33.*positive integer"):
+        strategy.aggregate_evaluate(0, replies(33, **{P.NUM_EXAMPLES: 0}))
+    assert strategy.tracker.records[0].train_mse is None
+    out = strategy.aggregate_evaluate(0, replies(None))
+    assert out["train_mse"] == pytest.approx(1.0, abs=1e-15)
