@@ -184,7 +184,28 @@ def _gl_context(backend: str, size: int):
 def render_scenes(
     labels: np.ndarray, *, size: int = IMAGE_SIZE, gl_backend: str = "egl"
 ) -> np.ndarray:
-    """Render one scene per row of ``labels``.
+    """Render one scene per row of ``labels`` in a child process.
+
+    The OpenGL libraries that an offscreen EGL context loads cannot share a process with
+    torch's compiler stack: importing ``triton`` (which ``torch._dynamo`` and so torchvision do)
+    after an EGL context has existed crashes the process with a segmentation fault. Rendering
+    therefore runs in a freshly spawned interpreter; only the uint8 images come back.
+    Parameters and result are those of :func:`render_scenes_in_process`.
+    """
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    labels = np.asarray(labels, dtype=np.float64)
+    with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as ex:
+        return ex.submit(
+            render_scenes_in_process, labels, size=size, gl_backend=gl_backend
+        ).result()
+
+
+def render_scenes_in_process(
+    labels: np.ndarray, *, size: int = IMAGE_SIZE, gl_backend: str = "egl"
+) -> np.ndarray:
+    """Render one scene per row of ``labels`` in this process (see :func:`render_scenes`).
 
     Parameters
     ----------

@@ -142,3 +142,22 @@ def test_generator_moderate_size():
     # images differ whenever the factors differ
     flat = raw.x.reshape(400, -1)
     assert np.unique(flat, axis=0).shape[0] == 400
+
+
+def test_rendering_leaves_process_safe_for_torch_compiler_stack():
+    """An EGL context in the calling process followed by ``import triton`` (what torchvision's
+    import does through torch._dynamo) segfaults; render_scenes must keep GL out of the caller."""
+    import subprocess
+    import sys
+
+    code = (
+        "import numpy as np\n"
+        "from fedhead.data.shapes3d import render_scenes\n"
+        "img = render_scenes(np.array([[0.1, 0.5, 0.9, 1.0, 2, 0.0]]), size=16)\n"
+        "assert img.shape == (1, 3, 16, 16) and img.dtype == np.uint8 and img.max() > 0\n"
+        "import torch._dynamo  # loads triton\n"
+        "print('survived')\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "survived" in proc.stdout
