@@ -42,11 +42,18 @@ class TrainConfig:
         Client-wise target centring: train on ``y - mu_m`` (the reference becomes ``G_within``).
     seed : int
         Seed of the minibatch permutations (deterministic on CPU).
-    bf16, channels_last, compile, cuda_graphs, tf32 : bool
-        Fast-path switches used on CUDA only (ignored on CPU, with a log line when set): bfloat16
-        autocast of the backbone, channels-last memory format for image backbones,
-        ``torch.compile`` of the forward/loss, CUDA graphs (``torch.compile`` mode
+    bf16, channels_last, cuda_graphs, tf32 : bool
+        Fast-path switches used on CUDA only (ignored on CPU, with a log line for bf16 and
+        cuda_graphs): bfloat16 autocast of the backbone, channels-last memory format for image
+        backbones (no gain measured on the CPU), CUDA graphs (``torch.compile`` mode
         ``"reduce-overhead"``), TF32 matmuls/convolutions.
+    compile : bool
+        ``torch.compile`` of the forward + loss, on CUDA and on the CPU. Compiled once per process
+        (the full-batch shape; a shorter last batch runs eagerly) and reused by every later call
+        and backbone object. Off by default; worth trying only for long runs: on the shared 2-core
+        CPU here compiling the width-1024 ResMLP forward + loss took about 90 s (cold cache) and its
+        forward + backward ran about 1.2x faster in isolation, but the end-to-end benchmark
+        (``benchmarks/bench_trainer.py --fast``) showed no gain beyond the machine's noise.
     eval_batch_size : int
         Chunk size of the full-data evaluation after training.
     progress : bool

@@ -6,13 +6,13 @@ learning-rate schedule is a precomputed list; AdamW is fused; gradients are set 
 head-only ``lambda_W``, proximal and correction terms enter as exact gradient terms instead of
 graph nodes. On CUDA nothing synchronises with the host inside the loop; on the CPU the gradient
 norm is read (free there) to skip an inactive clip and to stop at a non-finite gradient. On
-CUDA: TF32, optional bf16 autocast, channels-last image batches, optional ``torch.compile`` and
-CUDA graphs.
+CUDA: TF32, optional bf16 autocast, channels-last image batches and CUDA graphs. Optional
+``torch.compile`` (CUDA and CPU) of the forward + loss, one compiled function per process that
+every later call, round and backbone object reuses.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import time
@@ -185,6 +185,44 @@ def clip_gradients(params: list[nn.Parameter], max_norm: float, *, host_check: b
     return norm
 
 
+def _forward_loss(backbone: nn.Module, weight: torch.Tensor, bias: torch.Tensor, xb: torch.Tensor,
+                  yb: torch.Tensor, lambda_h: float, bf16: bool) -> torch.Tensor:
+    """Minibatch loss of one step (backbone forward, head, :func:`minibatch_loss`)."""
+    if bf16:
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            h = backbone(xb)
+    else:
+        h = backbone(xb)
+    h = h.float()
+    return minibatch_loss(h, F.linear(h, weight, bias), yb, lambda_h)
+
+
+_COMPILED_STEPS: dict[tuple[str | None, str], object] = {}
+_COMPILE_BACKEND = "inductor"  # tests swap in "eager" (dynamo only) to check the caching quickly
+
+
+def compiled_forward_loss(mode: str | None):
+    """The process-wide ``torch.compile`` of the step's forward + loss for one compile mode.
+
+    ``mode`` is None (default inductor) or ``"reduce-overhead"`` (CUDA graphs). One wrapper per mode
+    lives for the whole process and takes the backbone and the head tensors as *arguments*, so
+    dynamo's guards check their types, shapes and dtypes but not their identity: the clients'
+    backbones, re-built from the backbone store in every round, and a new head per call reuse the
+    graphs compiled in the first round (a new graph only for a new architecture, batch shape or
+    ``lambda_H``; :func:`train_local` runs a shorter last batch eagerly instead of compiling it).
+    Verified on the CPU (backend ``"eager"``) by the tests. CUDA graphs re-record when the
+    parameters' storage moves (a new backbone object), which costs a recording, not a compile.
+    """
+    key = (mode, _COMPILE_BACKEND)
+    fn = _COMPILED_STEPS.get(key)
+    if fn is None:
+        fn = torch.compile(_forward_loss, mode=mode, dynamic=False, backend=_COMPILE_BACKEND)
+        _COMPILED_STEPS[key] = fn
+        log.info("train_local: created the torch.compile(mode=%s) step; graphs are compiled on first use "
+                 "and reused by later calls and rounds", mode)
+    return fn
+
+
 def train_local(
     backbone: nn.Module,
     head: nn.Linear,
@@ -229,7 +267,9 @@ def train_local(
     sigma_cen : ndarray (C, C), optional
         Pooled ``Sigma_cen`` of the correction; required when ``cfg.gamma > 0``.
     sigma_m : ndarray (C, C), optional
-        The client's ``Sigma_m``; default: the covariance of ``y`` (SPEC 3).
+        The client's ``Sigma_m`` (SPEC 3). It is always computed from ``y`` (in the units of the
+        targets trained on; client-wise centring does not change it); a given one is checked
+        against it (relative Frobenius difference <= 1e-5) and used for nothing else.
     device : str or torch.device, optional
         ``"auto"`` (default), ``"cpu"``, ``"cuda"``; see :func:`select_device`.
     seed : int, optional
@@ -244,7 +284,8 @@ def train_local(
     ------
     TrainInputError
         Mismatched sizes, empty data, non-finite targets, missing ``broadcast_weight`` /
-        ``sigma_cen`` when the configuration needs them.
+        ``sigma_cen`` when the configuration needs them, a ``sigma_m`` that is not the targets'
+        covariance.
     """
     if not isinstance(cfg, TrainConfig):
         raise TrainInputError(f"train_local: cfg must be a TrainConfig, got {type(cfg).__name__}")
@@ -259,12 +300,19 @@ def train_local(
     y64 = y.detach().cpu().numpy().astype(np.float64)
     moments = TargetMoments.from_targets([y64])
     mu_m = np.array(moments.means[0])
-    sig_m = np.asarray(moments.covs[0]) if sigma_m is None else _check_matrix("sigma_m", sigma_m, (c, c), True)
+    sig_m = np.asarray(moments.covs[0])  # the covariance of the targets trained on (centring keeps it)
+    if sigma_m is not None:
+        given = _check_matrix("sigma_m", sigma_m, (c, c), True)
+        err = np.linalg.norm(given - sig_m) / max(np.linalg.norm(sig_m), np.finfo(np.float64).tiny)
+        if err > 1e-5:
+            raise TrainInputError(f"train_local: sigma_m differs from the covariance of the targets y (relative "
+                                  f"difference {err:.3g}); pass Sigma_m in the units of the targets trained on, or "
+                                  f"leave it None")
     w_t = _check_matrix("broadcast_weight", broadcast_weight, (c, p)) if cfg.rho > 0 else None
     delta = (_check_matrix("sigma_cen", sigma_cen, (c, c), True) - sig_m) if cfg.gamma > 0 else None
 
-    if not cuda and (cfg.bf16 or cfg.compile or cfg.cuda_graphs):
-        log.info("train_local on %s: bf16/compile/cuda_graphs are CUDA-only and ignored (fp32 eager)", dev)
+    if not cuda and (cfg.bf16 or cfg.cuda_graphs):
+        log.info("train_local on %s: bf16/cuda_graphs are CUDA-only and ignored (fp32)", dev)
     if cuda and cfg.tf32:
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
@@ -292,24 +340,26 @@ def train_local(
     delta_dev = torch.as_tensor(delta, dtype=torch.float64, device=dev) if delta is not None else None
     lh, lw, rho, gamma = cfg.lambda_h, cfg.lambda_w, cfg.rho, cfg.gamma
 
-    autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if cuda and cfg.bf16 else contextlib.nullcontext())
+    bf16 = cuda and cfg.bf16
+    bsz = min(cfg.batch_size, n)
+    step_loss = _forward_loss
+    if cfg.compile or (cuda and cfg.cuda_graphs):
+        # one compiled function per process and mode, reused across calls, rounds and backbone
+        # objects; CUDA graphs through torch.compile's "reduce-overhead" mode (forward + backward)
+        mode = "reduce-overhead" if cuda and cfg.cuda_graphs else None
+        step_loss = compiled_forward_loss(mode)
+        log.info("train_local on %s: torch.compile(mode=%s)%s for batches of %d; a shorter last batch runs eagerly",
+                 dev, mode, ", bf16 autocast" if bf16 else "", bsz)
 
     def forward_loss(xb: torch.Tensor, yb: torch.Tensor) -> torch.Tensor:
-        with autocast:
-            h = backbone(xb)
-        h = h.float()
-        return minibatch_loss(h, F.linear(h, weight, bias), yb, lh)
-
-    if cuda and (cfg.compile or cfg.cuda_graphs):
-        # CUDA graphs through torch.compile's "reduce-overhead" mode (forward + backward graphs)
-        forward_loss = torch.compile(forward_loss, mode="reduce-overhead" if cfg.cuda_graphs else None,
-                                     dynamic=False)
+        # the compiled step for the full batch size only: a short last batch would cost a second compile
+        fn = step_loss if xb.shape[0] == bsz else _forward_loss
+        return fn(backbone, weight, bias, xb, yb, lh, bf16)
 
     def prepare(xb: torch.Tensor) -> torch.Tensor:
         xb = batch_to_float(xb)
         return xb.contiguous(memory_format=torch.channels_last) if channels_last else xb
 
-    bsz = min(cfg.batch_size, n)
     full_batch = bsz >= n
     steps_per_epoch = math.ceil(n / bsz)
     n_steps = cfg.epochs * steps_per_epoch
@@ -347,7 +397,8 @@ def train_local(
                                              f"(lr {lrs[k]:.3g}); the model state is corrupted")
             group["lr"] = lrs[k]
             opt.step()
-            opt.zero_grad(set_to_none=True)
+            for q in params:  # = opt.zero_grad(set_to_none=True), without its per-call hook/profiler overhead
+                q.grad = None
             k += 1
     if cuda:
         torch.cuda.synchronize(dev)

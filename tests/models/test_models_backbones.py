@@ -31,9 +31,12 @@ def _rotation(p: int, seed: int) -> np.ndarray:
 
 
 IMAGE_CASES = [
-    (ResNetConfig(depth=18), (3, 32, 32)),
+    (ResNetConfig(depth=18), (3, 64, 64)),
+    (ResNetConfig(depth=18), (1, 36, 60)),
     (ResNetConfig(name="resnet34", depth=34), (1, 36, 60)),
+    (ResNetConfig(name="resnet34", depth=34), (3, 40, 40)),
     (ResidualCNNConfig(), (3, 16, 16)),
+    (ResidualCNNConfig(), (1, 12, 20)),
 ]
 
 
@@ -50,7 +53,8 @@ def test_resmlp_layout_and_forward_backward():
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in net.parameters())
 
 
-@pytest.mark.parametrize("cfg,shape", IMAGE_CASES, ids=["resnet18", "resnet34", "rescnn"])
+@pytest.mark.parametrize("cfg,shape", IMAGE_CASES, ids=["resnet18-rgb64", "resnet18-gray36x60", "resnet34-gray36x60",
+                                                     "resnet34-rgb40", "rescnn-rgb", "rescnn-gray"])
 def test_image_backbones_forward_backward(cfg, shape):
     net = build_backbone(cfg, shape, 10, seed=0)
     x = torch.rand(2, *shape)
@@ -189,3 +193,10 @@ def test_model_yaml_files_instantiate():
             assert cfg.depth == key
         elif cls is ResidualCNNConfig:
             assert cfg.groups == key
+
+
+def test_resmlp_state_dict_keys_unchanged():
+    net = build_backbone(ResMLPConfig(width=8, depth=1, feature_dim=4), (3,), 1, seed=0)
+    assert list(net.state_dict()) == ["stem.0.weight", "stem.0.bias", "stem.1.weight", "blocks.0.fc1.weight",
+                                      "blocks.0.fc1.bias", "blocks.0.act1.weight", "blocks.0.fc2.weight",
+                                      "blocks.0.fc2.bias", "blocks.0.act2.weight", "proj.weight", "proj.bias"]

@@ -70,13 +70,16 @@ def test_free_features_reach_optimal_gram_and_bias(y_m, center):
     assert ev.objective == pytest.approx(m.objective, rel=1e-6) and ev.mse == pytest.approx(m.train_mse, rel=1e-6)
 
 
-@pytest.mark.parametrize("gamma", [1.0, 0.5])
-def test_correction_moves_optimum_to_phi_of_mixed_covariance(y_m, gamma):
+@pytest.mark.parametrize("gamma,center", [(1.0, False), (0.5, True)])
+def test_correction_moves_optimum_to_phi_of_mixed_covariance(y_m, gamma, center):
+    """gamma = 1: optimal Gram phi(Sigma_cen); gamma = 0.5 with client-wise centring (Sigma_m is the
+    centred targets' covariance too): phi of the mixture, bias 0 (SPEC 8)."""
     bb, head = free_model()
-    res = train_local(bb, head, torch.arange(N), y_m, ufm_config(gamma=gamma), sigma_cen=SIGMA_CEN, device="cpu")
+    res = train_local(bb, head, torch.arange(N), y_m, ufm_config(gamma=gamma, center_targets=center),
+                      sigma_cen=SIGMA_CEN, device="cpu")
     target = optimal_gram((1 - gamma) * SIGMA_M + gamma * SIGMA_CEN, LAM, LAM)  # SPEC 8
     assert rel(res.weight @ res.weight.T, target) < 1e-3
-    np.testing.assert_allclose(res.bias, MU_M, atol=1e-3)
+    np.testing.assert_allclose(res.bias, np.zeros(C) if center else MU_M, atol=1e-3)
 
 
 def test_small_rho_returns_head_closer_to_selection(y_m):
@@ -229,11 +232,40 @@ def test_cuda_only_flags_are_ignored_on_cpu(caplog):
     x, y = _tabular_client()
     plain, _ = _train_resmlp(0, x, y)
     bb = build_backbone(ResMLPConfig(width=16, feature_dim=8), (5,), 40, seed=3)
-    cfg = TrainConfig(epochs=3, batch_size=16, lr=1e-2, bf16=True, compile=True, cuda_graphs=True)
+    cfg = TrainConfig(epochs=3, batch_size=16, lr=1e-2, bf16=True, cuda_graphs=True)
     with caplog.at_level("INFO", logger="fedhead.train.trainer"):
         fast = train_local(bb, build_head(8, 3, seed=4), x, y, cfg, device="cpu", seed=0)
-    assert "CUDA-only and ignored" in caplog.text
+    assert "bf16/cuda_graphs are CUDA-only and ignored" in caplog.text
     assert np.array_equal(fast.weight, plain.weight)
+
+
+def test_compiled_step_is_cached_across_calls_and_backbone_objects(monkeypatch, caplog):
+    """cfg.compile: one compiled step per process; a new backbone object (as the client builds
+    every round) and a new head reuse its graph; the short last batch runs eagerly; same result.
+    Dynamo only (backend "eager"), so the test does not pay for an inductor compile."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    import fedhead.train.trainer as trainer
+
+    monkeypatch.setattr(trainer, "_COMPILE_BACKEND", "eager")
+    monkeypatch.setattr(trainer, "_COMPILED_STEPS", {})
+    torch._dynamo.reset()
+    counters.clear()
+    x, y = _tabular_client()  # N = 40, batches 16, 16, 8
+    plain, _ = _train_resmlp(0, x, y)
+    cfg = TrainConfig(epochs=3, batch_size=16, lr=1e-2, compile=True)
+    results = []
+    with caplog.at_level("INFO", logger="fedhead.train.trainer"):
+        for _ in range(2):
+            bb = build_backbone(ResMLPConfig(width=16, feature_dim=8), (5,), 40, seed=3)
+            results.append(train_local(bb, build_head(8, 3, seed=4), x, y, cfg, device="cpu", seed=0))
+            assert counters["stats"]["unique_graphs"] == 1  # batch 16 only, traced once for both objects
+    assert caplog.text.count("created the torch.compile(mode=None) step") == 1
+    assert "shorter last batch runs eagerly" in caplog.text
+    np.testing.assert_allclose(results[0].weight, plain.weight, rtol=1e-5, atol=1e-6)
+    assert np.array_equal(results[0].weight, results[1].weight)
+    torch._dynamo.reset()
 
 
 def test_training_lowers_objective_and_clip_keeps_finite():
@@ -323,3 +355,103 @@ def test_select_device():
     if not torch.cuda.is_available():
         with pytest.raises(TrainInputError, match="CUDA is not available"):
             select_device("cuda")
+
+
+def _textbook_round(bb, head, x, y, *, epochs, batch, lr, lr_min, clip, lam_h, lam_w, rho, w_t, gamma, sigma_cen,
+                    center, seed):
+    """An independent plain implementation of one SPEC 2/10 local round (all terms in autograd)."""
+    y64 = y.double().numpy()
+    mu, cov = y64.mean(0), np.cov(y64.T, bias=True)
+    yt = y - torch.tensor(mu, dtype=torch.float32) if center else y
+    d = torch.tensor(np.asarray(sigma_cen) - cov)
+    params = list(bb.parameters()) + list(head.parameters())
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0, foreach=False)
+    n = x.shape[0]
+    steps = epochs * -(-n // batch)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=steps, eta_min=lr_min)
+    gen = torch.Generator().manual_seed(seed)
+    for _ in range(epochs):
+        perm = torch.randperm(n, generator=gen)
+        for s in range(0, n, batch):
+            idx = perm[s:s + batch]
+            h = bb(x[idx])
+            r = head(h) - yt[idx]
+            loss = (0.5 * r.square().sum(1).mean() + 0.5 * lam_h * h.square().sum(1).mean()
+                    + 0.5 * lam_w * head.weight.square().sum()
+                    + 0.5 * rho * (head.weight - torch.tensor(w_t, dtype=torch.float32)).square().sum()
+                    + gamma * moment_correction_torch(head.weight, d, lam_h))
+            opt.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, clip)
+            opt.step()
+            sched.step()
+
+
+def test_recipe_matches_textbook_loop_over_two_calls():
+    """Minibatch scaling, lambda_W once per step, proximal and correction terms, centring, AdamW (wd 0)
+    re-created per call, cosine per call, shuffled batches with a short last one, clip over all
+    parameters including the head: train_local equals a plain loop with every term in autograd."""
+    x, y = _tabular_client(seed=2, n=40, f=5, c=2)
+    y = y * torch.tensor([2.0, 0.5]) + torch.tensor([1.0, -3.0])
+    w_t = np.random.default_rng(7).standard_normal((2, 8))
+    kw = dict(epochs=3, batch=16, lr=3e-3, lr_min=1e-4, clip=0.5, lam_h=0.05, lam_w=0.02, rho=0.3, gamma=0.8,
+              center=True)
+    cfg = TrainConfig(epochs=3, batch_size=16, lr=3e-3, lr_min=1e-4, clip_norm=0.5, lambda_h=0.05, lambda_w=0.02,
+                      rho=0.3, gamma=0.8, center_targets=True)
+    models = [(build_backbone(ResMLPConfig(width=16, feature_dim=8), (5,), 40, seed=3), build_head(8, 2, seed=4))
+              for _ in range(2)]
+    for call, seed in enumerate((11, 12)):
+        res = train_local(*models[0], x, y, cfg, broadcast_weight=w_t, sigma_cen=SIGMA_CEN, device="cpu", seed=seed)
+        _textbook_round(*models[1], x, y, w_t=w_t, sigma_cen=SIGMA_CEN, seed=seed, **kw)
+        ours, ref = models[0][1].weight.detach().double().numpy(), models[1][1].weight.detach().double().numpy()
+        assert rel(ours, ref) < 1e-5, f"call {call}"
+        np.testing.assert_allclose(res.weight, ours)
+        for (name, p0), p1 in zip(models[0][0].named_parameters(), models[1][0].parameters()):
+            torch.testing.assert_close(p0, p1, rtol=1e-5, atol=1e-6, msg=f"call {call}: {name}")
+    assert res.metrics.n_steps == 3 * 3
+    # clipping was active (an unclipped run ends elsewhere)
+    bb, head = build_backbone(ResMLPConfig(width=16, feature_dim=8), (5,), 40, seed=3), build_head(8, 2, seed=4)
+    unclipped = train_local(bb, head, x, y, TrainConfig(**{**cfg.__dict__, "clip_norm": None}),
+                            broadcast_weight=w_t, sigma_cen=SIGMA_CEN, device="cpu", seed=11)
+    first_ours = build_head(8, 2, seed=4)
+    train_local(build_backbone(ResMLPConfig(width=16, feature_dim=8), (5,), 40, seed=3), first_ours, x, y, cfg,
+                broadcast_weight=w_t, sigma_cen=SIGMA_CEN, device="cpu", seed=11)
+    assert rel(unclipped.weight, first_ours.weight.detach().double().numpy()) > 1e-3
+
+
+def test_metrics_are_plain_objective_in_eval_mode():
+    """objective = L_m of the trained model (eval-mode BatchNorm, no proximal/correction terms),
+    relative gap against optimal_loss(cov(y)), train MSE; an independent float64 computation."""
+    g = torch.Generator().manual_seed(5)
+    x = torch.randint(0, 256, (12, 1, 16, 16), dtype=torch.uint8, generator=g)
+    y = torch.randn(12, 2, generator=g) * 3 + 1
+    bb = build_backbone(ResNetConfig(depth=18, feature_dim=8), (1, 16, 16), 12, seed=0)
+    head = build_head(8, 2, seed=1)
+    w_t = np.ones((2, 8))
+    cfg = TrainConfig(epochs=2, batch_size=8, rho=0.5, gamma=1.0, lambda_h=0.03, lambda_w=0.02)
+    res = train_local(bb, head, x, y, cfg, broadcast_weight=w_t, sigma_cen=SIGMA_CEN, device="cpu")
+    assert bb.training  # left in training mode, BatchNorm statistics updated by the 4 steps
+    assert int(bb.net.bn1.num_batches_tracked) == 4
+    bb.eval()
+    with torch.no_grad():
+        h = bb(x.float() / 255).double().numpy()
+    y64 = y.double().numpy()
+    w, b = res.weight, res.bias
+    l_m = (0.5 * np.sum((h @ w.T + b - y64) ** 2) + 0.5 * 0.03 * np.sum(h**2)) / 12 + 0.5 * 0.02 * np.sum(w**2)
+    m = res.metrics
+    assert m.objective == pytest.approx(l_m, rel=1e-5)
+    l_star = optimal_loss(np.cov(y64.T, bias=True), 0.03, 0.02)
+    assert m.optimal_objective == pytest.approx(l_star, rel=1e-10)
+    assert m.relative_gap == pytest.approx((l_m - l_star) / l_star, rel=1e-4)
+    assert m.train_mse == pytest.approx(np.mean((h @ w.T + b - y64) ** 2), rel=1e-5)
+    assert m.n_steps == 4 and m.steps_per_second > 0 and m.device == "cpu"
+
+
+def test_sigma_m_must_be_the_targets_covariance(y_m):
+    bb, head = free_model()
+    cfg = ufm_config(epochs=1, gamma=1.0)
+    cov = np.cov(y_m.double().numpy().T, bias=True)
+    res = train_local(bb, head, torch.arange(N), y_m, cfg, sigma_cen=SIGMA_CEN, sigma_m=cov, device="cpu")
+    assert np.isfinite(res.metrics.objective)
+    with pytest.raises(TrainInputError, match="sigma_m differs from the covariance of the targets"):
+        train_local(bb, head, torch.arange(N), y_m, cfg, sigma_cen=SIGMA_CEN, sigma_m=4 * cov, device="cpu")
