@@ -65,6 +65,13 @@ class ProcedureConfig:
             raise ConfigError(f"procedure {self.name!r}: exact cannot be combined with align/full_model")
         if self.full_model and self.align:
             raise ConfigError(f"procedure {self.name!r}: full_model cannot be combined with align")
+        if self.centered and self.gamma > 0:
+            # centred clients' covariances average to Sigma_within, not Sigma_cen: the correction
+            # toward the pooled Sigma_cen would put the mean term back (SPEC 7-8)
+            raise ConfigError(
+                f"procedure {self.name!r}: centered cannot be combined with the moment correction "
+                f"(gamma={self.gamma}); centring already removes the mean term"
+            )
 
     @property
     def strategy_kind(self) -> str:

@@ -20,7 +20,6 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 from torch import nn
-from torchvision.models.resnet import BasicBlock, ResNet
 
 
 class ModelError(ValueError):
@@ -137,7 +136,7 @@ class ImageBackbone(Backbone):
 
     is_image = True
 
-    def __init__(self, net: ResNet, input_shape: tuple[int, int, int], feature_dim: int):
+    def __init__(self, net: nn.Module, input_shape: tuple[int, int, int], feature_dim: int):
         super().__init__()
         self.net = net
         self.input_shape = tuple(input_shape)
@@ -156,8 +155,12 @@ def _kaiming_conv(conv: nn.Conv2d) -> nn.Conv2d:
     return conv
 
 
-def torchvision_resnet(depth: int, in_channels: int, feature_dim: int) -> ResNet:
+def torchvision_resnet(depth: int, in_channels: int, feature_dim: int) -> nn.Module:
     """torchvision ResNet-18/34 from scratch with ``in_channels`` inputs and a ``512 -> P`` fc."""
+    # imported here: torchvision costs seconds at import, paid by every Ray worker and deployed
+    # ClientApp process even when it only trains a ResMLP
+    from torchvision.models.resnet import BasicBlock, ResNet
+
     layers = {18: [2, 2, 2, 2], 34: [3, 4, 6, 3]}
     if depth not in layers:
         raise ModelError(f"resnet depth must be 18 or 34, got {depth}")
@@ -167,9 +170,11 @@ def torchvision_resnet(depth: int, in_channels: int, feature_dim: int) -> ResNet
     return net
 
 
-def residual_cnn(in_channels: int, feature_dim: int, groups: int = 8) -> ResNet:
+def residual_cnn(in_channels: int, feature_dim: int, groups: int = 8) -> nn.Module:
     """ResNet-18 layout with ``GroupNorm(groups)`` instead of BatchNorm, a 3x3 stride-1 stem and no
     max-pool (SPEC 10 "residual CNN")."""
+    from torchvision.models.resnet import BasicBlock, ResNet
+
     net = ResNet(BasicBlock, [2, 2, 2, 2], num_classes=feature_dim,
                  norm_layer=lambda c: nn.GroupNorm(groups, c))
     net.conv1 = _kaiming_conv(nn.Conv2d(in_channels, 64, kernel_size=3, stride=1, padding=1, bias=False))

@@ -142,6 +142,8 @@ def test_config_validation_errors(tmp_path):
         _job(tmp_path, "procedure=exact", "device=tpu")
     with pytest.raises(ConfigError, match="no procedure selected"):
         _job(tmp_path, "experiment=single", "experiment.procedures=[]")
+    with pytest.raises(ConfigError, match="centered cannot be combined with the moment correction"):
+        _job(tmp_path, "procedure=centered", "+procedure.gamma=1.0")
 
 
 def test_diagnose_only_exchanges_moments_and_trains_nothing(tmp_path, task_identity):
