@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -9,7 +10,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO, Iterator
 
 import numpy as np
 
@@ -35,28 +36,38 @@ def to_jsonable(obj: Any) -> Any:
     return obj
 
 
-def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> Path:
-    """Write ``data`` to ``path`` through a temporary file in the same folder and ``os.replace``.
+@contextlib.contextmanager
+def atomic_open(path: str | os.PathLike) -> Iterator[BinaryIO]:
+    """Open a binary file handle whose content replaces ``path`` only when the block succeeds.
 
-    An interrupted write leaves the previous file (if any) intact.
+    The data go to a temporary file in the same folder, which is flushed, synced, given the
+    permissions of a normal file (umask applied; ``mkstemp`` makes 0600) and moved over
+    ``path`` with ``os.replace``. An interrupted or failing write leaves the previous file (if
+    any) intact and removes the temporary file.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
+            yield fh
             fh.flush()
             os.fsync(fh.fileno())
         umask = os.umask(0)
         os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; results are meant to be shared
+        os.chmod(tmp, 0o666 & ~umask)
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
-    return path
+
+
+def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> Path:
+    """Write ``data`` to ``path`` atomically (see :func:`atomic_open`)."""
+    with atomic_open(path) as fh:
+        fh.write(data)
+    return Path(path)
 
 
 def write_json_atomic(path: str | os.PathLike, payload: Any, *, indent: int = 2) -> Path:

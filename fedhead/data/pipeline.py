@@ -19,7 +19,6 @@ import hashlib
 import json
 import logging
 import os
-import tempfile
 import threading
 import warnings
 from collections.abc import Callable
@@ -31,6 +30,7 @@ import torch
 from fedhead.data.base import ClientData, DataError, FederatedData, RawDataset
 from fedhead.data.config import DatasetConfig
 from fedhead.data.partition import Partition, designed_partition, eigen_partition
+from fedhead.io import atomic_open
 
 __all__ = [
     "CACHE_VERSION",
@@ -208,18 +208,8 @@ def save_raw(raw: RawDataset, path: str | os.PathLike, config: dict | None = Non
         v = getattr(raw, k)
         if v is not None:
             arrays[k] = v
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            np.savez(fh, **arrays)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp, 0o644)  # mkstemp makes 0600; the cache may be shared
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    with atomic_open(path) as fh:
+        np.savez(fh, **arrays)
     return path
 
 
