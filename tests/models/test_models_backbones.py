@@ -17,12 +17,7 @@ from fedhead.models import (
 )
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _rotation(p: int, seed: int) -> np.ndarray:

@@ -2,7 +2,6 @@
 
 import numpy as np
 import pytest
-import torch
 
 
 def exact_targets(n: int, mean: np.ndarray, cov: np.ndarray, seed: int) -> np.ndarray:
@@ -20,8 +19,5 @@ def make_targets():
 
 
 @pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+def _one_thread(one_torch_thread):
+    """Every training test runs with one torch thread (``tests/conftest.py``)."""
