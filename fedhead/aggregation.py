@@ -517,6 +517,63 @@ def selection_distance(heads: np.ndarray, broadcast: np.ndarray, client_grams: n
     return metrics.selection_distance(heads, selected_heads(broadcast, client_grams), weights)
 
 
+#: Relative local objective gap above which the theory's references (which assume every client
+#: at its local optimum) are not yet meaningful for a round.
+LOCAL_GAP_THRESHOLD = 1e-2
+
+
+@dataclass(frozen=True)
+class LocalFit:
+    """How close each client's local training came to its optimum in one round (SPEC 11 local fit).
+
+    Attributes
+    ----------
+    objective_gaps : list of float
+        ``(L_m - L*_m) / L*_m`` per client (partition order), the original objective.
+    trained_gaps : list of float
+        The same for the objective each client minimised (``L_m + gamma C_m``; equal to
+        ``objective_gaps`` without correction). For corrected clients this is the one that says
+        whether local training converged: ``L_m`` is not minimised there.
+    local_epochs : list of int
+        Epochs each client ran (fewer than ``E`` when it stopped at ``local_tol``).
+    """
+
+    objective_gaps: list[float]
+    trained_gaps: list[float]
+    local_epochs: list[int]
+
+    @property
+    def max_trained_gap(self) -> float:
+        return max(self.trained_gaps)
+
+    def converged(self, threshold: float = LOCAL_GAP_THRESHOLD) -> bool:
+        """True when every client's trained-objective gap is at most ``threshold``."""
+        return self.max_trained_gap <= threshold
+
+
+def local_fit(metrics: Sequence[Mapping[str, Any]], node_ids: Sequence[int | str]) -> LocalFit:
+    """Read and validate the local-fit metrics of the training replies (one per client, in order).
+
+    Each reply must carry finite ``objective_gap`` and ``trained_gap`` (>= -1e-6: a model
+    cannot beat the optimum by more than rounding) and a ``local_epochs`` count >= 0.
+    """
+    gaps, trained, epochs = [], [], []
+    for m, node in zip(metrics, node_ids, strict=True):
+        for key in ("objective_gap", "trained_gap", "local_epochs"):
+            if key not in m:
+                raise ReplyError(node, f"training reply lacks the metric '{key}'")
+        for key, out in (("objective_gap", gaps), ("trained_gap", trained)):
+            v = float(validate_array(m[key], (), node_id=node, name=key))
+            if v < -1e-6:
+                raise ReplyError(node, f"{key} = {v:.3g} is below zero: the model beats its closed-form optimum")
+            out.append(v)
+        e = m["local_epochs"]
+        if isinstance(e, bool) or not isinstance(e, (int, np.integer)) or e < 0:
+            raise ReplyError(node, f"local_epochs must be an integer >= 0, got {e!r}")
+        epochs.append(int(e))
+    return LocalFit(objective_gaps=gaps, trained_gaps=trained, local_epochs=epochs)
+
+
 @dataclass
 class RoundRecord:
     """Server measurements after round ``t`` (issue 5, SPEC 11); JSON-ready via :meth:`to_dict`.
@@ -545,6 +602,8 @@ class RoundRecord:
     predicted_gram: np.ndarray | None
     delta: float | None = None
     objective_gaps: list[float] | None = None
+    trained_gaps: list[float] | None = None
+    local_epochs: list[int] | None = None
     train_mse: float | None = None
     test_mse: float | None = None
     client_metrics: list[dict[str, float]] = field(default_factory=list)
@@ -559,6 +618,8 @@ class RoundRecord:
         if self.objective_gaps:
             for i, g in enumerate(self.objective_gaps):
                 out[f"objective_gap/client_{i}"] = float(g)
+        if self.trained_gaps:
+            out["max_trained_gap"] = float(max(self.trained_gaps))
         out.update({k: float(v) for k, v in self.extra.items()})
         return out
 
@@ -582,6 +643,10 @@ class RoundRecord:
             "trajectory_error": self.trajectory_error,
             "delta": self.delta,
             "objective_gaps": self.objective_gaps,
+            "trained_gaps": self.trained_gaps,
+            "local_epochs": self.local_epochs,
+            "local_optimum_reached": (None if not self.trained_gaps
+                                      else bool(max(self.trained_gaps) <= LOCAL_GAP_THRESHOLD)),
             "train_mse": self.train_mse,
             "test_mse": self.test_mse,
             "predicted_gram": mat(self.predicted_gram),
@@ -647,7 +712,7 @@ class RoundTracker:
 
     def record(
         self, t: int, weight: np.ndarray, bias: np.ndarray, *, broadcast: np.ndarray,
-        client_heads: np.ndarray, objective_gaps: Sequence[float] | None = None,
+        client_heads: np.ndarray, fit: LocalFit | None = None,
         client_metrics: Sequence[Mapping[str, float]] | None = None,
         extra: Mapping[str, float] | None = None,
     ) -> RoundRecord:
@@ -664,7 +729,9 @@ class RoundTracker:
             delta = selection_distance(client_heads, broadcast, tg.client_grams, tg.weights)
         rec = self._measure(
             t, weight, bias, delta=delta,
-            objective_gaps=None if objective_gaps is None else [float(x) for x in objective_gaps],
+            objective_gaps=None if fit is None else list(fit.objective_gaps),
+            trained_gaps=None if fit is None else list(fit.trained_gaps),
+            local_epochs=None if fit is None else list(fit.local_epochs),
             client_metrics=[dict(m) for m in (client_metrics or [])],
             extra=dict(extra or {}),
         )

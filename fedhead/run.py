@@ -178,10 +178,15 @@ class RunRecorder:
             self.tb.round(record, self.targets)
         self.write()
         log.info(
-            "[%s] round %d: e_F(G_star)=%s e_F(G_cen)=%s e_F(G_within)=%s recursion=%s delta=%s train_mse=%s",
+            "[%s] round %d: e_F(G_star)=%s e_F(G_cen)=%s e_F(G_within)=%s recursion=%s delta=%s train_mse=%s "
+            "max local gap=%s epochs=%s",
             self.job.name, t, _fmt(record.e_f_star), _fmt(record.e_f_cen), _fmt(record.e_f_within),
             _fmt(record.e_f_recursion, ".3g"), _fmt(record.delta), _fmt(record.train_mse),
+            _fmt(max(record.trained_gaps) if record.trained_gaps else None, ".2g"),
+            "-" if not record.local_epochs else "/".join(str(e) for e in record.local_epochs),
         )
+        if record.trained_gaps and max(record.trained_gaps) > agg.LOCAL_GAP_THRESHOLD:
+            log.warning("[%s] round %d: %s", self.job.name, t, local_gap_advice(record, self.job))
         if self._bar is not None and t >= 1:
             self._bar.update(1)
             self._bar.set_postfix(e_star=_fmt(record.e_f_star, ".3g"), e_cen=_fmt(record.e_f_cen, ".3g"))
@@ -194,6 +199,7 @@ class RunRecorder:
             self.results["error"] = error
         self.results["timing"] = dict(self.base_timing, **(timing or {}),
                                       total_seconds=time.perf_counter() - self.t_start)
+        self.results["local_optimality"] = local_optimality([self.records[t] for t in sorted(self.records)])
         if status == "completed" and self.job.output.figures and len(self.records) > 1:
             self.results["figures"] = [str(p.name) for p in write_figures(self)]
         self.write()
@@ -207,6 +213,30 @@ class RunRecorder:
 def _fmt(value: float | None, spec: str = ".4g") -> str:
     """A number for logs and tables; ``-`` where it is undefined (None)."""
     return "-" if value is None else format(value, spec)
+
+
+def local_gap_advice(record: agg.RoundRecord, job: JobConfig) -> str:
+    """One line: which client is how far from its local optimum, and what to raise."""
+    gaps = record.trained_gaps or []
+    worst = int(np.argmax(gaps))
+    return (f"client {worst} ended local training at relative gap {gaps[worst]:.2g} > "
+            f"{agg.LOCAL_GAP_THRESHOLD:g} from its local optimum, so G_star, G_cen and the recursion (which assume "
+            f"local optima) do not describe this round yet; raise local_epochs (now {job.train.epochs}) or "
+            f"train.lr, or set train.local_tol to train each client until it is close enough")
+
+
+def local_optimality(records: list[agg.RoundRecord]) -> dict[str, Any]:
+    """results.json's ``local_optimality``: did every client reach its local optimum, per round?"""
+    trained = [r for r in records if r.trained_gaps]
+    above = [r.round for r in trained if max(r.trained_gaps) > agg.LOCAL_GAP_THRESHOLD]
+    last = trained[-1] if trained else None
+    return {
+        "threshold": agg.LOCAL_GAP_THRESHOLD,
+        "rounds_above_threshold": above,
+        "last_round_max_trained_gap": None if last is None else float(max(last.trained_gaps)),
+        "last_round_max_objective_gap": None if last is None else float(max(last.objective_gaps)),
+        "reached": None if last is None else not above or above[-1] != last.round,
+    }
 
 
 def final_summary(results: dict[str, Any]) -> str:
@@ -484,21 +514,21 @@ def error_table(all_results: list[dict[str, Any]]) -> str:
     if not done:
         return ""
     names = [r["procedure"]["name"] for r in done]
-    head = ["round"] + [f"{n}: e_F(G_star)" for n in names] + [f"{n}: e_F(G_cen)" for n in names]
+    cols = (("e_f_star", "e_F(G_star)", ".4g"), ("e_f_cen", "e_F(G_cen)", ".4g"),
+            ("max_trained_gap", "local gap", ".2g"))
+    head = ["round"] + [f"{n}: {label}" for n in names for _, label, _ in cols]
     n_rounds = max(len(r["rounds"]) for r in done)
-    rows = []
-    for i in range(n_rounds):
-        row = [str(i)]
-        for key in ("e_f_star", "e_f_cen"):
-            for r in done:
-                row.append(_fmt(r["rounds"][i][key]) if i < len(r["rounds"]) else "")
-        rows.append(row)
-    # reorder so that each procedure's pair sits together
-    order = [0]
-    for j in range(len(names)):
-        order += [1 + j, 1 + len(names) + j]
-    head = [head[k] for k in order]
-    rows = [[row[k] for k in order] for row in rows]
+
+    def cell(r: dict[str, Any], i: int, key: str, spec: str) -> str:
+        if i >= len(r["rounds"]):
+            return ""
+        rnd = r["rounds"][i]
+        if key == "max_trained_gap":
+            gaps = rnd.get("trained_gaps")
+            return _fmt(max(gaps) if gaps else None, spec)
+        return _fmt(rnd[key], spec)
+
+    rows = [[str(i)] + [cell(r, i, key, spec) for r in done for key, _, spec in cols] for i in range(n_rounds)]
     widths = [max(len(h), *(len(r[c]) for r in rows)) for c, h in enumerate(head)]
     fmt = lambda cells: "  ".join(c.rjust(w) for c, w in zip(cells, widths))  # noqa: E731
     return "\n".join([fmt(head), fmt(["-" * w for w in widths])] + [fmt(r) for r in rows])
@@ -529,8 +559,15 @@ def run_experiment(cfg: Any, output_dir: str | Path, *, show_progress: bool = Tr
         print("\nDiagnosis (from the exchanged moments):")
         print("  " + "\n  ".join(_diag_lines(results[0]["diagnosis"])))
     if table:
-        print("\nRelative error of the shared head Gram G_t per round:")
+        print("\nRelative error of the shared head Gram G_t per round (local gap: the largest relative gap of a "
+              "client's trained objective to its optimum):")
         print(table)
+    for r in results:
+        lo = r.get("local_optimality") or {}
+        if lo.get("reached") is False:
+            print(f"\nNOTE [{r['procedure']['name']}]: at the last round a client is {lo['last_round_max_trained_gap']:.2g} "
+                  f"from its local optimum (> {lo['threshold']:g}): the theory's references assume local optima and do "
+                  f"not apply yet. Raise local_epochs or train.lr, or set train.local_tol.")
     print(f"\nOutputs: {root}")
     return results
 

@@ -366,17 +366,14 @@ class HeadAveraging(FedAvg):
         extra = self.verify_replies(msgs, heads)
         avg = agg.average_heads(heads, biases, counts)
         metrics = [_metrics(m) for m in msgs]
-        gaps = [
-            float(agg.validate_array(m["objective_gap"], (), node_id=P.node_of(msg), name="objective_gap"))
-            for m, msg in zip(metrics, msgs, strict=True) if "objective_gap" in m
-        ]
+        fit = agg.local_fit(metrics, [P.node_of(m) for m in msgs])
         client_metrics = [
             {k: float(v) for k, v in m.items() if not isinstance(v, list)} for m in metrics
         ]
         assert self.tracker is not None and self._broadcast is not None
         rec = self.tracker.record(
             server_round, avg.weight, avg.bias, broadcast=self._broadcast[0],
-            client_heads=heads, objective_gaps=gaps if len(gaps) == len(msgs) else None,
+            client_heads=heads, fit=fit,
             client_metrics=client_metrics, extra=extra,
         )
         arrays = P.head_record(avg.weight, avg.bias)

@@ -4,7 +4,11 @@ Every backbone maps a batch to features ``(B, P)`` and has :meth:`Backbone.rotat
 which replaces the features ``h`` by ``Q^T h`` for an orthogonal ``Q`` ``(P, P)`` without
 changing anything else (used by alignment, SPEC 5). Networks whose last layer is a
 ``Linear`` do it by ``weight <- Q^T weight``, ``bias <- Q^T bias``; the free-feature backbone by
-``table <- table Q`` (rows are the samples' features).
+``table <- table Q`` (rows are the samples' features). :meth:`Backbone.map_features` applies an
+affine map ``h -> M (h + delta)`` to every feature (through the last layer, or every row of the
+free-feature table);
+the trainer uses it to centre the features and to remove their part outside the head's row space
+(see :mod:`fedhead.train.trainer`).
 
 All modules are built on the CPU from a seed inside :func:`seeded`, which forks the global RNG so
 building a model never disturbs the caller's random state, and every client built from the same
@@ -88,6 +92,27 @@ class Backbone(nn.Module):
         """Replace the features ``h`` by ``Q^T h`` (``Q`` orthogonal ``(P, P)``) in place."""
         raise NotImplementedError
 
+    def map_features(self, m: torch.Tensor, delta: torch.Tensor) -> None:  # pragma: no cover - abstract
+        """Replace the features ``h`` by ``M (h + delta)`` (``M`` ``(P, P)``, ``delta`` ``(P,)``) in place."""
+        raise NotImplementedError
+
+    def output_layer(self) -> nn.Linear | None:
+        """The last layer, a ``Linear(width, P)`` whose outputs are the features (None for free
+        features, whose table is the features themselves)."""
+        return None
+
+
+@torch.no_grad()
+def map_linear_output(layer: nn.Linear, m: torch.Tensor, delta: torch.Tensor) -> None:
+    """``weight <- M weight``, ``bias <- M (bias + delta)``: every output ``h`` of ``layer`` becomes
+    ``M (h + delta)`` (``M`` ``(P, P)``, ``delta`` ``(P,)``; products in float64)."""
+    if layer.bias is None:
+        raise ModelError("map_features needs a last Linear layer with a bias")
+    m = m.to(device=layer.weight.device, dtype=torch.float64)
+    delta = delta.to(device=layer.weight.device, dtype=torch.float64)
+    layer.weight.copy_((m @ layer.weight.double()).to(layer.weight.dtype))
+    layer.bias.copy_((m @ (layer.bias.double() + delta)).to(layer.bias.dtype))
+
 
 class ResidualBlock(nn.Module):
     """``x -> PReLU(x + Linear(PReLU(Linear(x))))``, width preserved."""
@@ -129,6 +154,12 @@ class ResMLP(Backbone):
     def rotate_features(self, q: np.ndarray | torch.Tensor) -> None:
         rotate_linear_output(self.proj, q)
 
+    def map_features(self, m: torch.Tensor, delta: torch.Tensor) -> None:
+        map_linear_output(self.proj, m, delta)
+
+    def output_layer(self) -> nn.Linear:
+        return self.proj
+
 
 class ImageBackbone(Backbone):
     """A torchvision :class:`~torchvision.models.ResNet` whose ``fc`` is the ``512 -> P`` projection
@@ -147,6 +178,12 @@ class ImageBackbone(Backbone):
 
     def rotate_features(self, q: np.ndarray | torch.Tensor) -> None:
         rotate_linear_output(self.net.fc, q)
+
+    def map_features(self, m: torch.Tensor, delta: torch.Tensor) -> None:
+        map_linear_output(self.net.fc, m, delta)
+
+    def output_layer(self) -> nn.Linear:
+        return self.net.fc
 
 
 def _kaiming_conv(conv: nn.Conv2d) -> nn.Conv2d:
@@ -208,6 +245,12 @@ class FreeFeatureBackbone(Backbone):
         qt = _as_rotation(q, self.feature_dim, "FreeFeatureBackbone.rotate_features")
         qt = qt.to(self.table.device)
         self.table.copy_((self.table.double() @ qt).to(self.table.dtype))
+
+    @torch.no_grad()
+    def map_features(self, m: torch.Tensor, delta: torch.Tensor) -> None:
+        m = m.to(device=self.table.device, dtype=torch.float64)
+        delta = delta.to(device=self.table.device, dtype=torch.float64)
+        self.table.copy_(((self.table.double() + delta) @ m.T).to(self.table.dtype))
 
 
 def build_head(feature_dim: int, n_targets: int, seed: int) -> nn.Linear:

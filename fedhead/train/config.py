@@ -54,6 +54,41 @@ class TrainConfig:
         CPU here compiling the width-1024 ResMLP forward + loss took about 90 s (cold cache) and its
         forward + backward ran about 1.2x faster in isolation, but the end-to-end benchmark
         (``benchmarks/bench_trainer.py --fast``) showed no gain beyond the machine's noise.
+    optimal_bias : bool
+        Hold the head bias at its least-squares optimum ``mu - W m`` for the current features
+        instead of training it, and centre the features exactly after training (see
+        :func:`fedhead.train.train_local`): removes the slowest direction of local training and
+        changes no optimum. False: the bias is trained by AdamW like the other parameters.
+    solve_last_layer : bool
+        Before training, set the backbone's last linear layer to the (slightly ridge-filtered)
+        minimiser of the objective for the initial head, the rest of the network fixed
+        (:mod:`fedhead.train.last_layer`): the features start where the broadcast head needs them
+        instead of pulling the head toward arbitrary features. An initialisation: changes no optimum.
+    last_layer_ridge : float
+        The filter of that solve, relative to the largest squared singular value of the layer's
+        inputs (0: the exact minimiser, whose weights can be very large).
+    warmup_steps : int
+        Linear learning-rate warm-up over the first steps of each call (100; 0: none). AdamW is
+        re-created in every round, and its first steps move every parameter by about ``lr``
+        whatever its gradient: a warm-up keeps them from undoing a warm start.
+    finish_rotation : bool
+        With ``finish_features`` and a proximal term (``rho > 0``): the finishing step also rotates
+        the head and the features, ``W -> W Q``, ``h -> Q^T h`` with the orthogonal ``Q`` that
+        brings ``W`` closest to the broadcast ``W_t``. ``L_m`` and ``C_m`` cannot tell these heads
+        apart, so this is the exact minimiser of the proximal term along that symmetry, the one
+        direction in which training moves only at the rate ``rho``. Changes no optimum.
+    finish_features : bool
+        After training, map the features by ``h -> P_W (h - m)`` (``m`` their mean, ``P_W`` the
+        projection on the head's row space) through the last layer, and set ``b = mu``: of all
+        maps that keep every prediction this has the least feature penalty (an exact partial
+        minimisation; changes no optimum).
+    local_tol : float or None
+        Stop local training once the relative gap of the client's objective (``L_m``, or
+        ``L_m + gamma C_m`` when corrected) to its closed-form optimum is at most this; ``epochs``
+        is the cap. None: always run ``epochs``.
+    check_every : int
+        Epochs between two checks of ``local_tol`` (each a full-data forward pass in eval mode);
+        0 chooses ``max(1, epochs // 50)``.
     eval_batch_size : int
         Chunk size of the full-data evaluation after training.
     progress : bool
@@ -78,6 +113,14 @@ class TrainConfig:
     compile: bool = False
     cuda_graphs: bool = False
     tf32: bool = True
+    optimal_bias: bool = True
+    solve_last_layer: bool = True
+    last_layer_ridge: float = 1e-4
+    finish_features: bool = True
+    finish_rotation: bool = True
+    warmup_steps: int = 100
+    local_tol: float | None = None
+    check_every: int = 0
     eval_batch_size: int = 1024
     progress: bool = False
 
@@ -118,5 +161,13 @@ class TrainConfig:
             raise bad("gamma", "must be >= 0 (correction weight)")
         if not isinstance(self.seed, int) or self.seed < 0:
             raise bad("seed", "must be a non-negative integer")
+        if not (finite(self.last_layer_ridge) and self.last_layer_ridge >= 0):
+            raise bad("last_layer_ridge", "must be >= 0")
+        if not isinstance(self.warmup_steps, int) or isinstance(self.warmup_steps, bool) or self.warmup_steps < 0:
+            raise bad("warmup_steps", "must be an integer >= 0")
+        if self.local_tol is not None and not (finite(self.local_tol) and 0 < self.local_tol < 1):
+            raise bad("local_tol", "must be a relative gap in (0, 1) or null (no tolerance: always run all epochs)")
+        if not isinstance(self.check_every, int) or isinstance(self.check_every, bool) or self.check_every < 0:
+            raise bad("check_every", "must be an integer >= 0 (0: about 50 checks per call)")
         if not isinstance(self.eval_batch_size, int) or self.eval_batch_size < 1:
             raise bad("eval_batch_size", "must be an integer >= 1")

@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -30,8 +30,11 @@ from fedhead.train.objective import (
     add_head_penalty_grads,
     compute_features,
     minibatch_loss,
+    moment_correction_torch,
     objective_from_features,
 )
+from fedhead.train.align import procrustes_rotation
+from fedhead.train.last_layer import solve_output_layer
 from fedhead.ufm import TargetMoments, optimal_loss
 
 log = logging.getLogger(__name__)
@@ -52,10 +55,14 @@ def select_device(spec: str | torch.device | None = "auto") -> torch.device:
     return dev
 
 
-def cosine_schedule(lr: float, lr_min: float, n_steps: int) -> list[float]:
-    """``lr_k = lr_min + (lr - lr_min) (1 + cos(pi k / S)) / 2`` for ``k = 0..S-1`` (as ``CosineAnnealingLR``)."""
+def cosine_schedule(lr: float, lr_min: float, n_steps: int, warmup: int = 0) -> list[float]:
+    """``lr_k = lr_min + (lr - lr_min) (1 + cos(pi k / S)) / 2`` for ``k = 0..S-1`` (as ``CosineAnnealingLR``),
+    times ``min(1, (k + 1) / warmup)`` during the first ``warmup`` steps (none for 0)."""
     k = np.arange(n_steps, dtype=np.float64)
-    return (lr_min + (lr - lr_min) * 0.5 * (1.0 + np.cos(np.pi * k / max(n_steps, 1)))).tolist()
+    lrs = lr_min + (lr - lr_min) * 0.5 * (1.0 + np.cos(np.pi * k / max(n_steps, 1)))
+    if warmup > 0:
+        lrs *= np.minimum(1.0, (k + 1) / warmup)
+    return lrs.tolist()
 
 
 @dataclass(frozen=True)
@@ -71,11 +78,23 @@ class LocalMetrics:
         ``L*_m`` from :func:`fedhead.ufm.optimal_loss` (``Sigma_m``, ``lambda_H``, ``lambda_W``).
     relative_gap : float
         ``(L_m - L*_m) / L*_m`` (SPEC 11 local fit); NaN when ``L*_m = 0``.
+    trained_objective, trained_optimal_objective, trained_gap : float
+        The objective the client minimised, without the proximal term: ``L_m + gamma C_m(W)``,
+        whose optimum is ``L*`` of the corrected covariance ``(1 - gamma) Sigma_m + gamma
+        Sigma_cen`` (SPEC 8). Equal to the three fields above when ``gamma = 0``. For a corrected
+        client the original gap says nothing about convergence (``L_m`` is not minimised there);
+        this one does.
     train_mse : float
         Mean squared error over samples and outputs on the training data (no penalties).
-    n_samples, epochs, n_steps : int
+    n_samples : int
+    epochs : int
+        Epochs run (at most ``cfg.epochs``; fewer when ``cfg.local_tol`` was reached).
+    n_steps : int
+        Optimiser steps run.
+    converged : bool or None
+        Whether ``trained_gap <= cfg.local_tol`` was reached; None without a tolerance.
     seconds : float
-        Wall time of the training loop (excluding evaluation).
+        Wall time of the training loop (excluding the final evaluation).
     steps_per_second : float
     device : str
     """
@@ -83,16 +102,17 @@ class LocalMetrics:
     objective: float
     optimal_objective: float
     relative_gap: float
+    trained_objective: float
+    trained_optimal_objective: float
+    trained_gap: float
     train_mse: float
     n_samples: int
     epochs: int
     n_steps: int
+    converged: bool | None
     seconds: float
     steps_per_second: float
     device: str
-
-    def as_dict(self) -> dict:
-        return asdict(self)
 
 
 @dataclass(frozen=True)
@@ -185,16 +205,28 @@ def clip_gradients(params: list[nn.Parameter], max_norm: float, *, host_check: b
     return norm
 
 
+
 def _forward_loss(backbone: nn.Module, weight: torch.Tensor, bias: torch.Tensor, xb: torch.Tensor,
-                  yb: torch.Tensor, lambda_h: float, bf16: bool) -> torch.Tensor:
-    """Minibatch loss of one step (backbone forward, head, :func:`minibatch_loss`)."""
+                  yb: torch.Tensor, lambda_h: float, bf16: bool, center: torch.Tensor | None,
+                  batch_center: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Minibatch loss of one step and the batch's feature sum ``(P,)`` (detached).
+
+    Predictions are ``W h + b`` (trained bias: ``center`` None, ``batch_center`` False) or
+    ``W (h - m) + b`` with the bias ``b = mu`` fixed and ``m`` the batch's own feature mean
+    (``batch_center``) or a given estimate ``center`` of the full-data mean: the optimal bias
+    ``mu - W m`` for the current features (see :func:`train_local`).
+    """
     if bf16:
         with torch.autocast("cuda", dtype=torch.bfloat16):
             h = backbone(xb)
     else:
         h = backbone(xb)
     h = h.float()
-    return minibatch_loss(h, F.linear(h, weight, bias), yb, lambda_h)
+    hsum = h.detach().sum(0)
+    if batch_center:
+        center = hsum / h.shape[0]
+    pred = F.linear(h if center is None else h - center, weight, bias)
+    return minibatch_loss(h, pred, yb, lambda_h), hsum
 
 
 _COMPILED_STEPS: dict[tuple[str | None, str], object] = {}
@@ -208,10 +240,11 @@ def compiled_forward_loss(mode: str | None):
     lives for the whole process and takes the backbone and the head tensors as *arguments*, so
     dynamo's guards check their types, shapes and dtypes but not their identity: the clients'
     backbones, re-built from the backbone store in every round, and a new head per call reuse the
-    graphs compiled in the first round (a new graph only for a new architecture, batch shape or
-    ``lambda_H``; :func:`train_local` runs a shorter last batch eagerly instead of compiling it).
-    Verified on the CPU (backend ``"eager"``) by the tests. CUDA graphs re-record when the
-    parameters' storage moves (a new backbone object), which costs a recording, not a compile.
+    graphs compiled in the first round (a new graph only for a new architecture, batch shape,
+    ``lambda_H`` or bias mode; :func:`train_local` runs a shorter last batch eagerly instead of
+    compiling it). Verified on the CPU (backend ``"eager"``) by the tests. CUDA graphs re-record
+    when the parameters' storage moves (a new backbone object), which costs a recording, not a
+    compile.
     """
     key = (mode, _COMPILE_BACKEND)
     fn = _COMPILED_STEPS.get(key)
@@ -221,6 +254,114 @@ def compiled_forward_loss(mode: str | None):
         log.info("train_local: created the torch.compile(mode=%s) step; graphs are compiled on first use "
                  "and reused by later calls and rounds", mode)
     return fn
+
+
+@dataclass(frozen=True)
+class _Terms:
+    """The client's objective data, checked: its moments and the head-only terms' tensors."""
+
+    mu: np.ndarray            # (C,) mean of the targets trained on (zeros when centred)
+    sigma: np.ndarray         # (C, C) Sigma_m
+    trained_sigma: np.ndarray  # (C, C) (1 - gamma) Sigma_m + gamma Sigma_cen (= Sigma_m without correction)
+    target_offset: np.ndarray  # (C,) mu_m when the targets are centred, else zeros
+    broadcast: np.ndarray | None  # (C, P) W_t of the proximal term
+    delta: np.ndarray | None  # (C, C) Sigma_cen - Sigma_m of the correction
+
+
+def _objective_terms(y: torch.Tensor, cfg: TrainConfig, p: int, broadcast_weight, sigma_cen,
+                     sigma_m) -> _Terms:
+    """Moments of the targets and the checked proximal / correction inputs of :func:`train_local`."""
+    c = y.shape[1]
+    y64 = y.detach().cpu().numpy().astype(np.float64)
+    moments = TargetMoments.from_targets([y64])
+    mu_m = np.array(moments.means[0])
+    sig_m = np.asarray(moments.covs[0])  # the covariance of the targets trained on (centring keeps it)
+    if sigma_m is not None:
+        given = _check_matrix("sigma_m", sigma_m, (c, c), True)
+        err = np.linalg.norm(given - sig_m) / max(np.linalg.norm(sig_m), np.finfo(np.float64).tiny)
+        if err > 1e-5:
+            raise TrainInputError(f"train_local: sigma_m differs from the covariance of the targets y (relative "
+                                  f"difference {err:.3g}); pass Sigma_m in the units of the targets trained on, or "
+                                  f"leave it None")
+    w_t = _check_matrix("broadcast_weight", broadcast_weight, (c, p)) if cfg.rho > 0 else None
+    delta = (_check_matrix("sigma_cen", sigma_cen, (c, c), True) - sig_m) if cfg.gamma > 0 else None
+    trained_sigma = sig_m if delta is None else sig_m + cfg.gamma * delta
+    offset = mu_m if cfg.center_targets else np.zeros(c)
+    return _Terms(mu=mu_m - offset, sigma=sig_m, trained_sigma=trained_sigma, target_offset=offset,
+                  broadcast=w_t, delta=delta)
+
+
+@dataclass
+class _Fit:
+    """Full-data evaluation of the current model (see :func:`_evaluate`)."""
+
+    objective: float          # L_m
+    trained_objective: float  # L_m + gamma C_m(W)
+    mse: float
+    bias: np.ndarray          # (C,) the bias used
+    feature_map: tuple[torch.Tensor, torch.Tensor] | None  # (M, delta) of the finishing step
+    weight: torch.Tensor      # (C, P) float64 head after the finishing step
+
+
+def feature_projection(weight: torch.Tensor) -> torch.Tensor:
+    """``P_W = W^T (W W^T)^+ W`` ``(P, P)`` float64: the orthogonal projection on the head's row space."""
+    w = weight.detach().double()
+    return w.T @ torch.linalg.pinv(w @ w.T, hermitian=True) @ w
+
+
+@torch.no_grad()
+def _evaluate(backbone: nn.Module, x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor,
+              bias: torch.Tensor | None, cfg: TrainConfig, terms: _Terms, *, dev: torch.device,
+              channels_last: bool, finish: bool, rotate_to: np.ndarray | None = None) -> _Fit:
+    """``L_m`` and ``L_m + gamma C_m`` of the model on all of the client's data (eval mode).
+
+    ``bias`` None: the optimal bias ``mu - W m`` for the features' mean ``m``. ``finish``: the
+    features evaluated as the finishing step of :func:`train_local` leaves them,
+    ``h -> P_W (h - m)`` with ``b = mu``. Of all affine maps of the features that keep every
+    prediction ``W h + b`` this one gives the smallest feature penalty (the part of ``h - m``
+    outside the head's row space only adds to ``lambda_H ||h||^2``): an exact partial
+    minimisation. ``rotate_to`` (with ``finish``): also the rotation ``W -> W Q``, ``h -> Q^T h``
+    (``Q`` orthogonal ``(P, P)``) that brings ``W`` closest to this head (:func:`procrustes_rotation`);
+    it keeps every prediction and penalty and is the exact minimiser of the proximal term over
+    the heads the objective cannot tell apart. The head to use is :attr:`_Fit.weight`.
+    """
+    h = compute_features(backbone, x, batch_size=cfg.eval_batch_size, device=dev,
+                         channels_last=channels_last).double()
+    w64 = weight.detach().double()
+    if not (torch.isfinite(h).all() and torch.isfinite(w64).all()):
+        raise TrainDivergedError("train_local: training diverged (non-finite head or features); lower cfg.lr or "
+                                 "keep clip_norm set")
+    m = h.mean(0)
+    feature_map = None
+    if finish:
+        proj = feature_projection(w64)
+        if rotate_to is not None:
+            q = torch.as_tensor(procrustes_rotation(w64.cpu().numpy(), rotate_to), dtype=torch.float64, device=dev)
+            w64 = w64 @ q
+            proj = q.T @ proj
+        h = (h - m) @ proj.T
+        b = torch.as_tensor(terms.mu, dtype=torch.float64, device=dev)
+        feature_map = (proj, -m)
+    elif bias is None:
+        b = torch.as_tensor(terms.mu, dtype=torch.float64, device=dev) - w64 @ m
+    else:
+        b = bias.detach().double()
+    ev = objective_from_features(h, y, w64, b, cfg.lambda_h, cfg.lambda_w)
+    trained = ev.objective
+    if terms.delta is not None:
+        delta = torch.as_tensor(terms.delta, dtype=torch.float64, device=dev)
+        trained += cfg.gamma * float(moment_correction_torch(w64, delta, cfg.lambda_h))
+    return _Fit(objective=ev.objective, trained_objective=trained, mse=ev.mse, bias=b.cpu().numpy().copy(),
+                feature_map=feature_map, weight=w64)
+
+
+def _relative(value: float, best: float) -> float:
+    return (value - best) / best if best > 0 else float("nan")
+
+
+def _check_epochs(cfg: TrainConfig) -> int:
+    """Epochs between two tolerance checks: ``cfg.check_every``, or about 50 checks per call."""
+    return cfg.check_every if cfg.check_every > 0 else max(1, cfg.epochs // 50)
 
 
 def train_local(
@@ -236,7 +377,7 @@ def train_local(
     device: str | torch.device | None = None,
     seed: int | None = None,
 ) -> LocalResult:
-    """Train ``backbone`` and ``head`` in place on one client's data for ``cfg.epochs`` epochs.
+    """Train ``backbone`` and ``head`` in place on one client's data, for at most ``cfg.epochs``.
 
     Minibatch objective (SPEC 2; a full pass of the first two terms plus the third equals ``L_m``)::
 
@@ -245,8 +386,25 @@ def train_local(
 
     with ``C_m(W) = lambda_H/2 Tr((Sigma_cen - Sigma_m)(W W^T + lambda_H I)^{-1})`` and, if
     ``cfg.center_targets``, ``y_i - mu_m`` in place of ``y_i``. AdamW (weight decay 0) is created
-    afresh, the learning rate follows a cosine from ``cfg.lr`` to ``cfg.lr_min`` over the call's
-    steps, gradients are clipped to global norm ``cfg.clip_norm``.
+    afresh, the learning rate follows a cosine from ``cfg.lr`` to ``cfg.lr_min`` over
+    ``cfg.epochs``, gradients are clipped to global norm ``cfg.clip_norm``.
+
+    The bias (``cfg.optimal_bias``, default). The bias is not penalised, so for given features
+    and ``W`` its optimum is ``b = mu - W m`` (``m`` the mean feature). Trained by the optimiser
+    instead, it lags behind the features and the head and is the slowest direction of the whole
+    problem when ``mu_m`` is large. So the bias is held at that optimum at every step (exactly
+    for full-batch training, where ``m`` is the batch mean; with minibatches ``m`` is the
+    previous epoch's mean feature, the first epoch using each batch's own), and after training
+    the features are shifted by ``-m`` (:meth:`Backbone.shift_features`: the last layer's bias),
+    which keeps every prediction and lowers the feature penalty by ``lambda_H/2 ||m||^2``; then
+    ``b = mu``. Both steps are exact partial minimisations: the optimum and every stationary
+    point of the objective stay what they are. ``optimal_bias=False`` trains the bias with AdamW
+    (the literal SPEC 10 recipe).
+
+    The stop (``cfg.local_tol``). Every ``check_every`` epochs the model is evaluated on all of
+    the client's data and training stops once the relative gap of the objective it minimises
+    (``L_m + gamma C_m`` without the proximal term, against its closed-form optimum) is at most
+    ``local_tol``; ``cfg.epochs`` is the cap.
 
     Parameters
     ----------
@@ -255,7 +413,7 @@ def train_local(
         left on ``device``.
     head : nn.Linear
         The head ``Linear(P, C)`` initialised by the caller (usually to the broadcast head);
-        trained in place.
+        trained in place (its bias set to the optimum with ``cfg.optimal_bias``).
     x : Tensor
         Inputs ``(N, F)`` float32, ``(N, ch, H, W)`` uint8 images (converted per batch) or, for the
         free-feature backbone, ``torch.arange(N)``.
@@ -286,148 +444,193 @@ def train_local(
         Mismatched sizes, empty data, non-finite targets, missing ``broadcast_weight`` /
         ``sigma_cen`` when the configuration needs them, a ``sigma_m`` that is not the targets'
         covariance.
+    TrainDivergedError
+        A non-finite gradient norm (CPU) or non-finite head or objective after training.
     """
     if not isinstance(cfg, TrainConfig):
         raise TrainInputError(f"train_local: cfg must be a TrainConfig, got {type(cfg).__name__}")
     cfg.validate()
     _check_inputs(backbone, head, x, y)
-    n, c = y.shape
-    p = head.in_features
-    seed = cfg.seed if seed is None else seed
+    terms = _objective_terms(y, cfg, head.in_features, broadcast_weight, sigma_cen, sigma_m)
     dev = select_device(device)
-    cuda = dev.type == "cuda"
+    loop = _TrainLoop(backbone, head, x, y, cfg, terms, dev, cfg.seed if seed is None else seed)
+    loop.run()
+    return loop.finish()
 
-    y64 = y.detach().cpu().numpy().astype(np.float64)
-    moments = TargetMoments.from_targets([y64])
-    mu_m = np.array(moments.means[0])
-    sig_m = np.asarray(moments.covs[0])  # the covariance of the targets trained on (centring keeps it)
-    if sigma_m is not None:
-        given = _check_matrix("sigma_m", sigma_m, (c, c), True)
-        err = np.linalg.norm(given - sig_m) / max(np.linalg.norm(sig_m), np.finfo(np.float64).tiny)
-        if err > 1e-5:
-            raise TrainInputError(f"train_local: sigma_m differs from the covariance of the targets y (relative "
-                                  f"difference {err:.3g}); pass Sigma_m in the units of the targets trained on, or "
-                                  f"leave it None")
-    w_t = _check_matrix("broadcast_weight", broadcast_weight, (c, p)) if cfg.rho > 0 else None
-    delta = (_check_matrix("sigma_cen", sigma_cen, (c, c), True) - sig_m) if cfg.gamma > 0 else None
 
-    if not cuda and (cfg.bf16 or cfg.cuda_graphs):
-        log.info("train_local on %s: bf16/cuda_graphs are CUDA-only and ignored (fp32)", dev)
-    if cuda and cfg.tf32:
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
-    image = bool(getattr(backbone, "is_image", False))
-    channels_last = cuda and cfg.channels_last and image
-    if cuda and image:
-        torch.backends.cudnn.benchmark = True
+class _TrainLoop:
+    """The steps of :func:`train_local`: set-up, epochs with tolerance checks, finishing."""
 
-    backbone.to(dev)
-    head.to(dev)
-    if channels_last:
-        backbone.to(memory_format=torch.channels_last)
-    backbone.train()
-    head.train()
+    def __init__(self, backbone: nn.Module, head: nn.Linear, x: torch.Tensor, y: torch.Tensor,
+                 cfg: TrainConfig, terms: _Terms, dev: torch.device, seed: int):
+        self.backbone, self.head, self.cfg, self.terms, self.dev = backbone, head, cfg, terms, dev
+        self.cuda = cuda = dev.type == "cuda"
+        self.n = n = y.shape[0]
+        if not cuda and (cfg.bf16 or cfg.cuda_graphs):
+            log.info("train_local on %s: bf16/cuda_graphs are CUDA-only and ignored (fp32)", dev)
+        if cuda and cfg.tf32:
+            torch.backends.cuda.matmul.allow_tf32 = True
+            torch.backends.cudnn.allow_tf32 = True
+        image = bool(getattr(backbone, "is_image", False))
+        self.channels_last = cuda and cfg.channels_last and image
+        if cuda and image:
+            torch.backends.cudnn.benchmark = True
+        backbone.to(dev)
+        head.to(dev)
+        if self.channels_last:
+            backbone.to(memory_format=torch.channels_last)
+        backbone.train()
+        head.train()
 
-    # resident data: moved once; float inputs converted once, uint8 images per batch
-    x_dev = x.detach().to(dev, non_blocking=True)
-    if x_dev.is_floating_point():
-        x_dev = x_dev.float().contiguous()
-    target_offset = mu_m if cfg.center_targets else np.zeros(c)
-    offset_dev = torch.as_tensor(target_offset, dtype=torch.float32, device=dev)
-    y_dev = (y.detach().to(dev, torch.float32) - offset_dev).contiguous()
-    weight, bias = head.weight, head.bias
-    w_t_dev = torch.as_tensor(w_t, dtype=weight.dtype, device=dev) if w_t is not None else None
-    delta_dev = torch.as_tensor(delta, dtype=torch.float64, device=dev) if delta is not None else None
-    lh, lw, rho, gamma = cfg.lambda_h, cfg.lambda_w, cfg.rho, cfg.gamma
+        # resident data: moved once; float inputs converted once, uint8 images per batch
+        x_dev = x.detach().to(dev, non_blocking=True)
+        self.x = x_dev.float().contiguous() if x_dev.is_floating_point() else x_dev
+        offset = torch.as_tensor(terms.target_offset, dtype=torch.float32, device=dev)
+        self.y = (y.detach().to(dev, torch.float32) - offset).contiguous()
+        self.weight = head.weight
+        if cfg.solve_last_layer:
+            self._solve_last_layer()
+        if cfg.optimal_bias:
+            with torch.no_grad():
+                head.bias.copy_(torch.as_tensor(terms.mu, dtype=head.bias.dtype, device=dev))
+        self.bias = head.bias
+        self.broadcast = (torch.as_tensor(terms.broadcast, dtype=self.weight.dtype, device=dev)
+                          if terms.broadcast is not None else None)
+        self.delta = torch.as_tensor(terms.delta, dtype=torch.float64, device=dev) if terms.delta is not None else None
+        self.bf16 = cuda and cfg.bf16
+        self.bsz = min(cfg.batch_size, n)
+        self.step_loss = _forward_loss
+        if cfg.compile or (cuda and cfg.cuda_graphs):
+            # one compiled function per process and mode, reused across calls, rounds and backbone
+            # objects; CUDA graphs through torch.compile's "reduce-overhead" mode (forward + backward)
+            mode = "reduce-overhead" if cuda and cfg.cuda_graphs else None
+            self.step_loss = compiled_forward_loss(mode)
+            log.info("train_local on %s: torch.compile(mode=%s)%s for batches of %d; a shorter last batch runs "
+                     "eagerly", dev, mode, ", bf16 autocast" if self.bf16 else "", self.bsz)
+        self.steps_per_epoch = math.ceil(n / self.bsz)
+        self.lrs = cosine_schedule(cfg.lr, cfg.lr_min, cfg.epochs * self.steps_per_epoch, warmup=cfg.warmup_steps)
+        trained = list(backbone.parameters()) + [self.weight] + ([] if cfg.optimal_bias else [self.bias])
+        self.params = [q for q in trained if q.requires_grad]
+        self.opt = torch.optim.AdamW(self.params, lr=self.lrs[0], betas=cfg.betas, eps=cfg.eps, weight_decay=0.0,
+                                     fused=True)
+        self.gen = torch.Generator().manual_seed(int(seed))
+        self.center: torch.Tensor | None = None  # the previous epoch's mean feature (minibatches)
+        self.l_star = float(optimal_loss(terms.sigma, cfg.lambda_h, cfg.lambda_w))
+        self.trained_l_star = (self.l_star if terms.delta is None
+                               else float(optimal_loss(terms.trained_sigma, cfg.lambda_h, cfg.lambda_w)))
+        self.k = 0
+        self.epochs_run = 0
+        self.converged: bool | None = None
+        self.seconds = 0.0
 
-    bf16 = cuda and cfg.bf16
-    bsz = min(cfg.batch_size, n)
-    step_loss = _forward_loss
-    if cfg.compile or (cuda and cfg.cuda_graphs):
-        # one compiled function per process and mode, reused across calls, rounds and backbone
-        # objects; CUDA graphs through torch.compile's "reduce-overhead" mode (forward + backward)
-        mode = "reduce-overhead" if cuda and cfg.cuda_graphs else None
-        step_loss = compiled_forward_loss(mode)
-        log.info("train_local on %s: torch.compile(mode=%s)%s for batches of %d; a shorter last batch runs eagerly",
-                 dev, mode, ", bf16 autocast" if bf16 else "", bsz)
+    def _solve_last_layer(self) -> None:
+        solve_output_layer(self.backbone, self.x, self.y, self.weight.detach().cpu().double().numpy(),
+                           self.cfg.lambda_h, batch_size=self.cfg.eval_batch_size, device=self.dev,
+                           channels_last=self.channels_last, ridge=self.cfg.last_layer_ridge)
 
-    def forward_loss(xb: torch.Tensor, yb: torch.Tensor) -> torch.Tensor:
-        # the compiled step for the full batch size only: a short last batch would cost a second compile
-        fn = step_loss if xb.shape[0] == bsz else _forward_loss
-        return fn(backbone, weight, bias, xb, yb, lh, bf16)
-
-    def prepare(xb: torch.Tensor) -> torch.Tensor:
+    def _prepare(self, xb: torch.Tensor) -> torch.Tensor:
         xb = batch_to_float(xb)
-        return xb.contiguous(memory_format=torch.channels_last) if channels_last else xb
+        return xb.contiguous(memory_format=torch.channels_last) if self.channels_last else xb
 
-    full_batch = bsz >= n
-    steps_per_epoch = math.ceil(n / bsz)
-    n_steps = cfg.epochs * steps_per_epoch
-    lrs = cosine_schedule(cfg.lr, cfg.lr_min, n_steps)
-    params = [q for q in list(backbone.parameters()) + list(head.parameters()) if q.requires_grad]
-    opt = torch.optim.AdamW(params, lr=lrs[0], betas=cfg.betas, eps=cfg.eps, weight_decay=0.0, fused=True)
-    group = opt.param_groups[0]
-    gen = torch.Generator().manual_seed(int(seed))
-    x_full = prepare(x_dev) if full_batch else None
-    starts = range(0, n, bsz)
+    def _batches(self):
+        if self.bsz >= self.n:
+            yield self._prepare(self.x), self.y
+            return
+        perm = torch.randperm(self.n, generator=self.gen).to(self.dev, non_blocking=True)
+        for s in range(0, self.n, self.bsz):
+            idx = perm[s:s + self.bsz]
+            yield self._prepare(self.x.index_select(0, idx)), self.y.index_select(0, idx)
 
-    epochs = range(cfg.epochs)
-    if cfg.progress:
-        from tqdm.auto import tqdm
-
-        epochs = tqdm(epochs, desc="local epochs", leave=False)
-    k = 0
-    t0 = time.perf_counter()
-    for _ in epochs:
-        if full_batch:
-            batches = ((x_full, y_dev),)
-        else:
-            perm = torch.randperm(n, generator=gen).to(dev, non_blocking=True)
-            batches = ((prepare(x_dev.index_select(0, idx)), y_dev.index_select(0, idx))
-                       for idx in (perm[s:s + bsz] for s in starts))
-        for xb, yb in batches:
-            loss = forward_loss(xb, yb)
+    def _epoch(self) -> None:
+        """One pass over the data; with the optimal bias, also the epoch's mean feature."""
+        cfg, optimal = self.cfg, self.cfg.optimal_bias
+        batch_center = optimal and (self.bsz >= self.n or self.center is None)
+        total = None
+        group = self.opt.param_groups[0]
+        for xb, yb in self._batches():
+            # the compiled step for the full batch size only: a short last batch would cost a second compile
+            fn = self.step_loss if xb.shape[0] == self.bsz else _forward_loss
+            loss, hsum = fn(self.backbone, self.weight, self.bias, xb, yb, cfg.lambda_h, self.bf16,
+                            None if batch_center or not optimal else self.center, batch_center)
+            total = hsum if total is None else total + hsum
             loss.backward()
-            add_head_penalty_grads(weight, lambda_w=lw, lambda_h=lh, rho=rho, broadcast=w_t_dev,
-                                   gamma=gamma, sigma_delta=delta_dev)
+            add_head_penalty_grads(self.weight, lambda_w=cfg.lambda_w, lambda_h=cfg.lambda_h, rho=cfg.rho,
+                                   broadcast=self.broadcast, gamma=cfg.gamma, sigma_delta=self.delta)
             if cfg.clip_norm is not None:
-                norm = clip_gradients(params, cfg.clip_norm, host_check=not cuda)
+                norm = clip_gradients(self.params, cfg.clip_norm, host_check=not self.cuda)
                 if norm is not None and not math.isfinite(norm):
-                    raise TrainDivergedError(f"train_local: non-finite gradient norm at step {k} of {n_steps} "
-                                             f"(lr {lrs[k]:.3g}); the model state is corrupted")
-            group["lr"] = lrs[k]
-            opt.step()
-            for q in params:  # = opt.zero_grad(set_to_none=True), without its per-call hook/profiler overhead
+                    raise TrainDivergedError(f"train_local: non-finite gradient norm at step {self.k} of "
+                                             f"{len(self.lrs)} (lr {self.lrs[self.k]:.3g}); the model state is "
+                                             f"corrupted")
+            group["lr"] = self.lrs[self.k]
+            self.opt.step()
+            for q in self.params:  # = opt.zero_grad(set_to_none=True), without its per-call hook overhead
                 q.grad = None
-            k += 1
-    if cuda:
-        torch.cuda.synchronize(dev)
-    seconds = time.perf_counter() - t0
+            self.k += 1
+        if optimal:
+            self.center = total / self.n
 
-    with torch.no_grad():
-        h = compute_features(backbone, x_dev, batch_size=cfg.eval_batch_size, device=dev,
-                             channels_last=channels_last)
-        ev = objective_from_features(h, y_dev, weight.detach().double(), bias.detach().double(), lh, lw)
-    if not (math.isfinite(ev.objective) and torch.isfinite(weight).all() and torch.isfinite(bias).all()):
-        raise TrainDivergedError(f"train_local: training diverged (objective {ev.objective}, non-finite head or "
-                                 f"features after {n_steps} steps); lower cfg.lr or keep clip_norm set")
-    l_star = float(optimal_loss(sig_m, lh, lw))
-    metrics = LocalMetrics(
-        objective=ev.objective,
-        optimal_objective=l_star,
-        relative_gap=(ev.objective - l_star) / l_star if l_star > 0 else float("nan"),
-        train_mse=ev.mse,
-        n_samples=int(n),
-        epochs=cfg.epochs,
-        n_steps=n_steps,
-        seconds=seconds,
-        steps_per_second=n_steps / seconds if seconds > 0 else float("inf"),
-        device=str(dev),
-    )
-    return LocalResult(
-        weight=weight.detach().cpu().double().numpy().copy(),
-        bias=bias.detach().cpu().double().numpy().copy(),
-        target_offset=np.asarray(target_offset, dtype=np.float64).copy(),
-        metrics=metrics,
-    )
+    def _evaluate(self) -> _Fit:
+        return _evaluate(self.backbone, self.x, self.y, self.weight, None if self.cfg.optimal_bias else self.bias,
+                         self.cfg, self.terms, dev=self.dev, channels_last=self.channels_last,
+                         finish=self.cfg.finish_features,
+                         rotate_to=self.terms.broadcast if self.cfg.finish_rotation else None)
 
+    def run(self) -> None:
+        """Epochs up to ``cfg.epochs``, stopping early once ``cfg.local_tol`` is reached."""
+        cfg = self.cfg
+        tol = cfg.local_tol
+        every = _check_epochs(cfg)
+        epochs = range(cfg.epochs)
+        if cfg.progress:
+            from tqdm.auto import tqdm
+
+            epochs = tqdm(epochs, desc="local epochs", leave=False)
+        t0 = time.perf_counter()
+        for e in epochs:
+            self._epoch()
+            self.epochs_run = e + 1
+            if tol is not None and (e + 1) % every == 0 and e + 1 < cfg.epochs:
+                fit = self._evaluate()
+                if _relative(fit.trained_objective, self.trained_l_star) <= tol:
+                    break
+        if self.cuda:
+            torch.cuda.synchronize(self.dev)
+        self.seconds = time.perf_counter() - t0
+
+    @torch.no_grad()
+    def finish(self) -> LocalResult:
+        """The final evaluation and the finishing step (``cfg.finish_features``)."""
+        fit = self._evaluate()
+        if fit.feature_map is not None:
+            self.backbone.map_features(*fit.feature_map)
+            self.weight.copy_(fit.weight.to(self.weight.dtype))
+        self.bias.copy_(torch.as_tensor(fit.bias, dtype=self.bias.dtype, device=self.dev))
+        w = self.weight
+        if not (math.isfinite(fit.objective) and torch.isfinite(w).all() and np.all(np.isfinite(fit.bias))):
+            raise TrainDivergedError(f"train_local: training diverged (objective {fit.objective}, non-finite head "
+                                     f"or features after {self.k} steps); lower cfg.lr or keep clip_norm set")
+        trained_gap = _relative(fit.trained_objective, self.trained_l_star)
+        tol = self.cfg.local_tol
+        metrics = LocalMetrics(
+            objective=fit.objective,
+            optimal_objective=self.l_star,
+            relative_gap=_relative(fit.objective, self.l_star),
+            trained_objective=fit.trained_objective,
+            trained_optimal_objective=self.trained_l_star,
+            trained_gap=trained_gap,
+            train_mse=fit.mse,
+            n_samples=int(self.n),
+            epochs=self.epochs_run,
+            n_steps=self.k,
+            converged=None if tol is None else bool(trained_gap <= tol),
+            seconds=self.seconds,
+            steps_per_second=self.k / self.seconds if self.seconds > 0 else float("inf"),
+            device=str(self.dev),
+        )
+        return LocalResult(
+            weight=w.detach().cpu().double().numpy().copy(),
+            bias=np.asarray(fit.bias, dtype=np.float64).copy(),
+            target_offset=np.asarray(self.terms.target_offset, dtype=np.float64).copy(),
+            metrics=metrics,
+        )

@@ -35,7 +35,7 @@ from .objectives import (
     scipy_callables,
     unpack_joint,
 )
-from .closed_forms import FullyActiveReport, check_fully_active, optimal_gram, optimal_loss
+from .closed_forms import FullyActiveReport, check_fully_active, optimal_features, optimal_gram, optimal_loss
 from .moments import TargetMoments
 from .psd import psd_inv_sqrt, psd_power, psd_sqrt, sym
 
@@ -77,6 +77,7 @@ __all__ = [
     "closest_head",
     "gram_recursion",
     "gram_step",
+    "optimal_features",
     "optimal_gram",
     "optimal_loss",
     "psd_inv_sqrt",

@@ -6,7 +6,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ._validate import NotFullyActiveError, UFMInputError, as_positive_scalar, as_spd
+from ._validate import NotFullyActiveError, UFMInputError, as_float_array, as_head, as_positive_scalar, as_spd
 from .moments import TargetMoments
 from .psd import sym
 
@@ -45,6 +45,39 @@ def optimal_gram(T, lambda_h: float, lambda_w: float) -> np.ndarray:
     lw = as_positive_scalar("lambda_w", lambda_w)
     T = as_spd("T", T, batch=True, strict=False)
     return _phi(T, lh, lw)
+
+
+def optimal_features(W, Y, lambda_h: float) -> np.ndarray:
+    """Optimal features for a given head: ``H = W^T A^{-1} (Y - mu 1^T)`` (SPEC 4), as rows.
+
+    For fixed ``W`` the local objective is a ridge problem in the features and the bias; its
+    minimiser is ``b = mu`` and ``H = W^T A^{-1} (Y - mu 1^T)`` with ``A = W W^T + lambda_H I``,
+    whose value profiled over ``H`` is ``F(W; Sigma)``. Rows are samples here: the result is
+    ``(Y - 1 mu^T) A^{-1} W``.
+
+    Parameters
+    ----------
+    W : array_like, shape (C, P)
+        Head weight.
+    Y : array_like, shape (N, C)
+        Targets (rows are samples); centred here with their own mean ``mu``.
+    lambda_h : float
+        ``lambda_H > 0``.
+
+    Returns
+    -------
+    ndarray, shape (N, P)
+        The optimal feature of each sample; their mean is zero.
+    """
+    lh = as_positive_scalar("lambda_h", lambda_h)
+    W = as_head("W", W)
+    Y = as_float_array("Y", Y, ndim=2)
+    if Y.shape[1] != W.shape[0]:
+        raise UFMInputError(f"optimal_features: Y has {Y.shape[1]} target columns but W has {W.shape[0]} rows")
+    if Y.shape[0] == 0:
+        raise UFMInputError("optimal_features: Y has no samples")
+    A = W @ W.T + lh * np.eye(W.shape[0])
+    return np.linalg.solve(A, (Y - Y.mean(0)).T).T @ W
 
 
 def optimal_loss(T, lambda_h: float, lambda_w: float) -> np.ndarray | float:

@@ -53,7 +53,8 @@ def train_reply(msg: Message, weight, bias, n: int, pid: int, **extra_records) -
     content = RecordDict(
         {
             P.HEAD: P.head_record(weight, bias),
-            P.METRICS: MetricRecord({P.NUM_EXAMPLES: int(n), P.PARTITION_ID: pid, "objective_gap": 0.01 * (pid + 1)}),
+            P.METRICS: MetricRecord({P.NUM_EXAMPLES: int(n), P.PARTITION_ID: pid, "objective_gap": 0.01 * (pid + 1),
+                                     "trained_gap": 0.01 * (pid + 1), "local_epochs": 10}),
         }
     )
     for k, v in extra_records.items():

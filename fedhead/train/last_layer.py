@@ -1,0 +1,104 @@
+"""Exact minimisation of the local objective over the backbone's last linear layer (SPEC 2, 4).
+
+The features are ``h = V z + c``, with ``z`` the input of the backbone's last ``Linear`` layer
+(:meth:`fedhead.models.Backbone.output_layer`). For a fixed head ``W`` and fixed ``z`` the local
+objective is a ridge problem in ``(V, c, b)``: with ``Z_c`` the centred inputs ``(N, width)`` and
+``Y_c`` the centred targets, its minimiser makes the features
+
+    H = Y_c A^{-1} W Pi_Z,      A = W W^T + lambda_H I,
+
+the optimal features of the unconstrained model (:func:`fedhead.ufm.optimal_features`) projected
+on what the layer can produce from ``z`` (``Pi_Z`` projects on the column span of ``Z_c``), with
+``c = -V mean(z)`` (centred features) and ``b = mu``. When the layer's inputs span the targets
+(``N - 1 <= width`` for generic ``z``) this is the unconstrained optimum, so that the model's
+objective equals the profiled objective ``F(W; Sigma_m)`` of its head.
+
+:func:`fedhead.train.train_local` uses it twice: before training, for the broadcast head (the
+features start where the broadcast head needs them, instead of pulling the head toward random
+features), and after training, for the trained head. Both are exact partial minimisations: they
+never raise the objective, and every optimum of the objective is left where it is.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import nn
+
+from fedhead.data.base import batch_to_float
+from fedhead.train.config import TrainDivergedError, TrainInputError
+from fedhead.ufm import optimal_features
+
+
+@torch.no_grad()
+def output_layer_inputs(backbone: nn.Module, layer: nn.Linear, x: torch.Tensor, *, batch_size: int,
+                        device: torch.device, channels_last: bool = False) -> torch.Tensor:
+    """The inputs ``z`` ``(N, width)`` of ``layer`` over all of ``x``, backbone in eval mode (float64)."""
+    captured: list[torch.Tensor] = []
+    hook = layer.register_forward_pre_hook(lambda _m, args: captured.append(args[0].detach().double()))
+    was_training = backbone.training
+    backbone.eval()
+    try:
+        for s in range(0, x.shape[0], batch_size):
+            xb = batch_to_float(x[s:s + batch_size].to(device, non_blocking=True))
+            if channels_last and xb.ndim == 4:
+                xb = xb.contiguous(memory_format=torch.channels_last)
+            backbone(xb)
+    finally:
+        hook.remove()
+        backbone.train(was_training)
+    return torch.cat(captured)
+
+
+@torch.no_grad()
+def solve_output_layer(backbone: nn.Module, x: torch.Tensor, y: torch.Tensor, weight: np.ndarray,
+                       lambda_h: float, *, batch_size: int = 1024, device: torch.device | None = None,
+                       channels_last: bool = False, ridge: float = 1e-4) -> None:
+    """Set the backbone's last layer to the exact minimiser of the local objective for head ``W``.
+
+    Parameters
+    ----------
+    backbone : Backbone
+        A backbone with :meth:`output_layer` (a ``Linear`` with bias), or the free-feature
+        backbone (its table is set to the optimal features themselves).
+    x : Tensor
+        The client's inputs (``(N,)`` indices for free features).
+    y : Tensor
+        Targets ``(N, C)`` trained on (centred here with their own mean).
+    weight : ndarray (C, P)
+        The head ``W``.
+    lambda_h : float
+        ``lambda_H``.
+    batch_size, device, channels_last
+        How the layer's inputs are computed (eval mode).
+    ridge : float
+        Tikhonov filter of the solve, relative to the largest squared singular value ``s_1^2`` of
+        the centred layer inputs: ``V`` minimises the objective plus ``ridge s_1^2 / 2 ||V||_F^2``
+        (directions of ``z`` with ``s_k^2 << ridge s_1^2`` are left out). The exact minimiser
+        (``ridge = 0``) needs a weight as large as ``1 / s_min`` where the inputs are nearly
+        dependent, which makes the next optimiser steps stiff; the filter keeps the layer's scale.
+    """
+    device = device or next(backbone.parameters()).device
+    y64 = y.detach().cpu().double().numpy()
+    target = optimal_features(weight, y64, lambda_h)  # (N, P), mean zero
+    layer = backbone.output_layer() if hasattr(backbone, "output_layer") else None
+    if layer is None:
+        if not getattr(backbone, "expects_indices", False):
+            raise TrainInputError(f"solve_output_layer: {type(backbone).__name__} has no output_layer()")
+        table = backbone.table
+        idx = x.detach().to(table.device, torch.long)
+        table[idx] = torch.as_tensor(target, dtype=table.dtype, device=table.device)
+        return
+    if layer.bias is None:
+        raise TrainInputError("solve_output_layer: the backbone's last Linear layer needs a bias")
+    z = output_layer_inputs(backbone, layer, x, batch_size=batch_size, device=device,
+                            channels_last=channels_last).cpu().numpy()
+    if not np.all(np.isfinite(z)):
+        raise TrainDivergedError("solve_output_layer: the backbone produces non-finite features (before its last "
+                                 "layer); its state is corrupted")
+    z_mean = z.mean(0)
+    u, sv, vt = np.linalg.svd(z - z_mean, full_matrices=False)
+    filt = sv / (sv**2 + ridge * sv[0] ** 2) if sv.size and sv[0] > 0 else np.zeros_like(sv)
+    v = ((vt.T * filt) @ (u.T @ target)).T  # (P, width): Z_c V^T ~ target, filtered
+    layer.weight.copy_(torch.as_tensor(v, dtype=layer.weight.dtype, device=layer.weight.device))
+    layer.bias.copy_(torch.as_tensor(-v @ z_mean, dtype=layer.bias.dtype, device=layer.bias.device))
