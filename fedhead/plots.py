@@ -1,4 +1,4 @@
-"""Matplotlib figures shared by the UFM suite and the Flower app (SPEC section 11 displays).
+"""Matplotlib figures shared by the UFM suite and the Flower app (docs/theory.md §11 displays).
 
 Pure plotting on numpy input: no torch, no flwr.  The non-interactive ``Agg`` backend is
 selected on import, so figures can be produced on machines without a display.
@@ -115,7 +115,7 @@ def plot_ellipses(
     On an ordinary (2-D) axes the first two coordinates are drawn (the ellipse of the leading
     2 x 2 block, i.e. the shadow of the full ellipsoid on that plane).  On a 3-D axes
     (``new_figure(..., projection="3d")``) the first three coordinates are drawn as wireframe
-    ellipsoids, as SPEC section 11 asks for 6-d targets.  Axis limits are symmetric and equal
+    ellipsoids, as docs/theory.md §11 asks for 6-d targets.  Axis limits are symmetric and equal
     in every direction, so a circle looks like a circle.
 
     Parameters

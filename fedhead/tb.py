@@ -16,7 +16,7 @@ from fedhead import plots
 def ellipse_figure(gram: np.ndarray, targets: Any, *, round_: int, gram0: np.ndarray | None = None):
     """Figure of ``G_t`` against ``G_star`` and ``G_cen`` (and ``G_within``, ``G_0``) as ellipses.
 
-    Two-dimensional: the first two target coordinates (SPEC 11 displays).
+    Two-dimensional: the first two target coordinates (docs/theory.md §11 displays).
     """
     grams = {f"G_{round_}": gram, "G_star": targets.g_star, "G_cen": targets.g_cen, "G_within": targets.g_within}
     styles = ["-", "--", "--", ":"]

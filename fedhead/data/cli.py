@@ -7,7 +7,7 @@ Hydra command with the same ``dataset`` group (``conf/dataset/``) and overrides 
     fedhead-data dataset=beijing dataset.root=/data/beijing num_clients=4
     fedhead-data dataset=dsprites figure=dsprites.png
 
-Prints the input/target shapes, client sizes, target moments (SPEC 3) and fully active margins,
+Prints the input/target shapes, client sizes, target moments (docs/theory.md §3) and fully active margins,
 and for image data sets writes a PNG grid of sample images titled with their targets (original
 units) and client.
 """
@@ -102,7 +102,7 @@ def _report(res: PrepareResult) -> str:
             f"  client {m}: train x {tuple(c.x_train.shape)} y {tuple(c.y_train.shape)}, test {nt}"
         )
     with np.printoptions(precision=4, suppress=True, linewidth=120):
-        out.append("target moments (training targets, units used by the run; SPEC 3)")
+        out.append("target moments (training targets, units used by the run; docs/theory.md §3)")
         for m in range(mom.n_clients):
             ev = np.linalg.eigvalsh(mom.covs[m])
             out.append(f"  client {m}: p={mom.weights[m]:.4f} mu={mom.means[m]} eig(Sigma)={ev}")

@@ -1,4 +1,4 @@
-"""Reference instance "fig2" (SPEC section 12): C = P = 2, M = 3, all six panels (a)-(f).
+"""Reference instance "fig2" (docs/theory.md §12): C = P = 2, M = 3, all six panels (a)-(f).
 
 (a) client 1 joint Adam training of ``(W, b, H)`` from ``W_0``: the Gram reaches ``G_1`` but the
     head is not the closest optimal head ``Pi_1(W_0)``;
@@ -46,7 +46,7 @@ DESCRIPTION = "reference instance C=P=2, M=3: panels (a)-(f)"
 
 @dataclass(frozen=True)
 class Settings:
-    """Parameters of the reference instance (SPEC 12; the same in every profile)."""
+    """Parameters of the reference instance (docs/theory.md §12; the same in every profile)."""
 
     n_per_client: int = 256
     lambda_h: float = 0.1
@@ -66,7 +66,7 @@ class Settings:
 
     @classmethod
     def full(cls) -> Settings:
-        """Full profile (SPEC 12)."""
+        """Full profile (docs/theory.md §12)."""
         return cls()
 
 
