@@ -1,4 +1,4 @@
-"""Gram and head metrics of SPEC section 11 (numpy, on top of :mod:`fedhead.ufm`).
+"""Gram and head metrics of docs/theory.md §11 (numpy, on top of :mod:`fedhead.ufm`).
 
 Measured Grams ``G`` and references ``G_ref`` are ``(..., C, C)``; leading axes broadcast.
 """
@@ -30,7 +30,7 @@ def _out(x: np.ndarray):
 
 
 def relative_error(G, G_ref) -> float | np.ndarray:
-    """Relative error ``e_F(G, G_ref) = ||G - G_ref||_F / ||G_ref||_F`` (SPEC 11).
+    """Relative error ``e_F(G, G_ref) = ||G - G_ref||_F / ||G_ref||_F`` (docs/theory.md §11).
 
     Parameters
     ----------
@@ -49,7 +49,7 @@ def relative_error(G, G_ref) -> float | np.ndarray:
 
 
 def direction_error(G, G_ref) -> float | np.ndarray:
-    """Direction error ``d(G, G_ref) = || G/||G||_F - G_ref/||G_ref||_F ||_F`` (SPEC 11).
+    """Direction error ``d(G, G_ref) = || G/||G||_F - G_ref/||G_ref||_F ||_F`` (docs/theory.md §11).
 
     Parameters
     ----------
@@ -69,7 +69,7 @@ def direction_error(G, G_ref) -> float | np.ndarray:
 
 
 def selection_distance(heads, targets, weights) -> float:
-    """Selection distance ``delta_t = sum_m p_m ||W~_m - Pi_m(W_t)||_F`` (SPEC 11).
+    """Selection distance ``delta_t = sum_m p_m ||W~_m - Pi_m(W_t)||_F`` (docs/theory.md §11).
 
     Parameters
     ----------
@@ -93,14 +93,14 @@ def selection_distance(heads, targets, weights) -> float:
 
 
 def trajectory_error(grams, recursion) -> float:
-    """Trajectory error: median over rounds ``1..T`` of ``e_F(G_t, recursion_t)`` (SPEC 11).
+    """Trajectory error: median over rounds ``1..T`` of ``e_F(G_t, recursion_t)`` (docs/theory.md §11).
 
     Parameters
     ----------
     grams : array_like, shape (T + 1, C, C)
         Measured server Grams ``G_0..G_T`` of a run.
     recursion : array_like, shape (T + 1, C, C)
-        Exact SPEC 6 recursion from the run's own ``G_0`` (``fedhead.ufm.gram_recursion``).
+        Exact docs/theory.md §6 recursion from the run's own ``G_0`` (``fedhead.ufm.gram_recursion``).
 
     Returns
     -------

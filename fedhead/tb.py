@@ -5,6 +5,7 @@ Uses :class:`torch.utils.tensorboard.SummaryWriter`; figures come from :mod:`fed
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -13,23 +14,29 @@ import numpy as np
 from fedhead import plots
 
 
-def ellipse_figure(gram: np.ndarray, targets: Any, *, round_: int, gram0: np.ndarray | None = None):
-    """Figure of ``G_t`` against ``G_star`` and ``G_cen`` (and ``G_within``, ``G_0``) as ellipses.
+def ellipse_figure(
+    gram: np.ndarray,
+    targets: Any,
+    *,
+    round_: int,
+    gram0: np.ndarray | None = None,
+    target_names: Sequence[str] | None = None,
+    unit: str | None = None,
+    procedure: str | None = None,
+    view: str = "pairs",
+):
+    """Figure of ``G_t`` against ``G_star``, ``G_cen``, ``G_within`` (and ``G_0``) as ellipses.
 
-    Two-dimensional: the first two target coordinates (SPEC 11 displays).
+    Delegates to :func:`fedhead.plots.gram_ellipse_figure` (palette colours, one panel per pair
+    of target coordinates, a caption saying what an ellipse is and what is projected), titled
+    ``"<procedure>: head Gram after round <t>"``.
     """
-    grams = {f"G_{round_}": gram, "G_star": targets.g_star, "G_cen": targets.g_cen, "G_within": targets.g_within}
-    styles = ["-", "--", "--", ":"]
-    colors = ["C0", "C1", "C3", "C2"]
-    if targets.g_star is None:  # undefined outside the fully active regime
-        del grams["G_star"], styles[1], colors[1]
+    grams = {"G_t": gram, "G_star": targets.g_star, "G_cen": targets.g_cen, "G_within": targets.g_within}
     if gram0 is not None:
         grams["G_0"] = gram0
-        styles.append(":")
-        colors.append("0.5")
-    fig, (ax,) = plots.new_figure(1)
-    plots.plot_ellipses(ax, grams, colors=colors, linestyles=styles, title=f"round {round_}")
-    return fig
+    grams = {(f"G_{round_}" if k == "G_t" else k): v for k, v in grams.items()}
+    return plots.gram_ellipse_figure(grams, target_names=target_names, unit=unit, procedure=procedure,
+                                     round_=round_, view=view)  # G_star None: left out
 
 
 def diagnosis_markdown(diagnosis: Any) -> str:
@@ -40,8 +47,13 @@ def diagnosis_markdown(diagnosis: Any) -> str:
 class TensorBoardLogger:
     """Writes one federation's events into ``log_dir``."""
 
-    def __init__(self, log_dir: str | Path):
+    def __init__(self, log_dir: str | Path, *, target_names: Sequence[str] | None = None,
+                 unit: str | None = None, procedure: str | None = None):
         from torch.utils.tensorboard import SummaryWriter
+
+        self.target_names = None if target_names is None else list(target_names)
+        self.unit = unit
+        self.procedure = procedure
 
         self.log_dir = Path(log_dir)
         self.writer = SummaryWriter(log_dir=str(self.log_dir))
@@ -66,7 +78,8 @@ class TensorBoardLogger:
         if t == 0:
             self._gram0 = np.asarray(record.gram)
         if ellipses and targets is not None and record.gram.shape[0] >= 2:
-            fig = ellipse_figure(record.gram, targets, round_=t, gram0=self._gram0)
+            fig = ellipse_figure(record.gram, targets, round_=t, gram0=self._gram0,
+                                 target_names=self.target_names, unit=self.unit, procedure=self.procedure)
             self.writer.add_figure("gram/ellipses", fig, global_step=t, close=True)
         self.writer.flush()
 

@@ -1,4 +1,4 @@
-"""Gram and head metrics of SPEC 11 (fedhead.metrics)."""
+"""Gram and head metrics of docs/theory.md §11 (fedhead.metrics)."""
 
 from __future__ import annotations
 

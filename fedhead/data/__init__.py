@@ -1,4 +1,4 @@
-"""Data-set layer (SPEC 10): loaders, offline generators, partition, standardisation, cache.
+"""Data-set layer (docs/theory.md §10): loaders, offline generators, partition, standardisation, cache.
 
 Entry point: :func:`load_federated` (``cfg`` from ``conf/dataset/<name>.yaml``). Data-set
 modules (gymnasium, h5py, scipy.io, ...) are imported only when their data set is loaded.

@@ -9,7 +9,7 @@ rows) with the header
 and ``NA`` for missing values. ``dataset.root`` is the folder holding the CSV files (or any folder
 above it: the UCI zip nests them in ``PRSA2017_Data_20130301-20170228/PRSA_Data_20130301-20170228``).
 
-Preparation (SPEC 10): inputs PM10, TEMP, PRES, DEWP, RAIN, WSPM, month, hour; targets PM2.5,
+Preparation (docs/theory.md §10): inputs PM10, TEMP, PRES, DEWP, RAIN, WSPM, month, hour; targets PM2.5,
 NO2; rows with a missing value in any of these ten columns are dropped; the station files are
 pooled in station-name order (rows in file order) and ``n_train`` = 9,000 rows are chosen
 deterministically (uniformly without replacement by ``numpy.random.default_rng(seed)``, then

@@ -1,4 +1,4 @@
-"""CIFAR-geo (SPEC 10): source images shifted and zoomed into a 40x40 frame.
+"""CIFAR-geo (docs/theory.md §10): source images shifted and zoomed into a 40x40 frame.
 
 Every sample is one source image placed in a black ``frame_size x frame_size`` canvas after a
 zoom ``z`` and a shift ``(dx, dy)``; the targets are ``(shift_x, shift_y, log_zoom)`` =

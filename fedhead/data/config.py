@@ -30,9 +30,9 @@ class DatasetConfig:
     source : str
         ``"auto"`` (files when ``root`` is set, else the generator), ``"files"`` or ``"generate"``.
     n_train, n_test : int
-        Training / test samples in total over all clients (SPEC 10 table).
+        Training / test samples in total over all clients (docs/theory.md §10 table).
     num_clients : int
-        Default client count of the data set (SPEC 10 table); ``num_clients=`` overrides it.
+        Default client count of the data set (docs/theory.md §10 table); ``num_clients=`` overrides it.
     cache_dir : str or None
         Where prepared or generated tensors are cached (default :func:`default_cache_dir`).
     seed : int

@@ -1,4 +1,4 @@
-"""dSprites (SPEC 10): 64x64 binary sprites, targets x position, y position and scale.
+"""dSprites (docs/theory.md §10): 64x64 binary sprites, targets x position, y position and scale.
 
 Two sources, both returning a :class:`~fedhead.data.base.RawDataset` with images
 ``(N, 1, 64, 64)`` uint8 in {0, 255} and targets ``(N, 3)`` float64 ``(pos_x, pos_y, scale)`` in

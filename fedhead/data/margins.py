@@ -1,4 +1,4 @@
-"""Fully active margins of a partitioned data set (SPEC 3) and the start-of-run guard.
+"""Fully active margins of a partitioned data set (docs/theory.md §3) and the start-of-run guard.
 
 The theory assumes ``lambda_min(Sigma_m) > lambda_H lambda_W`` for every client ``m`` (client
 target covariances in the standardised units the run uses). :func:`client_margins` reports it;
@@ -132,7 +132,7 @@ def ensure_fully_active(
         f"active regime: {len(bad)} client(s) {bad} have lambda_min(Sigma_m) <= lambda_H * "
         f"lambda_W = {rep.threshold:.4e} (worst: client {worst}, lambda_min = "
         f"{rep.min_eigs[worst]:.4e}, margin {rep.margins[worst]:.3e}). The closed forms and "
-        "targets of SPEC 4-9 do not hold there."
+        "targets of docs/theory.md §4-9 do not hold there."
     )
     if not allow_outside_regime:
         raise OutsideRegimeError(

@@ -1,4 +1,4 @@
-"""MPIIGaze (SPEC 10): 36x60 grey normalised eye images, targets gaze pitch and yaw.
+"""MPIIGaze (docs/theory.md §10): 36x60 grey normalised eye images, targets gaze pitch and yaw.
 
 Reads the "Normalized" release: ``Data/Normalized/pXX/dayYY.mat`` (MATLAB v5, one file per
 participant and day) holding a struct ``data`` with fields ``left`` and ``right``, each with

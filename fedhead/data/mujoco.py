@@ -1,4 +1,4 @@
-"""MuJoCo Swimmer / Hopper / HalfCheetah / Walker2d: observation -> continuous action (SPEC 10).
+"""MuJoCo Swimmer / Hopper / HalfCheetah / Walker2d: observation -> continuous action (docs/theory.md §10).
 
 Two sources, chosen by :meth:`DatasetConfig.use_files`:
 

@@ -1,4 +1,4 @@
-"""Client partitions of SPEC 10: the leading-eigenvector split and designed groups.
+"""Client partitions of docs/theory.md §10: the leading-eigenvector split and designed groups.
 
 Pure numpy. The pipeline calls :func:`eigen_partition` on (already standardised) training targets
 or :func:`designed_partition` when a data set comes with designed client groups (CIFAR-geo).
@@ -49,7 +49,7 @@ class Partition:
 
 
 def leading_direction(y: np.ndarray) -> np.ndarray:
-    """Top eigenvector of the uncentred second-moment matrix ``S = Yᵀ Y / N`` (SPEC 10).
+    """Top eigenvector of the uncentred second-moment matrix ``S = Yᵀ Y / N`` (docs/theory.md §10).
 
     Parameters
     ----------
@@ -76,7 +76,7 @@ def leading_direction(y: np.ndarray) -> np.ndarray:
 def eigen_partition(
     y_train: np.ndarray, num_clients: int, y_test: np.ndarray | None = None
 ) -> Partition:
-    """Leading-eigenvector partition (SPEC 10).
+    """Leading-eigenvector partition (docs/theory.md §10).
 
     Every training target is projected on :func:`leading_direction` ``v``; samples are sorted by
     ``z = Y v`` (stable sort, ties by index) and cut into ``num_clients`` contiguous groups of

@@ -75,7 +75,7 @@ class Standardization:
 def standardize_targets(
     y: np.ndarray, y_test: np.ndarray | None = None, *, enabled: bool = True
 ) -> Standardization:
-    """Centre and scale targets with pooled training statistics (SPEC 10).
+    """Centre and scale targets with pooled training statistics (docs/theory.md §10).
 
     Parameters
     ----------

@@ -58,7 +58,7 @@ REGISTRY: dict[str, DatasetEntry] = {
 
 
 def dataset_names() -> tuple[str, ...]:
-    """The ten names accepted by ``dataset=`` (SPEC 10 order)."""
+    """The ten names accepted by ``dataset=`` (docs/theory.md §10 order)."""
     return tuple(REGISTRY)
 
 
@@ -94,7 +94,7 @@ def get_loader(name: str) -> Callable[[DatasetConfig], RawDataset]:
 
 
 def make_config(name: str, **overrides) -> DatasetConfig:
-    """A config of data set ``name`` with its SPEC 10 defaults and the given field overrides."""
+    """A config of data set ``name`` with its docs/theory.md §10 defaults and the given field overrides."""
     cls = config_class(name)
     return cls(**{**overrides, "name": name})
 
@@ -137,7 +137,7 @@ def load_federated(
     seed: int | None = None,
     use_cache: bool = True,
 ) -> FederatedData:
-    """Load, standardise and partition a data set (SPEC 10).
+    """Load, standardise and partition a data set (docs/theory.md §10).
 
     Parameters
     ----------

@@ -1,4 +1,4 @@
-"""3D Shapes (SPEC 10): 64x64 RGB scenes, targets object hue, scale and orientation.
+"""3D Shapes (docs/theory.md §10): 64x64 RGB scenes, targets object hue, scale and orientation.
 
 Two sources, both returning a :class:`~fedhead.data.base.RawDataset` with images
 ``(N, 3, 64, 64)`` uint8 and targets ``(N, 3)`` float64 ``(object_hue, scale, orientation)`` in

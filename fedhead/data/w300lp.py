@@ -1,4 +1,4 @@
-"""300W-LP (SPEC 10): 64x64 RGB faces, targets head pitch, yaw and roll in degrees.
+"""300W-LP (docs/theory.md §10): 64x64 RGB faces, targets head pitch, yaw and roll in degrees.
 
 Reads the 300W-LP release: folders (``AFW``, ``AFW_Flip``, ``HELEN``, ``HELEN_Flip``, ``IBUG``,
 ``IBUG_Flip``, ``LFPW``, ``LFPW_Flip``) of ``.jpg`` face images (450x450), each with a

@@ -1,4 +1,4 @@
-"""UFM experiment suite of SPEC section 12 (console script ``fedhead-ufm``).
+"""UFM experiment suite of docs/theory.md §12 (console script ``fedhead-ufm``).
 
 One module per experiment, each with a frozen ``Settings`` dataclass (``Settings.quick()`` /
 ``Settings.full()``; tests build smaller ones) and ``run(settings, out_dir) -> ExperimentResult``:
@@ -8,7 +8,7 @@ One module per experiment, each with a frozen ``Settings`` dataclass (``Settings
 - :mod:`.convergence`: exact selection converges to the BW barycenter;
 - :mod:`.gap_terms`: the three PSD gap terms and the BW-variance bounds;
 - :mod:`.recovery`: moment correction;
-- :mod:`.finite_steps`: E local gradient steps (SPEC 9).
+- :mod:`.finite_steps`: E local gradient steps (docs/theory.md §9).
 
 Pure numpy/scipy/matplotlib on top of :mod:`fedhead.ufm`; no torch, no flwr.  The registry
 ``EXPERIMENTS`` and ``run_experiment`` live in :mod:`.cli` (not imported here, so that the

@@ -1,10 +1,10 @@
-"""``fedhead-ufm NAME [--quick] [--out DIR]``: the UFM experiment suite of SPEC section 12.
+"""``fedhead-ufm NAME [--quick] [--out DIR]``: the UFM experiment suite of docs/theory.md §12.
 
 Each experiment writes ``results.json`` (every number its figures show, headline numbers,
 settings and provenance with seeds) and PNG figures into ``DIR/<name>`` (default
 ``./results/ufm/<name>``) and prints a table of its headline numbers next to what the theory
 predicts.  ``--quick`` runs fewer instances through the same code path (the whole suite in a few
-minutes on two cores); without it the instance counts of SPEC 12 are used.
+minutes on two cores); without it the instance counts of docs/theory.md §12 are used.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ def _parser() -> argparse.ArgumentParser:
     listing = "\n".join(f"  {n:<13} {m.DESCRIPTION}" for n, m in EXPERIMENTS.items())
     p = argparse.ArgumentParser(
         prog="fedhead-ufm",
-        description="UFM experiment suite (SPEC section 12): closed-form checks of head geometry and dynamics.",
+        description="UFM experiment suite (docs/theory.md §12): closed-form checks of head geometry and dynamics.",
         epilog=f"experiments:\n{listing}\n  {'all':<13} every experiment above, in this order",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -1,4 +1,4 @@
-"""Shared pieces of the UFM experiment suite (SPEC section 12).
+"""Shared pieces of the UFM experiment suite (docs/theory.md §12).
 
 Instance generators (random eigenbases, samples whose moments are exactly the prescribed ones),
 the experiment-specific solvers (trust-exact on penalised profiled / joint objectives,
@@ -189,7 +189,7 @@ def gram(W: np.ndarray) -> np.ndarray:
 
 
 def rel_err(a: np.ndarray, ref: np.ndarray) -> float:
-    """``e_F = ||a - ref||_F / ||ref||_F`` (SPEC 11) for Grams or heads, via :func:`fedhead.metrics.relative_error`."""
+    """``e_F = ||a - ref||_F / ||ref||_F`` (docs/theory.md §11) for Grams or heads, via :func:`fedhead.metrics.relative_error`."""
     return float(relative_error(a, ref))
 
 
@@ -325,7 +325,7 @@ def prox_profiled_solve(
     """Minimise ``F(W; T) + gamma C(W) + rho/2 ||W - anchor||_F^2`` with SciPy trust-exact.
 
     ``F`` (value, gradient, Hessian in row-major ``vec(W)``) is
-    :func:`fedhead.ufm.profiled_objective` (SPEC 4) and the correction ``C`` (SPEC 2, 8) is
+    :func:`fedhead.ufm.profiled_objective` (docs/theory.md §4) and the correction ``C`` (docs/theory.md §2, §8) is
     :func:`fedhead.ufm.moment_correction`, both with analytic Hessians.  Trust-exact is followed
     by a few plain Newton steps, because near the minimiser the objective's value stops
     resolving progress (differences below rounding) long before its gradient does; along the
@@ -389,7 +389,7 @@ def lbfgs_profiled(
 def ridge_features(W: np.ndarray, b: np.ndarray, Y: np.ndarray, lambda_h: float) -> np.ndarray:
     """Features minimising the UFM loss for fixed ``(W, b)``: ``H = (Y - 1 b^T) A^{-1} W``.
 
-    Rows-as-samples form of SPEC 4's ``H = W^T A^{-1} (Y - b 1^T)``, ``A = W W^T + lambda_H I``;
+    Rows-as-samples form of docs/theory.md §4's ``H = W^T A^{-1} (Y - b 1^T)``, ``A = W W^T + lambda_H I``;
     ``Y`` is ``(N, C)``, the result ``(N, P)``.
     """
     C = W.shape[0]
@@ -444,7 +444,7 @@ def joint_prox_solve(
     """Minimise ``L_m(W, b, H) + rho/2 ||W - anchor||^2`` over ``(W, b, H)`` with trust-exact.
 
     ``L_m`` with gradient and Hessian comes from :func:`fedhead.ufm.joint_objective` /
-    :func:`fedhead.ufm.joint_hessian` (SPEC 2).
+    :func:`fedhead.ufm.joint_hessian` (docs/theory.md §2).
     """
     C, P = start.W.shape
     N = Y.shape[0]

@@ -1,4 +1,4 @@
-"""Convergence sweep (SPEC 12, SPEC 6): exact selection converges to the BW barycenter G_star.
+"""Convergence sweep (docs/theory.md §12, §6): exact selection converges to the BW barycenter G_star.
 
 Random instances for C in {2, 4, 8}, M in {3, 8}, P = 2C, lambda_H = lambda_W = 1: client
 optimal Grams ``G_m`` with random eigenbases and eigenvalues U[0.4, 4], ``Sigma_m = (G_m + I)^2``
@@ -48,7 +48,7 @@ DESCRIPTION = "federated rounds: exact selection -> G_star, proximal O(rho), Ada
 
 @dataclass(frozen=True)
 class Settings:
-    """Convergence sweep parameters (defaults: the full profile of SPEC 12)."""
+    """Convergence sweep parameters (defaults: the full profile of docs/theory.md §12)."""
 
     n_instances: int = 16
     dims: tuple[int, ...] = (2, 4, 8)
@@ -69,7 +69,7 @@ class Settings:
 
     @classmethod
     def full(cls) -> Settings:
-        """Full profile (SPEC 12)."""
+        """Full profile (docs/theory.md §12)."""
         return cls()
 
 

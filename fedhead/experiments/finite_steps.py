@@ -1,4 +1,4 @@
-"""Finite local training (SPEC 12, SPEC 9): E profiled gradient steps of size eta per round.
+"""Finite local training (docs/theory.md §12, §9): E profiled gradient steps of size eta per round.
 
 * Three random non-commuting instances (C = 3, M = 4): for every ``eta`` and ``E`` the rounds
   are iterated from a fixed random head until the server Gram residual is below 1e-13
@@ -36,7 +36,7 @@ DESCRIPTION = "E local gradient steps: fixed point G_within (E=1) -> G_star, dis
 
 @dataclass(frozen=True)
 class Settings:
-    """Finite-step study parameters (defaults: the full profile of SPEC 12)."""
+    """Finite-step study parameters (defaults: the full profile of docs/theory.md §12)."""
 
     n_instances: int = 3
     C: int = 3
@@ -61,7 +61,7 @@ class Settings:
 
     @classmethod
     def full(cls) -> Settings:
-        """Full profile (SPEC 12)."""
+        """Full profile (docs/theory.md §12)."""
         return cls()
 
 

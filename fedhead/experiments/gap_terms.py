@@ -1,4 +1,4 @@
-"""Gap-term sweeps (SPEC 12, SPEC 7): ``G_cen - G_star = M_mu + M_Sigma + M_A``, each PSD.
+"""Gap-term sweeps (docs/theory.md §12, §7): ``G_cen - G_star = M_mu + M_Sigma + M_A``, each PSD.
 
 * Controlled sweeps (C = 3, M = 4, seeds 55-62, lambda = 0.1): client means scaled by ``s``
   (only ``M_mu`` moves, zero at ``s = 0``) and covariances moved along
@@ -34,7 +34,7 @@ TERMS = ("M_mu", "M_Sigma", "M_A")
 
 @dataclass(frozen=True)
 class Settings:
-    """Gap-term sweep parameters (defaults: the full profile of SPEC 12)."""
+    """Gap-term sweep parameters (defaults: the full profile of docs/theory.md §12)."""
 
     lam: float = 0.1
     controlled_seeds: tuple[int, ...] = tuple(range(55, 63))
@@ -61,7 +61,7 @@ class Settings:
 
     @classmethod
     def full(cls) -> Settings:
-        """Full profile (SPEC 12)."""
+        """Full profile (docs/theory.md §12)."""
         return cls()
 
 

@@ -1,4 +1,4 @@
-"""Recovery by moment correction (SPEC 12, SPEC 8).
+"""Recovery by moment correction (docs/theory.md §12, §8).
 
 * Exact selection with corrected clients (optimal Grams ``phi((1 - gamma) Sigma_m + gamma
   Sigma_cen)``) on the six sizes of the convergence sweep: full correction reaches ``G_cen``
@@ -8,7 +8,7 @@
   with ``C_m`` evaluated by :func:`fedhead.ufm.moment_correction` (not through the identity)
   minimised down a rho ladder to 1e-5, for full and half correction: the minimiser approaches
   the closest head to the corrected optimal Gram (error ~ rho), and federated rounds with these
-  local solves follow the exact corrected recursion.  SPEC names L-BFGS here; L-BFGS stops on
+  local solves follow the exact corrected recursion.  The protocol (docs/theory.md §12) names L-BFGS here; L-BFGS stops on
   function-value rounding (error floor ~ sqrt(eps / rho), 1e-4 at rho = 1e-5), so the check uses
   trust-exact followed by Newton steps on the analytic gradient and Hessian.
 * The identity ``F(W; Sigma_m) + C_m(W) = F(W; Sigma_cen)`` in value and gradient on random
@@ -49,7 +49,7 @@ DESCRIPTION = "moment correction: one-round recovery of G_cen, residual ~ (1 - g
 
 @dataclass(frozen=True)
 class Settings:
-    """Recovery parameters (defaults: the full profile of SPEC 12)."""
+    """Recovery parameters (defaults: the full profile of docs/theory.md §12)."""
 
     n_instances: int = 32
     dims: tuple[int, ...] = (2, 4, 8)
@@ -72,12 +72,12 @@ class Settings:
 
     @classmethod
     def full(cls) -> Settings:
-        """Full profile (SPEC 12)."""
+        """Full profile (docs/theory.md §12)."""
         return cls()
 
 
 def corrected_grams(moments: ufm.TargetMoments, gamma: float, lam: float) -> np.ndarray:
-    """Client optimal Grams under ``gamma C_m``: ``phi((1 - gamma) Sigma_m + gamma Sigma_cen)`` (SPEC 8)."""
+    """Client optimal Grams under ``gamma C_m``: ``phi((1 - gamma) Sigma_m + gamma Sigma_cen)`` (docs/theory.md §8)."""
     covs = (1.0 - gamma) * np.asarray(moments.covs) + gamma * moments.sigma_cen
     return ufm.optimal_gram(covs, lam, lam)
 

@@ -1,4 +1,4 @@
-"""Selection sweep (SPEC 12, the lemma of SPEC 5): proximal minimisers select the closest head.
+"""Selection sweep (docs/theory.md §12, the lemma of docs/theory.md §5): proximal minimisers select the closest head.
 
 For random single-client instances (C in {2, 4, 8}, P in {C, 2C}, lambda_H = lambda_W = 1,
 N_m = 64 samples matching standard-normal means and covariances with eigenvalues U[2, 5]
@@ -46,7 +46,7 @@ DESCRIPTION = "selection lemma: proximal joint minimisers -> closest head Pi(W_t
 
 @dataclass(frozen=True)
 class Settings:
-    """Selection sweep parameters (defaults: the full profile of SPEC 12)."""
+    """Selection sweep parameters (defaults: the full profile of docs/theory.md §12)."""
 
     n_instances: int = 128
     dims: tuple[int, ...] = (2, 4, 8)
@@ -66,7 +66,7 @@ class Settings:
 
     @classmethod
     def full(cls) -> Settings:
-        """Full profile (SPEC 12)."""
+        """Full profile (docs/theory.md §12)."""
         return cls()
 
 

@@ -1,4 +1,4 @@
-"""Backbones and the shared head (torch). See ``docs/architecture.md`` and SPEC 10.
+"""Backbones and the shared head (torch). See ``docs/architecture.md`` and docs/theory.md §10.
 
 Every backbone outputs ``(B, P)`` features and has ``rotate_features(Q)`` (``h -> Q^T h``). The
 free-feature backbone takes sample indices ``(B,)`` int64 as input.

@@ -1,8 +1,8 @@
-"""Backbones (private per client) and the shared linear head (SPEC 1, 10).
+"""Backbones (private per client) and the shared linear head (docs/theory.md §1, §10).
 
 Every backbone maps a batch to features ``(B, P)`` and has :meth:`Backbone.rotate_features`,
 which replaces the features ``h`` by ``Q^T h`` for an orthogonal ``Q`` ``(P, P)`` without
-changing anything else (used by alignment, SPEC 5). Networks whose last layer is a
+changing anything else (used by alignment, docs/theory.md §5). Networks whose last layer is a
 ``Linear`` do it by ``weight <- Q^T weight``, ``bias <- Q^T bias``; the free-feature backbone by
 ``table <- table Q`` (rows are the samples' features). :meth:`Backbone.map_features` applies an
 affine map ``h -> M (h + delta)`` to every feature (through the last layer, or every row of the
@@ -129,7 +129,7 @@ class ResidualBlock(nn.Module):
 
 
 class ResMLP(Backbone):
-    """Tabular backbone (SPEC 10): input projection + PReLU, ``depth`` residual blocks of width
+    """Tabular backbone (docs/theory.md §10): input projection + PReLU, ``depth`` residual blocks of width
     ``width`` with PReLU, then ``Linear(width, P)`` with no activation.
 
     Parameters
@@ -209,7 +209,7 @@ def torchvision_resnet(depth: int, in_channels: int, feature_dim: int) -> nn.Mod
 
 def residual_cnn(in_channels: int, feature_dim: int, groups: int = 8) -> nn.Module:
     """ResNet-18 layout with ``GroupNorm(groups)`` instead of BatchNorm, a 3x3 stride-1 stem and no
-    max-pool (SPEC 10 "residual CNN")."""
+    max-pool (docs/theory.md §10 "residual CNN")."""
     from torchvision.models.resnet import BasicBlock, ResNet
 
     net = ResNet(BasicBlock, [2, 2, 2, 2], num_classes=feature_dim,
@@ -225,7 +225,7 @@ class FreeFeatureBackbone(Backbone):
     Input: sample indices ``(B,)`` int64 in ``[0, n_samples)``; output ``table[idx]`` ``(B, P)``.
     Initialised ``N(0, init_scale^2 / P)`` so each feature has norm about ``init_scale``. The
     table's gradient is dense, so (Adam)W moves every row at every step, as for any network
-    parameter; full-batch training is exactly the UFM of SPEC 2.
+    parameter; full-batch training is exactly the UFM of docs/theory.md §2.
     """
 
     expects_indices = True
@@ -256,11 +256,11 @@ class FreeFeatureBackbone(Backbone):
 def build_head(feature_dim: int, n_targets: int, seed: int) -> nn.Linear:
     """The shared head ``Linear(P, C)`` with bias, initialised from ``seed`` (torch's default init).
 
-    Its ``weight`` is ``W`` ``(C, P)`` and its ``bias`` is ``b`` ``(C,)`` (SPEC notation).
+    Its ``weight`` is ``W`` ``(C, P)`` and its ``bias`` is ``b`` ``(C,)`` (docs/theory.md notation).
     """
     if feature_dim < 1 or n_targets < 1:
         raise ModelError(f"head needs feature_dim >= 1 and n_targets >= 1, got {feature_dim}, {n_targets}")
     if n_targets > feature_dim:
-        raise ModelError(f"head needs P >= C (SPEC notation), got P={feature_dim} < C={n_targets}")
+        raise ModelError(f"head needs P >= C (docs/theory.md notation), got P={feature_dim} < C={n_targets}")
     with seeded(seed):
         return nn.Linear(feature_dim, n_targets)

@@ -2,7 +2,7 @@
 
 :func:`build_backbone` turns a config, the data set's input shape, the client's sample count and a
 seed into a :class:`~fedhead.models.backbones.Backbone`; the same seed gives the same weights on
-every client (SPEC 10: all clients start from one common random backbone).
+every client (docs/theory.md §10: all clients start from one common random backbone).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ class ModelConfig:
     name : str
         Label used in logs and result files.
     feature_dim : int
-        ``P``, the feature dimension (512 in SPEC 10).
+        ``P``, the feature dimension (512 in docs/theory.md §10).
     """
 
     name: str = ""
@@ -61,7 +61,7 @@ def _image_channels(cfg: ModelConfig, input_shape: tuple[int, ...]) -> int:
 
 @dataclass
 class ResMLPConfig(ModelConfig):
-    """ResMLP (SPEC 10 tabular model): ``depth`` residual blocks of ``width`` with PReLU."""
+    """ResMLP (docs/theory.md §10 tabular model): ``depth`` residual blocks of ``width`` with PReLU."""
 
     name: str = "resmlp"
     width: int = 1024

@@ -1,4 +1,4 @@
-"""Pure math core of fedhead (SPEC sections 3-9): numpy/scipy only, float64.
+"""Pure math core of fedhead (docs/theory.md §3-9): numpy/scipy only, float64.
 
 Targets are ``(N_m, C)`` arrays (rows are samples), Grams ``(C, C)``, heads ``(C, P)``.
 Every public function validates its input and raises :class:`UFMInputError` (a ``ValueError``)

@@ -28,7 +28,7 @@ class UFMInputError(ValueError):
 
 
 class NotFullyActiveError(UFMInputError):
-    """The fully active regime ``lambda_min(Sigma_m) > lambda_H lambda_W`` is violated (SPEC 3)."""
+    """The fully active regime ``lambda_min(Sigma_m) > lambda_H lambda_W`` is violated (docs/theory.md §3)."""
 
 
 class ConvergenceWarning(UserWarning):

@@ -1,4 +1,4 @@
-"""Dynamics under exact selection and the Bures-Wasserstein barycenter (SPEC section 6)."""
+"""Dynamics under exact selection and the Bures-Wasserstein barycenter (docs/theory.md §6)."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ def _gram_step(G: np.ndarray, grams: np.ndarray, weights: np.ndarray) -> np.ndar
 
 
 def gram_step(G, grams, weights) -> np.ndarray:
-    """One round of the exact-selection Gram recursion (SPEC 6).
+    """One round of the exact-selection Gram recursion (docs/theory.md §6).
 
     ``G' = G^{-1/2} [sum_m p_m (G^{1/2} G_m G^{1/2})^{1/2}]^2 G^{-1/2}`` (= ``S G S`` with
     ``S = sum_m p_m T_m(G)``).
@@ -62,7 +62,7 @@ def gram_step(G, grams, weights) -> np.ndarray:
 
 
 def gram_recursion(G0, grams, weights, n_rounds: int) -> np.ndarray:
-    """Trajectory ``G_0, ..., G_T`` of the exact-selection recursion (SPEC 6).
+    """Trajectory ``G_0, ..., G_T`` of the exact-selection recursion (docs/theory.md §6).
 
     Parameters
     ----------
@@ -90,7 +90,7 @@ def gram_recursion(G0, grams, weights, n_rounds: int) -> np.ndarray:
 
 
 def selection_round(W, grams, weights) -> np.ndarray:
-    """Head after one round of exact selection: ``W' = sum_m p_m Pi_m(W) = S(W W^T) W`` (SPEC 6).
+    """Head after one round of exact selection: ``W' = sum_m p_m Pi_m(W) = S(W W^T) W`` (docs/theory.md §6).
 
     Parameters
     ----------
@@ -152,7 +152,7 @@ def _bw_barycenter(grams, weights, init, tol, max_iter) -> BarycenterResult:
 
 
 def bw_barycenter(grams, weights, *, init=None, tol: float = 1e-13, max_iter: int = 10_000) -> BarycenterResult:
-    """Bures-Wasserstein barycenter ``G_star = argmin_X sum_m p_m d_BW^2(X, G_m)`` (SPEC 6).
+    """Bures-Wasserstein barycenter ``G_star = argmin_X sum_m p_m d_BW^2(X, G_m)`` (docs/theory.md §6).
 
     Fixed-point iteration of the exact-selection recursion
     ``G <- G^{-1/2} [sum_m p_m (G^{1/2} G_m G^{1/2})^{1/2}]^2 G^{-1/2}`` until the relative

@@ -1,4 +1,4 @@
-"""Bures-Wasserstein geometry and the closest-head selection rule (SPEC section 5)."""
+"""Bures-Wasserstein geometry and the closest-head selection rule (docs/theory.md §5)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ def _bw_distance(A: np.ndarray, B: np.ndarray) -> np.ndarray:
 
 
 def bw_distance(A, B) -> np.ndarray | float:
-    """Bures-Wasserstein distance ``d_BW(A, B)`` (not squared), SPEC 5.
+    """Bures-Wasserstein distance ``d_BW(A, B)`` (not squared), docs/theory.md §5.
 
     ``d_BW^2(A, B) = Tr A + Tr B - 2 Tr (A^{1/2} B A^{1/2})^{1/2}``. Computed without
     cancellation as ``min_Q ||A^{1/2} - B^{1/2} Q||_F`` over orthogonal ``Q`` (orthogonal
@@ -47,7 +47,7 @@ def bw_distance(A, B) -> np.ndarray | float:
 
 
 def bw_distance_squared(A, B) -> np.ndarray | float:
-    """Squared Bures-Wasserstein distance ``d_BW^2(A, B)`` (SPEC 5); see :func:`bw_distance`.
+    """Squared Bures-Wasserstein distance ``d_BW^2(A, B)`` (docs/theory.md §5); see :func:`bw_distance`.
 
     Parameters
     ----------
@@ -68,7 +68,7 @@ def _transport_map(G: np.ndarray, G_target: np.ndarray) -> np.ndarray:
 
 
 def transport_map(G, G_target) -> np.ndarray:
-    """Optimal transport map ``T_{G_target}(G) = G^{-1/2} (G^{1/2} Gt G^{1/2})^{1/2} G^{-1/2}`` (SPEC 5).
+    """Optimal transport map ``T_{G_target}(G) = G^{-1/2} (G^{1/2} Gt G^{1/2})^{1/2} G^{-1/2}`` (docs/theory.md §5).
 
     The symmetric PSD matrix ``T`` with ``T G T = G_target``.
 
@@ -95,7 +95,7 @@ def _closest_head(W: np.ndarray, G_target: np.ndarray) -> np.ndarray:
 
 
 def closest_head(W, G_target) -> np.ndarray:
-    """Selection rule ``Pi(W) = T_{G_target}(W W^T) W`` (SPEC 5).
+    """Selection rule ``Pi(W) = T_{G_target}(W W^T) W`` (docs/theory.md §5).
 
     The head with Gram ``G_target`` closest to ``W`` in Frobenius norm; ``||Pi(W) - W||_F =
     d_BW(W W^T, G_target)``.

@@ -1,4 +1,4 @@
-"""Closed forms of the profiled problem (SPEC sections 3-4): phi, L*, the fully active check."""
+"""Closed forms of the profiled problem (docs/theory.md §3-4): phi, L*, the fully active check."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ def _phi(T: np.ndarray, lambda_h: float, lambda_w: float) -> np.ndarray:
 
 
 def optimal_gram(T, lambda_h: float, lambda_w: float) -> np.ndarray:
-    """Optimal head Gram ``phi(T)`` of the profiled objective ``F(.; T)`` (SPEC 4).
+    """Optimal head Gram ``phi(T)`` of the profiled objective ``F(.; T)`` (docs/theory.md §4).
 
     ``phi(T) = alpha T^{1/2} - lambda_H I`` with ``alpha = sqrt(lambda_H / lambda_W)`` in the
     fully active regime ``lambda_min(T) > lambda_H lambda_W``. Outside it, the eigenvalues
@@ -81,7 +81,7 @@ def optimal_features(W, Y, lambda_h: float) -> np.ndarray:
 
 
 def optimal_loss(T, lambda_h: float, lambda_w: float) -> np.ndarray | float:
-    """Optimal local loss ``L*`` for target covariance ``T`` (SPEC 4).
+    """Optimal local loss ``L*`` for target covariance ``T`` (docs/theory.md §4).
 
     ``L* = sum_{s_i > lH lW} (sqrt(lH lW s_i) - lH lW / 2) + 1/2 sum_{s_i <= lH lW} s_i`` with
     ``s_i`` the eigenvalues of ``T``; valid also outside the fully active regime.
@@ -128,7 +128,7 @@ class FullyActiveReport(NamedTuple):
 
 
 def check_fully_active(moments, lambda_h: float, lambda_w: float) -> FullyActiveReport:
-    """Check ``lambda_min(Sigma_m) > lambda_H lambda_W`` for every client (SPEC 3).
+    """Check ``lambda_min(Sigma_m) > lambda_H lambda_W`` for every client (docs/theory.md §3).
 
     Parameters
     ----------

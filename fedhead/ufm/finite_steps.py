@@ -1,4 +1,4 @@
-"""Finite local training: E profiled gradient steps of size eta per round (SPEC section 9).
+"""Finite local training: E profiled gradient steps of size eta per round (docs/theory.md §9).
 
 Client m takes ``E`` full-batch gradient steps on ``F_m(W) = F(W; Sigma_m)`` from the
 broadcast, ``W <- (I - 2 eta Lambda_m(W W^T)) W``, and the server averages the heads. Every
@@ -65,12 +65,12 @@ def _check_gram(G, s: np.ndarray) -> np.ndarray:
 
 
 def _require_active_within(lmin: float, lh: float, lw: float, what: str) -> None:
-    """SPEC 9 expands around ``G_within = phi(Sigma_within)``: it needs ``lambda_min > lambda_H lambda_W``."""
+    """docs/theory.md §9 expands around ``G_within = phi(Sigma_within)``: it needs ``lambda_min > lambda_H lambda_W``."""
     thr = lh * lw
     if not lmin > thr:
         raise NotFullyActiveError(
             f"{what}: smallest eigenvalue {lmin:.6e} <= lambda_H * lambda_W = {thr:.6e} "
-            f"(margin {lmin - thr:.3e}); the SPEC 9 expansion around G_within needs the fully active regime"
+            f"(margin {lmin - thr:.3e}); the docs/theory.md §9 expansion around G_within needs the fully active regime"
         )
 
 
@@ -80,7 +80,7 @@ def _check_steps(eta, E) -> tuple[float, int]:
 
 
 def profiled_round(W, sigmas, weights, lambda_h: float, lambda_w: float, eta: float, E: int) -> np.ndarray:
-    """One federated round of profiled gradient steps (SPEC 9), computed on the heads.
+    """One federated round of profiled gradient steps (docs/theory.md §9), computed on the heads.
 
     Each client starts from the broadcast ``W`` and takes ``E`` steps
     ``W <- W - eta grad F(W; Sigma_m) = (I - 2 eta Lambda_m(W W^T)) W``; the server returns
@@ -146,7 +146,7 @@ class GramMapStep(NamedTuple):
 
 
 def profiled_gram_map(G, sigmas, weights, lambda_h: float, lambda_w: float, eta: float, E: int) -> GramMapStep:
-    """The round of :func:`profiled_round` as a map of server Grams (SPEC 9).
+    """The round of :func:`profiled_round` as a map of server Grams (docs/theory.md §9).
 
     Client m's head after ``E`` steps is ``K_m W`` with ``K_m = S_{E-1} ... S_0``,
     ``S_k = I - 2 eta Lambda_m(G_{m,k})``, ``G_{m,k+1} = S_k G_{m,k} S_k``, ``G_{m,0} = G``;
@@ -207,7 +207,7 @@ def finite_step_fixed_point(
     tol: float = 1e-13,
     max_rounds: int = 100_000,
 ) -> FiniteStepResult:
-    """Iterate profiled rounds until the server Gram stops moving (SPEC 9).
+    """Iterate profiled rounds until the server Gram stops moving (docs/theory.md §9).
 
     Rounds ``W <- Kbar(W W^T) W`` (see :func:`profiled_gram_map`) from ``w0`` until
     ``||G_{t+1} - G_t||_F / ||G_t||_F < tol`` or ``max_rounds``; a
@@ -312,7 +312,7 @@ def gram_map_jacobian(G, sigmas, weights, lambda_h: float, lambda_w: float, eta:
 def jacobian_spectral_radius(G, sigmas, weights, lambda_h: float, lambda_w: float, eta: float, E: int) -> float:
     """Spectral radius of :func:`gram_map_jacobian` at ``G`` (e.g. the fixed point ``G_{eta,E}``).
 
-    SPEC 9: ``1 - 2 h theta_min + O(h^2)`` at the fixed point, ``h = eta E``. Arguments as in
+    docs/theory.md §9: ``1 - 2 h theta_min + O(h^2)`` at the fixed point, ``h = eta E``. Arguments as in
     :func:`gram_map_jacobian`.
 
     Returns
@@ -325,7 +325,7 @@ def jacobian_spectral_radius(G, sigmas, weights, lambda_h: float, lambda_w: floa
 
 
 def theta_min(sigma_within, lambda_h: float, lambda_w: float) -> float:
-    """``theta_min = 2 lambda_W (1 - sqrt(lambda_H lambda_W / lambda_min(Sigma_within)))`` (SPEC 9).
+    """``theta_min = 2 lambda_W (1 - sqrt(lambda_H lambda_W / lambda_min(Sigma_within)))`` (docs/theory.md §9).
 
     Parameters
     ----------
@@ -361,10 +361,10 @@ def _psi_parts(G, s, p, lh, lw):
 
 
 def psi_value(G, sigmas, weights, lambda_h: float, lambda_w: float) -> float:
-    """``psi(G) = 2 sum_m p_m Tr(Lambda_m(G) G Lambda_m(G))`` (SPEC 9).
+    """``psi(G) = 2 sum_m p_m Tr(Lambda_m(G) G Lambda_m(G))`` (docs/theory.md §9).
 
     ``Lambda_m(G) = lambda_W/2 I - lambda_H/2 A^{-1} Sigma_m A^{-1}``, ``A = G + lambda_H I``
-    (SPEC 4).
+    (docs/theory.md §4).
 
     Parameters
     ----------
@@ -392,7 +392,7 @@ def psi_gradient(G, sigmas, weights, lambda_h: float, lambda_w: float) -> np.nda
     ``d Lambda_m[X] = lambda_H/2 (A^{-1} X K_m + K_m X A^{-1})``, the directional derivative
     is ``d psi[X] = 2 sum_m p_m (2 Tr(d Lambda_m[X] G Lambda_m) + Tr(Lambda_m^2 X))``, so
     ``grad psi = sym(2 sum_m p_m [lambda_H (K_m G Lambda_m A^{-1} + A^{-1} G Lambda_m K_m)
-    + Lambda_m^2])`` (SPEC 9).
+    + Lambda_m^2])`` (docs/theory.md §9).
 
     Parameters
     ----------
@@ -417,7 +417,7 @@ def _psi_gradient(G, s, p, lh, lw):
 
 
 def displacement_delta(sigmas, weights, lambda_h: float, lambda_w: float) -> np.ndarray:
-    """First-order fixed-point displacement ``Delta = 1/2 H^{-1}[grad psi(G_within)]`` (SPEC 9).
+    """First-order fixed-point displacement ``Delta = 1/2 H^{-1}[grad psi(G_within)]`` (docs/theory.md §9).
 
     ``G_{eta,E} - G_within = eta (E - 1) Delta + O(h^2)``. ``H[X] = lambda_W/(2 alpha)
     (R^{-1} X + X R^{-1})`` with ``R = Sigma_within^{1/2}`` is inverted in the eigenbasis of
@@ -452,7 +452,7 @@ def displacement_delta(sigmas, weights, lambda_h: float, lambda_w: float) -> np.
 
 
 def commuting_delta(eigs, weights, lambda_h: float, lambda_w: float) -> np.ndarray:
-    """Displacement in a common eigenbasis (SPEC 9), commuting client covariances.
+    """Displacement in a common eigenbasis (docs/theory.md §9), commuting client covariances.
 
     ``Delta_i = s (s - 3/4 sqrt(lbar_i)) sum_m p_m (lambda_{m,i} / lbar_i - 1)^2`` with
     ``lbar_i = sum_m p_m lambda_{m,i}``, ``s = sqrt(lambda_H lambda_W)``.

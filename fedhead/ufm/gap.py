@@ -1,4 +1,4 @@
-"""Gap between federated and centralised training (SPEC section 7)."""
+"""Gap between federated and centralised training (docs/theory.md §7)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from .psd import _sqrt, sym
 
 @dataclass(frozen=True, eq=False)
 class GapDecomposition:
-    """``G_cen - G_star = M_mu + M_Sigma + M_A`` (SPEC 7).
+    """``G_cen - G_star = M_mu + M_Sigma + M_A`` (docs/theory.md §7).
 
     Attributes
     ----------
@@ -81,7 +81,7 @@ class GapDecomposition:
 
 def gap_decomposition(moments: TargetMoments, lambda_h: float, lambda_w: float, *, tol: float = 1e-13,
                       max_iter: int = 10_000) -> GapDecomposition:
-    """Three-term decomposition of the gap ``G_cen - G_star`` (SPEC 7).
+    """Three-term decomposition of the gap ``G_cen - G_star`` (docs/theory.md §7).
 
     Parameters
     ----------

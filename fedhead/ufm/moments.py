@@ -1,4 +1,4 @@
-"""Target moments of the clients (SPEC section 3)."""
+"""Target moments of the clients (docs/theory.md §3)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ def _readonly(a: np.ndarray) -> np.ndarray:
 
 @dataclass(frozen=True, eq=False)
 class TargetMoments:
-    """First and second target moments of ``M`` clients (SPEC 3).
+    """First and second target moments of ``M`` clients (docs/theory.md §3).
 
     Attributes
     ----------
@@ -72,7 +72,7 @@ class TargetMoments:
         Parameters
         ----------
         targets : sequence of array_like, each shape (N_m, C)
-            Rows are samples (SPEC's ``Y_m`` is ``targets[m].T``).
+            Rows are samples (docs/theory.md's ``Y_m`` is ``targets[m].T``).
         weights : array_like, shape (M,), optional
             Aggregation weights; default ``N_m / N``.
 
@@ -101,7 +101,7 @@ class TargetMoments:
 
     @classmethod
     def from_stats(cls, counts, means, covs, weights=None) -> TargetMoments:
-        """Moments from uploaded statistics ``(N_m, mu_m, Sigma_m)`` (SPEC 3, server side).
+        """Moments from uploaded statistics ``(N_m, mu_m, Sigma_m)`` (docs/theory.md §3, server side).
 
         Parameters
         ----------
@@ -155,7 +155,7 @@ class TargetMoments:
 
     @property
     def sigma_cen(self) -> np.ndarray:
-        """Centralised covariance by the server-side formula of SPEC 3, shape (C, C).
+        """Centralised covariance by the server-side formula of docs/theory.md §3, shape (C, C).
 
         ``Sigma_cen = sum_m p_m (Sigma_m + mu_m mu_m^T) - mu_g mu_g^T`` (with ``p_m = N_m / N``
         this is ``(1/N) sum N_m (...)``); equals ``sigma_within + sigma_mu``.

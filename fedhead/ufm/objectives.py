@@ -1,4 +1,4 @@
-"""Objectives with exact derivatives: profiled F, moment correction C_m, joint UFM loss (SPEC 2, 4, 8).
+"""Objectives with exact derivatives: profiled F, moment correction C_m, joint UFM loss (docs/theory.md §2, §4, §8).
 
 Hessians are dense matrices in row-major ``vec`` order (``W.ravel()``), ready for
 ``scipy.optimize.minimize(method="trust-exact")``; :func:`scipy_callables` turns any of the
@@ -85,7 +85,7 @@ def _add_prox(val: ObjectiveValue, W: np.ndarray, rho: float, ref: np.ndarray | 
 
 
 def proximal_term(W, w_ref, rho: float, *, hessian: bool = True) -> ObjectiveValue:
-    """Proximal term ``rho/2 ||W - W_ref||_F^2`` (SPEC 2): value, gradient ``rho (W - W_ref)``, Hessian ``rho I``.
+    """Proximal term ``rho/2 ||W - W_ref||_F^2`` (docs/theory.md §2): value, gradient ``rho (W - W_ref)``, Hessian ``rho I``.
 
     Parameters
     ----------
@@ -101,7 +101,7 @@ def proximal_term(W, w_ref, rho: float, *, hessian: bool = True) -> ObjectiveVal
 def profiled_objective(
     W, T, lambda_h: float, lambda_w: float, *, rho: float = 0.0, w_ref=None, hessian: bool = True
 ) -> ObjectiveValue:
-    """Profiled objective ``F(W; T)`` (SPEC 4), optionally plus ``rho/2 ||W - W_ref||_F^2``.
+    """Profiled objective ``F(W; T)`` (docs/theory.md §4), optionally plus ``rho/2 ||W - W_ref||_F^2``.
 
     ``F(W; T) = lambda_H/2 Tr(T A^{-1}) + lambda_W/2 ||W||_F^2`` with ``A = W W^T + lambda_H I``;
     ``grad F = 2 Lambda_T(G) W``, ``Lambda_T(G) = lambda_W/2 I - lambda_H/2 A^{-1} T A^{-1}``.
@@ -144,7 +144,7 @@ def profiled_objective(
 def moment_correction(
     W, sigma_m, sigma_cen, lambda_h: float, *, gamma: float = 1.0, hessian: bool = True
 ) -> ObjectiveValue:
-    """Moment correction ``gamma C_m(W)``, ``C_m(W) = lambda_H/2 Tr((Sigma_cen - Sigma_m) A^{-1})`` (SPEC 2, 8).
+    """Moment correction ``gamma C_m(W)``, ``C_m(W) = lambda_H/2 Tr((Sigma_cen - Sigma_m) A^{-1})`` (docs/theory.md §2, §8).
 
     ``A = W W^T + lambda_H I``; gradient ``-lambda_H A^{-1} D A^{-1} W`` with
     ``D = Sigma_cen - Sigma_m``; Hessian as in :func:`profiled_objective` with ``T = D``,
@@ -211,7 +211,7 @@ def scipy_callables(objective: Callable[[np.ndarray], ObjectiveValue], shape: tu
 
 
 class JointValue(NamedTuple):
-    """Value and gradient of the joint UFM objective (SPEC 2).
+    """Value and gradient of the joint UFM objective (docs/theory.md §2).
 
     Attributes
     ----------
@@ -269,9 +269,9 @@ def _check_joint(W, b, H, Y, lambda_h, lambda_w, rho, w_ref):
 
 
 def joint_objective(W, b, H, Y, lambda_h: float, lambda_w: float, *, rho: float = 0.0, w_ref=None) -> JointValue:
-    """Joint UFM objective ``L_m(W, b, H)`` (SPEC 2), optionally plus ``rho/2 ||W - W_ref||^2``.
+    """Joint UFM objective ``L_m(W, b, H)`` (docs/theory.md §2), optionally plus ``rho/2 ||W - W_ref||^2``.
 
-    With rows as samples (SPEC's ``Y_m = Y.T``, ``H_m = H.T``) and ``R = H W^T + 1 b^T - Y``:
+    With rows as samples (docs/theory.md's ``Y_m = Y.T``, ``H_m = H.T``) and ``R = H W^T + 1 b^T - Y``:
     ``L = 1/(2N) ||R||_F^2 + lambda_H/(2N) ||H||_F^2 + lambda_W/2 ||W||_F^2``;
     ``grad_W = R^T H / N + lambda_W W``, ``grad_b = R^T 1 / N``,
     ``grad_H = (R W + lambda_H H) / N``.

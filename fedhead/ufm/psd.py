@@ -67,7 +67,7 @@ def psd_sqrt(A) -> np.ndarray:
 
 
 def psd_inv_sqrt(A) -> np.ndarray:
-    """Inverse square root ``A^{-1/2}`` of a symmetric positive definite matrix (SPEC notation).
+    """Inverse square root ``A^{-1/2}`` of a symmetric positive definite matrix (docs/theory.md notation).
 
     Parameters
     ----------

@@ -122,7 +122,7 @@ def test_generator_config_errors():
     ],
 )
 def test_default_generated_clients_fully_active_and_distinct(task):
-    """The SPEC 10 default size (4,000 transitions, 4 clients), lambda_H = lambda_W = 0.01."""
+    """The docs/theory.md §10 default size (4,000 transitions, 4 clients), lambda_H = lambda_W = 0.01."""
     fed = load_federated(MujocoConfig(name=task))
     assert [c.n_train for c in fed.clients] == [1000] * 4
     rep = client_margins(fed, 0.01, 0.01)

@@ -1,4 +1,4 @@
-"""Leading-eigenvector partition and designed groups (SPEC 10)."""
+"""Leading-eigenvector partition and designed groups (docs/theory.md §10)."""
 
 from __future__ import annotations
 

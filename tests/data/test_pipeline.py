@@ -1,4 +1,4 @@
-"""Standardisation, partition-to-tensors, cache and registry (SPEC 10)."""
+"""Standardisation, partition-to-tensors, cache and registry (docs/theory.md §10)."""
 
 from __future__ import annotations
 
@@ -231,7 +231,7 @@ def test_registry_names_and_configs():
         coerce_config(Odd(name="hopper"))
 
 
-SPEC10 = {  # name: (clients, train, test)
+SIZES_10 = {  # name: (clients, train, test)
     "beijing": (4, 9000, 0), "swimmer": (4, 4000, 0), "hopper": (4, 4000, 0),
     "halfcheetah": (4, 4000, 0), "walker2d": (4, 4000, 0), "mpiigaze": (8, 12000, 3000),
     "300w_lp": (8, 12000, 3000), "dsprites": (8, 12000, 3000), "shapes3d": (8, 12000, 3000),
@@ -239,13 +239,13 @@ SPEC10 = {  # name: (clients, train, test)
 }
 
 
-@pytest.mark.parametrize("name", list(SPEC10))
+@pytest.mark.parametrize("name", list(SIZES_10))
 def test_dataset_yaml_files(name):
     from omegaconf import OmegaConf
 
     y = OmegaConf.load(REPO / "conf" / "dataset" / f"{name}.yaml")
     assert y.name == name
-    assert (y.num_clients, y.n_train, y.n_test) == SPEC10[name]
+    assert (y.num_clients, y.n_train, y.n_test) == SIZES_10[name]
     module, cls = y._target_.rsplit(".", 1)
     from fedhead.data.registry import REGISTRY
 
@@ -254,7 +254,7 @@ def test_dataset_yaml_files(name):
 
     cfg = instantiate(y)
     assert isinstance(cfg, config_class(name))
-    assert (cfg.name, cfg.num_clients, cfg.n_train, cfg.n_test) == (name, *SPEC10[name])
+    assert (cfg.name, cfg.num_clients, cfg.n_train, cfg.n_test) == (name, *SIZES_10[name])
 
 
 def test_load_federated_mujoco_small_overrides():
@@ -303,7 +303,7 @@ def test_unusable_cache_folder_warns_and_still_loads(tmp_path):
 
 
 def test_partition_is_made_in_standardised_units():
-    """SPEC 10: the leading eigenvector is taken after standardisation (pooled training stats);
+    """docs/theory.md §10: the leading eigenvector is taken after standardisation (pooled training stats);
     in original units a large-scale column would dominate and give a different split."""
     rng = np.random.default_rng(5)
     n = 800

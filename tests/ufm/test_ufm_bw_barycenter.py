@@ -1,4 +1,4 @@
-"""Bures-Wasserstein geometry, selection rule, recursion and barycenter (SPEC 5-6)."""
+"""Bures-Wasserstein geometry, selection rule, recursion and barycenter (docs/theory.md §5-6)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Finite local training with profiled gradient steps (SPEC 9)."""
+"""Finite local training with profiled gradient steps (docs/theory.md §9)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Gap decomposition G_cen - G_star = M_mu + M_Sigma + M_A (SPEC 7)."""
+"""Gap decomposition G_cen - G_star = M_mu + M_Sigma + M_A (docs/theory.md §7)."""
 
 from __future__ import annotations
 

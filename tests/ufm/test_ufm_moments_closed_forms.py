@@ -1,4 +1,4 @@
-"""TargetMoments, phi, L* and the fully active check (SPEC 3-4)."""
+"""TargetMoments, phi, L* and the fully active check (docs/theory.md §3-4)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Profiled objective, moment correction, joint UFM objective: derivatives and identities (SPEC 2, 4, 8)."""
+"""Profiled objective, moment correction, joint UFM objective: derivatives and identities (docs/theory.md §2, §4, §8)."""
 
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ def test_profiled_derivatives_match_finite_differences(rng, helpers, C, P, rho):
     np.testing.assert_allclose(v.grad.ravel(), g, atol=1e-8)
     np.testing.assert_allclose(v.hess, H, atol=1e-8)
     np.testing.assert_allclose(v.hess, v.hess.T, atol=0)
-    # closed forms of value and gradient (SPEC 4)
+    # closed forms of value and gradient (docs/theory.md §4)
     A = W @ W.T + 0.3 * np.eye(C)
     Ai = np.linalg.inv(A)
     val = 0.15 * np.trace(T @ Ai) + 0.1 * np.sum(W * W) + (0.5 * rho * np.sum((W - ref) ** 2) if rho else 0)
@@ -131,7 +131,7 @@ def test_joint_derivatives_match_finite_differences(rho):
     np.testing.assert_allclose(f(x).grad_flat(), g, atol=1e-8)
     Hx = joint_hessian(W, b, H, Y, 0.3, 0.2, rho=rho, w_ref=ref)
     np.testing.assert_allclose(Hx, Hn, atol=1e-8)
-    # value by definition, SPEC column convention Y_m = Y.T, H_m = H.T
+    # value by definition, docs/theory.md column convention Y_m = Y.T, H_m = H.T
     R = W @ H.T + b[:, None] - Y.T
     val = (np.sum(R**2) + 0.3 * np.sum(H**2)) / (2 * N) + 0.1 * np.sum(W**2)
     if rho:
@@ -197,7 +197,7 @@ def test_penalised_profiled_trust_exact_tends_to_selection(helpers):
 
 
 def test_one_round_recovery_by_solving_corrected_proximal_problems(instance):
-    """Independent check of SPEC 8: every client minimises F(W; Sigma_m) + C_m(W) +
+    """Independent check of docs/theory.md §8: every client minimises F(W; Sigma_m) + C_m(W) +
     rho/2 ||W - W_t||^2 numerically (trust-exact); the averaged head has Gram G_cen up to O(rho),
     although the uncorrected clients would not agree."""
     inst = instance(9, C=3, M=3)

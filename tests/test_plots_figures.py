@@ -1,0 +1,324 @@
+"""Every figure type renders (Agg) and carries its elements: titles, named axes with units,
+visible legend entries, integer round ticks, coinciding curves kept distinguishable."""
+
+from __future__ import annotations
+
+import types
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+from matplotlib.colors import to_hex  # noqa: E402
+from matplotlib.lines import Line2D  # noqa: E402
+
+from fedhead import plots, tb  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _close_all():
+    yield
+    plt.close("all")
+
+
+def _spd(rng, c):
+    a = rng.standard_normal((c, c))
+    return a @ a.T + 0.5 * np.eye(c)
+
+
+def _targets(c, seed=0):
+    rng = np.random.default_rng(seed)
+    gs = _spd(rng, c)
+    return types.SimpleNamespace(g_star=gs, g_cen=gs + 0.5 * np.eye(c), g_within=gs + 0.2 * np.eye(c))
+
+
+def _results(proc, ref, seed=0, gap=0.3, n_rounds=8):
+    rng = np.random.default_rng(seed)
+    rounds = []
+    for t in range(n_rounds + 1):
+        dec = np.exp(-1.2 * t) * (1 + 0.1 * rng.random())
+        if ref == "star":
+            es, ec = dec, float(np.hypot(gap, dec))
+        else:
+            es, ec = 1.2 * gap, (dec if t == 0 else 0.0)
+        rec = es if ref == "star" else ec
+        rounds.append({"round": t, "e_f_star": es, "e_f_cen": ec, "e_f_within": 0.5 * gap + dec,
+                       "e_f_recursion": None if t == 0 else rec})
+    return {"procedure": {"name": proc}, "reference": ref, "diagnosis": {"rel_gap": gap}, "rounds": rounds,
+            "dataset": {"name": "hopper"},
+            "targets": {"g_star": np.eye(2).tolist(), "g_cen": (1.3 * np.eye(2)).tolist()}}
+
+
+def _drawn(fig):
+    fig.canvas.draw()
+    return fig
+
+
+def assert_legend_visible(legend):
+    """Every legend entry has text and a visible artist (nonzero alpha, a line or a marker)."""
+    assert legend is not None and legend.get_visible()
+    texts = [t.get_text() for t in legend.get_texts()]
+    handles = legend.legend_handles
+    assert len(handles) == len(texts) > 0
+    for h, text in zip(handles, texts):
+        assert text.strip(), "empty legend label"
+        assert h.get_visible(), text
+        assert h.get_alpha() is None or h.get_alpha() > 0, text
+        if isinstance(h, Line2D):
+            has_line = h.get_linestyle() not in ("None", "", " ") and h.get_linewidth() > 0
+            has_marker = h.get_marker() not in (None, "None", "", " ")
+            assert has_line or has_marker, text
+
+
+def assert_coinciding_lines_distinct(ax):
+    """Lines with identical data differ in style or marker, and the one on top is thinner or has
+    hollow markers, so the one below stays visible."""
+    lines = [ln for ln in ax.get_lines() if ln.get_label() and not ln.get_label().startswith("_")]
+    for i, a in enumerate(lines):
+        for b in lines[i + 1:]:
+            xa, ya = np.asarray(a.get_xdata(), float), np.asarray(a.get_ydata(), float)
+            xb, yb = np.asarray(b.get_xdata(), float), np.asarray(b.get_ydata(), float)
+            if xa.shape != xb.shape or not np.allclose(xa, xb):
+                continue
+            both = np.isfinite(ya) & np.isfinite(yb)
+            if not both.any() or not np.allclose(ya[both], yb[both]):
+                continue
+            assert (a.get_linestyle(), a.get_marker()) != (b.get_linestyle(), b.get_marker()), (a, b)
+            below, top = (a, b) if a.get_zorder() <= b.get_zorder() else (b, a)
+            assert (top.get_linewidth() < below.get_linewidth()
+                    or top.get_markerfacecolor() == "none" or to_hex(top.get_color()) != to_hex(below.get_color()))
+
+
+def assert_integer_ticks(ax):
+    ticks = [t for t in ax.get_xticks() if ax.get_xlim()[0] - 1e-9 <= t <= ax.get_xlim()[1] + 1e-9]
+    assert ticks and all(float(t).is_integer() for t in ticks), ticks
+
+
+def assert_inside_figure(fig, artist):
+    bb = artist.get_window_extent(fig.canvas.get_renderer())
+    fb = fig.bbox
+    assert bb.x0 >= fb.x0 - 1 and bb.y0 >= fb.y0 - 1 and bb.x1 <= fb.x1 + 1 and bb.y1 <= fb.y1 + 1, artist
+
+
+# ----------------------------------------------------------------------------- palette, labels
+def test_palette_and_labels_are_consistent():
+    for key in ("G_t", "G_star", "G_cen", "G_within", "G_0", "recursion"):
+        st = plots.gram_style(key)
+        assert st["color"] == plots.PALETTE[key]
+    assert plots.gram_style("G_7") == plots.gram_style("G_t")
+    assert len({plots.gram_style(k)["linestyle"] for k in ("G_t", "G_star", "G_cen", "G_within")}) == 4
+    assert plots.gram_label("G_star").startswith("$") and plots.gram_label("G_12") == "$G_{12}$"
+    assert plots.error_label("G_cen") == r"$e_F(G_t, G_{\mathrm{cen}})$"
+    with pytest.raises(KeyError):
+        plots.gram_style("nonsense")
+
+
+def test_coordinate_groups_cover_every_target():
+    assert plots.coordinate_groups(2) == [(0, 1)]
+    assert plots.coordinate_groups(3) == [(0, 1), (0, 2), (1, 2)]
+    assert plots.coordinate_groups(6) == [(0, 1), (2, 3), (4, 5)]
+    assert plots.coordinate_groups(5) == [(0, 1), (2, 3), (3, 4)]
+    assert plots.coordinate_groups(6, 3) == [(0, 1, 2), (3, 4, 5)]
+    for c in range(2, 9):
+        assert set().union(*plots.coordinate_groups(c)) == set(range(c))
+
+
+# ----------------------------------------------------------------------------- error curves
+def test_error_curves_integer_rounds_distinct_styles_and_floor_note():
+    fig, (ax,) = plots.new_figure(1)
+    x = np.arange(6)
+    same = np.array([1.0, 0.1, 1e-2, 1e-3, 0.0, 0.0])
+    plots.plot_error_curves(ax, x, {"reference": same, "recursion": same.copy()}, xlabel="round $t$")
+    _drawn(fig)
+    assert_integer_ticks(ax)
+    assert_legend_visible(ax.get_legend())
+    assert_coinciding_lines_distinct(ax)
+    assert any(t.get_gid() == "floor-note" and "exact zeros" in t.get_text() for t in ax.texts)
+    # non-integer abscissae keep the default locator; no zero, no note
+    fig, (ax,) = plots.new_figure(1)
+    plots.plot_error_curves(ax, [0.5, 1.5, 2.5], {"a": [1.0, 0.5, 0.2]})
+    assert not [t for t in ax.texts if t.get_gid() == "floor-note"]
+
+
+@pytest.mark.parametrize("proc,ref", [("proximal", "star"), ("corrected_proximal", "cen")])
+def test_run_error_figure(proc, ref, tmp_path):
+    fig = _drawn(plots.run_error_figure(_results(proc, ref)))
+    (ax,) = fig.axes
+    assert proc in ax.get_title() and "reference" in ax.get_title()
+    assert "round" in ax.get_xlabel()
+    assert "e_F" in ax.get_ylabel() and "unitless" in ax.get_ylabel()
+    assert_integer_ticks(ax)
+    legend = ax.get_legend()
+    assert_legend_visible(legend)
+    labels = [t.get_text() for t in legend.get_texts()]
+    assert any("predicted gap" in s for s in labels)
+    assert any(r"G_\ast" in s for s in labels) and any(r"G_{\mathrm{cen}}" in s for s in labels)
+    assert any("R_t" in s for s in labels)  # the recursion curve
+    # the recursion coincides with the reference curve: both stay visible
+    assert_coinciding_lines_distinct(ax)
+    by_label = {ln.get_label(): ln for ln in ax.get_lines()}
+    star = by_label[plots.error_label("G_star")]
+    assert to_hex(star.get_color()) == plots.PALETTE["G_star"]
+    # the reference curve is drawn at every round (no line that stops at round 1)
+    key = plots.error_label("G_star" if ref == "star" else "G_cen")
+    assert np.isfinite(np.asarray(by_label[key].get_ydata(), float)).all()
+    assert plots.save_figure(fig, tmp_path / "e.png").stat().st_size > 0
+
+
+def test_procedures_figure_groups_seeds_and_marks_the_gap():
+    res = ([_results("proximal", "star", s) for s in range(3)]
+           + [_results("corrected_proximal", "cen", s) for s in range(2)] + [_results("ordinary", "star")])
+    fig = _drawn(plots.procedures_figure(res))
+    assert len(fig.axes) == 2
+    assert [ax.get_title() for ax in fig.axes] == [r"error to $G_\ast$", r"error to $G_{\mathrm{cen}}$"]
+    for ax in fig.axes:
+        assert "round" in ax.get_xlabel() and "unitless" in ax.get_ylabel()
+        assert_integer_ticks(ax)
+        assert_coinciding_lines_distinct(ax)
+        assert len(ax.collections) >= 2  # the sd bands of the two multi-seed procedures
+    assert "hopper" in fig.get_suptitle() and "sd" in fig.get_suptitle()
+    (legend,) = fig.legends
+    assert_legend_visible(legend)
+    labels = [t.get_text() for t in legend.get_texts()]
+    assert "proximal (3 seeds)" in labels and "corrected_proximal (2 seeds)" in labels and "ordinary" in labels
+    assert sum("predicted gap" in s for s in labels) == 2
+    gap_line = [ln for ln in fig.axes[1].get_lines() if "predicted gap" in ln.get_label()][0]
+    assert gap_line.get_ydata()[0] == pytest.approx(0.3)
+    with pytest.raises(ValueError):
+        plots.procedures_figure([])
+
+
+# ----------------------------------------------------------------------------- ellipses
+@pytest.mark.parametrize("c,n_panels", [(2, 1), (3, 3), (6, 3)])
+def test_gram_ellipse_figure(c, n_panels, tmp_path):
+    t = _targets(c)
+    names = [f"y{i}" for i in range(c)]
+    fig = tb.ellipse_figure(t.g_star.copy(), t, round_=2, gram0=np.eye(c), target_names=names,
+                            unit="standardised", procedure="proximal")
+    _drawn(fig)
+    assert len(fig.axes) == n_panels
+    assert "proximal" in fig.get_suptitle() and "round 2" in fig.get_suptitle()
+    seen = set()
+    for ax in fig.axes:
+        for lab in (ax.get_xlabel(), ax.get_ylabel()):
+            assert "(standardised)" in lab and lab.split(" ")[0] in names
+            seen.add(lab.split(" ")[0])
+        assert_inside_figure(fig, ax.xaxis.label)
+        assert_inside_figure(fig, ax.yaxis.label)
+        assert ax.get_aspect() == 1.0
+        assert_coinciding_lines_distinct(ax)  # G_2 equals G_star here
+    assert seen == set(names)
+    caption = fig.get_supxlabel()
+    assert "G^{1/2}" in caption and r"\leq 1" in caption
+    assert ("projection" in caption) == (c > 2)
+    assert_inside_figure(fig, fig._supxlabel)
+    (legend,) = fig.legends
+    assert_legend_visible(legend)
+    labels = [x.get_text() for x in legend.get_texts()]
+    assert labels == ["$G_{2}$", plots.GRAM_LABELS["G_star"], plots.GRAM_LABELS["G_cen"],
+                      plots.GRAM_LABELS["G_within"], plots.GRAM_LABELS["G_0"]]
+    colors = {ln.get_label(): to_hex(ln.get_color()) for ln in fig.axes[0].get_lines() if ln.get_label()[0] != "_"}
+    for key in ("G_star", "G_cen", "G_within", "G_0"):
+        assert colors[plots.GRAM_LABELS[key]] == plots.PALETTE[key]
+    assert colors["$G_{2}$"] == plots.PALETTE["G_t"]
+    assert plots.save_figure(fig, tmp_path / "ell.png").stat().st_size > 0
+
+
+def test_ellipse_figure_old_call_and_missing_g_star():
+    t = _targets(2)
+    fig = _drawn(tb.ellipse_figure(t.g_cen, t, round_=4))  # the old signature still works
+    assert "round 4" in fig.get_suptitle() and fig.axes[0].get_xlabel() == "coordinate 1"
+    t.g_star = None  # outside the fully active regime
+    fig = _drawn(tb.ellipse_figure(t.g_cen, t, round_=1))
+    labels = [x.get_text() for x in fig.legends[0].get_texts()]
+    assert plots.GRAM_LABELS["G_star"] not in labels and plots.GRAM_LABELS["G_cen"] in labels
+
+
+def test_gram_ellipse_figure_3d_view():
+    t = _targets(6)
+    fig = _drawn(plots.gram_ellipse_figure({"G_t": t.g_star, "G_cen": t.g_cen}, view="3d",
+                                           target_names=list("abcdef")))
+    assert len(fig.axes) == 2 and all(ax.name == "3d" for ax in fig.axes)
+    assert fig.axes[1].get_zlabel() == "f"
+    assert "projection on 3" in fig.get_supxlabel()
+
+
+# ----------------------------------------------------------------------------- fig2
+def test_fig2_figures_are_readable(tmp_path, monkeypatch):
+    from fedhead.experiments import reference
+
+    figs = []
+    real = reference.save_figure
+
+    def capture(fig, path, **kw):
+        fig.canvas.draw()
+        figs.append(fig)
+        return real(fig, path, **kw)
+
+    monkeypatch.setattr(reference, "save_figure", capture)
+    reference.run(reference.Settings.quick(), tmp_path)
+    main, grams = figs
+    a, b, c, d, e, f = main.axes
+    for ax in (a, b, c, d, f):
+        assert_legend_visible(ax.get_legend())
+    labels_a = [t.get_text() for t in a.get_legend().get_texts()]
+    assert r"client optimum $G_1$" in labels_a and r"columns of $\Pi_1(W_0)$" in labels_a
+    client = [ln for ln in a.get_lines() if ln.get_label() == r"client optimum $G_1$"][0]
+    top = [ln for ln in a.get_lines() if ln.get_label().startswith("Adam")][-1]
+    assert top.get_linewidth() < client.get_linewidth() and top.get_zorder() > client.get_zorder()
+    # (b): the slope-1 guide does not lie on the e_Pi data line
+    guide = [ln for ln in b.get_lines() if "slope 1" in ln.get_label()][0]
+    e_pi = [ln for ln in b.get_lines() if "e_\\Pi" in ln.get_label()][0]
+    assert not np.allclose(guide.get_ydata(), e_pi.get_ydata())
+    assert "$\\rho$" in b.get_xlabel()
+    for ax in (c, d, f):
+        assert "round" in ax.get_xlabel() and "$" in ax.get_ylabel()
+        assert_integer_ticks(ax)
+        assert_coinciding_lines_distinct(ax)
+        assert all("rho" not in s or "$\\rho$" in s for s in (t.get_text() for t in ax.get_legend().get_texts()))
+    assert "exact zeros" in e.get_xlabel()
+    assert [t.get_text() for t in e.get_legend().get_texts()] == ["Tr $M_\\mu$", "Tr $M_\\Sigma$", "Tr $M_A$"]
+    (ax,) = grams.axes
+    assert_legend_visible(ax.get_legend())
+    assert "\\preceq" in ax.get_title()
+    assert any("G^{1/2}" in t.get_text() for t in grams.texts)
+
+
+# ----------------------------------------------------------------------------- data sample grid
+def test_sample_grid_units_and_clean_values():
+    from fedhead.data.base import RawDataset
+    from fedhead.data.cli import sample_grid
+    from fedhead.data.pipeline import build_federated
+    from fedhead.data.units import format_target, target_units
+
+    assert format_target(9.17e-09, "image widths") == "0 image widths"
+    assert format_target(30.456, "°") == "30.5°"
+    assert target_units("300w_lp", ("head_pitch", "head_yaw", "head_roll")) == ["°", "°", "°"]
+    assert target_units("cifar_geo", ("shift_x", "shift_y", "log_zoom"))[0] == "px"
+    rng = np.random.default_rng(0)
+    y = rng.uniform(0, 1, size=(40, 3))
+    y[0, 0] = 9.17e-09
+    raw = RawDataset(name="dsprites", x=rng.integers(0, 256, size=(40, 1, 16, 16), dtype=np.uint8),
+                     y=y, target_names=("pos_x", "pos_y", "scale"))
+    fig = _drawn(sample_grid(build_federated(raw, 4), 8))
+    titles = [ax.get_title() for ax in fig.axes if ax.get_title()]
+    assert len(titles) == 8
+    assert all("image widths" in s and "relative size" in s and "e-0" not in s for s in titles)
+    assert "16 x 16 pixels" in fig._suptitle.get_text()
+
+
+def test_cifar_geo_grid_names_its_source():
+    from fedhead.data.base import RawDataset
+    from fedhead.data.cli import sample_grid
+    from fedhead.data.pipeline import build_federated
+
+    rng = np.random.default_rng(1)
+    raw = RawDataset(name="cifar_geo", x=rng.integers(0, 256, size=(16, 3, 40, 40), dtype=np.uint8),
+                     y=rng.normal(size=(16, 3)), target_names=("shift_x", "shift_y", "log_zoom"),
+                     source="fashion_mnist images from /x, shift/zoom construction (seed 0)")
+    fig = _drawn(sample_grid(build_federated(raw, 4), 4))
+    assert "Fashion-MNIST" in fig._suptitle.get_text() and "40 x 40 pixels" in fig._suptitle.get_text()
+    assert all(" px" in ax.get_title() for ax in fig.axes if ax.get_title())
