@@ -10,7 +10,9 @@
 #                                      (K = 1..N; used when ClientApps run in separate
 #                                      containers, `--isolation process`)
 #   every server certificate has SANs DNS:<name>, DNS:localhost, IP:127.0.0.1, so the same
-#   files serve the loopback deployment and the docker compose services of that name
+#   files serve the loopback deployment and the docker compose services of that name;
+#   EXTRA_SANS="DNS:host.example,IP:10.0.0.5" adds SANs (e.g. the address that remote
+#   SuperNodes and the flwr CLI use for the SuperLink)
 #   supernode-K.auth, supernode-K.auth.pub
 #                                      ECDSA P-384 key pair in OpenSSH format for SuperNode
 #                                      authentication (flower-superlink --enable-supernode-auth,
@@ -37,7 +39,7 @@ server_cert() {  # name
   [[ -f $name.crt ]] && return 0
   openssl req -new -nodes -newkey rsa:2048 -sha256 -keyout "$name.key" -out "$name.csr" \
       -subj "/CN=$name" 2>/dev/null
-  printf '%s\n' "subjectAltName=DNS:$name,DNS:localhost,IP:127.0.0.1" \
+  printf '%s\n' "subjectAltName=DNS:$name,DNS:localhost,IP:127.0.0.1${EXTRA_SANS:+,$EXTRA_SANS}" \
       "basicConstraints=CA:FALSE" "keyUsage=digitalSignature,keyEncipherment" \
       "extendedKeyUsage=serverAuth" > "$name.ext"
   openssl x509 -req -in "$name.csr" -CA ca.crt -CAkey ca.key -CAcreateserial -sha256 \
@@ -52,5 +54,5 @@ for k in $(seq 1 "$N"); do
 done
 [[ -f superexec.secret ]] || openssl rand -hex 32 | tr -d '\n' > superexec.secret
 # public material is world-readable; private keys stay owner-only (0600)
-chmod 644 ca.crt ./*.crt ./*.pub
+chmod 644 ./*.crt ./*.pub
 echo "certificates and keys in $(pwd)"
