@@ -10,6 +10,7 @@ docs/deployment.md's TOML examples parse and its links stay inside the repositor
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -129,7 +130,10 @@ def test_gpu_overlay_reserves_nvidia_devices_for_clientapps():
 def test_docker_compose_config_validates():
     res = subprocess.run(
         ["docker-compose", "-f", "docker-compose.yml", "-f", "with-tls.yml", "-f", "with-state.yml",
-         "-f", "with-gpu.yml", "config", "-q"], cwd=REPO, capture_output=True, text=True, timeout=60)
+         "-f", "with-gpu.yml", "config", "-q"], cwd=REPO, capture_output=True, text=True, timeout=60,
+        # Debian's docker-compose runs on the system python: keep the test session's python
+        # settings (PYTHONPATH and the like, set by other tests or the venv) away from it
+        env={k: v for k, v in os.environ.items() if not k.startswith("PYTHON")})
     assert res.returncode == 0, res.stderr
 
 
