@@ -93,6 +93,8 @@ class LocalMetrics:
         Optimiser steps run.
     converged : bool or None
         Whether ``trained_gap <= cfg.local_tol`` was reached; None without a tolerance.
+    gap_trace : tuple of (int, float)
+        ``(epochs run, trained gap)`` at every tolerance check (empty without ``cfg.local_tol``).
     seconds : float
         Wall time of the training loop (excluding the final evaluation).
     steps_per_second : float
@@ -110,6 +112,7 @@ class LocalMetrics:
     epochs: int
     n_steps: int
     converged: bool | None
+    gap_trace: tuple[tuple[int, float], ...]
     seconds: float
     steps_per_second: float
     device: str
@@ -520,7 +523,7 @@ class _TrainLoop:
                                else float(optimal_loss(terms.trained_sigma, cfg.lambda_h, cfg.lambda_w)))
         self.k = 0
         self.epochs_run = 0
-        self.converged: bool | None = None
+        self.gap_trace: list[tuple[int, float]] = []
         self.seconds = 0.0
 
     def _solve_last_layer(self) -> None:
@@ -592,7 +595,9 @@ class _TrainLoop:
             self.epochs_run = e + 1
             if tol is not None and (e + 1) % every == 0 and e + 1 < cfg.epochs:
                 fit = self._evaluate()
-                if _relative(fit.trained_objective, self.trained_l_star) <= tol:
+                gap = _relative(fit.trained_objective, self.trained_l_star)
+                self.gap_trace.append((e + 1, gap))
+                if gap <= tol:
                     break
         if self.cuda:
             torch.cuda.synchronize(self.dev)
@@ -624,6 +629,10 @@ class _TrainLoop:
             epochs=self.epochs_run,
             n_steps=self.k,
             converged=None if tol is None else bool(trained_gap <= tol),
+            gap_trace=tuple(self.gap_trace) + (((self.epochs_run, trained_gap),)
+                                               if tol is not None and self.gap_trace[-1:] != [(self.epochs_run, trained_gap)]
+                                               and not (self.gap_trace and self.gap_trace[-1][0] == self.epochs_run)
+                                               else ()),
             seconds=self.seconds,
             steps_per_second=self.k / self.seconds if self.seconds > 0 else float("inf"),
             device=str(self.dev),
