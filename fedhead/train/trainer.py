@@ -617,6 +617,9 @@ class _TrainLoop:
                                      f"or features after {self.k} steps); lower cfg.lr or keep clip_norm set")
         trained_gap = _relative(fit.trained_objective, self.trained_l_star)
         tol = self.cfg.local_tol
+        trace = list(self.gap_trace)
+        if tol is not None and (not trace or trace[-1][0] != self.epochs_run):
+            trace.append((self.epochs_run, trained_gap))
         metrics = LocalMetrics(
             objective=fit.objective,
             optimal_objective=self.l_star,
@@ -629,10 +632,7 @@ class _TrainLoop:
             epochs=self.epochs_run,
             n_steps=self.k,
             converged=None if tol is None else bool(trained_gap <= tol),
-            gap_trace=tuple(self.gap_trace) + (((self.epochs_run, trained_gap),)
-                                               if tol is not None and self.gap_trace[-1:] != [(self.epochs_run, trained_gap)]
-                                               and not (self.gap_trace and self.gap_trace[-1][0] == self.epochs_run)
-                                               else ()),
+            gap_trace=tuple(trace),
             seconds=self.seconds,
             steps_per_second=self.k / self.seconds if self.seconds > 0 else float("inf"),
             device=str(self.dev),
