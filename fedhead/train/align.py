@@ -9,7 +9,9 @@ computed from ``C x C`` quantities plus an orthogonal completion:
 * ``K = S1 U1^T U2 S2 = V1^T W^^T W_t V2`` (``C x C``), SVD ``K = A S B^T``;
 * ``Q = (V1 A)(V2 B)^T + U_perp R V_perp^T`` where ``U_perp``, ``V_perp`` complete ``V1 A``,
   ``V2 B`` to orthonormal bases and ``R`` is the polar factor of ``U_perp^T V_perp`` (an SVD), the
-  completion closest to the identity (so ``W^ = W_t`` gives ``Q = I``).
+  completion closest to the identity (so ``W^ = W_t`` gives ``Q = I``). Outside the joint span of
+  the two row spaces (at most ``2C`` dimensions) that factor is the identity, so everything is
+  computed in that span: ``O(P C^2)`` work, not ``O(P^3)``.
 
 ``W^ Q`` does not depend on the completion. The head becomes ``W^ Q`` and the backbone's features
 ``Q^T h`` (:meth:`fedhead.models.Backbone.rotate_features`), so predictions ``W^ Q Q^T h = W^ h``,
@@ -74,13 +76,17 @@ def procrustes_rotation(weight: np.ndarray, target: np.ndarray) -> np.ndarray:
     a, _, bt = np.linalg.svd(k)
     ua = v1 @ a[:, :r]                                     # (P, r)
     vb = v2 @ bt[:r].T                                     # (P, r)
-    q = ua @ vb.T
-    if r < p:
-        u_perp, v_perp = _complement(ua), _complement(vb)
-        x = u_perp.T @ v_perp
-        ux, _, vxt = np.linalg.svd(x)
-        q += u_perp @ (ux @ vxt) @ v_perp.T
-    return q
+    # Everything happens in the joint span S (P, k <= 2r) of the two row spaces: outside it both
+    # completions contain the whole complement, on which the closest-to-identity factor is I.
+    # So Q = I + S (Q_s - I) S^T with the (k, k) solution Q_s of the problem in S-coordinates.
+    span = _row_space(np.concatenate([ua, vb], axis=1).T)[2]  # (P, k) orthonormal
+    ua_s, vb_s = span.T @ ua, span.T @ vb                   # (k, r)
+    q_s = ua_s @ vb_s.T
+    if r < span.shape[1]:
+        u_perp, v_perp = _complement(ua_s), _complement(vb_s)
+        ux, _, vxt = np.linalg.svd(u_perp.T @ v_perp)
+        q_s += u_perp @ (ux @ vxt) @ v_perp.T
+    return np.eye(p) + span @ (q_s - np.eye(span.shape[1])) @ span.T
 
 
 @dataclass(frozen=True)
