@@ -292,11 +292,26 @@ def train_local(
     cfg.validate()
     _check_inputs(backbone, head, x, y)
     n, c = y.shape
-    p = head.in_features
     seed = cfg.seed if seed is None else seed
     dev = select_device(device)
-    cuda = dev.type == "cuda"
+    mu_m, sig_m = _client_moments(y, sigma_m)
+    w_t, delta = _head_term_inputs(cfg, broadcast_weight, sigma_cen, sig_m, c, head.in_features)
+    channels_last = _configure_device(cfg, dev, backbone)
+    target_offset = mu_m if cfg.center_targets else np.zeros(c)
+    x_dev, y_dev = _place_on_device(backbone, head, x, y, target_offset, dev, channels_last)
+    n_steps, seconds = _run_epochs(backbone, head, x_dev, y_dev, cfg, dev, channels_last, w_t, delta, seed)
+    metrics = _evaluate_trained(backbone, head, x_dev, y_dev, cfg, dev, channels_last, sig_m, n_steps, seconds)
+    return LocalResult(
+        weight=head.weight.detach().cpu().double().numpy().copy(),
+        bias=head.bias.detach().cpu().double().numpy().copy(),
+        target_offset=np.asarray(target_offset, dtype=np.float64).copy(),
+        metrics=metrics,
+    )
 
+
+def _client_moments(y: torch.Tensor, sigma_m: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """``mu_m (C,)`` and ``Sigma_m (C, C)`` of the targets trained on; a given ``sigma_m`` is checked against it."""
+    c = y.shape[1]
     y64 = y.detach().cpu().numpy().astype(np.float64)
     moments = TargetMoments.from_targets([y64])
     mu_m = np.array(moments.means[0])
@@ -308,33 +323,72 @@ def train_local(
             raise TrainInputError(f"train_local: sigma_m differs from the covariance of the targets y (relative "
                                   f"difference {err:.3g}); pass Sigma_m in the units of the targets trained on, or "
                                   f"leave it None")
+    return mu_m, sig_m
+
+
+def _head_term_inputs(cfg: TrainConfig, broadcast_weight: np.ndarray | None, sigma_cen: np.ndarray | None,
+                      sig_m: np.ndarray, c: int, p: int) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """``W_t (C, P)`` of the proximal term (``rho > 0``) and ``Sigma_cen - Sigma_m (C, C)`` of the correction (``gamma > 0``)."""
     w_t = _check_matrix("broadcast_weight", broadcast_weight, (c, p)) if cfg.rho > 0 else None
     delta = (_check_matrix("sigma_cen", sigma_cen, (c, c), True) - sig_m) if cfg.gamma > 0 else None
+    return w_t, delta
 
+
+def _configure_device(cfg: TrainConfig, dev: torch.device, backbone: nn.Module) -> bool:
+    """Set the CUDA backend switches of ``cfg``; return whether image batches go channels-last."""
+    cuda = dev.type == "cuda"
     if not cuda and (cfg.bf16 or cfg.cuda_graphs):
         log.info("train_local on %s: bf16/cuda_graphs are CUDA-only and ignored (fp32)", dev)
     if cuda and cfg.tf32:
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
     image = bool(getattr(backbone, "is_image", False))
-    channels_last = cuda and cfg.channels_last and image
     if cuda and image:
         torch.backends.cudnn.benchmark = True
+    return cuda and cfg.channels_last and image
 
+
+def _place_on_device(backbone: nn.Module, head: nn.Linear, x: torch.Tensor, y: torch.Tensor,
+                     target_offset: np.ndarray, dev: torch.device,
+                     channels_last: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Move the model (train mode) and the data to ``dev`` once; return ``x_dev`` and the offset targets ``y_dev``."""
     backbone.to(dev)
     head.to(dev)
     if channels_last:
         backbone.to(memory_format=torch.channels_last)
     backbone.train()
     head.train()
-
     # resident data: moved once; float inputs converted once, uint8 images per batch
     x_dev = x.detach().to(dev, non_blocking=True)
     if x_dev.is_floating_point():
         x_dev = x_dev.float().contiguous()
-    target_offset = mu_m if cfg.center_targets else np.zeros(c)
     offset_dev = torch.as_tensor(target_offset, dtype=torch.float32, device=dev)
     y_dev = (y.detach().to(dev, torch.float32) - offset_dev).contiguous()
+    return x_dev, y_dev
+
+
+def _select_step_loss(cfg: TrainConfig, dev: torch.device, bsz: int):
+    """The full-batch step function: :func:`_forward_loss`, or its process-wide compiled form."""
+    cuda = dev.type == "cuda"
+    if not (cfg.compile or (cuda and cfg.cuda_graphs)):
+        return _forward_loss
+    # one compiled function per process and mode, reused across calls, rounds and backbone
+    # objects; CUDA graphs through torch.compile's "reduce-overhead" mode (forward + backward)
+    mode = "reduce-overhead" if cuda and cfg.cuda_graphs else None
+    log.info("train_local on %s: torch.compile(mode=%s)%s for batches of %d; a shorter last batch runs eagerly",
+             dev, mode, ", bf16 autocast" if cuda and cfg.bf16 else "", bsz)
+    return compiled_forward_loss(mode)
+
+
+def _run_epochs(backbone: nn.Module, head: nn.Linear, x_dev: torch.Tensor, y_dev: torch.Tensor, cfg: TrainConfig,
+                dev: torch.device, channels_last: bool, w_t: np.ndarray | None, delta: np.ndarray | None,
+                seed: int) -> tuple[int, float]:
+    """The optimisation loop (AdamW, cosine schedule, exact head-penalty gradients, clipping).
+
+    Returns the number of steps taken and the loop's wall time in seconds.
+    """
+    cuda = dev.type == "cuda"
+    n = y_dev.shape[0]
     weight, bias = head.weight, head.bias
     w_t_dev = torch.as_tensor(w_t, dtype=weight.dtype, device=dev) if w_t is not None else None
     delta_dev = torch.as_tensor(delta, dtype=torch.float64, device=dev) if delta is not None else None
@@ -342,14 +396,7 @@ def train_local(
 
     bf16 = cuda and cfg.bf16
     bsz = min(cfg.batch_size, n)
-    step_loss = _forward_loss
-    if cfg.compile or (cuda and cfg.cuda_graphs):
-        # one compiled function per process and mode, reused across calls, rounds and backbone
-        # objects; CUDA graphs through torch.compile's "reduce-overhead" mode (forward + backward)
-        mode = "reduce-overhead" if cuda and cfg.cuda_graphs else None
-        step_loss = compiled_forward_loss(mode)
-        log.info("train_local on %s: torch.compile(mode=%s)%s for batches of %d; a shorter last batch runs eagerly",
-                 dev, mode, ", bf16 autocast" if bf16 else "", bsz)
+    step_loss = _select_step_loss(cfg, dev, bsz)
 
     def forward_loss(xb: torch.Tensor, yb: torch.Tensor) -> torch.Tensor:
         # the compiled step for the full batch size only: a short last batch would cost a second compile
@@ -402,8 +449,16 @@ def train_local(
             k += 1
     if cuda:
         torch.cuda.synchronize(dev)
-    seconds = time.perf_counter() - t0
+    return n_steps, time.perf_counter() - t0
 
+
+def _evaluate_trained(backbone: nn.Module, head: nn.Linear, x_dev: torch.Tensor, y_dev: torch.Tensor,
+                      cfg: TrainConfig, dev: torch.device, channels_last: bool, sig_m: np.ndarray,
+                      n_steps: int, seconds: float) -> LocalMetrics:
+    """Full-data objective ``L_m`` (eval mode) against ``L*_m``; raise when training diverged."""
+    weight, bias = head.weight, head.bias
+    lh, lw = cfg.lambda_h, cfg.lambda_w
+    n = y_dev.shape[0]
     with torch.no_grad():
         h = compute_features(backbone, x_dev, batch_size=cfg.eval_batch_size, device=dev,
                              channels_last=channels_last)
@@ -412,7 +467,7 @@ def train_local(
         raise TrainDivergedError(f"train_local: training diverged (objective {ev.objective}, non-finite head or "
                                  f"features after {n_steps} steps); lower cfg.lr or keep clip_norm set")
     l_star = float(optimal_loss(sig_m, lh, lw))
-    metrics = LocalMetrics(
+    return LocalMetrics(
         objective=ev.objective,
         optimal_objective=l_star,
         relative_gap=(ev.objective - l_star) / l_star if l_star > 0 else float("nan"),
@@ -424,10 +479,3 @@ def train_local(
         steps_per_second=n_steps / seconds if seconds > 0 else float("inf"),
         device=str(dev),
     )
-    return LocalResult(
-        weight=weight.detach().cpu().double().numpy().copy(),
-        bias=bias.detach().cpu().double().numpy().copy(),
-        target_offset=np.asarray(target_offset, dtype=np.float64).copy(),
-        metrics=metrics,
-    )
-
