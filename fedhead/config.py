@@ -15,77 +15,15 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-PROCEDURES = (
-    "ordinary", "proximal", "corrected", "corrected_proximal", "aligned", "aligned_corrected",
-    "centered", "full_model", "exact",
-)
+from fedhead.procedure import PROCEDURES, ConfigError, ProcedureConfig
+
+__all__ = [
+    "DEVICES", "PROCEDURES", "ConfigError", "ExperimentConfig", "FedheadConfig", "JobConfig", "OutputConfig",
+    "ProcedureConfig", "ResourcesConfig", "RunSettings", "compose_config", "conf_dir", "hydra_config_path",
+    "load_config", "load_procedure",
+]
+
 DEVICES = ("auto", "cpu", "cuda")
-
-
-class ConfigError(ValueError):
-    """Invalid configuration: the message names the key, the value and what is allowed."""
-
-
-@dataclass(frozen=True)
-class ProcedureConfig:
-    """A local-training procedure (issue 5, SPEC 10; Hydra group ``procedure/``).
-
-    Attributes
-    ----------
-    name : str
-        The name users type (``procedure=corrected_proximal``).
-    rho : float
-        Proximal weight (``rho/2 ||W - W_t||^2``); the top-level ``rho=`` overrides it.
-    gamma : float
-        Moment-correction strength (0 off, 1 full; SPEC 8).
-    align : bool
-        Align the trained head to the broadcast before upload (SPEC 5).
-    centered : bool
-        Client-wise target centring (reference ``G_within``).
-    full_model : bool
-        Average the backbone too (BatchNorm statistics stay private).
-    exact : bool
-        Return ``Pi_m(W_t)`` in closed form instead of training (the theory's rule).
-    """
-
-    name: str
-    rho: float = 0.0
-    gamma: float = 0.0
-    align: bool = False
-    centered: bool = False
-    full_model: bool = False
-    exact: bool = False
-
-    def __post_init__(self) -> None:
-        if not (isinstance(self.rho, (int, float)) and math.isfinite(self.rho) and self.rho >= 0):
-            raise ConfigError(f"procedure {self.name!r}: rho must be a finite number >= 0, got {self.rho!r}")
-        if not (isinstance(self.gamma, (int, float)) and 0.0 <= self.gamma <= 1.0):
-            raise ConfigError(f"procedure {self.name!r}: gamma must lie in [0, 1], got {self.gamma!r}")
-        if self.exact and (self.align or self.full_model):
-            raise ConfigError(f"procedure {self.name!r}: exact cannot be combined with align/full_model")
-        if self.full_model and self.align:
-            raise ConfigError(f"procedure {self.name!r}: full_model cannot be combined with align")
-        if self.centered and self.gamma > 0:
-            # centred clients' covariances average to Sigma_within, not Sigma_cen: the correction
-            # toward the pooled Sigma_cen would put the mean term back (SPEC 7-8)
-            raise ConfigError(
-                f"procedure {self.name!r}: centered cannot be combined with the moment correction "
-                f"(gamma={self.gamma}); centring already removes the mean term"
-            )
-
-    @property
-    def strategy_kind(self) -> str:
-        """``"full_model"``, ``"aligned"`` or ``"head"`` (see :func:`strategies.make_strategy`)."""
-        if self.full_model:
-            return "full_model"
-        return "aligned" if self.align else "head"
-
-    @property
-    def reference(self) -> str:
-        """The Gram the procedure should reach: ``"within"``, ``"cen"`` or ``"star"``."""
-        if self.centered:
-            return "within"
-        return "cen" if self.gamma > 0 else "star"
 
 
 @dataclass(frozen=True)

@@ -27,9 +27,9 @@ import numpy as np
 from flwr.app import Context, Message
 from flwr.serverapp import Grid, ServerApp
 
-from fedhead import aggregation as agg
 from fedhead.config import JobConfig, compose_config, hydra_config_path, load_config
 from fedhead.io import provenance, write_json_atomic
+from fedhead.tracking import RoundRecord, Targets
 
 log = logging.getLogger("fedhead.run")
 
@@ -111,8 +111,8 @@ class RunRecorder:
         self.t_start = time.perf_counter()
         self.t_exchange: float | None = None
         self.round_times: list[float] = []
-        self.targets: agg.Targets | None = None
-        self.records: dict[int, agg.RoundRecord] = {}
+        self.targets: Targets | None = None
+        self.records: dict[int, RoundRecord] = {}
         self.tb = TensorBoardLogger(self.dir / "tensorboard") if job.output.tensorboard else None
         self.show_progress = show_progress
         self.base_timing: dict[str, Any] = {}  # merged into results["timing"] by finish()
@@ -169,7 +169,7 @@ class RunRecorder:
             self._bar = tqdm(total=self.job.settings.rounds, desc=f"{self.job.name} rounds", unit="round",
                              file=sys.stderr)
 
-    def on_round(self, record: agg.RoundRecord) -> None:
+    def on_round(self, record: RoundRecord) -> None:
         t = record.round
         self.records[t] = record
         if t >= 1:
@@ -298,7 +298,7 @@ def prepare_data(job: JobConfig):
     Ray workers read, and refuses a federation outside the fully active regime (SPEC 3) before
     any worker starts, unless ``dataset.allow_outside_regime=true`` or ``diagnose_only=true``
     (the server repeats the check on the exchanged moments, which is what deployments use)."""
-    from fedhead.data.margins import ensure_fully_active
+    from fedhead.regime import ensure_fully_active
     from fedhead.data.registry import load_federated
 
     data = load_federated(job.dataset, num_clients=job.settings.num_clients)

@@ -1,7 +1,8 @@
 """fedhead strategies on flwr's Message API: head averaging, moment exchange, alignment check,
 full-model averaging.
 
-The strategies are thin: every number they compute comes from :mod:`fedhead.aggregation`.
+The strategies are thin: every number they compute comes from :mod:`fedhead.aggregation`,
+:mod:`fedhead.diagnosis` and :mod:`fedhead.tracking` (numpy only; no torch, no data layer).
 
 * :class:`HeadAveraging` (a :class:`flwr.serverapp.strategy.FedAvg` subclass): before round 1 a
   ``query`` message asks every client for ``(N_m, mu_m, Sigma_m)``; the server builds
@@ -41,8 +42,12 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg, Result
 
 from fedhead import aggregation as agg
+from fedhead import protocol as P
 from fedhead import ufm
-from strategies import protocol as P
+from fedhead.diagnosis import Diagnosis, diagnose
+from fedhead.metrics import relative_error
+from fedhead.regime import OutsideRegimeWarning, ensure_fully_active
+from fedhead.tracking import RoundRecord, RoundTracker, Targets, reference_targets
 
 log = logging.getLogger(__name__)
 
@@ -56,9 +61,9 @@ class MomentExchange:
     """Outcome of the one-time moment exchange before round 1."""
 
     moments: ufm.TargetMoments
-    diagnosis: agg.Diagnosis
+    diagnosis: Diagnosis
     gap: Any  # fedhead.ufm.GapDecomposition, None outside the fully active regime
-    targets: agg.Targets  # g_star None outside the fully active regime
+    targets: Targets  # g_star None outside the fully active regime
     node_ids: tuple[int, ...]  # ordered by partition id
     partition_ids: tuple[int, ...]
 
@@ -68,14 +73,14 @@ class RunObserver(Protocol):
 
     def on_exchange(self, exchange: MomentExchange) -> None: ...
 
-    def on_round(self, record: agg.RoundRecord) -> None: ...
+    def on_round(self, record: RoundRecord) -> None: ...
 
 
 class _NullObserver:
     def on_exchange(self, exchange: MomentExchange) -> None:  # noqa: D102
         pass
 
-    def on_round(self, record: agg.RoundRecord) -> None:  # noqa: D102
+    def on_round(self, record: RoundRecord) -> None:  # noqa: D102
         pass
 
 
@@ -176,7 +181,7 @@ class HeadAveraging(FedAvg):
         self.message_config = dict(message_config or {})
         self.allow_outside_regime = bool(allow_outside_regime)
         self.exchange: MomentExchange | None = None
-        self.tracker: agg.RoundTracker | None = None
+        self.tracker: RoundTracker | None = None
         self._broadcast: tuple[np.ndarray, np.ndarray] | None = None
         self._head_shape: tuple[int, int] | None = None
 
@@ -191,7 +196,7 @@ class HeadAveraging(FedAvg):
     # ---------------------------------------------------------------- moment exchange
     def query_messages(self, node_ids: Iterable[int]) -> list[Message]:
         """One ``query`` message per node asking for ``(N_m, mu_m, Sigma_m)``."""
-        record = RecordDict({P.CONFIG: ConfigRecord({"stage": "moments", **self.message_config})})
+        record = RecordDict({P.CONFIG: ConfigRecord({P.STAGE: P.STAGE_MOMENTS, **self.message_config})})
         return [
             Message(content=record, dst_node_id=int(n), message_type=MessageType.QUERY)
             for n in node_ids
@@ -213,8 +218,8 @@ class HeadAveraging(FedAvg):
             if P.NUM_EXAMPLES not in metrics:
                 raise agg.ReplyError(node, f"query reply metrics lack '{P.NUM_EXAMPLES}'")
             rows.append(
-                (_partition(msg), node, metrics[P.NUM_EXAMPLES], arrays["mean"].numpy(),
-                 arrays["cov"].numpy())
+                (_partition(msg), node, metrics[P.NUM_EXAMPLES], arrays[P.MEAN].numpy(),
+                 arrays[P.COV].numpy())
             )
         rows.sort(key=lambda r: r[0])
         pids = [r[0] for r in rows]
@@ -224,10 +229,14 @@ class HeadAveraging(FedAvg):
             [r[2] for r in rows], [r[3] for r in rows], [r[4] for r in rows],
             node_ids=[f"{r[1]} (partition {r[0]})" for r in rows],
         )
-        with warnings.catch_warnings():  # reported below (refusal or OutsideRegimeWarning)
-            warnings.simplefilter("ignore", UserWarning)
-            diagnosis, gap = agg.diagnose(moments, self.lambda_h, self.lambda_w)
-        targets = agg.reference_targets(
+        # the regime is reported by check_regime (refusal or OutsideRegimeWarning); a barycenter
+        # that does not converge keeps its ConvergenceWarning and is flagged in the diagnosis
+        diagnosis, gap = diagnose(moments, self.lambda_h, self.lambda_w, warn_outside_regime=False)
+        if diagnosis.barycenter_converged is False:
+            log.warning("the barycenter G_star did not converge (residual %.3g after %d iterations): G_star, "
+                        "the gap terms and every error against G_star are approximate",
+                        diagnosis.barycenter_residual, diagnosis.barycenter_iters)
+        targets = reference_targets(
             moments, gap, self.lambda_h, self.lambda_w, gamma=self.gamma, centered=self.centered
         )
         self.exchange = MomentExchange(
@@ -249,11 +258,9 @@ class HeadAveraging(FedAvg):
     def check_regime(self) -> None:
         """Refuse to train outside the fully active regime unless explicitly allowed.
 
-        Raises :class:`fedhead.data.OutsideRegimeError` naming the clients and margins; with
-        ``allow_outside_regime`` emits :class:`fedhead.data.OutsideRegimeWarning` (and logs it).
+        Raises :class:`fedhead.regime.OutsideRegimeError` naming the clients and margins; with
+        ``allow_outside_regime`` emits :class:`fedhead.regime.OutsideRegimeWarning` (and logs it).
         """
-        from fedhead.data.margins import OutsideRegimeWarning, ensure_fully_active
-
         if self.exchange is None:
             raise RuntimeError("exchange_moments must run before the regime check")
         if self.exchange.diagnosis.fully_active:
@@ -274,12 +281,12 @@ class HeadAveraging(FedAvg):
         return sorted(node_ids)
 
     # ---------------------------------------------------------------- training
-    def begin(self, initial_head: tuple[np.ndarray, np.ndarray]) -> agg.RoundRecord:
+    def begin(self, initial_head: tuple[np.ndarray, np.ndarray]) -> RoundRecord:
         """Record round 0 for the initial head (after :meth:`exchange_moments`)."""
         if self.exchange is None:
             raise RuntimeError("exchange_moments must run before training")
         self.check_regime()
-        self.tracker = agg.RoundTracker(self.exchange.targets)
+        self.tracker = RoundTracker(self.exchange.targets)
         w, b = (np.asarray(a, dtype=np.float64) for a in initial_head)
         c = self.exchange.moments.dim
         if w.ndim != 2 or w.shape[0] != c or b.shape != (c,):
@@ -296,14 +303,14 @@ class HeadAveraging(FedAvg):
             if self.exchange is None:
                 raise RuntimeError("the corrected procedure needs the moment exchange first")
             content[P.SIGMA_CEN] = ArrayRecord(
-                {"sigma_cen": Array(np.asarray(self.exchange.moments.sigma_cen, dtype=np.float64))}
+                {P.SIGMA_CEN_ARRAY: Array(np.asarray(self.exchange.moments.sigma_cen, dtype=np.float64))}
             )
         return content
 
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        head_arrays = ArrayRecord({k: arrays[k] for k in ("weight", "bias")})
+        head_arrays = ArrayRecord({k: arrays[k] for k in (P.WEIGHT, P.BIAS)})
         self._broadcast = P.read_head(head_arrays)
         config[P.SERVER_ROUND] = server_round
         config.update(self.message_config)
@@ -367,8 +374,8 @@ class HeadAveraging(FedAvg):
         avg = agg.average_heads(heads, biases, counts)
         metrics = [_metrics(m) for m in msgs]
         gaps = [
-            float(agg.validate_array(m["objective_gap"], (), node_id=P.node_of(msg), name="objective_gap"))
-            for m, msg in zip(metrics, msgs, strict=True) if "objective_gap" in m
+            float(agg.validate_array(m[P.OBJECTIVE_GAP], (), node_id=P.node_of(msg), name=P.OBJECTIVE_GAP))
+            for m, msg in zip(metrics, msgs, strict=True) if P.OBJECTIVE_GAP in m
         ]
         client_metrics = [
             {k: float(v) for k, v in m.items() if not isinstance(v, list)} for m in metrics
@@ -397,7 +404,7 @@ class HeadAveraging(FedAvg):
             return []
         config[P.SERVER_ROUND] = server_round
         config.update(self.message_config)
-        head = ArrayRecord({k: arrays[k] for k in ("weight", "bias")})
+        head = ArrayRecord({k: arrays[k] for k in (P.WEIGHT, P.BIAS)})
         content = RecordDict({P.HEAD: head, P.CONFIG: config})
         self._extend_train_content(content, arrays)
         return [
@@ -415,21 +422,21 @@ class HeadAveraging(FedAvg):
         train_v, train_n, test_v, test_n = [], [], [], []
         for m, msg in zip(ms, msgs, strict=True):
             node = P.node_of(msg)
-            if "train_mse" not in m:
-                raise agg.ReplyError(node, "evaluation reply lacks 'train_mse'")
-            train_v.append(float(agg.validate_array(m["train_mse"], (), node_id=node, name="train_mse")))
+            if P.TRAIN_MSE not in m:
+                raise agg.ReplyError(node, f"evaluation reply lacks '{P.TRAIN_MSE}'")
+            train_v.append(float(agg.validate_array(m[P.TRAIN_MSE], (), node_id=node, name=P.TRAIN_MSE)))
             train_n.append(agg.validate_count(m.get(P.NUM_EXAMPLES), node_id=node))
-            if "test_mse" in m:
-                test_v.append(float(agg.validate_array(m["test_mse"], (), node_id=node, name="test_mse")))
+            if P.TEST_MSE in m:
+                test_v.append(float(agg.validate_array(m[P.TEST_MSE], (), node_id=node, name=P.TEST_MSE)))
                 test_n.append(agg.validate_count(m.get(P.NUM_TEST_EXAMPLES), node_id=node))
         train = agg.weighted_mean(train_v, train_n)
         test = agg.weighted_mean(test_v, test_n) if len(test_v) == len(ms) else None
         assert self.tracker is not None
         rec = self.tracker.set_mse(server_round, train, test)
         self.observer.on_round(rec)
-        out = {"train_mse": train}
+        out = {P.TRAIN_MSE: train}
         if test is not None:
-            out["test_mse"] = test
+            out[P.TEST_MSE] = test
         return MetricRecord(out)
 
     # ---------------------------------------------------------------- the whole run
@@ -480,10 +487,10 @@ class AlignedHeadAveraging(HeadAveraging):
             if P.CHECKS not in msg.content.array_records:
                 raise agg.ReplyError(node, f"aligned reply lacks the '{P.CHECKS}' ArrayRecord")
             g_trained = agg.validate_array(
-                msg.content.array_records[P.CHECKS]["trained_gram"].numpy(),
-                (w.shape[0], w.shape[0]), node_id=node, name="trained_gram",
+                msg.content.array_records[P.CHECKS][P.TRAINED_GRAM].numpy(),
+                (w.shape[0], w.shape[0]), node_id=node, name=P.TRAINED_GRAM,
             )
-            err = agg.relative_error(w @ w.T, g_trained)
+            err = relative_error(w @ w.T, g_trained)
             if err > self.rtol:
                 raise agg.ReplyError(
                     node,
@@ -505,7 +512,7 @@ class FullModelAveraging(HeadAveraging):
         super().__init__(**kwargs)
         self._backbone = (
             None if initial_backbone is None
-            else {k: np.asarray(v) for k, v in initial_backbone.items() if not agg.is_private_state(k)}
+            else {k: np.asarray(v) for k, v in initial_backbone.items() if not P.is_private_state(k)}
         )
 
     def _extend_train_content(self, content: RecordDict, arrays: ArrayRecord) -> None:

@@ -5,6 +5,7 @@ See ``docs/architecture.md``. The Flower client calls :func:`train_local`, :func
 """
 
 from fedhead.train.align import AlignResult, align, procrustes_rotation
+from fedhead.train.client_math import exact_head, head_distances, round_seed
 from fedhead.train.config import TrainConfig, TrainDivergedError, TrainInputError
 from fedhead.train.objective import (
     LocalEvaluation,
@@ -39,11 +40,14 @@ __all__ = [
     "compute_features",
     "cosine_schedule",
     "evaluate_local",
+    "exact_head",
+    "head_distances",
     "minibatch_loss",
     "moment_correction_grad",
     "moment_correction_torch",
     "objective_from_features",
     "procrustes_rotation",
+    "round_seed",
     "select_device",
     "train_local",
 ]
