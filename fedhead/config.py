@@ -20,7 +20,7 @@ from fedhead.procedure import PROCEDURES, ConfigError, ProcedureConfig
 __all__ = [
     "DEVICES", "PROCEDURES", "ConfigError", "ExperimentConfig", "FedheadConfig", "JobConfig", "OutputConfig",
     "ProcedureConfig", "ResourcesConfig", "RunSettings", "compose_config", "conf_dir", "hydra_config_path",
-    "load_config", "load_procedure",
+    "job_from_context", "load_config", "load_procedure",
 ]
 
 DEVICES = ("auto", "cpu", "cuda")
@@ -316,3 +316,31 @@ def load_config(cfg: Any) -> FedheadConfig:
         settings=settings, dataset=dataset, model=model, train=train, procedures=procedures,
         experiment=experiment, resources=resources_cfg, output=output, resolved=resolved,
     )
+
+
+# ------------------------------------------------------------------------------ flwr run .
+#: Run-config keys of a deployment (``[tool.flwr.app.config]``).
+RUN_CONFIG_OVERRIDES = "overrides"
+RUN_CONFIG_PROCEDURE_INDEX = "procedure-index"
+RUN_CONFIG_OUTPUT_DIR = "output-dir"
+
+_JOBS: dict[tuple[str, str, int], JobConfig] = {}
+
+
+def job_from_context(context: Any) -> JobConfig:
+    """The job named by a deployment's run config (``overrides``, ``procedure-index``, ``output-dir``).
+
+    ``context`` is the :class:`flwr.app.Context` of the ServerApp or ClientApp; jobs are built
+    once per process and run config.
+    """
+    rc = context.run_config
+    overrides = str(rc.get(RUN_CONFIG_OVERRIDES, ""))
+    out = str(rc.get(RUN_CONFIG_OUTPUT_DIR, "outputs/flwr"))
+    idx = int(rc.get(RUN_CONFIG_PROCEDURE_INDEX, 0))
+    key = (overrides, out, idx)
+    if key not in _JOBS:
+        jobs = load_config(compose_config(overrides.split())).jobs(out)
+        if not 0 <= idx < len(jobs):
+            raise ValueError(f"procedure-index {idx} outside 0..{len(jobs) - 1} ({[j.name for j in jobs]})")
+        _JOBS[key] = jobs[idx]
+    return _JOBS[key]
