@@ -28,7 +28,6 @@ from flwr.clientapp import ClientApp
 
 from clients.store import BackboneStore
 from fedhead import protocol as P
-from fedhead import ufm
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +37,10 @@ STATE_DIR_KEY = "state-dir"
 
 _DATA: dict[tuple[str, int], Any] = {}
 _DATA_LOCK = threading.Lock()
+_MOMENTS: dict[tuple[str, int, int], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+#: Trained backbones kept in memory between rounds: (store root, partition) -> (round, stored
+#: state object, module). Only the current store root is kept (one job at a time).
+_BACKBONES: dict[tuple[str, int], tuple[int, dict, torch.nn.Module]] = {}
 
 
 class ClientError(RuntimeError):
@@ -81,6 +84,22 @@ def client_data(job: Any, pid: int):
     return data, data.clients[pid]
 
 
+def client_moments(job: Any, pid: int, cd: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(y (N_m, C) float64, mu_m (C,), Sigma_m (C, C))`` of the client's training targets,
+    computed once per process and partition."""
+    from fedhead.train import target_moments
+
+    key = (repr(job.dataset), job.settings.num_clients, pid)
+    with _DATA_LOCK:
+        hit = _MOMENTS.get(key)
+    if hit is None:
+        y64 = cd.y_train.detach().cpu().numpy().astype(np.float64)
+        hit = (y64, *target_moments(y64))
+        with _DATA_LOCK:
+            _MOMENTS[key] = hit
+    return hit
+
+
 def is_free(job: Any) -> bool:
     from fedhead.models import FreeFeatureConfig
 
@@ -107,20 +126,48 @@ def store_of(job: Any, context: Context) -> BackboneStore:
         from pathlib import Path
 
         return BackboneStore(Path(str(node_dir)) / job.name / f"run_{context.run_id}")
-    return BackboneStore(job.state_dir / f"run_{context.run_id}")
+    # the simulation's temporary state folder: atomic files, no fsync (a per-round cost per client)
+    return BackboneStore(job.state_dir / f"run_{context.run_id}", sync=False)
 
 
-def load_backbone(job: Any, context: Context, pid: int, data: Any, cd: Any, *, required: bool):
-    """The client's private backbone: the stored one, or the common seeded initial backbone."""
+def load_backbone(job: Any, context: Context, pid: int, data: Any, cd: Any, *, required: bool,
+                  expected_round: int | None = None):
+    """The client's private backbone: the stored one, or the common seeded initial backbone.
+
+    ``expected_round`` is the round whose state should be the newest (the previous round when
+    training, the current one when evaluating; 0 means nothing can be stored yet). A CPU
+    backbone this process trained and stored is reused as it is (same state) instead of being
+    rebuilt and reloaded; full-model averaging always rebuilds (the broadcast changes it).
+    """
     from fedhead.models import build_backbone
 
+    store = store_of(job, context)
+    stored = None if expected_round == 0 else store.load(pid, expected_round=expected_round)
+    if stored is None and required:
+        raise ClientError(f"partition {pid}: no stored private backbone (evaluate before any training?)")
+    if stored is not None and not job.procedure.full_model:
+        hit = _BACKBONES.get((str(store.root), pid))
+        if hit is not None and hit[0] == stored[0] and hit[1] is stored[1]:
+            return hit[2]
     backbone = build_backbone(job.model, data.input_shape, cd.n_train, job.settings.seed)
-    stored = store_of(job, context).load(pid)
     if stored is not None:
         backbone.load_state_dict(stored[1])
-    elif required:
-        raise ClientError(f"partition {pid}: no stored private backbone (evaluate before any training?)")
     return backbone
+
+
+def save_backbone(job: Any, context: Context, pid: int, rnd: int, backbone: torch.nn.Module) -> None:
+    """Store the trained backbone after round ``rnd`` and keep the (CPU) module for the next use."""
+    store = store_of(job, context)
+    store.save(pid, rnd, backbone.state_dict())
+    root = str(store.root)
+    entry = store.cached(pid)
+    on_cpu = all(p.device.type == "cpu" for p in backbone.parameters())
+    if entry is None or job.procedure.full_model or not on_cpu:
+        _BACKBONES.pop((root, pid), None)
+        return
+    for key in [k for k in _BACKBONES if k[0] != root]:  # one job at a time: drop other runs' modules
+        del _BACKBONES[key]
+    _BACKBONES[(root, pid)] = (entry[0], entry[1], backbone)
 
 
 def apply_shared_state(backbone: torch.nn.Module, record: ArrayRecord | None, pid: int) -> None:
@@ -170,13 +217,10 @@ def handle_query(job: Any, msg: Message, context: Context) -> Message:
     """Reply with ``(N_m, mu_m, Sigma_m)`` of the client's training targets (SPEC 3)."""
     pid = partition_of(context, job)
     _, cd = client_data(job, pid)
-    y = cd.y_train.detach().cpu().numpy().astype(np.float64)
-    moments = ufm.TargetMoments.from_targets([y])
+    y, mu, sigma = client_moments(job, pid, cd)
     content = RecordDict(
         {
-            P.MOMENTS: ArrayRecord(
-                {P.MEAN: Array(np.asarray(moments.means[0])), P.COV: Array(np.asarray(moments.covs[0]))}
-            ),
+            P.MOMENTS: ArrayRecord({P.MEAN: Array(mu), P.COV: Array(sigma)}),
             P.METRICS: MetricRecord({P.NUM_EXAMPLES: int(y.shape[0]), P.PARTITION_ID: pid}),
         }
     )
@@ -198,15 +242,15 @@ def handle_train(job: Any, msg: Message, context: Context) -> Message:
     content = RecordDict()
     metrics: dict[str, float | int] = {P.NUM_EXAMPLES: n, P.PARTITION_ID: pid, P.SERVER_ROUND: rnd}
     proc, lh, lw = job.procedure, job.settings.lambda_h, job.settings.lambda_w
-    y64 = y.detach().cpu().numpy().astype(np.float64)
+    _, mu, sigma = client_moments(job, pid, cd)
 
     if proc.exact:
-        weight, bias, gap = exact_head(y64, w_t, sigma_cen, gamma=proc.gamma, centered=proc.centered,
+        weight, bias, gap = exact_head(mu, sigma, w_t, sigma_cen, gamma=proc.gamma, centered=proc.centered,
                                        lambda_h=lh, lambda_w=lw)
         metrics[P.OBJECTIVE_GAP] = float(gap)
     else:
         device = select_device(job.settings.device)
-        backbone = load_backbone(job, context, pid, data, cd, required=False)
+        backbone = load_backbone(job, context, pid, data, cd, required=False, expected_round=rnd - 1)
         if job.procedure.full_model:
             apply_shared_state(backbone, msg.content.array_records.get(P.BACKBONE), pid)
         head = torch.nn.Linear(w_t.shape[1], w_t.shape[0])
@@ -234,8 +278,8 @@ def handle_train(job: Any, msg: Message, context: Context) -> Message:
             content[P.CHECKS] = ArrayRecord({P.TRAINED_GRAM: Array(np.asarray(trained_gram, dtype=np.float64))})
         if job.procedure.full_model:
             content[P.BACKBONE] = shared_state(backbone)
-        store_of(job, context).save(pid, rnd, backbone.state_dict())
-    dist = head_distances(y64, w_t, weight, sigma_cen, gamma=proc.gamma, lambda_h=lh, lambda_w=lw)
+        save_backbone(job, context, pid, rnd, backbone)
+    dist = head_distances(sigma, w_t, weight, sigma_cen, gamma=proc.gamma, lambda_h=lh, lambda_w=lw)
     metrics[P.DISTANCE_TO_BROADCAST] = dist.to_broadcast
     metrics[P.DISTANCE_TO_SELECTION] = dist.to_selection
     metrics[P.RELATIVE_DISTANCE_TO_SELECTION] = dist.relative_to_selection
@@ -252,7 +296,7 @@ def handle_evaluate(job: Any, msg: Message, context: Context) -> Message:
     pid = partition_of(context, job)
     data, cd = client_data(job, pid)
     w, b = P.read_head(msg.content.array_records[P.HEAD])
-    backbone = load_backbone(job, context, pid, data, cd, required=True)
+    backbone = load_backbone(job, context, pid, data, cd, required=True, expected_round=_round_of(msg))
     if job.procedure.full_model:
         apply_shared_state(backbone, msg.content.array_records.get(P.BACKBONE), pid)
     device = select_device(job.settings.device)

@@ -5,7 +5,7 @@ See ``docs/architecture.md``. The Flower client calls :func:`train_local`, :func
 """
 
 from fedhead.train.align import AlignResult, align, procrustes_rotation
-from fedhead.train.client_math import exact_head, head_distances, round_seed
+from fedhead.train.client_math import HeadDistances, exact_head, head_distances, round_seed, target_moments
 from fedhead.train.config import TrainConfig, TrainDivergedError, TrainInputError
 from fedhead.train.objective import (
     LocalEvaluation,
@@ -28,6 +28,7 @@ from fedhead.train.trainer import (
 
 __all__ = [
     "AlignResult",
+    "HeadDistances",
     "LocalEvaluation",
     "LocalMetrics",
     "LocalResult",
@@ -49,5 +50,6 @@ __all__ = [
     "procrustes_rotation",
     "round_seed",
     "select_device",
+    "target_moments",
     "train_local",
 ]

@@ -25,19 +25,21 @@ def round_seed(seed: int, server_round: int, partition_id: int) -> int:
     return int(seed) * 1_000_003 + 1_009 * int(server_round) + int(partition_id)
 
 
-def _target_moments(y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def target_moments(y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``mu_m (C,)`` and ``Sigma_m (C, C)`` of a client's targets ``y (N_m, C)`` (SPEC 3)."""
     moments = ufm.TargetMoments.from_targets([np.asarray(y, dtype=np.float64)])
     return np.asarray(moments.means[0]), np.asarray(moments.covs[0])
 
 
-def exact_head(y: np.ndarray, broadcast: np.ndarray, sigma_cen: np.ndarray | None, *, gamma: float,
-               centered: bool, lambda_h: float, lambda_w: float) -> tuple[np.ndarray, np.ndarray, float]:
+def exact_head(mu: np.ndarray, sigma: np.ndarray, broadcast: np.ndarray, sigma_cen: np.ndarray | None, *,
+               gamma: float, centered: bool, lambda_h: float,
+               lambda_w: float) -> tuple[np.ndarray, np.ndarray, float]:
     """``Pi_m(W_t)`` from the client's (corrected) optimal Gram, its bias and objective gap (SPEC 4-5, 8).
 
     Parameters
     ----------
-    y : ndarray (N_m, C)
-        The client's training targets.
+    mu, sigma : ndarray (C,), (C, C)
+        The client's target mean and covariance (:func:`target_moments`).
     broadcast : ndarray (C, P)
         ``W_t``.
     sigma_cen : ndarray (C, C) or None
@@ -57,7 +59,6 @@ def exact_head(y: np.ndarray, broadcast: np.ndarray, sigma_cen: np.ndarray | Non
     gap : float
         ``(L_m(W~) - L*_m) / L*_m`` on the client's own (uncorrected) objective.
     """
-    mu, sigma = _target_moments(y)
     target = ufm.corrected_covariance(sigma, sigma_cen, gamma) if sigma_cen is not None else sigma
     weight = ufm.closest_head(broadcast, ufm.optimal_gram(target, lambda_h, lambda_w))
     bias = np.zeros_like(mu) if centered else mu
@@ -74,13 +75,13 @@ class HeadDistances(NamedTuple):
     relative_to_selection: float  # ||W~ - Pi_m(W_t)||_F / ||Pi_m(W_t)||_F
 
 
-def head_distances(y: np.ndarray, broadcast: np.ndarray, weight: np.ndarray, sigma_cen: np.ndarray | None, *,
-                   gamma: float, lambda_h: float, lambda_w: float) -> HeadDistances:
+def head_distances(sigma: np.ndarray, broadcast: np.ndarray, weight: np.ndarray, sigma_cen: np.ndarray | None,
+                   *, gamma: float, lambda_h: float, lambda_w: float) -> HeadDistances:
     """Distances of a returned head ``W~ (C, P)`` to ``W_t`` and to ``Pi_m(W_t)`` (SPEC 5, 11).
 
-    ``Pi_m`` is the closest optimal head of the client's (corrected) objective; ``y`` is ``(N_m, C)``.
+    ``Pi_m`` is the closest optimal head of the client's (corrected) objective; ``sigma`` is the
+    client's ``Sigma_m (C, C)``.
     """
-    _, sigma = _target_moments(y)
     target = ufm.corrected_covariance(sigma, sigma_cen, gamma) if sigma_cen is not None else sigma
     pi = ufm.closest_head(broadcast, ufm.optimal_gram(target, lambda_h, lambda_w))
     return HeadDistances(
