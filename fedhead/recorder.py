@@ -25,6 +25,7 @@ from flwr.serverapp import Grid
 
 from fedhead.config import JobConfig
 from fedhead.io import provenance, write_json_atomic
+from fedhead.protocol import TRAIN_SECONDS
 from fedhead.tracking import RoundRecord, Targets
 
 log = logging.getLogger("fedhead.run")
@@ -247,11 +248,14 @@ def write_figures(rec: RunRecorder) -> list[Path]:
 
 
 def timing_summary(recorder: RunRecorder, pgrid: ProgressGrid | None, t_sim: float, t_end: float) -> dict[str, Any]:
-    """Wall-time split of a run (used by benchmarks/bench_overhead.py)."""
-    train_seconds = 0.0
-    for rec in recorder.records.values():
-        for cm in rec.client_metrics:
-            train_seconds += float(cm.get("train_seconds", 0.0))
+    """Wall-time split of a run (used by benchmarks/bench_overhead.py).
+
+    ``phase_seconds`` sums the message phases by type; ``phases`` lists every phase in order as
+    ``[type, seconds]``; ``round_train_seconds[t - 1]`` is the clients' summed training-loop time
+    of round ``t``.
+    """
+    rounds = [recorder.records[t] for t in sorted(recorder.records) if t >= 1]
+    per_round = [sum(float(cm.get(TRAIN_SECONDS, 0.0)) for cm in rec.client_metrics) for rec in rounds]
     phases: dict[str, float] = {}
     first_phase = None
     if pgrid is not None:
@@ -262,7 +266,9 @@ def timing_summary(recorder: RunRecorder, pgrid: ProgressGrid | None, t_sim: flo
         "simulation_seconds": t_end - t_sim,
         "startup_seconds": (first_phase - t_sim) if first_phase is not None else None,
         "phase_seconds": phases,
-        "client_train_seconds": train_seconds,
+        "phases": [[kind, secs] for kind, _, secs in (pgrid.phases if pgrid is not None else [])],
+        "client_train_seconds": sum(per_round),
+        "round_train_seconds": per_round,
     }
 
 # ------------------------------------------------------------------------------ experiments

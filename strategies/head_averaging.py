@@ -11,10 +11,8 @@ The strategies are thin: every number they compute comes from :mod:`fedhead.aggr
   (and ``Sigma_cen`` to corrected clients), averages the returned heads with weights
   ``N_m / N`` and measures the round (SPEC 11); an ``evaluate`` message then collects the MSE
   of the shared head on each client's own backbone.
-* :class:`AlignedHeadAveraging`: additionally verifies that every aligned head kept the Gram of
-  the head the client trained (alignment is a rotation, SPEC 5).
-* :class:`FullModelAveraging`: additionally averages the backbone (BatchNorm statistics stay on
-  the clients) and broadcasts it.
+* :class:`strategies.variants.AlignedHeadAveraging` and
+  :class:`strategies.variants.FullModelAveraging` extend it (alignment check, backbone averaging).
 
 Measurements are handed to an observer (:class:`RunObserver`) that writes results, TensorBoard
 and progress; the strategy itself does no I/O.
@@ -45,15 +43,11 @@ from fedhead import aggregation as agg
 from fedhead import protocol as P
 from fedhead import ufm
 from fedhead.diagnosis import Diagnosis, diagnose
-from fedhead.metrics import relative_error
 from fedhead.regime import OutsideRegimeWarning, ensure_fully_active
 from fedhead.tracking import RoundRecord, RoundTracker, Targets, reference_targets
+from strategies.replies import FederationError, metrics_of, partition_of, raise_on_errors
 
 log = logging.getLogger(__name__)
-
-
-class FederationError(RuntimeError):
-    """A round could not be completed (client error, missing replies, failed verification)."""
 
 
 @dataclass(frozen=True)
@@ -82,35 +76,6 @@ class _NullObserver:
 
     def on_round(self, record: RoundRecord) -> None:  # noqa: D102
         pass
-
-
-def _raise_on_errors(replies: Sequence[Message], stage: str, expected: int) -> list[Message]:
-    """Fail loudly on error replies or missing replies (never continue with partial state)."""
-    errors = [m for m in replies if m.has_error()]
-    if errors:
-        detail = "; ".join(
-            f"node {m.metadata.src_node_id}: {m.error.reason}" for m in errors
-        )
-        raise FederationError(f"{stage}: {len(errors)} client(s) failed: {detail}")
-    if len(replies) != expected:
-        raise FederationError(
-            f"{stage}: expected {expected} replies, received {len(replies)} (timeout or lost client)"
-        )
-    return list(replies)
-
-
-def _metrics(message: Message) -> MetricRecord:
-    content = message.content
-    if P.METRICS not in content.metric_records:
-        raise agg.ReplyError(P.node_of(message), f"reply lacks the '{P.METRICS}' MetricRecord")
-    return content.metric_records[P.METRICS]
-
-
-def _partition(message: Message) -> int:
-    metrics = _metrics(message)
-    if P.PARTITION_ID not in metrics:
-        raise agg.ReplyError(P.node_of(message), f"metrics lack '{P.PARTITION_ID}'")
-    return int(metrics[P.PARTITION_ID])
 
 
 class HeadAveraging(FedAvg):
@@ -207,18 +172,18 @@ class HeadAveraging(FedAvg):
 
         Sets and returns :attr:`exchange`.
         """
-        replies = _raise_on_errors(list(replies), "moment exchange", self.min_nodes)
+        replies = raise_on_errors(list(replies), "moment exchange", self.min_nodes)
         rows = []
         for msg in replies:
             node = P.node_of(msg)
             if P.MOMENTS not in msg.content.array_records:
                 raise agg.ReplyError(node, f"query reply lacks the '{P.MOMENTS}' ArrayRecord")
             arrays = msg.content.array_records[P.MOMENTS]
-            metrics = _metrics(msg)
+            metrics = metrics_of(msg)
             if P.NUM_EXAMPLES not in metrics:
                 raise agg.ReplyError(node, f"query reply metrics lack '{P.NUM_EXAMPLES}'")
             rows.append(
-                (_partition(msg), node, metrics[P.NUM_EXAMPLES], arrays[P.MEAN].numpy(),
+                (partition_of(msg), node, metrics[P.NUM_EXAMPLES], arrays[P.MEAN].numpy(),
                  arrays[P.COV].numpy())
             )
         rows.sort(key=lambda r: r[0])
@@ -330,7 +295,7 @@ class HeadAveraging(FedAvg):
         assert self.exchange is not None
         by_pid = {}
         for msg in replies:
-            by_pid[_partition(msg)] = msg
+            by_pid[partition_of(msg)] = msg
         if sorted(by_pid) != list(self.exchange.partition_ids):
             raise FederationError(
                 f"replies came from partitions {sorted(by_pid)}, expected "
@@ -344,14 +309,14 @@ class HeadAveraging(FedAvg):
         """Validated heads ``(M,C,P)``, biases ``(M,C)``, counts ``(M,)`` ordered by partition."""
         if self._head_shape is None:
             raise RuntimeError("begin() must record the initial head before training")
-        msgs = self._ordered(_raise_on_errors(list(replies), "training", self.min_nodes))
+        msgs = self._ordered(raise_on_errors(list(replies), "training", self.min_nodes))
         heads, biases, counts = [], [], []
         for msg, n_exp in zip(msgs, np.asarray(self.exchange.moments.counts), strict=True):
             node = P.node_of(msg)
             if P.HEAD not in msg.content.array_records:
                 raise agg.ReplyError(node, f"training reply lacks the '{P.HEAD}' ArrayRecord")
             w, b = P.read_head(msg.content.array_records[P.HEAD])
-            metrics = _metrics(msg)
+            metrics = metrics_of(msg)
             w, b, n = agg.validate_head(
                 w, b, metrics.get(P.NUM_EXAMPLES), node_id=node, shape=self._head_shape
             )
@@ -372,7 +337,7 @@ class HeadAveraging(FedAvg):
         msgs, heads, biases, counts = self.parse_train_replies(replies)
         extra = self.verify_replies(msgs, heads)
         avg = agg.average_heads(heads, biases, counts)
-        metrics = [_metrics(m) for m in msgs]
+        metrics = [metrics_of(m) for m in msgs]
         gaps = [
             float(agg.validate_array(m[P.OBJECTIVE_GAP], (), node_id=P.node_of(msg), name=P.OBJECTIVE_GAP))
             for m, msg in zip(metrics, msgs, strict=True) if P.OBJECTIVE_GAP in m
@@ -417,8 +382,8 @@ class HeadAveraging(FedAvg):
     ) -> MetricRecord | None:
         if not self.evaluate_mse:
             return None
-        msgs = self._ordered(_raise_on_errors(list(replies), "evaluation", self.min_nodes))
-        ms = [_metrics(m) for m in msgs]
+        msgs = self._ordered(raise_on_errors(list(replies), "evaluation", self.min_nodes))
+        ms = [metrics_of(m) for m in msgs]
         train_v, train_n, test_v, test_n = [], [], [], []
         for m, msg in zip(ms, msgs, strict=True):
             node = P.node_of(msg)
@@ -466,78 +431,3 @@ class HeadAveraging(FedAvg):
             timeout=self.timeout if self.timeout is not None else 3600.0,
             train_config=train_config or ConfigRecord(),
         )
-
-
-class AlignedHeadAveraging(HeadAveraging):
-    """Head averaging for aligned clients; verifies that alignment kept each client's Gram.
-
-    Each aligned client reports ``trained_gram = W^ W^^T`` of the head it trained (before
-    alignment) in its ``checks`` record; the server checks that the uploaded head has the same
-    Gram to relative tolerance ``rtol`` and fails naming the client otherwise.
-    """
-
-    def __init__(self, *, rtol: float = 1e-6, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.rtol = float(rtol)
-
-    def verify_replies(self, msgs: Sequence[Message], heads: np.ndarray) -> dict[str, float]:
-        worst = 0.0
-        for msg, w in zip(msgs, heads, strict=True):
-            node = P.node_of(msg)
-            if P.CHECKS not in msg.content.array_records:
-                raise agg.ReplyError(node, f"aligned reply lacks the '{P.CHECKS}' ArrayRecord")
-            g_trained = agg.validate_array(
-                msg.content.array_records[P.CHECKS][P.TRAINED_GRAM].numpy(),
-                (w.shape[0], w.shape[0]), node_id=node, name=P.TRAINED_GRAM,
-            )
-            err = relative_error(w @ w.T, g_trained)
-            if err > self.rtol:
-                raise agg.ReplyError(
-                    node,
-                    f"aligned head changed the trained Gram (relative error {err:.3g} > {self.rtol:g})",
-                )
-            worst = max(worst, err)
-        return {"alignment_gram_error": worst}
-
-
-class FullModelAveraging(HeadAveraging):
-    """Full-model averaging: heads and backbones averaged with weights ``N_m / N``.
-
-    The aggregated backbone (BatchNorm running statistics excluded, they never leave the
-    client) travels in the ``backbone`` record of every training and evaluation message.
-    ``initial_backbone`` is the common random backbone all clients start from.
-    """
-
-    def __init__(self, *, initial_backbone: dict[str, np.ndarray] | None = None, **kwargs: Any):
-        super().__init__(**kwargs)
-        self._backbone = (
-            None if initial_backbone is None
-            else {k: np.asarray(v) for k, v in initial_backbone.items() if not P.is_private_state(k)}
-        )
-
-    def _extend_train_content(self, content: RecordDict, arrays: ArrayRecord) -> None:
-        if self._backbone is not None:
-            content[P.BACKBONE] = P.numpy_to_arrays(self._backbone)
-
-    def _add_aggregate(self, arrays: ArrayRecord, msgs: Sequence[Message], counts: np.ndarray) -> None:
-        states = []
-        for msg in msgs:
-            if P.BACKBONE not in msg.content.array_records:
-                raise agg.ReplyError(P.node_of(msg), f"full-model reply lacks '{P.BACKBONE}'")
-            states.append(P.arrays_to_numpy(msg.content.array_records[P.BACKBONE]))
-        dtypes = {k: v.dtype for k, v in states[0].items()}
-        avg = agg.average_states(states, counts, node_ids=[P.node_of(m) for m in msgs])
-        self._backbone = {k: v.astype(dtypes[k]) if np.issubdtype(dtypes[k], np.floating) else v
-                          for k, v in avg.items()}
-
-
-def make_strategy(
-    kind: str, **kwargs: Any
-) -> HeadAveraging:
-    """Build the strategy a procedure needs: ``"head"``, ``"aligned"`` or ``"full_model"``."""
-    classes: dict[str, Callable[..., HeadAveraging]] = {
-        "head": HeadAveraging, "aligned": AlignedHeadAveraging, "full_model": FullModelAveraging,
-    }
-    if kind not in classes:
-        raise ValueError(f"unknown strategy kind {kind!r}; expected one of {sorted(classes)}")
-    return classes[kind](**kwargs)
