@@ -9,13 +9,12 @@ Everything deeper receives a :class:`JobConfig` (one federation: one procedure).
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from fedhead.procedure import PROCEDURES, ConfigError, ProcedureConfig
+from fedhead.procedure import PROCEDURES, ConfigError, ProcedureConfig, penalty_problem, rho_problem
 
 __all__ = [
     "DEVICES", "PROCEDURES", "ConfigError", "ExperimentConfig", "FedheadConfig", "JobConfig", "OutputConfig",
@@ -24,6 +23,8 @@ __all__ = [
 ]
 
 DEVICES = ("auto", "cpu", "cuda")
+#: TrainConfig fields a job fills from the procedure and the top-level settings (never set in train:).
+_DERIVED_TRAIN_KEYS = ("epochs", "lambda_h", "lambda_w", "seed", "rho", "gamma", "center_targets")
 
 
 @dataclass(frozen=True)
@@ -106,12 +107,12 @@ class RunSettings:
             raise ConfigError(f"local_epochs must be an integer >= 1, got {self.local_epochs!r}")
         if not isinstance(self.seed, int) or self.seed < 0:
             raise ConfigError(f"seed must be a non-negative integer, got {self.seed!r}")
-        if self.rho is not None and not (math.isfinite(self.rho) and self.rho >= 0):
-            raise ConfigError(f"rho must be >= 0 or null, got {self.rho!r}")
+        if self.rho is not None and rho_problem(self.rho):
+            raise ConfigError(f"rho {rho_problem(self.rho)} or null, got {self.rho!r}")
         for key in ("lambda_h", "lambda_w"):
-            v = getattr(self, key)
-            if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
-                raise ConfigError(f"{key} must be a positive number, got {v!r}")
+            problem = penalty_problem(getattr(self, key))
+            if problem:
+                raise ConfigError(f"{key} {problem}, got {getattr(self, key)!r}")
         if not isinstance(self.num_clients, int) or self.num_clients < 2:
             raise ConfigError(f"num_clients must be an integer >= 2, got {self.num_clients!r}")
         if self.device not in DEVICES:
@@ -160,9 +161,13 @@ class FedheadConfig:
             rho = self.settings.rho if self.settings.rho is not None else proc.rho
             if rho != proc.rho:
                 proc = dataclasses.replace(proc, rho=float(rho))
+            # the trainer's view, derived here from where each parameter is stored and validated:
+            # the procedure (rho, gamma, centring) and the top-level settings (E, penalties, seed)
+            st = self.settings
             train = dataclasses.replace(
                 self.train, rho=float(proc.rho), gamma=float(proc.gamma),
-                center_targets=bool(proc.centered),
+                center_targets=bool(proc.centered), epochs=st.local_epochs, lambda_h=st.lambda_h,
+                lambda_w=st.lambda_w, seed=st.seed,
             )
             job_dir = root / proc.name
             out.append(
@@ -264,6 +269,13 @@ def load_config(cfg: Any) -> FedheadConfig:
     for key in ("dataset", "model", "train", "resources", "output"):
         if cfg.get(key) is None:
             raise ConfigError(f"the composed config has no '{key}' section (check conf/config.yaml)")
+    derived = [k for k in _DERIVED_TRAIN_KEYS if k in cfg.train]
+    if derived:
+        raise ConfigError(
+            f"train.{derived[0]} is not a train setting: it comes from the procedure or the top level "
+            f"({', '.join(_DERIVED_TRAIN_KEYS)} of TrainConfig are filled per job); set procedure.* or "
+            f"local_epochs/lambda_h/lambda_w/seed/rho at the top level"
+        )
     resolved = OmegaConf.to_container(cfg, resolve=True)
     dataset = _instantiate(instantiate, cfg.dataset, "dataset", DatasetConfig)
     model = _instantiate(instantiate, cfg.model, "model", ModelConfig)
@@ -305,13 +317,6 @@ def load_config(cfg: Any) -> FedheadConfig:
     names = [p.name for p in procedures]
     if len(set(names)) != len(names):
         raise ConfigError(f"procedures must be distinct, got {names}")
-    if (train.epochs, train.lambda_h, train.lambda_w) != (
-        settings.local_epochs, settings.lambda_h, settings.lambda_w
-    ):
-        raise ConfigError(
-            "train.epochs/lambda_h/lambda_w must follow the top-level local_epochs/lambda_h/lambda_w "
-            f"(got {train.epochs}/{train.lambda_h}/{train.lambda_w}); set them at the top level"
-        )
     return FedheadConfig(
         settings=settings, dataset=dataset, model=model, train=train, procedures=procedures,
         experiment=experiment, resources=resources_cfg, output=output, resolved=resolved,

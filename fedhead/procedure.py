@@ -18,6 +18,29 @@ PROCEDURES = (
 REFERENCES = ("star", "cen", "corrected", "within")
 
 
+def _finite(v: object) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def gamma_problem(value: object) -> str | None:
+    """Why ``value`` is not a correction strength ``gamma`` in [0, 1] (None when it is).
+
+    The one rule for ``gamma``, shared by :class:`ProcedureConfig` and
+    :class:`fedhead.train.TrainConfig`.
+    """
+    return None if _finite(value) and 0.0 <= value <= 1.0 else "must be >= 0 and <= 1 (correction strength in [0, 1])"
+
+
+def rho_problem(value: object) -> str | None:
+    """Why ``value`` is not a proximal weight ``rho >= 0`` (None when it is); the one rule for ``rho``."""
+    return None if _finite(value) and value >= 0 else "must be >= 0 (proximal weight)"
+
+
+def penalty_problem(value: object) -> str | None:
+    """Why ``value`` is not a penalty ``lambda_H`` / ``lambda_W > 0`` (None when it is)."""
+    return None if _finite(value) and value > 0 else "must be > 0"
+
+
 def reference_name(gamma: float, centered: bool) -> str:
     """The Gram a procedure should reach (SPEC 6-8).
 
@@ -70,10 +93,9 @@ class ProcedureConfig:
     exact: bool = False
 
     def __post_init__(self) -> None:
-        if not (isinstance(self.rho, (int, float)) and math.isfinite(self.rho) and self.rho >= 0):
-            raise ConfigError(f"procedure {self.name!r}: rho must be a finite number >= 0, got {self.rho!r}")
-        if not (isinstance(self.gamma, (int, float)) and 0.0 <= self.gamma <= 1.0):
-            raise ConfigError(f"procedure {self.name!r}: gamma must lie in [0, 1], got {self.gamma!r}")
+        for key, problem in (("rho", rho_problem(self.rho)), ("gamma", gamma_problem(self.gamma))):
+            if problem:
+                raise ConfigError(f"procedure {self.name!r}: {key} {problem}, got {getattr(self, key)!r}")
         if self.exact and (self.align or self.full_model):
             raise ConfigError(f"procedure {self.name!r}: exact cannot be combined with align/full_model")
         if self.full_model and self.align:

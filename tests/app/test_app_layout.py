@@ -47,7 +47,7 @@ def test_reference_rule_and_procedure_validation():
     assert [reference_name(g, False) for g in (0.0, 0.4, 1.0)] == ["star", "corrected", "cen"]
     assert reference_name(0.0, True) == "within"
     assert ProcedureConfig("p", gamma=0.5).reference == "corrected"
-    with pytest.raises(ConfigError, match=r"gamma must lie in \[0, 1\]"):
+    with pytest.raises(ConfigError, match=r"gamma must be >= 0 and <= 1"):
         ProcedureConfig("p", gamma=1.2)
 
 
@@ -127,3 +127,21 @@ def test_store_finds_the_expected_round_without_listing(tmp_path, monkeypatch):
     rnd, state = store.load(3, expected_round=2)
     assert rnd == 2 and torch.equal(state["w"], torch.ones(2))
     assert store.load(3)[0] == 2  # the cached round is the guess
+
+
+def test_each_parameter_is_stored_once_and_jobs_derive_the_trainer_view(tmp_path):
+    from fedhead.config import compose_config, load_config
+
+    cfg = load_config(compose_config(["experiment=single", "procedure=corrected_proximal", "rho=0.3",
+                                      "lambda_h=0.02", "lambda_w=0.03", "local_epochs=7", "seed=4"]))
+    job = cfg.jobs(tmp_path)[0]
+    t = job.train
+    assert (t.epochs, t.lambda_h, t.lambda_w, t.seed) == (7, 0.02, 0.03, 4)
+    assert (t.rho, t.gamma, t.center_targets) == (0.3, job.procedure.gamma, job.procedure.centered)
+    assert job.procedure.rho == 0.3 and job.procedure.gamma == 1.0
+    with pytest.raises(ConfigError, match="train.lambda_h is not a train setting"):
+        load_config(compose_config(["experiment=single", "procedure=proximal", "+train.lambda_h=0.5"]))
+    from fedhead.train import TrainConfig, TrainInputError
+
+    with pytest.raises(TrainInputError, match=r"gamma must be >= 0 and <= 1"):
+        TrainConfig(gamma=1.5)
