@@ -88,7 +88,9 @@ class ProgressGrid(Grid):
                     ids.difference_update(m.metadata.reply_to_message_id for m in got)
                     bar.update(len(got))
                 else:
-                    time.sleep(self.poll)
+                    # each pull looks up every outstanding reply: poll less often when many are
+                    # outstanding (server CPU competes with the clients), at most flwr's 0.1 s
+                    time.sleep(min(0.1, max(self.poll, 4e-4 * len(ids))))
         finally:
             bar.close()
         self.phases.append((kind, t0, time.perf_counter() - t0))
