@@ -5,9 +5,10 @@
   procedure's terms (proximal ``rho``, correction ``gamma`` with the server's ``Sigma_cen``,
   target centring), optionally aligns the trained head to the broadcast, and uploads the head
   (plus the backbone for full-model averaging). The ``exact`` procedure returns
-  ``Pi_m(W_t)`` in closed form (:func:`fedhead.ufm.closest_head`) instead of training.
+  ``Pi_m(W_t)`` in closed form (:func:`fedhead.train.exact_head`) instead of training.
 * ``evaluate``: MSE of the broadcast (shared) head with the client's own backbone.
 
+Record names and keys come from the neutral :mod:`fedhead.protocol` (the server imports it too).
 The private backbone persists across rounds in a :class:`clients.store.BackboneStore` under the
 job's state folder, keyed by run and partition; every client starts from the same seeded random
 backbone and the broadcast head. :func:`make_client_app` builds the app from a
@@ -26,9 +27,7 @@ from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordD
 from flwr.clientapp import ClientApp
 
 from clients.store import BackboneStore
-from fedhead import ufm
-from fedhead.aggregation import is_private_state
-from strategies import protocol as P
+from fedhead import protocol as P
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +37,10 @@ STATE_DIR_KEY = "state-dir"
 
 _DATA: dict[tuple[str, int], Any] = {}
 _DATA_LOCK = threading.Lock()
+_MOMENTS: dict[tuple[str, int, int], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+#: Trained backbones kept in memory between rounds: (store root, partition) -> (round, stored
+#: state object, module). Only the current store root is kept (one job at a time).
+_BACKBONES: dict[tuple[str, int], tuple[int, dict, torch.nn.Module]] = {}
 
 
 class ClientError(RuntimeError):
@@ -81,6 +84,22 @@ def client_data(job: Any, pid: int):
     return data, data.clients[pid]
 
 
+def client_moments(job: Any, pid: int, cd: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(y (N_m, C) float64, mu_m (C,), Sigma_m (C, C))`` of the client's training targets,
+    computed once per process and partition."""
+    from fedhead.train import target_moments
+
+    key = (repr(job.dataset), job.settings.num_clients, pid)
+    with _DATA_LOCK:
+        hit = _MOMENTS.get(key)
+    if hit is None:
+        y64 = cd.y_train.detach().cpu().numpy().astype(np.float64)
+        hit = (y64, *target_moments(y64))
+        with _DATA_LOCK:
+            _MOMENTS[key] = hit
+    return hit
+
+
 def is_free(job: Any) -> bool:
     from fedhead.models import FreeFeatureConfig
 
@@ -107,20 +126,48 @@ def store_of(job: Any, context: Context) -> BackboneStore:
         from pathlib import Path
 
         return BackboneStore(Path(str(node_dir)) / job.name / f"run_{context.run_id}")
-    return BackboneStore(job.state_dir / f"run_{context.run_id}")
+    # the simulation's temporary state folder: atomic files, no fsync (a per-round cost per client)
+    return BackboneStore(job.state_dir / f"run_{context.run_id}", sync=False)
 
 
-def load_backbone(job: Any, context: Context, pid: int, data: Any, cd: Any, *, required: bool):
-    """The client's private backbone: the stored one, or the common seeded initial backbone."""
+def load_backbone(job: Any, context: Context, pid: int, data: Any, cd: Any, *, required: bool,
+                  expected_round: int | None = None):
+    """The client's private backbone: the stored one, or the common seeded initial backbone.
+
+    ``expected_round`` is the round whose state should be the newest (the previous round when
+    training, the current one when evaluating; 0 means nothing can be stored yet). A CPU
+    backbone this process trained and stored is reused as it is (same state) instead of being
+    rebuilt and reloaded; full-model averaging always rebuilds (the broadcast changes it).
+    """
     from fedhead.models import build_backbone
 
+    store = store_of(job, context)
+    stored = None if expected_round == 0 else store.load(pid, expected_round=expected_round)
+    if stored is None and required:
+        raise ClientError(f"partition {pid}: no stored private backbone (evaluate before any training?)")
+    if stored is not None and not job.procedure.full_model:
+        hit = _BACKBONES.get((str(store.root), pid))
+        if hit is not None and hit[0] == stored[0] and hit[1] is stored[1]:
+            return hit[2]
     backbone = build_backbone(job.model, data.input_shape, cd.n_train, job.settings.seed)
-    stored = store_of(job, context).load(pid)
     if stored is not None:
         backbone.load_state_dict(stored[1])
-    elif required:
-        raise ClientError(f"partition {pid}: no stored private backbone (evaluate before any training?)")
     return backbone
+
+
+def save_backbone(job: Any, context: Context, pid: int, rnd: int, backbone: torch.nn.Module) -> None:
+    """Store the trained backbone after round ``rnd`` and keep the (CPU) module for the next use."""
+    store = store_of(job, context)
+    store.save(pid, rnd, backbone.state_dict())
+    root = str(store.root)
+    entry = store.cached(pid)
+    on_cpu = all(p.device.type == "cpu" for p in backbone.parameters())
+    if entry is None or job.procedure.full_model or not on_cpu:
+        _BACKBONES.pop((root, pid), None)
+        return
+    for key in [k for k in _BACKBONES if k[0] != root]:  # one job at a time: drop other runs' modules
+        del _BACKBONES[key]
+    _BACKBONES[(root, pid)] = (entry[0], entry[1], backbone)
 
 
 def apply_shared_state(backbone: torch.nn.Module, record: ArrayRecord | None, pid: int) -> None:
@@ -133,7 +180,7 @@ def apply_shared_state(backbone: torch.nn.Module, record: ArrayRecord | None, pi
     if unknown:
         raise ClientError(f"partition {pid}: broadcast backbone has unknown entries {unknown[:5]}")
     for k, v in shared.items():
-        if is_private_state(k):
+        if P.is_private_state(k):
             continue
         own[k] = v.to(own[k].dtype).reshape(own[k].shape)
     backbone.load_state_dict(own)
@@ -145,7 +192,7 @@ def shared_state(backbone: torch.nn.Module) -> ArrayRecord:
         {
             k: Array(v.detach().cpu().numpy().copy())
             for k, v in backbone.state_dict().items()
-            if not is_private_state(k)
+            if not P.is_private_state(k)
         }
     )
 
@@ -155,50 +202,14 @@ def _sigma_cen(msg: Message, job: Any, pid: int) -> np.ndarray | None:
         return None
     if P.SIGMA_CEN not in msg.content.array_records:
         raise ClientError(f"partition {pid}: corrected procedure but the message carries no Sigma_cen")
-    return msg.content.array_records[P.SIGMA_CEN]["sigma_cen"].numpy().astype(np.float64)
+    return msg.content.array_records[P.SIGMA_CEN][P.SIGMA_CEN_ARRAY].numpy().astype(np.float64)
 
 
 def _round_of(msg: Message) -> int:
     cfg = msg.content.config_records.get(P.CONFIG)
     if cfg is None or P.SERVER_ROUND not in cfg:
-        raise ClientError("message lacks config['server-round']")
+        raise ClientError(f"message lacks config[{P.SERVER_ROUND!r}]")
     return int(cfg[P.SERVER_ROUND])
-
-
-def exact_head(job: Any, y: np.ndarray, broadcast: np.ndarray, sigma_cen: np.ndarray | None):
-    """``Pi_m(W_t)`` from the client's (corrected) optimal Gram, its bias and objective gaps.
-
-    Returns ``(W~ (C,P), b~ (C,), relative gap of L_m, relative gap of the corrected objective)``;
-    SPEC 4-5, 8. The second gap is zero up to rounding: the head is that objective's optimum.
-    """
-    moments = ufm.TargetMoments.from_targets([y])
-    mu, sigma = np.asarray(moments.means[0]), np.asarray(moments.covs[0])
-    gamma = job.procedure.gamma
-    target = sigma if sigma_cen is None else (1.0 - gamma) * sigma + gamma * sigma_cen
-    lh, lw = job.settings.lambda_h, job.settings.lambda_w
-    weight = ufm.closest_head(broadcast, ufm.optimal_gram(target, lh, lw))
-    bias = np.zeros_like(mu) if job.procedure.centered else mu
-    value = ufm.profiled_objective(weight, sigma, lh, lw, hessian=False).value
-    best = float(ufm.optimal_loss(sigma, lh, lw))
-    trained = ufm.profiled_objective(weight, target, lh, lw, hessian=False).value
-    trained_best = float(ufm.optimal_loss(target, lh, lw))
-    return weight, bias, (value - best) / best, (trained - trained_best) / trained_best
-
-
-def head_distances(job: Any, y: torch.Tensor, broadcast: np.ndarray, weight: np.ndarray,
-                   sigma_cen: np.ndarray | None) -> dict[str, float]:
-    """Distance data of a returned head ``W~``: to the broadcast ``W_t`` and to the closest
-    optimal head ``Pi_m(W_t)`` of the client's (corrected) objective (SPEC 5, 11)."""
-    y64 = y.detach().cpu().numpy().astype(np.float64)
-    sigma = np.asarray(ufm.TargetMoments.from_targets([y64]).covs[0])
-    gamma = job.procedure.gamma
-    target = sigma if sigma_cen is None else (1.0 - gamma) * sigma + gamma * sigma_cen
-    pi = ufm.closest_head(broadcast, ufm.optimal_gram(target, job.settings.lambda_h, job.settings.lambda_w))
-    return {
-        "distance_to_broadcast": float(np.linalg.norm(weight - broadcast)),
-        "distance_to_selection": float(np.linalg.norm(weight - pi)),
-        "relative_distance_to_selection": float(np.linalg.norm(weight - pi) / np.linalg.norm(pi)),
-    }
 
 
 # -------------------------------------------------------------------------------- handlers
@@ -206,13 +217,10 @@ def handle_query(job: Any, msg: Message, context: Context) -> Message:
     """Reply with ``(N_m, mu_m, Sigma_m)`` of the client's training targets (SPEC 3)."""
     pid = partition_of(context, job)
     _, cd = client_data(job, pid)
-    y = cd.y_train.detach().cpu().numpy().astype(np.float64)
-    moments = ufm.TargetMoments.from_targets([y])
+    y, mu, sigma = client_moments(job, pid, cd)
     content = RecordDict(
         {
-            P.MOMENTS: ArrayRecord(
-                {"mean": Array(np.asarray(moments.means[0])), "cov": Array(np.asarray(moments.covs[0]))}
-            ),
+            P.MOMENTS: ArrayRecord({P.MEAN: Array(mu), P.COV: Array(sigma)}),
             P.METRICS: MetricRecord({P.NUM_EXAMPLES: int(y.shape[0]), P.PARTITION_ID: pid}),
         }
     )
@@ -221,7 +229,7 @@ def handle_query(job: Any, msg: Message, context: Context) -> Message:
 
 def handle_train(job: Any, msg: Message, context: Context) -> Message:
     """One round of local work: train (or the closed-form rule) and upload the head."""
-    from fedhead.train import align, select_device, train_local
+    from fedhead.train import align, exact_head, head_distances, round_seed, select_device, train_local
 
     _limit_threads(job)
     pid = partition_of(context, job)
@@ -232,44 +240,51 @@ def handle_train(job: Any, msg: Message, context: Context) -> Message:
     y = cd.y_train
     n = int(y.shape[0])
     content = RecordDict()
-    metrics: dict[str, float | int] = {P.NUM_EXAMPLES: n, P.PARTITION_ID: pid, "server-round": rnd}
+    metrics: dict[str, float | int] = {P.NUM_EXAMPLES: n, P.PARTITION_ID: pid, P.SERVER_ROUND: rnd}
+    proc, lh, lw = job.procedure, job.settings.lambda_h, job.settings.lambda_w
+    _, mu, sigma = client_moments(job, pid, cd)
 
-    if job.procedure.exact:
-        weight, bias, gap, trained_gap = exact_head(job, y.detach().cpu().numpy().astype(np.float64), w_t, sigma_cen)
-        metrics.update(objective_gap=float(gap), trained_gap=float(trained_gap), n_steps=0, local_epochs=0)
+    if proc.exact:
+        weight, bias, gap, trained_gap = exact_head(mu, sigma, w_t, sigma_cen, gamma=proc.gamma,
+                                                    centered=proc.centered, lambda_h=lh, lambda_w=lw)
+        metrics.update({P.OBJECTIVE_GAP: float(gap), P.TRAINED_GAP: float(trained_gap), P.N_STEPS: 0,
+                        P.LOCAL_EPOCHS: 0})
     else:
         device = select_device(job.settings.device)
-        backbone = load_backbone(job, context, pid, data, cd, required=False)
+        backbone = load_backbone(job, context, pid, data, cd, required=False, expected_round=rnd - 1)
         if job.procedure.full_model:
             apply_shared_state(backbone, msg.content.array_records.get(P.BACKBONE), pid)
         head = torch.nn.Linear(w_t.shape[1], w_t.shape[0])
         with torch.no_grad():
             head.weight.copy_(torch.as_tensor(w_t, dtype=torch.float32))
             head.bias.copy_(torch.as_tensor(b_t, dtype=torch.float32))
-        seed = job.settings.seed * 1_000_003 + 1_009 * rnd + pid
         result = train_local(
             backbone, head, train_inputs(job, cd), y, job.train,
-            broadcast_weight=w_t, sigma_cen=sigma_cen, device=device, seed=seed,
+            broadcast_weight=w_t, sigma_cen=sigma_cen, device=device,
+            seed=round_seed(job.settings.seed, rnd, pid),
         )
         weight, bias = result.weight, result.bias
         lm = result.metrics
-        metrics.update(
-            objective_gap=float(lm.relative_gap), objective=float(lm.objective),
-            optimal_objective=float(lm.optimal_objective), trained_gap=float(lm.trained_gap),
-            local_train_mse=float(lm.train_mse), train_seconds=float(lm.seconds), n_steps=int(lm.n_steps),
-            local_epochs=int(lm.epochs),
-        )
+        metrics.update({
+            P.OBJECTIVE_GAP: float(lm.relative_gap), P.TRAINED_GAP: float(lm.trained_gap),
+            P.OBJECTIVE: float(lm.objective), P.OPTIMAL_OBJECTIVE: float(lm.optimal_objective),
+            P.LOCAL_TRAIN_MSE: float(lm.train_mse), P.TRAIN_SECONDS: float(lm.seconds), P.N_STEPS: int(lm.n_steps),
+            P.LOCAL_EPOCHS: int(lm.epochs),
+        })
         if job.procedure.align:
             trained_gram = weight @ weight.T
             aligned = align(head, backbone, w_t)
             weight, bias = aligned.weight, aligned.bias
-            metrics["align_distance_before"] = float(aligned.distance_before)
-            metrics["align_distance_after"] = float(aligned.distance_after)
-            content[P.CHECKS] = ArrayRecord({"trained_gram": Array(np.asarray(trained_gram, dtype=np.float64))})
+            metrics[P.ALIGN_DISTANCE_BEFORE] = float(aligned.distance_before)
+            metrics[P.ALIGN_DISTANCE_AFTER] = float(aligned.distance_after)
+            content[P.CHECKS] = ArrayRecord({P.TRAINED_GRAM: Array(np.asarray(trained_gram, dtype=np.float64))})
         if job.procedure.full_model:
             content[P.BACKBONE] = shared_state(backbone)
-        store_of(job, context).save(pid, rnd, backbone.state_dict())
-    metrics.update(head_distances(job, y, w_t, weight, sigma_cen))
+        save_backbone(job, context, pid, rnd, backbone)
+    dist = head_distances(sigma, w_t, weight, sigma_cen, gamma=proc.gamma, lambda_h=lh, lambda_w=lw)
+    metrics[P.DISTANCE_TO_BROADCAST] = dist.to_broadcast
+    metrics[P.DISTANCE_TO_SELECTION] = dist.to_selection
+    metrics[P.RELATIVE_DISTANCE_TO_SELECTION] = dist.relative_to_selection
     content[P.HEAD] = P.head_record(weight, bias)
     content[P.METRICS] = MetricRecord(metrics)
     return Message(content, reply_to=msg)
@@ -283,7 +298,7 @@ def handle_evaluate(job: Any, msg: Message, context: Context) -> Message:
     pid = partition_of(context, job)
     data, cd = client_data(job, pid)
     w, b = P.read_head(msg.content.array_records[P.HEAD])
-    backbone = load_backbone(job, context, pid, data, cd, required=True)
+    backbone = load_backbone(job, context, pid, data, cd, required=True, expected_round=_round_of(msg))
     if job.procedure.full_model:
         apply_shared_state(backbone, msg.content.array_records.get(P.BACKBONE), pid)
     device = select_device(job.settings.device)
@@ -295,13 +310,13 @@ def handle_evaluate(job: Any, msg: Message, context: Context) -> Message:
     ev = evaluate_local(backbone, (w, b), train_inputs(job, cd), cd.y_train, lambda_h=lh, lambda_w=lw,
                         target_offset=offset, device=device)
     metrics: dict[str, float | int] = {
-        P.NUM_EXAMPLES: int(cd.n_train), P.PARTITION_ID: pid, "train_mse": float(ev.mse),
-        "shared_objective": float(ev.objective),
+        P.NUM_EXAMPLES: int(cd.n_train), P.PARTITION_ID: pid, P.TRAIN_MSE: float(ev.mse),
+        P.SHARED_OBJECTIVE: float(ev.objective),
     }
     if cd.x_test is not None and cd.y_test is not None and cd.y_test.shape[0] > 0 and not is_free(job):
         et = evaluate_local(backbone, (w, b), cd.x_test, cd.y_test, lambda_h=lh, lambda_w=lw,
                             target_offset=offset, device=device)
-        metrics["test_mse"] = float(et.mse)
+        metrics[P.TEST_MSE] = float(et.mse)
         metrics[P.NUM_TEST_EXAMPLES] = int(cd.y_test.shape[0])
     return Message(RecordDict({P.METRICS: MetricRecord(metrics)}), reply_to=msg)
 
@@ -320,7 +335,7 @@ def make_client_app(job: Any) -> ClientApp:
 
         def resolve(msg: Message, _ctx: Context) -> Any:
             cfg = msg.content.config_records.get(P.CONFIG)
-            idx = int(cfg.get("job", 0)) if cfg is not None else 0
+            idx = int(cfg.get(P.JOB, 0)) if cfg is not None else 0
             if not 0 <= idx < len(jobs):
                 raise ClientError(f"message names job {idx}, but this app serves {len(jobs)} job(s)")
             return jobs[idx]

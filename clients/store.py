@@ -37,13 +37,31 @@ class BackboneStore:
     ----------
     root : path
         State folder (one per run; created on first save).
+    sync : bool
+        ``fsync`` every saved state (durable across a power loss). The simulation turns it off
+        for its temporary state folder (the rename keeps each file atomic either way).
     """
 
     _cache: dict[tuple[str, int], tuple[int, dict[str, Any]]] = {}
     _lock = threading.Lock()
 
-    def __init__(self, root: str | Path):
+    def __init__(self, root: str | Path, *, sync: bool = True):
         self.root = Path(root)
+        self.sync = bool(sync)
+
+    def path(self, partition: int, round_: int) -> Path:
+        """The file of ``partition``'s state after ``round_``."""
+        return self.root / f"partition_{int(partition)}.r{int(round_)}.pt"
+
+    def _newest_if(self, partition: int, round_: int | None) -> list[tuple[int, Path]] | None:
+        """``[(round_, path)]`` when the state of ``round_`` is stored and no later one (two
+        ``stat`` calls, no folder listing); None when that cannot be told this way."""
+        if round_ is None or round_ < 0:
+            return None
+        path = self.path(partition, round_)
+        if path.is_file() and not self.path(partition, round_ + 1).exists():
+            return [(int(round_), path)]
+        return None
 
     def _files(self, partition: int) -> list[tuple[int, Path]]:
         if not self.root.is_dir():
@@ -60,16 +78,22 @@ class BackboneStore:
         files = self._files(partition)
         return files[-1][0] if files else None
 
-    def load(self, partition: int) -> tuple[int, dict[str, Any]] | None:
+    def load(self, partition: int, *, expected_round: int | None = None) -> tuple[int, dict[str, Any]] | None:
         """``(round, state)`` of the newest stored state, or None. The state is a copy-safe dict
-        of CPU tensors (the caller loads it into a module)."""
-        files = self._files(partition)
-        if not files:
-            return None
-        rnd, path = files[-1]
+        of CPU tensors (the caller loads it into a module).
+
+        ``expected_round`` (the round the caller expects to be the newest; default: the cached
+        one) lets the lookup check two file names instead of listing the folder, so its cost
+        does not grow with the number of partitions; anything unexpected falls back to a listing.
+        """
         key = (str(self.root.resolve()), partition)
         with self._lock:
             cached = self._cache.get(key)
+        guess = expected_round if expected_round is not None else (cached[0] if cached is not None else None)
+        files = self._newest_if(partition, guess) or self._files(partition)
+        if not files:
+            return None
+        rnd, path = files[-1]
         if cached is not None and cached[0] == rnd:
             return cached
         try:
@@ -88,13 +112,23 @@ class BackboneStore:
         cpu_state = {k: (v.detach().to("cpu").clone() if torch.is_tensor(v) else v) for k, v in state.items()}
         buf = io.BytesIO()
         torch.save({"round": int(round_), "state": cpu_state}, buf)
-        path = write_bytes_atomic(self.root / f"partition_{partition}.r{int(round_)}.pt", buf.getvalue())
-        for rnd, old in self._files(partition):
-            if rnd < round_:
-                old.unlink(missing_ok=True)
+        path = write_bytes_atomic(self.path(partition, round_), buf.getvalue(), sync=self.sync)
+        previous = self.path(partition, round_ - 1)
+        if previous.exists():  # the usual case: only the previous round's file to remove
+            previous.unlink(missing_ok=True)
+        else:
+            for rnd, old in self._files(partition):
+                if rnd < round_:
+                    old.unlink(missing_ok=True)
         with self._lock:
             self._cache[(str(self.root.resolve()), partition)] = (int(round_), cpu_state)
         return path
+
+    def cached(self, partition: int) -> tuple[int, dict[str, Any]] | None:
+        """The in-process ``(round, state)`` of ``partition`` (what :meth:`load` would return
+        if nothing newer was stored since), or None."""
+        with self._lock:
+            return self._cache.get((str(self.root.resolve()), partition))
 
     @classmethod
     def clear_cache(cls) -> None:

@@ -9,83 +9,22 @@ Everything deeper receives a :class:`JobConfig` (one federation: one procedure).
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
-PROCEDURES = (
-    "ordinary", "proximal", "corrected", "corrected_proximal", "aligned", "aligned_corrected",
-    "centered", "full_model", "exact",
-)
+from fedhead.procedure import PROCEDURES, ConfigError, ProcedureConfig, penalty_problem, rho_problem
+
+__all__ = [
+    "DEVICES", "PROCEDURES", "ConfigError", "ExperimentConfig", "FedheadConfig", "JobConfig", "OutputConfig",
+    "ProcedureConfig", "ResourcesConfig", "RunSettings", "compose_config", "conf_dir", "hydra_config_path",
+    "job_from_context", "load_config", "load_procedure",
+]
+
 DEVICES = ("auto", "cpu", "cuda")
-
-
-class ConfigError(ValueError):
-    """Invalid configuration: the message names the key, the value and what is allowed."""
-
-
-@dataclass(frozen=True)
-class ProcedureConfig:
-    """A local-training procedure (issue 5, SPEC 10; Hydra group ``procedure/``).
-
-    Attributes
-    ----------
-    name : str
-        The name users type (``procedure=corrected_proximal``).
-    rho : float
-        Proximal weight (``rho/2 ||W - W_t||^2``); the top-level ``rho=`` overrides it.
-    gamma : float
-        Moment-correction strength (0 off, 1 full; SPEC 8).
-    align : bool
-        Align the trained head to the broadcast before upload (SPEC 5).
-    centered : bool
-        Client-wise target centring (reference ``G_within``).
-    full_model : bool
-        Average the backbone too (BatchNorm statistics stay private).
-    exact : bool
-        Return ``Pi_m(W_t)`` in closed form instead of training (the theory's rule).
-    """
-
-    name: str
-    rho: float = 0.0
-    gamma: float = 0.0
-    align: bool = False
-    centered: bool = False
-    full_model: bool = False
-    exact: bool = False
-
-    def __post_init__(self) -> None:
-        if not (isinstance(self.rho, (int, float)) and math.isfinite(self.rho) and self.rho >= 0):
-            raise ConfigError(f"procedure {self.name!r}: rho must be a finite number >= 0, got {self.rho!r}")
-        if not (isinstance(self.gamma, (int, float)) and 0.0 <= self.gamma <= 1.0):
-            raise ConfigError(f"procedure {self.name!r}: gamma must lie in [0, 1], got {self.gamma!r}")
-        if self.exact and (self.align or self.full_model):
-            raise ConfigError(f"procedure {self.name!r}: exact cannot be combined with align/full_model")
-        if self.full_model and self.align:
-            raise ConfigError(f"procedure {self.name!r}: full_model cannot be combined with align")
-        if self.centered and self.gamma > 0:
-            # centred clients' covariances average to Sigma_within, not Sigma_cen: the correction
-            # toward the pooled Sigma_cen would put the mean term back (SPEC 7-8)
-            raise ConfigError(
-                f"procedure {self.name!r}: centered cannot be combined with the moment correction "
-                f"(gamma={self.gamma}); centring already removes the mean term"
-            )
-
-    @property
-    def strategy_kind(self) -> str:
-        """``"full_model"``, ``"aligned"`` or ``"head"`` (see :func:`strategies.make_strategy`)."""
-        if self.full_model:
-            return "full_model"
-        return "aligned" if self.align else "head"
-
-    @property
-    def reference(self) -> str:
-        """The Gram the procedure should reach: ``"within"``, ``"cen"`` or ``"star"``."""
-        if self.centered:
-            return "within"
-        return "cen" if self.gamma > 0 else "star"
+#: TrainConfig fields a job fills from the procedure and the top-level settings (never set in train:).
+_DERIVED_TRAIN_KEYS = ("epochs", "lambda_h", "lambda_w", "seed", "rho", "gamma", "center_targets")
 
 
 @dataclass(frozen=True)
@@ -168,12 +107,12 @@ class RunSettings:
             raise ConfigError(f"local_epochs must be an integer >= 1, got {self.local_epochs!r}")
         if not isinstance(self.seed, int) or self.seed < 0:
             raise ConfigError(f"seed must be a non-negative integer, got {self.seed!r}")
-        if self.rho is not None and not (math.isfinite(self.rho) and self.rho >= 0):
-            raise ConfigError(f"rho must be >= 0 or null, got {self.rho!r}")
+        if self.rho is not None and rho_problem(self.rho):
+            raise ConfigError(f"rho {rho_problem(self.rho)} or null, got {self.rho!r}")
         for key in ("lambda_h", "lambda_w"):
-            v = getattr(self, key)
-            if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
-                raise ConfigError(f"{key} must be a positive number, got {v!r}")
+            problem = penalty_problem(getattr(self, key))
+            if problem:
+                raise ConfigError(f"{key} {problem}, got {getattr(self, key)!r}")
         if not isinstance(self.num_clients, int) or self.num_clients < 2:
             raise ConfigError(f"num_clients must be an integer >= 2, got {self.num_clients!r}")
         if self.device not in DEVICES:
@@ -222,9 +161,13 @@ class FedheadConfig:
             rho = self.settings.rho if self.settings.rho is not None else proc.rho
             if rho != proc.rho:
                 proc = dataclasses.replace(proc, rho=float(rho))
+            # the trainer's view, derived here from where each parameter is stored and validated:
+            # the procedure (rho, gamma, centring) and the top-level settings (E, penalties, seed)
+            st = self.settings
             train = dataclasses.replace(
                 self.train, rho=float(proc.rho), gamma=float(proc.gamma),
-                center_targets=bool(proc.centered),
+                center_targets=bool(proc.centered), epochs=st.local_epochs, lambda_h=st.lambda_h,
+                lambda_w=st.lambda_w, seed=st.seed,
             )
             job_dir = root / proc.name
             out.append(
@@ -326,6 +269,13 @@ def load_config(cfg: Any) -> FedheadConfig:
     for key in ("dataset", "model", "train", "resources", "output"):
         if cfg.get(key) is None:
             raise ConfigError(f"the composed config has no '{key}' section (check conf/config.yaml)")
+    derived = [k for k in _DERIVED_TRAIN_KEYS if k in cfg.train]
+    if derived:
+        raise ConfigError(
+            f"train.{derived[0]} is not a train setting: it comes from the procedure or the top level "
+            f"({', '.join(_DERIVED_TRAIN_KEYS)} of TrainConfig are filled per job); set procedure.* or "
+            f"local_epochs/lambda_h/lambda_w/seed/rho at the top level"
+        )
     resolved = OmegaConf.to_container(cfg, resolve=True)
     dataset = _instantiate(instantiate, cfg.dataset, "dataset", DatasetConfig)
     model = _instantiate(instantiate, cfg.model, "model", ModelConfig)
@@ -367,14 +317,35 @@ def load_config(cfg: Any) -> FedheadConfig:
     names = [p.name for p in procedures]
     if len(set(names)) != len(names):
         raise ConfigError(f"procedures must be distinct, got {names}")
-    if (train.epochs, train.lambda_h, train.lambda_w) != (
-        settings.local_epochs, settings.lambda_h, settings.lambda_w
-    ):
-        raise ConfigError(
-            "train.epochs/lambda_h/lambda_w must follow the top-level local_epochs/lambda_h/lambda_w "
-            f"(got {train.epochs}/{train.lambda_h}/{train.lambda_w}); set them at the top level"
-        )
     return FedheadConfig(
         settings=settings, dataset=dataset, model=model, train=train, procedures=procedures,
         experiment=experiment, resources=resources_cfg, output=output, resolved=resolved,
     )
+
+
+# ------------------------------------------------------------------------------ flwr run .
+#: Run-config keys of a deployment (``[tool.flwr.app.config]``).
+RUN_CONFIG_OVERRIDES = "overrides"
+RUN_CONFIG_PROCEDURE_INDEX = "procedure-index"
+RUN_CONFIG_OUTPUT_DIR = "output-dir"
+
+_JOBS: dict[tuple[str, str, int], JobConfig] = {}
+
+
+def job_from_context(context: Any) -> JobConfig:
+    """The job named by a deployment's run config (``overrides``, ``procedure-index``, ``output-dir``).
+
+    ``context`` is the :class:`flwr.app.Context` of the ServerApp or ClientApp; jobs are built
+    once per process and run config.
+    """
+    rc = context.run_config
+    overrides = str(rc.get(RUN_CONFIG_OVERRIDES, ""))
+    out = str(rc.get(RUN_CONFIG_OUTPUT_DIR, "outputs/flwr"))
+    idx = int(rc.get(RUN_CONFIG_PROCEDURE_INDEX, 0))
+    key = (overrides, out, idx)
+    if key not in _JOBS:
+        jobs = load_config(compose_config(overrides.split())).jobs(out)
+        if not 0 <= idx < len(jobs):
+            raise ValueError(f"procedure-index {idx} outside 0..{len(jobs) - 1} ({[j.name for j in jobs]})")
+        _JOBS[key] = jobs[idx]
+    return _JOBS[key]

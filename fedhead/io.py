@@ -37,13 +37,14 @@ def to_jsonable(obj: Any) -> Any:
 
 
 @contextlib.contextmanager
-def atomic_open(path: str | os.PathLike) -> Iterator[BinaryIO]:
+def atomic_open(path: str | os.PathLike, *, sync: bool = True) -> Iterator[BinaryIO]:
     """Open a binary file handle whose content replaces ``path`` only when the block succeeds.
 
-    The data go to a temporary file in the same folder, which is flushed, synced, given the
-    permissions of a normal file (umask applied; ``mkstemp`` makes 0600) and moved over
-    ``path`` with ``os.replace``. An interrupted or failing write leaves the previous file (if
-    any) intact and removes the temporary file.
+    The data go to a temporary file in the same folder, which is flushed, synced (``fsync``,
+    unless ``sync=False``: still atomic for other processes and for a crash of this one, but
+    not durable across a power loss), given the permissions of a normal file (umask applied;
+    ``mkstemp`` makes 0600) and moved over ``path`` with ``os.replace``. An interrupted or
+    failing write leaves the previous file (if any) intact and removes the temporary file.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -52,7 +53,8 @@ def atomic_open(path: str | os.PathLike) -> Iterator[BinaryIO]:
         with os.fdopen(fd, "wb") as fh:
             yield fh
             fh.flush()
-            os.fsync(fh.fileno())
+            if sync:
+                os.fsync(fh.fileno())
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)
@@ -63,9 +65,9 @@ def atomic_open(path: str | os.PathLike) -> Iterator[BinaryIO]:
         raise
 
 
-def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> Path:
+def write_bytes_atomic(path: str | os.PathLike, data: bytes, *, sync: bool = True) -> Path:
     """Write ``data`` to ``path`` atomically (see :func:`atomic_open`)."""
-    with atomic_open(path) as fh:
+    with atomic_open(path, sync=sync) as fh:
         fh.write(data)
     return Path(path)
 

@@ -70,7 +70,7 @@ class TensorBoardLogger:
         self.writer.flush()
 
     def round(self, record: Any, targets: Any, *, ellipses: bool = True) -> None:
-        """Every scalar of a :class:`fedhead.aggregation.RoundRecord` and the ellipse picture."""
+        """Every scalar of a :class:`fedhead.tracking.RoundRecord` and the ellipse picture."""
         t = int(record.round)
         for key, value in record.scalars().items():
             if value is not None and np.isfinite(value):

@@ -1,14 +1,8 @@
-"""Flower strategies of fedhead (Message API, flwr 1.42), thin over :mod:`fedhead.aggregation`."""
+"""Flower strategies of fedhead (Message API, flwr 1.42), thin over the numpy modules
+(:mod:`fedhead.aggregation`, :mod:`fedhead.diagnosis`, :mod:`fedhead.tracking`)."""
 
-from strategies.head_averaging import (
-    AlignedHeadAveraging,
-    FederationError,
-    FullModelAveraging,
-    HeadAveraging,
-    MomentExchange,
-    RunObserver,
-    make_strategy,
-)
+from strategies.head_averaging import FederationError, HeadAveraging, MomentExchange, RunObserver
+from strategies.variants import AlignedHeadAveraging, FullModelAveraging, make_strategy
 
 __all__ = [
     "AlignedHeadAveraging",

@@ -1,7 +1,8 @@
 """fedhead strategies on flwr's Message API: head averaging, moment exchange, alignment check,
 full-model averaging.
 
-The strategies are thin: every number they compute comes from :mod:`fedhead.aggregation`.
+The strategies are thin: every number they compute comes from :mod:`fedhead.aggregation`,
+:mod:`fedhead.diagnosis` and :mod:`fedhead.tracking` (numpy only; no torch, no data layer).
 
 * :class:`HeadAveraging` (a :class:`flwr.serverapp.strategy.FedAvg` subclass): before round 1 a
   ``query`` message asks every client for ``(N_m, mu_m, Sigma_m)``; the server builds
@@ -10,10 +11,8 @@ The strategies are thin: every number they compute comes from :mod:`fedhead.aggr
   (and ``Sigma_cen`` to corrected clients), averages the returned heads with weights
   ``N_m / N`` and measures the round (SPEC 11); an ``evaluate`` message then collects the MSE
   of the shared head on each client's own backbone.
-* :class:`AlignedHeadAveraging`: additionally verifies that every aligned head kept the Gram of
-  the head the client trained (alignment is a rotation, SPEC 5).
-* :class:`FullModelAveraging`: additionally averages the backbone (BatchNorm statistics stay on
-  the clients) and broadcasts it.
+* :class:`strategies.variants.AlignedHeadAveraging` and
+  :class:`strategies.variants.FullModelAveraging` extend it (alignment check, backbone averaging).
 
 Measurements are handed to an observer (:class:`RunObserver`) that writes results, TensorBoard
 and progress; the strategy itself does no I/O.
@@ -41,14 +40,14 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg, Result
 
 from fedhead import aggregation as agg
+from fedhead import protocol as P
 from fedhead import ufm
-from strategies import protocol as P
+from fedhead.diagnosis import Diagnosis, diagnose
+from fedhead.regime import OutsideRegimeWarning, ensure_fully_active
+from fedhead.tracking import RoundRecord, RoundTracker, Targets, reference_targets
+from strategies.replies import FederationError, metrics_of, partition_of, raise_on_errors
 
 log = logging.getLogger(__name__)
-
-
-class FederationError(RuntimeError):
-    """A round could not be completed (client error, missing replies, failed verification)."""
 
 
 @dataclass(frozen=True)
@@ -56,9 +55,9 @@ class MomentExchange:
     """Outcome of the one-time moment exchange before round 1."""
 
     moments: ufm.TargetMoments
-    diagnosis: agg.Diagnosis
+    diagnosis: Diagnosis
     gap: Any  # fedhead.ufm.GapDecomposition, None outside the fully active regime
-    targets: agg.Targets  # g_star None outside the fully active regime
+    targets: Targets  # g_star None outside the fully active regime
     node_ids: tuple[int, ...]  # ordered by partition id
     partition_ids: tuple[int, ...]
 
@@ -68,44 +67,15 @@ class RunObserver(Protocol):
 
     def on_exchange(self, exchange: MomentExchange) -> None: ...
 
-    def on_round(self, record: agg.RoundRecord) -> None: ...
+    def on_round(self, record: RoundRecord) -> None: ...
 
 
 class _NullObserver:
     def on_exchange(self, exchange: MomentExchange) -> None:  # noqa: D102
         pass
 
-    def on_round(self, record: agg.RoundRecord) -> None:  # noqa: D102
+    def on_round(self, record: RoundRecord) -> None:  # noqa: D102
         pass
-
-
-def _raise_on_errors(replies: Sequence[Message], stage: str, expected: int) -> list[Message]:
-    """Fail loudly on error replies or missing replies (never continue with partial state)."""
-    errors = [m for m in replies if m.has_error()]
-    if errors:
-        detail = "; ".join(
-            f"node {m.metadata.src_node_id}: {m.error.reason}" for m in errors
-        )
-        raise FederationError(f"{stage}: {len(errors)} client(s) failed: {detail}")
-    if len(replies) != expected:
-        raise FederationError(
-            f"{stage}: expected {expected} replies, received {len(replies)} (timeout or lost client)"
-        )
-    return list(replies)
-
-
-def _metrics(message: Message) -> MetricRecord:
-    content = message.content
-    if P.METRICS not in content.metric_records:
-        raise agg.ReplyError(P.node_of(message), f"reply lacks the '{P.METRICS}' MetricRecord")
-    return content.metric_records[P.METRICS]
-
-
-def _partition(message: Message) -> int:
-    metrics = _metrics(message)
-    if P.PARTITION_ID not in metrics:
-        raise agg.ReplyError(P.node_of(message), f"metrics lack '{P.PARTITION_ID}'")
-    return int(metrics[P.PARTITION_ID])
 
 
 class HeadAveraging(FedAvg):
@@ -176,7 +146,7 @@ class HeadAveraging(FedAvg):
         self.message_config = dict(message_config or {})
         self.allow_outside_regime = bool(allow_outside_regime)
         self.exchange: MomentExchange | None = None
-        self.tracker: agg.RoundTracker | None = None
+        self.tracker: RoundTracker | None = None
         self._broadcast: tuple[np.ndarray, np.ndarray] | None = None
         self._head_shape: tuple[int, int] | None = None
 
@@ -191,7 +161,7 @@ class HeadAveraging(FedAvg):
     # ---------------------------------------------------------------- moment exchange
     def query_messages(self, node_ids: Iterable[int]) -> list[Message]:
         """One ``query`` message per node asking for ``(N_m, mu_m, Sigma_m)``."""
-        record = RecordDict({P.CONFIG: ConfigRecord({"stage": "moments", **self.message_config})})
+        record = RecordDict({P.CONFIG: ConfigRecord({P.STAGE: P.STAGE_MOMENTS, **self.message_config})})
         return [
             Message(content=record, dst_node_id=int(n), message_type=MessageType.QUERY)
             for n in node_ids
@@ -202,19 +172,19 @@ class HeadAveraging(FedAvg):
 
         Sets and returns :attr:`exchange`.
         """
-        replies = _raise_on_errors(list(replies), "moment exchange", self.min_nodes)
+        replies = raise_on_errors(list(replies), "moment exchange", self.min_nodes)
         rows = []
         for msg in replies:
             node = P.node_of(msg)
             if P.MOMENTS not in msg.content.array_records:
                 raise agg.ReplyError(node, f"query reply lacks the '{P.MOMENTS}' ArrayRecord")
             arrays = msg.content.array_records[P.MOMENTS]
-            metrics = _metrics(msg)
+            metrics = metrics_of(msg)
             if P.NUM_EXAMPLES not in metrics:
                 raise agg.ReplyError(node, f"query reply metrics lack '{P.NUM_EXAMPLES}'")
             rows.append(
-                (_partition(msg), node, metrics[P.NUM_EXAMPLES], arrays["mean"].numpy(),
-                 arrays["cov"].numpy())
+                (partition_of(msg), node, metrics[P.NUM_EXAMPLES], arrays[P.MEAN].numpy(),
+                 arrays[P.COV].numpy())
             )
         rows.sort(key=lambda r: r[0])
         pids = [r[0] for r in rows]
@@ -224,10 +194,14 @@ class HeadAveraging(FedAvg):
             [r[2] for r in rows], [r[3] for r in rows], [r[4] for r in rows],
             node_ids=[f"{r[1]} (partition {r[0]})" for r in rows],
         )
-        with warnings.catch_warnings():  # reported below (refusal or OutsideRegimeWarning)
-            warnings.simplefilter("ignore", UserWarning)
-            diagnosis, gap = agg.diagnose(moments, self.lambda_h, self.lambda_w)
-        targets = agg.reference_targets(
+        # the regime is reported by check_regime (refusal or OutsideRegimeWarning); a barycenter
+        # that does not converge keeps its ConvergenceWarning and is flagged in the diagnosis
+        diagnosis, gap = diagnose(moments, self.lambda_h, self.lambda_w, warn_outside_regime=False)
+        if diagnosis.barycenter_converged is False:
+            log.warning("the barycenter G_star did not converge (residual %.3g after %d iterations): G_star, "
+                        "the gap terms and every error against G_star are approximate",
+                        diagnosis.barycenter_residual, diagnosis.barycenter_iters)
+        targets = reference_targets(
             moments, gap, self.lambda_h, self.lambda_w, gamma=self.gamma, centered=self.centered
         )
         self.exchange = MomentExchange(
@@ -249,11 +223,9 @@ class HeadAveraging(FedAvg):
     def check_regime(self) -> None:
         """Refuse to train outside the fully active regime unless explicitly allowed.
 
-        Raises :class:`fedhead.data.OutsideRegimeError` naming the clients and margins; with
-        ``allow_outside_regime`` emits :class:`fedhead.data.OutsideRegimeWarning` (and logs it).
+        Raises :class:`fedhead.regime.OutsideRegimeError` naming the clients and margins; with
+        ``allow_outside_regime`` emits :class:`fedhead.regime.OutsideRegimeWarning` (and logs it).
         """
-        from fedhead.data.margins import OutsideRegimeWarning, ensure_fully_active
-
         if self.exchange is None:
             raise RuntimeError("exchange_moments must run before the regime check")
         if self.exchange.diagnosis.fully_active:
@@ -274,12 +246,12 @@ class HeadAveraging(FedAvg):
         return sorted(node_ids)
 
     # ---------------------------------------------------------------- training
-    def begin(self, initial_head: tuple[np.ndarray, np.ndarray]) -> agg.RoundRecord:
+    def begin(self, initial_head: tuple[np.ndarray, np.ndarray]) -> RoundRecord:
         """Record round 0 for the initial head (after :meth:`exchange_moments`)."""
         if self.exchange is None:
             raise RuntimeError("exchange_moments must run before training")
         self.check_regime()
-        self.tracker = agg.RoundTracker(self.exchange.targets)
+        self.tracker = RoundTracker(self.exchange.targets)
         w, b = (np.asarray(a, dtype=np.float64) for a in initial_head)
         c = self.exchange.moments.dim
         if w.ndim != 2 or w.shape[0] != c or b.shape != (c,):
@@ -296,14 +268,14 @@ class HeadAveraging(FedAvg):
             if self.exchange is None:
                 raise RuntimeError("the corrected procedure needs the moment exchange first")
             content[P.SIGMA_CEN] = ArrayRecord(
-                {"sigma_cen": Array(np.asarray(self.exchange.moments.sigma_cen, dtype=np.float64))}
+                {P.SIGMA_CEN_ARRAY: Array(np.asarray(self.exchange.moments.sigma_cen, dtype=np.float64))}
             )
         return content
 
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        head_arrays = ArrayRecord({k: arrays[k] for k in ("weight", "bias")})
+        head_arrays = ArrayRecord({k: arrays[k] for k in (P.WEIGHT, P.BIAS)})
         self._broadcast = P.read_head(head_arrays)
         config[P.SERVER_ROUND] = server_round
         config.update(self.message_config)
@@ -323,7 +295,7 @@ class HeadAveraging(FedAvg):
         assert self.exchange is not None
         by_pid = {}
         for msg in replies:
-            by_pid[_partition(msg)] = msg
+            by_pid[partition_of(msg)] = msg
         if sorted(by_pid) != list(self.exchange.partition_ids):
             raise FederationError(
                 f"replies came from partitions {sorted(by_pid)}, expected "
@@ -337,14 +309,14 @@ class HeadAveraging(FedAvg):
         """Validated heads ``(M,C,P)``, biases ``(M,C)``, counts ``(M,)`` ordered by partition."""
         if self._head_shape is None:
             raise RuntimeError("begin() must record the initial head before training")
-        msgs = self._ordered(_raise_on_errors(list(replies), "training", self.min_nodes))
+        msgs = self._ordered(raise_on_errors(list(replies), "training", self.min_nodes))
         heads, biases, counts = [], [], []
         for msg, n_exp in zip(msgs, np.asarray(self.exchange.moments.counts), strict=True):
             node = P.node_of(msg)
             if P.HEAD not in msg.content.array_records:
                 raise agg.ReplyError(node, f"training reply lacks the '{P.HEAD}' ArrayRecord")
             w, b = P.read_head(msg.content.array_records[P.HEAD])
-            metrics = _metrics(msg)
+            metrics = metrics_of(msg)
             w, b, n = agg.validate_head(
                 w, b, metrics.get(P.NUM_EXAMPLES), node_id=node, shape=self._head_shape
             )
@@ -365,7 +337,7 @@ class HeadAveraging(FedAvg):
         msgs, heads, biases, counts = self.parse_train_replies(replies)
         extra = self.verify_replies(msgs, heads)
         avg = agg.average_heads(heads, biases, counts)
-        metrics = [_metrics(m) for m in msgs]
+        metrics = [metrics_of(m) for m in msgs]
         fit = agg.local_fit(metrics, [P.node_of(m) for m in msgs])
         client_metrics = [
             {k: float(v) for k, v in m.items() if not isinstance(v, list)} for m in metrics
@@ -394,7 +366,7 @@ class HeadAveraging(FedAvg):
             return []
         config[P.SERVER_ROUND] = server_round
         config.update(self.message_config)
-        head = ArrayRecord({k: arrays[k] for k in ("weight", "bias")})
+        head = ArrayRecord({k: arrays[k] for k in (P.WEIGHT, P.BIAS)})
         content = RecordDict({P.HEAD: head, P.CONFIG: config})
         self._extend_train_content(content, arrays)
         return [
@@ -407,26 +379,26 @@ class HeadAveraging(FedAvg):
     ) -> MetricRecord | None:
         if not self.evaluate_mse:
             return None
-        msgs = self._ordered(_raise_on_errors(list(replies), "evaluation", self.min_nodes))
-        ms = [_metrics(m) for m in msgs]
+        msgs = self._ordered(raise_on_errors(list(replies), "evaluation", self.min_nodes))
+        ms = [metrics_of(m) for m in msgs]
         train_v, train_n, test_v, test_n = [], [], [], []
         for m, msg in zip(ms, msgs, strict=True):
             node = P.node_of(msg)
-            if "train_mse" not in m:
-                raise agg.ReplyError(node, "evaluation reply lacks 'train_mse'")
-            train_v.append(float(agg.validate_array(m["train_mse"], (), node_id=node, name="train_mse")))
+            if P.TRAIN_MSE not in m:
+                raise agg.ReplyError(node, f"evaluation reply lacks '{P.TRAIN_MSE}'")
+            train_v.append(float(agg.validate_array(m[P.TRAIN_MSE], (), node_id=node, name=P.TRAIN_MSE)))
             train_n.append(agg.validate_count(m.get(P.NUM_EXAMPLES), node_id=node))
-            if "test_mse" in m:
-                test_v.append(float(agg.validate_array(m["test_mse"], (), node_id=node, name="test_mse")))
+            if P.TEST_MSE in m:
+                test_v.append(float(agg.validate_array(m[P.TEST_MSE], (), node_id=node, name=P.TEST_MSE)))
                 test_n.append(agg.validate_count(m.get(P.NUM_TEST_EXAMPLES), node_id=node))
         train = agg.weighted_mean(train_v, train_n)
         test = agg.weighted_mean(test_v, test_n) if len(test_v) == len(ms) else None
         assert self.tracker is not None
         rec = self.tracker.set_mse(server_round, train, test)
         self.observer.on_round(rec)
-        out = {"train_mse": train}
+        out = {P.TRAIN_MSE: train}
         if test is not None:
-            out["test_mse"] = test
+            out[P.TEST_MSE] = test
         return MetricRecord(out)
 
     # ---------------------------------------------------------------- the whole run
@@ -456,78 +428,3 @@ class HeadAveraging(FedAvg):
             timeout=self.timeout if self.timeout is not None else 3600.0,
             train_config=train_config or ConfigRecord(),
         )
-
-
-class AlignedHeadAveraging(HeadAveraging):
-    """Head averaging for aligned clients; verifies that alignment kept each client's Gram.
-
-    Each aligned client reports ``trained_gram = W^ W^^T`` of the head it trained (before
-    alignment) in its ``checks`` record; the server checks that the uploaded head has the same
-    Gram to relative tolerance ``rtol`` and fails naming the client otherwise.
-    """
-
-    def __init__(self, *, rtol: float = 1e-6, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.rtol = float(rtol)
-
-    def verify_replies(self, msgs: Sequence[Message], heads: np.ndarray) -> dict[str, float]:
-        worst = 0.0
-        for msg, w in zip(msgs, heads, strict=True):
-            node = P.node_of(msg)
-            if P.CHECKS not in msg.content.array_records:
-                raise agg.ReplyError(node, f"aligned reply lacks the '{P.CHECKS}' ArrayRecord")
-            g_trained = agg.validate_array(
-                msg.content.array_records[P.CHECKS]["trained_gram"].numpy(),
-                (w.shape[0], w.shape[0]), node_id=node, name="trained_gram",
-            )
-            err = agg.relative_error(w @ w.T, g_trained)
-            if err > self.rtol:
-                raise agg.ReplyError(
-                    node,
-                    f"aligned head changed the trained Gram (relative error {err:.3g} > {self.rtol:g})",
-                )
-            worst = max(worst, err)
-        return {"alignment_gram_error": worst}
-
-
-class FullModelAveraging(HeadAveraging):
-    """Full-model averaging: heads and backbones averaged with weights ``N_m / N``.
-
-    The aggregated backbone (BatchNorm running statistics excluded, they never leave the
-    client) travels in the ``backbone`` record of every training and evaluation message.
-    ``initial_backbone`` is the common random backbone all clients start from.
-    """
-
-    def __init__(self, *, initial_backbone: dict[str, np.ndarray] | None = None, **kwargs: Any):
-        super().__init__(**kwargs)
-        self._backbone = (
-            None if initial_backbone is None
-            else {k: np.asarray(v) for k, v in initial_backbone.items() if not agg.is_private_state(k)}
-        )
-
-    def _extend_train_content(self, content: RecordDict, arrays: ArrayRecord) -> None:
-        if self._backbone is not None:
-            content[P.BACKBONE] = P.numpy_to_arrays(self._backbone)
-
-    def _add_aggregate(self, arrays: ArrayRecord, msgs: Sequence[Message], counts: np.ndarray) -> None:
-        states = []
-        for msg in msgs:
-            if P.BACKBONE not in msg.content.array_records:
-                raise agg.ReplyError(P.node_of(msg), f"full-model reply lacks '{P.BACKBONE}'")
-            states.append(P.arrays_to_numpy(msg.content.array_records[P.BACKBONE]))
-        dtypes = {k: v.dtype for k, v in states[0].items()}
-        avg = agg.average_states(states, counts, node_ids=[P.node_of(m) for m in msgs])
-        self._backbone = {k: v.astype(dtypes[k]) if np.issubdtype(dtypes[k], np.floating) else v
-                          for k, v in avg.items()}
-
-
-def make_strategy(
-    kind: str, **kwargs: Any
-) -> HeadAveraging:
-    """Build the strategy a procedure needs: ``"head"``, ``"aligned"`` or ``"full_model"``."""
-    classes: dict[str, Callable[..., HeadAveraging]] = {
-        "head": HeadAveraging, "aligned": AlignedHeadAveraging, "full_model": FullModelAveraging,
-    }
-    if kind not in classes:
-        raise ValueError(f"unknown strategy kind {kind!r}; expected one of {sorted(classes)}")
-    return classes[kind](**kwargs)

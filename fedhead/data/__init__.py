@@ -13,7 +13,7 @@ from fedhead.data.base import (
     batch_to_float,
 )
 from fedhead.data.config import DatasetConfig, default_cache_dir
-from fedhead.data.margins import (
+from fedhead.regime import (
     MarginReport,
     OutsideRegimeError,
     OutsideRegimeWarning,

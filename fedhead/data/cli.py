@@ -24,7 +24,7 @@ import numpy as np
 
 from fedhead.data.base import FederatedData
 from fedhead.data.config import DatasetConfig
-from fedhead.data.margins import MarginReport, client_margins
+from fedhead.regime import MarginReport, client_margins
 from fedhead.data.pipeline import cache_file
 from fedhead.data.registry import coerce_config, load_federated
 from fedhead.data.units import format_target, target_units

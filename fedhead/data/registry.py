@@ -37,22 +37,21 @@ class DatasetEntry:
     name: str
     module: str
     config: str
-    image: bool
 
 
 REGISTRY: dict[str, DatasetEntry] = {
     e.name: e
     for e in (
-        DatasetEntry("beijing", "fedhead.data.beijing", "BeijingConfig", False),
-        DatasetEntry("swimmer", "fedhead.data.mujoco", "MujocoConfig", False),
-        DatasetEntry("hopper", "fedhead.data.mujoco", "MujocoConfig", False),
-        DatasetEntry("halfcheetah", "fedhead.data.mujoco", "MujocoConfig", False),
-        DatasetEntry("walker2d", "fedhead.data.mujoco", "MujocoConfig", False),
-        DatasetEntry("mpiigaze", "fedhead.data.mpiigaze", "MPIIGazeConfig", True),
-        DatasetEntry("300w_lp", "fedhead.data.w300lp", "W300LPConfig", True),
-        DatasetEntry("dsprites", "fedhead.data.dsprites", "DSpritesConfig", True),
-        DatasetEntry("shapes3d", "fedhead.data.shapes3d", "Shapes3DConfig", True),
-        DatasetEntry("cifar_geo", "fedhead.data.cifar_geo", "CifarGeoConfig", True),
+        DatasetEntry("beijing", "fedhead.data.beijing", "BeijingConfig"),
+        DatasetEntry("swimmer", "fedhead.data.mujoco", "MujocoConfig"),
+        DatasetEntry("hopper", "fedhead.data.mujoco", "MujocoConfig"),
+        DatasetEntry("halfcheetah", "fedhead.data.mujoco", "MujocoConfig"),
+        DatasetEntry("walker2d", "fedhead.data.mujoco", "MujocoConfig"),
+        DatasetEntry("mpiigaze", "fedhead.data.mpiigaze", "MPIIGazeConfig"),
+        DatasetEntry("300w_lp", "fedhead.data.w300lp", "W300LPConfig"),
+        DatasetEntry("dsprites", "fedhead.data.dsprites", "DSpritesConfig"),
+        DatasetEntry("shapes3d", "fedhead.data.shapes3d", "Shapes3DConfig"),
+        DatasetEntry("cifar_geo", "fedhead.data.cifar_geo", "CifarGeoConfig"),
     )
 }
 

@@ -78,8 +78,7 @@ class Settings:
 
 def corrected_grams(moments: ufm.TargetMoments, gamma: float, lam: float) -> np.ndarray:
     """Client optimal Grams under ``gamma C_m``: ``phi((1 - gamma) Sigma_m + gamma Sigma_cen)`` (docs/theory.md §8)."""
-    covs = (1.0 - gamma) * np.asarray(moments.covs) + gamma * moments.sigma_cen
-    return ufm.optimal_gram(covs, lam, lam)
+    return ufm.optimal_gram(ufm.corrected_covariance(moments.covs, moments.sigma_cen, gamma), lam, lam)
 
 
 def _exact_part(s: Settings, rng, bar) -> dict:

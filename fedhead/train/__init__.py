@@ -5,6 +5,7 @@ See ``docs/architecture.md``. The Flower client calls :func:`train_local`, :func
 """
 
 from fedhead.train.align import AlignResult, align, procrustes_rotation
+from fedhead.train.client_math import HeadDistances, exact_head, head_distances, round_seed, target_moments
 from fedhead.train.config import TrainConfig, TrainDivergedError, TrainInputError
 from fedhead.train.objective import (
     LocalEvaluation,
@@ -27,6 +28,7 @@ from fedhead.train.trainer import (
 
 __all__ = [
     "AlignResult",
+    "HeadDistances",
     "LocalEvaluation",
     "LocalMetrics",
     "LocalResult",
@@ -39,11 +41,15 @@ __all__ = [
     "compute_features",
     "cosine_schedule",
     "evaluate_local",
+    "exact_head",
+    "head_distances",
     "minibatch_loss",
     "moment_correction_grad",
     "moment_correction_torch",
     "objective_from_features",
     "procrustes_rotation",
+    "round_seed",
     "select_device",
+    "target_moments",
     "train_local",
 ]

@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from fedhead.procedure import gamma_problem, penalty_problem, rho_problem
+
 
 class TrainInputError(ValueError):
     """Bad training configuration or input: the message says what was wrong and where."""
@@ -37,7 +39,11 @@ class TrainConfig:
     rho : float
         Proximal weight: ``rho/2 ||W - W_t||_F^2`` to the broadcast head (0 = off).
     gamma : float
-        Weight of the moment correction ``C_m(W)`` of SPEC 2/8 (0 = off, 1 = full correction).
+        Weight of the moment correction ``C_m(W)`` of SPEC 2/8, in [0, 1] (0 = off, 1 = full).
+    rho, gamma, center_targets, lambda_h, lambda_w, epochs, seed
+        In a federation these are not configured here: :meth:`fedhead.config.FedheadConfig.jobs`
+        fills them from the procedure (:class:`fedhead.procedure.ProcedureConfig`) and the
+        top-level settings, where they are stored and validated.
     center_targets : bool
         Client-wise target centring: train on ``y - mu_m`` (the reference becomes ``G_within``).
     seed : int
@@ -151,14 +157,11 @@ class TrainConfig:
             raise bad("eps", "must be > 0")
         if self.clip_norm is not None and not (finite(self.clip_norm) and self.clip_norm > 0):
             raise bad("clip_norm", "must be > 0 or None (no clipping)")
-        if not (finite(self.lambda_h) and self.lambda_h > 0):
-            raise bad("lambda_h", "must be > 0 (SPEC 2)")
-        if not (finite(self.lambda_w) and self.lambda_w > 0):
-            raise bad("lambda_w", "must be > 0 (SPEC 2)")
-        if not (finite(self.rho) and self.rho >= 0):
-            raise bad("rho", "must be >= 0 (proximal weight)")
-        if not (finite(self.gamma) and self.gamma >= 0):
-            raise bad("gamma", "must be >= 0 (correction weight)")
+        # the rules of fedhead.procedure (one rule per parameter)
+        for field, problem in (("lambda_h", penalty_problem(self.lambda_h)), ("lambda_w", penalty_problem(self.lambda_w)),
+                               ("rho", rho_problem(self.rho)), ("gamma", gamma_problem(self.gamma))):
+            if problem:
+                raise bad(field, problem)
         if not isinstance(self.seed, int) or self.seed < 0:
             raise bad("seed", "must be a non-negative integer")
         if not (finite(self.last_layer_ridge) and self.last_layer_ridge >= 0):

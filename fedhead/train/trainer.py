@@ -26,6 +26,8 @@ from torch.nn import functional as F
 from fedhead.data.base import batch_to_float
 from fedhead.models.backbones import Backbone
 from fedhead.train.config import TrainConfig, TrainDivergedError, TrainInputError
+from fedhead.train.inputs import check_inputs as _check_inputs
+from fedhead.train.inputs import check_matrix as _check_matrix
 from fedhead.train.objective import (
     add_head_penalty_grads,
     compute_features,
@@ -35,7 +37,7 @@ from fedhead.train.objective import (
 )
 from fedhead.train.align import procrustes_rotation
 from fedhead.train.last_layer import solve_output_layer
-from fedhead.ufm import TargetMoments, optimal_loss
+from fedhead.ufm import TargetMoments, corrected_covariance, optimal_loss
 
 log = logging.getLogger(__name__)
 
@@ -139,56 +141,6 @@ class LocalResult:
     metrics: LocalMetrics
 
 
-def _check_matrix(name: str, a: np.ndarray | None, shape: tuple[int, int], symmetric: bool = False) -> np.ndarray:
-    if a is None:
-        raise TrainInputError(f"train_local: {name} is required by the configuration but was not given")
-    arr = np.asarray(a, dtype=np.float64)
-    if arr.shape != shape:
-        raise TrainInputError(f"train_local: {name} must have shape {shape}, got {arr.shape}")
-    if not np.all(np.isfinite(arr)):
-        raise TrainInputError(f"train_local: {name} has non-finite entries")
-    if symmetric and not np.allclose(arr, arr.T, rtol=1e-8, atol=1e-10 * max(1.0, np.abs(arr).max())):
-        raise TrainInputError(f"train_local: {name} must be symmetric")
-    return arr
-
-
-def _check_inputs(backbone: nn.Module, head: nn.Linear, x: torch.Tensor, y: torch.Tensor) -> None:
-    if not isinstance(head, nn.Linear) or head.bias is None:
-        raise TrainInputError("train_local: head must be an nn.Linear(P, C) with bias")
-    if not isinstance(x, torch.Tensor) or not isinstance(y, torch.Tensor):
-        raise TrainInputError("train_local: x and y must be torch tensors")
-    if y.ndim != 2:
-        raise TrainInputError(f"train_local: targets must be (N, C), got shape {tuple(y.shape)}")
-    n = y.shape[0]
-    if n == 0:
-        raise TrainInputError("train_local: the client has no training samples (empty data)")
-    if x.shape[0] != n:
-        raise TrainInputError(f"train_local: {x.shape[0]} inputs but {n} targets (x {tuple(x.shape)}, y {tuple(y.shape)})")
-    if y.shape[1] != head.out_features:
-        raise TrainInputError(f"train_local: targets have C = {y.shape[1]} columns but the head has "
-                              f"{head.out_features} outputs")
-    if not torch.isfinite(y).all():
-        bad = int((~torch.isfinite(y)).any(dim=1).nonzero()[0, 0])
-        raise TrainInputError(f"train_local: non-finite target values (first at sample {bad})")
-    if x.is_floating_point() and not torch.isfinite(x).all():
-        raise TrainInputError("train_local: non-finite input values")
-    if not isinstance(backbone, Backbone):
-        return
-    if head.in_features != backbone.feature_dim:
-        raise TrainInputError(f"train_local: head takes P = {head.in_features} features but the backbone "
-                              f"produces {backbone.feature_dim}")
-    if backbone.expects_indices:
-        if x.ndim != 1 or x.dtype not in (torch.int64, torch.int32):
-            raise TrainInputError(f"train_local: the free-feature backbone takes (N,) integer sample indices, "
-                                  f"got {x.dtype} of shape {tuple(x.shape)}")
-        if int(x.min()) < 0 or int(x.max()) >= backbone.n_samples:
-            raise TrainInputError(f"train_local: sample indices must lie in [0, {backbone.n_samples}), "
-                                  f"got [{int(x.min())}, {int(x.max())}]")
-    elif tuple(x.shape[1:]) != tuple(backbone.input_shape):
-        raise TrainInputError(f"train_local: inputs have per-sample shape {tuple(x.shape[1:])} but the backbone "
-                              f"was built for {tuple(backbone.input_shape)}")
-
-
 def clip_gradients(params: list[nn.Parameter], max_norm: float, *, host_check: bool) -> float | None:
     """Global gradient-norm clipping with the result of ``torch.nn.utils.clip_grad_norm_``.
 
@@ -288,7 +240,7 @@ def _objective_terms(y: torch.Tensor, cfg: TrainConfig, p: int, broadcast_weight
                                   f"leave it None")
     w_t = _check_matrix("broadcast_weight", broadcast_weight, (c, p)) if cfg.rho > 0 else None
     delta = (_check_matrix("sigma_cen", sigma_cen, (c, c), True) - sig_m) if cfg.gamma > 0 else None
-    trained_sigma = sig_m if delta is None else sig_m + cfg.gamma * delta
+    trained_sigma = sig_m if delta is None else corrected_covariance(sig_m, sig_m + delta, cfg.gamma)
     offset = mu_m if cfg.center_targets else np.zeros(c)
     return _Terms(mu=mu_m - offset, sigma=sig_m, trained_sigma=trained_sigma, target_offset=offset,
                   broadcast=w_t, delta=delta)

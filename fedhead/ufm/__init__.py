@@ -35,7 +35,15 @@ from .objectives import (
     scipy_callables,
     unpack_joint,
 )
-from .closed_forms import FullyActiveReport, check_fully_active, optimal_features, optimal_gram, optimal_loss
+from .closed_forms import (
+    FullyActiveReport,
+    check_fully_active,
+    corrected_covariance,
+    fully_active_margins,
+    optimal_features,
+    optimal_gram,
+    optimal_loss,
+)
 from .moments import TargetMoments
 from .psd import psd_inv_sqrt, psd_power, psd_sqrt, sym
 
@@ -74,6 +82,8 @@ __all__ = [
     "bw_distance",
     "bw_distance_squared",
     "check_fully_active",
+    "corrected_covariance",
+    "fully_active_margins",
     "closest_head",
     "gram_recursion",
     "gram_step",

@@ -154,12 +154,6 @@ def as_head(name: str, W, *, c: int | None = None, full_rank: bool = False) -> n
     return a
 
 
-def check_same_dim(name: str, a: np.ndarray, c: int) -> None:
-    """The trailing matrix dimension of ``a`` must be ``c``."""
-    if a.shape[-1] != c:
-        raise UFMInputError(f"{name}: dimension {a.shape[-1]} does not match C = {c} (shape {a.shape})")
-
-
 def as_int(name: str, x, minimum: int) -> int:
     """An integer (int or integral numpy scalar, not bool) ``>= minimum``."""
     if isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, np.integer)):

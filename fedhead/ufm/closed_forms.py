@@ -127,6 +127,35 @@ class FullyActiveReport(NamedTuple):
         return self.min_eigs / self.threshold
 
 
+def fully_active_margins(moments, lambda_h: float, lambda_w: float) -> FullyActiveReport:
+    """``lambda_min(Sigma_m) - lambda_H lambda_W`` for every client (SPEC 3), without raising.
+
+    The one computation of the fully active margins; :func:`check_fully_active` raises on it.
+
+    Parameters
+    ----------
+    moments : TargetMoments or array_like of shape (M, C, C)
+        Client moments, or the client covariances directly.
+    lambda_h, lambda_w : float
+
+    Returns
+    -------
+    FullyActiveReport
+        ``margins (M,)``, ``min_eigs (M,)`` and ``threshold = lambda_H lambda_W``.
+    """
+    lh = as_positive_scalar("lambda_h", lambda_h)
+    lw = as_positive_scalar("lambda_w", lambda_w)
+    if isinstance(moments, TargetMoments):
+        covs = np.asarray(moments.covs)
+    else:
+        covs = as_spd("covs", moments, batch=True, label="client", strict=False)
+        if covs.ndim != 3:
+            raise UFMInputError(f"covs: expected shape (M, C, C), got {covs.shape}")
+    min_eigs = np.linalg.eigvalsh(covs)[:, 0]
+    thr = lh * lw
+    return FullyActiveReport(margins=min_eigs - thr, min_eigs=min_eigs, threshold=thr)
+
+
 def check_fully_active(moments, lambda_h: float, lambda_w: float) -> FullyActiveReport:
     """Check ``lambda_min(Sigma_m) > lambda_H lambda_W`` for every client (docs/theory.md §3).
 
@@ -139,29 +168,52 @@ def check_fully_active(moments, lambda_h: float, lambda_w: float) -> FullyActive
     Returns
     -------
     FullyActiveReport
+        As :func:`fully_active_margins`.
 
     Raises
     ------
     NotFullyActiveError
         Naming the first violating client, its smallest eigenvalue and ``lambda_H lambda_W``.
     """
-    lh = as_positive_scalar("lambda_h", lambda_h)
-    lw = as_positive_scalar("lambda_w", lambda_w)
-    if isinstance(moments, TargetMoments):
-        covs = np.asarray(moments.covs)
-    else:
-        covs = as_spd("covs", moments, batch=True, label="client", strict=False)
-        if covs.ndim != 3:
-            raise UFMInputError(f"covs: expected shape (M, C, C), got {covs.shape}")
-    min_eigs = np.linalg.eigvalsh(covs)[:, 0]
-    thr = lh * lw
-    margins = min_eigs - thr
+    rep = fully_active_margins(moments, lambda_h, lambda_w)
+    margins, min_eigs, thr = rep
     bad = np.flatnonzero(margins <= 0)
     if bad.size:
         m = int(bad[0])
         raise NotFullyActiveError(
             f"client {m} is not fully active: smallest eigenvalue of Sigma_{m} is {min_eigs[m]:.6e} "
             f"<= lambda_H * lambda_W = {thr:.6e} (margin {margins[m]:.3e}); "
-            f"{bad.size} of {covs.shape[0]} clients violate lambda_min(Sigma_m) > lambda_H lambda_W"
+            f"{bad.size} of {margins.shape[0]} clients violate lambda_min(Sigma_m) > lambda_H lambda_W"
         )
-    return FullyActiveReport(margins=margins, min_eigs=min_eigs, threshold=thr)
+    return rep
+
+
+def corrected_covariance(sigma_m, sigma_cen, gamma: float) -> np.ndarray:
+    """The covariance a client with moment correction ``gamma C_m`` effectively fits (SPEC 8).
+
+    ``Sigma_m^gamma = (1 - gamma) Sigma_m + gamma Sigma_cen``; ``gamma = 0`` gives ``Sigma_m``,
+    ``gamma = 1`` gives ``Sigma_cen``. This is the one place the formula is written.
+
+    Parameters
+    ----------
+    sigma_m : array_like, shape (C, C) or (M, C, C)
+        Client covariance(s) ``Sigma_m``.
+    sigma_cen : array_like, shape (C, C), or None
+        Pooled covariance ``Sigma_cen``; may be None only when ``gamma == 0``.
+    gamma : float in [0, 1]
+        Correction strength.
+
+    Returns
+    -------
+    ndarray, shape like ``sigma_m``, float64
+    """
+    g = float(gamma)
+    if not (np.isfinite(g) and 0.0 <= g <= 1.0):
+        raise UFMInputError(f"gamma: the correction strength must lie in [0, 1], got {gamma!r}")
+    sig = np.asarray(sigma_m, dtype=np.float64)
+    if g == 0.0:
+        return sig
+    if sigma_cen is None:
+        raise UFMInputError("sigma_cen: required when gamma > 0")
+    cen = np.asarray(sigma_cen, dtype=np.float64)
+    return (1.0 - g) * sig + g * cen

@@ -40,6 +40,12 @@ class GapDecomposition:
         ``D = sum_{m<n} p_m p_n d_BW^2(G_m, G_n)`` (``D <= Tr M_A <= 2 D``).
     barycenter_iters : int
         Fixed-point iterations used for ``g_star``.
+    barycenter_converged : bool
+        Whether the barycenter iteration reached its tolerance; when False ``g_star`` is the last
+        iterate (a :class:`ConvergenceWarning` was issued) and every quantity built on it is
+        approximate.
+    barycenter_residual : float
+        ``||G_{k+1} - G_k||_F / ||G_k||_F`` of the last barycenter step.
     """
 
     g_star: np.ndarray
@@ -52,6 +58,8 @@ class GapDecomposition:
     bw_variance: float
     pairwise_dispersion: float
     barycenter_iters: int
+    barycenter_converged: bool = True
+    barycenter_residual: float = 0.0
 
     @property
     def total(self) -> np.ndarray:
@@ -123,4 +131,6 @@ def gap_decomposition(moments: TargetMoments, lambda_h: float, lambda_w: float, 
         bw_variance=bw_var,
         pairwise_dispersion=disp,
         barycenter_iters=bary.n_iter,
+        barycenter_converged=bool(bary.converged),
+        barycenter_residual=float(bary.residual),
     )

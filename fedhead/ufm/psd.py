@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._validate import UFMInputError, as_spd, as_symmetric
+from ._validate import UFMInputError, as_spd
 
 
 def sym(A) -> np.ndarray:
@@ -104,20 +104,3 @@ def psd_power(A, p: float) -> np.ndarray:
         return _eig_fn(a, lambda w: np.maximum(w, 0.0) ** p)
     a = as_spd("A", A, batch=True, strict=True)
     return _eig_fn(a, lambda w: w**p)
-
-
-def sym_eigh(A) -> tuple[np.ndarray, np.ndarray]:
-    """Eigen-decomposition of a symmetric matrix (validated, symmetrised first).
-
-    Parameters
-    ----------
-    A : array_like, shape (..., C, C)
-
-    Returns
-    -------
-    w : ndarray, shape (..., C)
-        Ascending eigenvalues.
-    V : ndarray, shape (..., C, C)
-        Orthonormal eigenvectors in the columns.
-    """
-    return np.linalg.eigh(as_symmetric("A", A, batch=True))

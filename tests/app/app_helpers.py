@@ -28,7 +28,7 @@ from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict  # no
 from flwr.serverapp import Grid  # noqa: E402
 
 from fedhead import ufm  # noqa: E402
-from strategies import protocol as P  # noqa: E402
+from fedhead import protocol as P  # noqa: E402
 
 
 def instruction(node_id: int, message_type: str, content: RecordDict | None = None) -> Message:

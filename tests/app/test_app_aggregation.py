@@ -1,4 +1,4 @@
-"""fedhead.aggregation: averaging, validation, moment exchange, diagnosis, round measurements."""
+"""fedhead.aggregation, fedhead.diagnosis, fedhead.tracking: averaging, validation, moment exchange, diagnosis, round measurements."""
 
 from __future__ import annotations
 
@@ -6,6 +6,8 @@ import numpy as np
 import pytest
 
 from fedhead import aggregation as agg
+from fedhead import tracking
+from fedhead.diagnosis import diagnose
 from fedhead import ufm
 
 LH = LW = 0.1
@@ -84,7 +86,7 @@ def test_moment_validation_names_the_client(cov, count, msg):
 
 def test_diagnosis_shares_and_recommendation(fig2_targets):
     moments = ufm.TargetMoments.from_targets(fig2_targets)
-    diag, gap = agg.diagnose(moments, LH, LW)
+    diag, gap = diagnose(moments, LH, LW)
     assert diag.fully_active
     np.testing.assert_allclose(diag.margins, np.linalg.eigvalsh(moments.covs)[:, 0] - LH * LW, rtol=0, atol=1e-14)
     total = np.trace(gap.g_cen - gap.g_star)
@@ -102,7 +104,7 @@ def test_diagnosis_shares_and_recommendation(fig2_targets):
 
 def test_diagnosis_equal_means_has_no_mean_term(fig2_targets):
     centred = [y - y.mean(0) for y in fig2_targets]
-    diag, _ = agg.diagnose(ufm.TargetMoments.from_targets(centred), LH, LW)
+    diag, _ = diagnose(ufm.TargetMoments.from_targets(centred), LH, LW)
     assert abs(diag.trace_mu) < 1e-12 and diag.share_mu < 1e-10
     assert "mean term" not in diag.recommendation
 
@@ -110,7 +112,7 @@ def test_diagnosis_equal_means_has_no_mean_term(fig2_targets):
 def test_diagnosis_outside_regime_warns_and_recommends(fig2_targets):
     moments = ufm.TargetMoments.from_targets(fig2_targets)
     with pytest.warns(UserWarning, match="fully active"):
-        diag, gap = agg.diagnose(moments, 1.0, 0.5)  # lH lW = 0.5 > lambda_min of client 0 (0.11)
+        diag, gap = diagnose(moments, 1.0, 0.5)  # lH lW = 0.5 > lambda_min of client 0 (0.11)
     assert not diag.fully_active and gap is None and np.isnan(diag.rel_gap)
     assert diag.recommendation.startswith("client 0 is outside the fully active regime")
 
@@ -118,15 +120,15 @@ def test_diagnosis_outside_regime_warns_and_recommends(fig2_targets):
 def test_round_tracker_with_exact_selection_follows_recursion(fig2_targets):
     """Clients returning Pi_m(W_t): the aggregated Gram is the SPEC 6 recursion, delta = 0."""
     moments = ufm.TargetMoments.from_targets(fig2_targets)
-    _, gap = agg.diagnose(moments, LH, LW)
-    targets = agg.reference_targets(moments, gap, LH, LW)
+    _, gap = diagnose(moments, LH, LW)
+    targets = tracking.reference_targets(moments, gap, LH, LW)
     assert targets.reference == "star"
-    tracker = agg.RoundTracker(targets)
+    tracker = tracking.RoundTracker(targets)
     rng = np.random.default_rng(3)
     w = rng.standard_normal((2, 4))
     tracker.start(w, np.zeros(2))
     for t in range(1, 9):
-        heads = agg.selected_heads(w, targets.client_grams)
+        heads = tracking.selected_heads(w, targets.client_grams)
         avg = agg.average_heads(heads, np.asarray(moments.means), moments.counts)
         rec = tracker.record(t, avg.weight, avg.bias, broadcast=w, client_heads=heads)
         np.testing.assert_allclose(rec.gram, tracker.records[t - 1].predicted_gram, rtol=0, atol=1e-10)
@@ -147,14 +149,14 @@ def test_round_tracker_with_exact_selection_follows_recursion(fig2_targets):
 
 def test_round_tracker_corrected_targets_reach_g_cen_in_one_round(fig2_targets):
     moments = ufm.TargetMoments.from_targets(fig2_targets)
-    _, gap = agg.diagnose(moments, LH, LW)
-    targets = agg.reference_targets(moments, gap, LH, LW, gamma=1.0)
+    _, gap = diagnose(moments, LH, LW)
+    targets = tracking.reference_targets(moments, gap, LH, LW, gamma=1.0)
     assert targets.reference == "cen"
     np.testing.assert_allclose(targets.client_grams, np.broadcast_to(gap.g_cen, (3, 2, 2)), rtol=0, atol=1e-12)
-    tracker = agg.RoundTracker(targets)
+    tracker = tracking.RoundTracker(targets)
     w = np.random.default_rng(4).standard_normal((2, 3))
     tracker.start(w, np.zeros(2))
-    heads = agg.selected_heads(w, targets.client_grams)
+    heads = tracking.selected_heads(w, targets.client_grams)
     avg = agg.average_heads(heads, np.zeros((3, 2)), moments.counts)
     rec = tracker.record(1, avg.weight, avg.bias, broadcast=w, client_heads=heads)
     assert rec.e_f_cen < 1e-12 and rec.e_f_reference == rec.e_f_cen
@@ -162,8 +164,8 @@ def test_round_tracker_corrected_targets_reach_g_cen_in_one_round(fig2_targets):
 
 def test_round_tracker_rejects_out_of_order_rounds(fig2_targets):
     moments = ufm.TargetMoments.from_targets(fig2_targets)
-    _, gap = agg.diagnose(moments, LH, LW)
-    tracker = agg.RoundTracker(agg.reference_targets(moments, gap, LH, LW))
+    _, gap = diagnose(moments, LH, LW)
+    tracker = tracking.RoundTracker(tracking.reference_targets(moments, gap, LH, LW))
     w = np.eye(2)
     with pytest.raises(RuntimeError, match="start"):
         tracker.record(1, w, np.zeros(2), broadcast=w, client_heads=np.stack([w] * 3))
@@ -181,7 +183,7 @@ def test_selection_distance_matches_definition(fig2_targets):
     expected = sum(
         p * np.linalg.norm(h - ufm.closest_head(w, g)) for p, h, g in zip(moments.weights, heads, grams)
     )
-    assert agg.selection_distance(heads, w, grams, moments.weights) == pytest.approx(expected, rel=1e-13)
+    assert tracking.selection_distance(heads, w, grams, moments.weights) == pytest.approx(expected, rel=1e-13)
 
 
 def test_weighted_mean():

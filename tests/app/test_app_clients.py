@@ -14,7 +14,8 @@ from clients import BackboneStore, make_client_app
 from clients.app import federated_data
 from fedhead import ufm
 from fedhead.config import ConfigError, compose_config, load_config
-from fedhead.run import RunRecorder, serve
+from fedhead.recorder import RunRecorder
+from fedhead.server_app import serve
 
 
 def _job(tmp_path: Path, *overrides: str):
@@ -118,17 +119,17 @@ def test_backbone_store_is_atomic_and_detects_newer_states(tmp_path):
 
 
 def test_flwr_run_apps_resolve_the_job_from_the_run_config(tmp_path, task_identity):
-    """The module-level server_app / client_app serve ``flwr run .`` from the run config."""
-    from fedhead import run as run_mod
+    """The ServerApp / ClientApp of fedhead.server_app / fedhead.client_app serve ``flwr run .`` from the run config."""
+    from fedhead import client_app, server_app
 
     run_config = {
         "overrides": f"procedure=exact model=free rounds=2 num_clients=3 dataset.n_train=240 "
                      f"dataset.cache_dir={tmp_path / 'cache'} output.tensorboard=false output.figures=false",
         "procedure-index": 0, "output-dir": str(tmp_path / "flwr"),
     }
-    grid = InProcessGrid(run_mod.client_app, 3, run_config=run_config)
+    grid = InProcessGrid(client_app.app, 3, run_config=run_config)
     ctx = next(iter(grid.contexts.values()))
-    run_mod.server_app(grid, ctx)
+    server_app.app(grid, ctx)
     res = json.loads((tmp_path / "flwr" / "exact" / "results.json").read_text())
     assert res["status"] == "completed" and len(res["rounds"]) == 3
 

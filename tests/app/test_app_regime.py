@@ -17,7 +17,9 @@ from app_helpers import InProcessGrid
 from clients import make_client_app
 from fedhead.config import compose_config, load_config
 from fedhead.data import OutsideRegimeError, OutsideRegimeWarning
-from fedhead.run import RunRecorder, prepare_data, serve
+from fedhead.recorder import RunRecorder
+from fedhead.run import prepare_data
+from fedhead.server_app import serve
 
 OUTSIDE = ["model=free", "procedure=proximal", "rounds=2", "local_epochs=3", "num_clients=3",
            "lambda_h=0.25", "lambda_w=0.25", "output.tensorboard=true", "output.figures=true"]

@@ -8,7 +8,7 @@ from app_helpers import FakeGrid, NumpyClient, instruction, query_reply, train_r
 from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, MetricRecord, RecordDict
 
 from fedhead import aggregation as agg
-from fedhead import ufm
+from fedhead import tracking, ufm
 from strategies import (
     AlignedHeadAveraging,
     FederationError,
@@ -16,7 +16,7 @@ from strategies import (
     HeadAveraging,
     make_strategy,
 )
-from strategies import protocol as P
+from fedhead import protocol as P
 
 LH = LW = 0.1
 NODES = [101, 57, 33]  # node ids deliberately not in partition order
@@ -110,7 +110,7 @@ def test_head_averaging_aggregates_hand_made_replies(task_identity, fig2_targets
     np.testing.assert_allclose(b, p @ np.array([[0, 0], [1, 1], [2, 2]]), rtol=0, atol=1e-14)
     rec = obs.records[-1]
     assert rec.round == 1 and rec.objective_gaps == pytest.approx([0.01, 0.02, 0.03])
-    assert rec.delta == pytest.approx(agg.selection_distance(heads, w0, ex.targets.client_grams, p), rel=1e-13)
+    assert rec.delta == pytest.approx(tracking.selection_distance(heads, w0, ex.targets.client_grams, p), rel=1e-13)
     assert metrics["e_f_star"] == pytest.approx(rec.e_f_star)
 
 

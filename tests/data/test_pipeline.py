@@ -28,7 +28,7 @@ from fedhead.data import (
     make_config,
     standardize_targets,
 )
-from fedhead.data.margins import OutsideRegimeError, OutsideRegimeWarning
+from fedhead.regime import OutsideRegimeError, OutsideRegimeWarning
 from fedhead.data.mujoco import MujocoConfig
 from fedhead.data.pipeline import load_raw_cached, load_raw_file, save_raw
 

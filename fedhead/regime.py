@@ -1,4 +1,4 @@
-"""Fully active margins of a partitioned data set (docs/theory.md §3) and the start-of-run guard.
+"""The fully active regime policy (docs/theory.md §3): margins report and the start-of-run guard (numpy only).
 
 The theory assumes ``lambda_min(Sigma_m) > lambda_H lambda_W`` for every client ``m`` (client
 target covariances in the standardised units the run uses). :func:`client_margins` reports it;
@@ -12,15 +12,18 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fedhead.data.base import DataError, FederatedData
-from fedhead.ufm import FullyActiveReport, NotFullyActiveError, TargetMoments, check_fully_active
+from fedhead.ufm import NotFullyActiveError, TargetMoments, fully_active_margins
 
 __all__ = ["MarginReport", "OutsideRegimeError", "OutsideRegimeWarning", "client_margins",
            "ensure_fully_active"]
 
 
-class OutsideRegimeError(NotFullyActiveError, DataError):
-    """A data set / partition violates the fully active regime and no override was given."""
+class OutsideRegimeError(NotFullyActiveError):
+    """A data set / partition violates the fully active regime and no override was given.
+
+    A ``ValueError`` (through :class:`fedhead.ufm.NotFullyActiveError`); both the driver (on the
+    data) and the server (on the exchanged moments) raise it.
+    """
 
 
 class OutsideRegimeWarning(UserWarning):
@@ -83,26 +86,23 @@ class MarginReport:
         return "\n".join(lines)
 
 
-def _moments(data: FederatedData | TargetMoments) -> TargetMoments:
+def _moments(data) -> TargetMoments:
+    """``data`` itself, or ``data.moments()`` (a :class:`fedhead.data.FederatedData`)."""
     return data if isinstance(data, TargetMoments) else data.moments()
 
 
 def client_margins(
-    data: FederatedData | TargetMoments, lambda_h: float, lambda_w: float, *, name: str = ""
+    data, lambda_h: float, lambda_w: float, *, name: str = ""
 ) -> MarginReport:
     """Report ``lambda_min(Sigma_m)`` against ``lambda_H lambda_W`` for every client (no raise).
 
-    Uses :func:`fedhead.ufm.check_fully_active` when the regime holds; when it does not, the same
-    quantities (``eigvalsh`` of the client covariances) are reported instead of the error.
+    ``data`` is a :class:`fedhead.ufm.TargetMoments` or anything with a ``moments()`` method
+    (a :class:`fedhead.data.FederatedData`). The margins are :func:`fedhead.ufm.fully_active_margins`.
     """
     mom = _moments(data)
     name = name or getattr(data, "name", "")
-    try:
-        rep: FullyActiveReport = check_fully_active(mom, lambda_h, lambda_w)
-        min_eigs, thr = np.asarray(rep.min_eigs), float(rep.threshold)
-    except NotFullyActiveError:
-        min_eigs = np.linalg.eigvalsh(np.asarray(mom.covs))[:, 0]
-        thr = float(lambda_h) * float(lambda_w)
+    rep = fully_active_margins(mom, lambda_h, lambda_w)
+    min_eigs, thr = np.asarray(rep.min_eigs), float(rep.threshold)
     counts = (
         np.asarray(mom.counts) if mom.counts is not None else np.full(mom.n_clients, np.nan)
     )
@@ -113,7 +113,7 @@ def client_margins(
 
 
 def ensure_fully_active(
-    data: FederatedData | TargetMoments,
+    data,
     lambda_h: float,
     lambda_w: float,
     allow_outside_regime: bool = False,

@@ -1,7 +1,9 @@
 """The message protocol between the fedhead ServerApp and ClientApp (record names and codecs).
 
-Every message is a :class:`flwr.app.RecordDict`; this module names its records and converts
-them to and from plain numpy so that strategies and clients agree on one layout.
+Every message is a :class:`flwr.app.RecordDict`; this module names its records, their keys and
+the private-state rule, and converts records to and from plain numpy, so that the server
+(``strategies/``) and the clients (``clients/``) agree on one layout. Both sides import this
+neutral module; neither imports the other.
 
 Server -> client
     ``query``  : ``config`` ConfigRecord (``stage="moments"``).
@@ -24,10 +26,14 @@ Client -> server
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, Message
 
+if TYPE_CHECKING:  # the constants and the private-state rule need no flwr (the numpy layer uses them)
+    from flwr.app import ArrayRecord, Message
+
+# record names
 HEAD = "head"
 BACKBONE = "backbone"
 SIGMA_CEN = "sigma_cen"
@@ -36,18 +42,57 @@ CHECKS = "checks"
 CONFIG = "config"
 METRICS = "metrics"
 
+# array keys
+WEIGHT = "weight"  # in HEAD: W (C, P)
+BIAS = "bias"  # in HEAD: b (C,)
+MEAN = "mean"  # in MOMENTS: mu_m (C,)
+COV = "cov"  # in MOMENTS: Sigma_m (C, C)
+SIGMA_CEN_ARRAY = "sigma_cen"  # in SIGMA_CEN: Sigma_cen (C, C)
+TRAINED_GRAM = "trained_gram"  # in CHECKS: W^ W^^T before alignment (C, C)
+
+# config keys
+STAGE = "stage"
+STAGE_MOMENTS = "moments"
+SERVER_ROUND = "server-round"
+JOB = "job"  # index of the job when one simulation serves several procedures
+
+# metric keys
 NUM_EXAMPLES = "num-examples"
 NUM_TEST_EXAMPLES = "num-test-examples"
 PARTITION_ID = "partition-id"
-SERVER_ROUND = "server-round"
+OBJECTIVE_GAP = "objective_gap"
+TRAINED_GAP = "trained_gap"  # gap of the objective the client minimised (L_m + gamma C_m)
+LOCAL_EPOCHS = "local_epochs"  # epochs run (fewer than E when local_tol stopped training)
+OBJECTIVE = "objective"
+OPTIMAL_OBJECTIVE = "optimal_objective"
+LOCAL_TRAIN_MSE = "local_train_mse"
+TRAIN_SECONDS = "train_seconds"
+N_STEPS = "n_steps"
+ALIGN_DISTANCE_BEFORE = "align_distance_before"
+ALIGN_DISTANCE_AFTER = "align_distance_after"
+DISTANCE_TO_BROADCAST = "distance_to_broadcast"
+DISTANCE_TO_SELECTION = "distance_to_selection"
+RELATIVE_DISTANCE_TO_SELECTION = "relative_distance_to_selection"
+TRAIN_MSE = "train_mse"
+TEST_MSE = "test_mse"
+SHARED_OBJECTIVE = "shared_objective"
+
+#: Suffixes of BatchNorm buffers: client-private, never averaged nor sent (SPEC 1, full-model variant).
+PRIVATE_STATE_SUFFIXES = ("running_mean", "running_var", "num_batches_tracked")
+
+
+def is_private_state(name: str) -> bool:
+    """True for BatchNorm running statistics, which never leave the client."""
+    return name.endswith(PRIVATE_STATE_SUFFIXES)
 
 
 def head_record(weight: np.ndarray, bias: np.ndarray) -> ArrayRecord:
     """``ArrayRecord`` holding a head ``(W (C,P), b (C,))`` in float64."""
+    from flwr.app import Array, ArrayRecord
     return ArrayRecord(
         {
-            "weight": Array(np.ascontiguousarray(weight, dtype=np.float64)),
-            "bias": Array(np.ascontiguousarray(bias, dtype=np.float64)),
+            WEIGHT: Array(np.ascontiguousarray(weight, dtype=np.float64)),
+            BIAS: Array(np.ascontiguousarray(bias, dtype=np.float64)),
         }
     )
 
@@ -59,15 +104,16 @@ def arrays_to_numpy(record: ArrayRecord) -> dict[str, np.ndarray]:
 
 def numpy_to_arrays(arrays: Mapping[str, np.ndarray]) -> ArrayRecord:
     """An ``ArrayRecord`` from a mapping name -> ndarray (copied, contiguous)."""
+    from flwr.app import Array, ArrayRecord
     return ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in arrays.items()})
 
 
 def read_head(record: ArrayRecord) -> tuple[np.ndarray, np.ndarray]:
     """``(W, b)`` from a head record; raises ``KeyError`` naming what is missing."""
-    missing = [k for k in ("weight", "bias") if k not in record]
+    missing = [k for k in (WEIGHT, BIAS) if k not in record]
     if missing:
         raise KeyError(f"head record lacks {missing}; it has {list(record.keys())}")
-    return record["weight"].numpy(), record["bias"].numpy()
+    return record[WEIGHT].numpy(), record[BIAS].numpy()
 
 
 def node_of(message: Message) -> int:

@@ -1,0 +1,346 @@
+"""The observer of a federation: results.json, TensorBoard, figures and progress.
+
+* :class:`RunRecorder` implements :class:`strategies.RunObserver`: it writes results.json
+  atomically after the exchange and every round, TensorBoard events, PNG figures at the end,
+  and a tqdm progress bar over rounds.
+* :class:`ProgressGrid` wraps a Flower Grid to show per-client progress of every message phase
+  and to time the phases (:func:`timing_summary` splits a run's wall time with them).
+* :func:`error_table` and :func:`diagnosis_lines` format results for the console and the log.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import sys
+import time
+import warnings
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from flwr.app import Message
+from flwr.serverapp import Grid
+
+from fedhead.aggregation import LOCAL_GAP_THRESHOLD
+from fedhead.config import JobConfig
+from fedhead.io import provenance, write_json_atomic
+from fedhead.protocol import TRAIN_SECONDS
+from fedhead.tracking import RoundRecord, Targets
+
+log = logging.getLogger("fedhead.run")
+
+SCHEMA_VERSION = 1
+
+
+# ------------------------------------------------------------------------------ progress grid
+class ProgressGrid(Grid):
+    """A Grid that shows per-client progress of every message phase and times the phases.
+
+    Delegates to the real grid; ``send_and_receive`` pushes, then pulls replies as they arrive
+    (a tqdm bar counts clients), and records ``(message type, seconds)`` in :attr:`phases`.
+    """
+
+    def __init__(self, grid: Grid, *, label: str = "", show: bool = True, poll: float = 0.02):
+        self._grid = grid
+        self.label = label
+        self.show = show
+        self.poll = poll
+        self.phases: list[tuple[str, float, float]] = []  # (type, start, seconds)
+
+    def set_run(self, run) -> None:  # noqa: D102
+        self._grid.set_run(run)
+
+    @property
+    def run(self):  # noqa: D102
+        return self._grid.run
+
+    def create_message(self, content, message_type, dst_node_id, group_id, ttl=None):  # noqa: D102
+        return self._grid.create_message(content, message_type, dst_node_id, group_id, ttl)
+
+    def get_node_ids(self) -> Iterable[int]:  # noqa: D102
+        return self._grid.get_node_ids()
+
+    def push_messages(self, messages):  # noqa: D102
+        return self._grid.push_messages(messages)
+
+    def pull_messages(self, message_ids):  # noqa: D102
+        return self._grid.pull_messages(message_ids)
+
+    def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None):
+        messages = list(messages)
+        t0 = time.perf_counter()
+        if not messages:
+            return []
+        kind = messages[0].metadata.message_type
+        ids = set(self._grid.push_messages(messages))
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(ids), desc=f"{self.label} {kind}".strip(), unit="client", leave=False,
+                   disable=not self.show, file=sys.stderr)
+        out: list[Message] = []
+        end = None if timeout is None else t0 + timeout
+        try:
+            while ids and (end is None or time.perf_counter() < end):
+                got = list(self._grid.pull_messages(ids))
+                if got:
+                    out.extend(got)
+                    ids.difference_update(m.metadata.reply_to_message_id for m in got)
+                    bar.update(len(got))
+                else:
+                    # each pull looks up every outstanding reply: poll less often when many are
+                    # outstanding (server CPU competes with the clients), at most flwr's 0.1 s
+                    time.sleep(min(0.1, max(self.poll, 4e-4 * len(ids))))
+        finally:
+            bar.close()
+        self.phases.append((kind, t0, time.perf_counter() - t0))
+        return out
+
+
+# ------------------------------------------------------------------------------ the recorder
+class RunRecorder:
+    """Observer of one federation: results.json (atomic, every round), TensorBoard, progress."""
+
+    def __init__(self, job: JobConfig, *, show_progress: bool = True):
+        from fedhead.tb import TensorBoardLogger
+
+        self.job = job
+        self.dir = Path(job.output_dir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.t_start = time.perf_counter()
+        self.t_exchange: float | None = None
+        self.round_times: list[float] = []
+        self.targets: Targets | None = None
+        self.records: dict[int, RoundRecord] = {}
+        self.tb = TensorBoardLogger(self.dir / "tensorboard") if job.output.tensorboard else None
+        self.show_progress = show_progress
+        self.base_timing: dict[str, Any] = {}  # merged into results["timing"] by finish()
+        self._bar = None
+        seeds = {"seed": job.settings.seed, "dataset_seed": int(getattr(job.dataset, "seed", 0))}
+        prov = provenance(seeds)
+        self.results: dict[str, Any] = {
+            "schema_version": SCHEMA_VERSION,
+            "status": "running",
+            "procedure": dataclasses.asdict(job.procedure),
+            "reference": job.procedure.reference,
+            "config": job.resolved,
+            "seeds": seeds,
+            "git_revision": prov["git_revision"],
+            "provenance": prov,
+            "dataset": {"name": getattr(job.dataset, "name", ""), "num_clients": job.settings.num_clients},
+            "diagnosis": None,
+            "moments": None,
+            "targets": None,
+            "rounds": [],
+            "timing": {},
+        }
+        self.write()
+
+    @property
+    def path(self) -> Path:
+        return self.dir / "results.json"
+
+    def write(self) -> None:
+        self.results["rounds"] = [self.records[t].to_dict() for t in sorted(self.records)]
+        write_json_atomic(self.path, self.results)
+
+    # RunObserver
+    def on_exchange(self, exchange: Any) -> None:
+        self.t_exchange = time.perf_counter()
+        m = exchange.moments
+        self.targets = exchange.targets
+        self.results["diagnosis"] = exchange.diagnosis.to_dict()
+        self.results["moments"] = {
+            "counts": np.asarray(m.counts).tolist(), "weights": np.asarray(m.weights).tolist(),
+            "means": np.asarray(m.means).tolist(), "covs": np.asarray(m.covs).tolist(),
+            "sigma_cen": np.asarray(m.sigma_cen).tolist(), "sigma_within": np.asarray(m.sigma_within).tolist(),
+        }
+        if exchange.targets is not None:
+            self.results["targets"] = exchange.targets.to_dict()
+        self.results["dataset"]["counts"] = np.asarray(m.counts).astype(int).tolist()
+        log.info("[%s] diagnosis from the exchanged moments:\n%s", self.job.name, exchange.diagnosis.format())
+        if self.tb is not None:
+            self.tb.diagnosis(exchange.diagnosis)
+        self.write()
+        if self.show_progress and not self.job.settings.diagnose_only:
+            from tqdm.auto import tqdm
+
+            self._bar = tqdm(total=self.job.settings.rounds, desc=f"{self.job.name} rounds", unit="round",
+                             file=sys.stderr)
+
+    def on_round(self, record: RoundRecord) -> None:
+        t = record.round
+        self.records[t] = record
+        if t >= 1:
+            self.round_times.append(time.perf_counter())
+        if self.tb is not None:
+            self.tb.round(record, self.targets)
+        self.write()
+        log.info(
+            "[%s] round %d: e_F(G_star)=%s e_F(G_cen)=%s e_F(G_within)=%s recursion=%s delta=%s train_mse=%s "
+            "max local gap=%s epochs=%s",
+            self.job.name, t, _fmt(record.e_f_star), _fmt(record.e_f_cen), _fmt(record.e_f_within),
+            _fmt(record.e_f_recursion, ".3g"), _fmt(record.delta), _fmt(record.train_mse),
+            _fmt(max(record.trained_gaps) if record.trained_gaps else None, ".2g"),
+            "-" if not record.local_epochs else "/".join(str(e) for e in record.local_epochs),
+        )
+        if record.trained_gaps and max(record.trained_gaps) > LOCAL_GAP_THRESHOLD:
+            log.warning("[%s] round %d: %s", self.job.name, t, local_gap_advice(record, self.job))
+        if self._bar is not None and t >= 1:
+            self._bar.update(1)
+            self._bar.set_postfix(e_star=_fmt(record.e_f_star, ".3g"), e_cen=_fmt(record.e_f_cen, ".3g"))
+
+    def finish(self, status: str, *, timing: dict[str, Any] | None = None, error: str | None = None) -> dict[str, Any]:
+        if self._bar is not None:
+            self._bar.close()
+        self.results["status"] = status
+        if error:
+            self.results["error"] = error
+        self.results["timing"] = dict(self.base_timing, **(timing or {}),
+                                      total_seconds=time.perf_counter() - self.t_start)
+        self.results["local_optimality"] = local_optimality([self.records[t] for t in sorted(self.records)])
+        if status == "completed" and self.job.output.figures and len(self.records) > 1:
+            self.results["figures"] = [str(p.name) for p in write_figures(self)]
+        self.write()
+        if self.tb is not None:
+            if status == "completed" and len(self.records) > 1:
+                self.tb.text("summary", final_summary(self.results))
+            self.tb.close()
+        return self.results
+
+
+def _fmt(value: float | None, spec: str = ".4g") -> str:
+    """A number for logs and tables; ``-`` where it is undefined (None)."""
+    return "-" if value is None else format(value, spec)
+
+
+def local_gap_advice(record: RoundRecord, job: JobConfig) -> str:
+    """One line: which client is how far from its local optimum, and what to raise."""
+    gaps = record.trained_gaps or []
+    worst = int(np.argmax(gaps))
+    return (f"client {worst} ended local training at relative gap {gaps[worst]:.2g} > "
+            f"{LOCAL_GAP_THRESHOLD:g} from its local optimum, so G_star, G_cen and the recursion (which assume "
+            f"local optima) do not describe this round yet; raise local_epochs (now {job.train.epochs}) or "
+            f"train.lr, or set train.local_tol to train each client until it is close enough")
+
+
+def local_optimality(records: list[RoundRecord]) -> dict[str, Any]:
+    """results.json's ``local_optimality``: did every client reach its local optimum, per round?"""
+    trained = [r for r in records if r.trained_gaps]
+    above = [r.round for r in trained if max(r.trained_gaps) > LOCAL_GAP_THRESHOLD]
+    last = trained[-1] if trained else None
+    return {
+        "threshold": LOCAL_GAP_THRESHOLD,
+        "rounds_above_threshold": above,
+        "last_round_max_trained_gap": None if last is None else float(max(last.trained_gaps)),
+        "last_round_max_objective_gap": None if last is None else float(max(last.objective_gaps)),
+        "reached": None if last is None else not above or above[-1] != last.round,
+    }
+
+
+def final_summary(results: dict[str, Any]) -> str:
+    last = results["rounds"][-1]
+    return (
+        f"procedure {results['procedure']['name']}: after round {last['round']} "
+        f"e_F(G_star) = {_fmt(last['e_f_star'])}, e_F(G_cen) = {_fmt(last['e_f_cen'])}, "
+        f"e_F(G_within) = {_fmt(last['e_f_within'])} (reference: G_{results['reference']})"
+    )
+
+
+def write_figures(rec: RunRecorder) -> list[Path]:
+    """PNG figures of a finished federation: error curves and final ellipses."""
+    from fedhead import plots
+    from fedhead.tb import ellipse_figure
+
+    rounds = sorted(rec.records)
+    recs = [rec.records[t] for t in rounds]
+    x = np.asarray(rounds, dtype=float)
+
+    def arr(values):  # None (undefined outside the fully active regime) -> NaN
+        return np.array([np.nan if v is None else v for v in values], dtype=float)
+
+    curves = {
+        "e_F(G_t, G_star)": arr(r.e_f_star for r in recs),
+        "e_F(G_t, G_cen)": arr(r.e_f_cen for r in recs),
+        "e_F(G_t, G_within)": arr(r.e_f_within for r in recs),
+        # round 0 is the recursion's own start (error 0): drawn from round 1 on
+        "e_F(G_t, recursion)": arr(None if r.round == 0 else r.e_f_recursion for r in recs),
+    }
+    curves = {k: v for k, v in curves.items() if np.isfinite(v).any()}
+    fig, (ax,) = plots.new_figure(1, panel_size=(5.5, 4.0))
+    with warnings.catch_warnings():  # the NaN at round 0 of the recursion curve is intended
+        warnings.filterwarnings("ignore", "All-NaN slice", RuntimeWarning)
+        plots.plot_error_curves(ax, x, curves, band="none", xlabel="round", ylabel="relative error",
+                                title=f"{rec.job.name}: head Gram errors")
+    paths = [plots.save_figure(fig, rec.dir / "error_curves.png")]
+    if rec.targets is not None:
+        fig = ellipse_figure(recs[-1].gram, rec.targets, round_=rounds[-1], gram0=recs[0].gram)
+        paths.append(plots.save_figure(fig, rec.dir / "ellipses.png"))
+    return paths
+
+
+def timing_summary(recorder: RunRecorder, pgrid: ProgressGrid | None, t_sim: float, t_end: float) -> dict[str, Any]:
+    """Wall-time split of a run (used by benchmarks/bench_overhead.py).
+
+    ``phase_seconds`` sums the message phases by type; ``phases`` lists every phase in order as
+    ``[type, seconds]``; ``round_train_seconds[t - 1]`` is the clients' summed training-loop time
+    of round ``t``.
+    """
+    rounds = [recorder.records[t] for t in sorted(recorder.records) if t >= 1]
+    per_round = [sum(float(cm.get(TRAIN_SECONDS, 0.0)) for cm in rec.client_metrics) for rec in rounds]
+    phases: dict[str, float] = {}
+    first_phase = None
+    if pgrid is not None:
+        for kind, start, secs in pgrid.phases:
+            phases[kind] = phases.get(kind, 0.0) + secs
+            first_phase = start if first_phase is None else min(first_phase, start)
+    return {
+        "simulation_seconds": t_end - t_sim,
+        "startup_seconds": (first_phase - t_sim) if first_phase is not None else None,
+        "phase_seconds": phases,
+        "phases": [[kind, secs] for kind, _, secs in (pgrid.phases if pgrid is not None else [])],
+        "client_train_seconds": sum(per_round),
+        "round_train_seconds": per_round,
+    }
+
+# ------------------------------------------------------------------------------ experiments
+def error_table(all_results: list[dict[str, Any]]) -> str:
+    """Plain-text table: per round, e_F to G_star and G_cen of every procedure."""
+    done = [r for r in all_results if r.get("rounds")]
+    if not done:
+        return ""
+    names = [r["procedure"]["name"] for r in done]
+    cols = (("e_f_star", "e_F(G_star)", ".4g"), ("e_f_cen", "e_F(G_cen)", ".4g"),
+            ("max_trained_gap", "local gap", ".2g"))
+    head = ["round"] + [f"{n}: {label}" for n in names for _, label, _ in cols]
+    n_rounds = max(len(r["rounds"]) for r in done)
+
+    def cell(r: dict[str, Any], i: int, key: str, spec: str) -> str:
+        if i >= len(r["rounds"]):
+            return ""
+        rnd = r["rounds"][i]
+        if key == "max_trained_gap":
+            gaps = rnd.get("trained_gaps")
+            return _fmt(max(gaps) if gaps else None, spec)
+        return _fmt(rnd[key], spec)
+
+    rows = [[str(i)] + [cell(r, i, key, spec) for r in done for key, _, spec in cols] for i in range(n_rounds)]
+    widths = [max(len(h), *(len(r[c]) for r in rows)) for c, h in enumerate(head)]
+    fmt = lambda cells: "  ".join(c.rjust(w) for c, w in zip(cells, widths))  # noqa: E731
+    return "\n".join([fmt(head), fmt(["-" * w for w in widths])] + [fmt(r) for r in rows])
+
+
+def diagnosis_lines(d: dict[str, Any]) -> list[str]:
+    """The diagnosis of a results.json (``results["diagnosis"]``) as console lines."""
+    return [
+        f"fully active margins: {', '.join(f'{m:.3g}' for m in d['margins'])} (threshold {d['threshold']:.3g})",
+        f"relative gap ||G_cen - G_star|| / ||G_cen|| = {d['rel_gap']:.4g}" if d["rel_gap"] is not None else "relative gap: undefined",
+        "gap shares: " + ", ".join(
+            f"{k} {100 * d[f'share_m_{k}']:.1f}%" if d[f"share_m_{k}"] is not None else f"{k} -"
+            for k in ("mu", "sigma", "a")
+        ),
+        f"recommendation: {d['recommendation']}",
+    ]
+
+

@@ -1,0 +1,126 @@
+"""The fedhead ServerApp: strategy construction, the initial head and the server body.
+
+* :func:`serve` is the ServerApp body (moment exchange, diagnosis, rounds) used by the
+  simulation driver (:mod:`fedhead.run`) and by :data:`app`, the ServerApp of ``flwr run .``
+  (``[tool.flwr.app.components] serverapp``), which reads the job from the run config
+  (``overrides``, ``procedure-index``, ``output-dir``; :func:`fedhead.config.job_from_context`).
+* :func:`make_job_strategy` builds the procedure's strategy; :func:`initial_head` the common
+  seeded initial head.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from flwr.app import Context
+from flwr.serverapp import Grid, ServerApp
+
+from fedhead.config import JobConfig, job_from_context
+from fedhead.recorder import ProgressGrid, RunRecorder, diagnosis_lines, error_table, timing_summary
+
+log = logging.getLogger("fedhead.run")
+
+
+def initial_head(job: JobConfig, n_targets: int) -> tuple[np.ndarray, np.ndarray]:
+    """The common initial head ``Linear(P, C)`` from the run seed (float64 arrays)."""
+    from fedhead.models import build_head
+
+    head = build_head(job.model.feature_dim, n_targets, job.settings.seed)
+    return (head.weight.detach().double().numpy().copy(), head.bias.detach().double().numpy().copy())
+
+
+def make_job_strategy(job: JobConfig, observer: Any, message_config: dict[str, Any] | None = None):
+    from strategies import make_strategy
+
+    return make_strategy(
+        job.procedure.strategy_kind,
+        lambda_h=job.settings.lambda_h, lambda_w=job.settings.lambda_w,
+        min_nodes=job.settings.num_clients, gamma=job.procedure.gamma,
+        centered=job.procedure.centered, observer=observer,
+        evaluate_mse=job.resources.evaluate_mse and not job.procedure.exact,
+        message_config=message_config,
+        allow_outside_regime=bool(job.dataset.allow_outside_regime),
+    )
+
+
+def serve(grid: Grid, job: JobConfig, recorder: RunRecorder, *, show_progress: bool = True,
+          message_config: dict[str, Any] | None = None) -> ProgressGrid:
+    """The ServerApp body: moment exchange, diagnosis, then the rounds of the job's procedure."""
+    pgrid = ProgressGrid(grid, label=job.name, show=show_progress)
+    strategy = make_job_strategy(job, recorder, message_config)
+    strategy.run(
+        pgrid, lambda c: initial_head(job, c), job.settings.rounds,
+        diagnose_only=job.settings.diagnose_only,
+    )
+    return pgrid
+
+
+def finish_job(job: JobConfig, rec: RunRecorder, pgrid: ProgressGrid, t0: float, t1: float) -> None:
+    """Close a job's recorder: ``completed``/``diagnosed`` when every round ran, else ``failed`` (raises)."""
+    expected = -1 if job.settings.diagnose_only else job.settings.rounds
+    done = max(rec.records) if rec.records else -1
+    timing = timing_summary(rec, pgrid, t0, t1)
+    if rec.results["diagnosis"] is None or done < expected:
+        rec.finish("failed", error=f"the federation stopped after round {done} of {expected}", timing=timing)
+        raise RuntimeError(f"{job.name}: the federation stopped after round {done} of {expected}")
+    rec.finish("diagnosed" if job.settings.diagnose_only else "completed", timing=timing)
+
+
+app = ServerApp()
+
+
+def deployment_logging(job: JobConfig) -> None:
+    """Console (streamed by ``flwr run --stream``) and ``<output>/run.log`` logging of the
+    fedhead loggers in a deployed ServerApp, where no Hydra sets logging up."""
+    fmt = logging.Formatter("[%(asctime)s][%(name)s][%(levelname)s] %(message)s")
+    Path(job.output_dir).mkdir(parents=True, exist_ok=True)
+    for name in ("fedhead", "strategies"):
+        logger = logging.getLogger(name)
+        logger.setLevel(logging.INFO)
+        if not any(getattr(h, "_fedhead", False) for h in logger.handlers):
+            for handler in (logging.StreamHandler(sys.stdout),
+                            logging.FileHandler(Path(job.output_dir) / "run.log")):
+                handler.setFormatter(fmt)
+                handler._fedhead = True  # noqa: SLF001 - marks our handlers (idempotent setup)
+                logger.addHandler(handler)
+        logger.propagate = False
+
+
+@app.main()
+def _deployment_main(grid: Grid, context: Context) -> None:
+    job = job_from_context(context)
+    deployment_logging(job)
+    recorder = RunRecorder(job)
+    run = getattr(grid, "run", None)
+    if run is not None:  # the FAB identifies the code when no git checkout is at hand
+        recorder.results["provenance"]["fab"] = {
+            "fab_id": run.fab_id, "fab_version": run.fab_version, "fab_hash": run.fab_hash,
+            "run_id": int(run.run_id),
+        }
+    recorder.results["provenance"]["run_config"] = dict(context.run_config)
+    log.info("running procedure %s (%d rounds x %d local epochs, %d clients, data %s, model %s) -> %s",
+             job.name, job.settings.rounds, job.settings.local_epochs, job.settings.num_clients,
+             getattr(job.dataset, "name", "?"), getattr(job.model, "name", "?"), job.output_dir)
+    t0 = time.perf_counter()
+    pgrid = None
+    try:
+        pgrid = serve(grid, job, recorder)
+    except BaseException as exc:
+        recorder.finish("failed", error=f"{type(exc).__name__}: {exc}",
+                        timing=timing_summary(recorder, pgrid, t0, time.perf_counter()))
+        raise
+    finish_job(job, recorder, pgrid, t0, time.perf_counter())
+    if recorder.results.get("diagnosis"):
+        log.info("diagnosis:\n  %s", "\n  ".join(diagnosis_lines(recorder.results["diagnosis"])))
+    table = error_table([recorder.results])
+    if table:
+        log.info("relative error of the shared head Gram G_t per round:\n%s", table)
+    if not job.output.keep_client_state and job.state_dir.exists():
+        shutil.rmtree(job.state_dir, ignore_errors=True)  # clients on this machine (default state dir)
+

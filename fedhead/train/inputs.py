@@ -1,0 +1,62 @@
+"""Input checks of :func:`fedhead.train.train_local` (shapes, finiteness, model/data agreement)."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import nn
+
+from fedhead.models.backbones import Backbone
+from fedhead.train.config import TrainInputError
+
+
+def check_matrix(name: str, a: np.ndarray | None, shape: tuple[int, int], symmetric: bool = False) -> np.ndarray:
+    """``a`` as float64 after checking it is given, has ``shape``, is finite (and symmetric)."""
+    if a is None:
+        raise TrainInputError(f"train_local: {name} is required by the configuration but was not given")
+    arr = np.asarray(a, dtype=np.float64)
+    if arr.shape != shape:
+        raise TrainInputError(f"train_local: {name} must have shape {shape}, got {arr.shape}")
+    if not np.all(np.isfinite(arr)):
+        raise TrainInputError(f"train_local: {name} has non-finite entries")
+    if symmetric and not np.allclose(arr, arr.T, rtol=1e-8, atol=1e-10 * max(1.0, np.abs(arr).max())):
+        raise TrainInputError(f"train_local: {name} must be symmetric")
+    return arr
+
+
+def check_inputs(backbone: nn.Module, head: nn.Linear, x: torch.Tensor, y: torch.Tensor) -> None:
+    """Check the model and the data of one :func:`fedhead.train.train_local` call; raise :class:`TrainInputError`."""
+    if not isinstance(head, nn.Linear) or head.bias is None:
+        raise TrainInputError("train_local: head must be an nn.Linear(P, C) with bias")
+    if not isinstance(x, torch.Tensor) or not isinstance(y, torch.Tensor):
+        raise TrainInputError("train_local: x and y must be torch tensors")
+    if y.ndim != 2:
+        raise TrainInputError(f"train_local: targets must be (N, C), got shape {tuple(y.shape)}")
+    n = y.shape[0]
+    if n == 0:
+        raise TrainInputError("train_local: the client has no training samples (empty data)")
+    if x.shape[0] != n:
+        raise TrainInputError(f"train_local: {x.shape[0]} inputs but {n} targets (x {tuple(x.shape)}, y {tuple(y.shape)})")
+    if y.shape[1] != head.out_features:
+        raise TrainInputError(f"train_local: targets have C = {y.shape[1]} columns but the head has "
+                              f"{head.out_features} outputs")
+    if not torch.isfinite(y).all():
+        bad = int((~torch.isfinite(y)).any(dim=1).nonzero()[0, 0])
+        raise TrainInputError(f"train_local: non-finite target values (first at sample {bad})")
+    if x.is_floating_point() and not torch.isfinite(x).all():
+        raise TrainInputError("train_local: non-finite input values")
+    if not isinstance(backbone, Backbone):
+        return
+    if head.in_features != backbone.feature_dim:
+        raise TrainInputError(f"train_local: head takes P = {head.in_features} features but the backbone "
+                              f"produces {backbone.feature_dim}")
+    if backbone.expects_indices:
+        if x.ndim != 1 or x.dtype not in (torch.int64, torch.int32):
+            raise TrainInputError(f"train_local: the free-feature backbone takes (N,) integer sample indices, "
+                                  f"got {x.dtype} of shape {tuple(x.shape)}")
+        if int(x.min()) < 0 or int(x.max()) >= backbone.n_samples:
+            raise TrainInputError(f"train_local: sample indices must lie in [0, {backbone.n_samples}), "
+                                  f"got [{int(x.min())}, {int(x.max())}]")
+    elif tuple(x.shape[1:]) != tuple(backbone.input_shape):
+        raise TrainInputError(f"train_local: inputs have per-sample shape {tuple(x.shape[1:])} but the backbone "
+                              f"was built for {tuple(backbone.input_shape)}")
