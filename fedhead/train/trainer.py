@@ -525,11 +525,12 @@ class _TrainLoop:
         if optimal:
             self.center = total / self.n
 
-    def _evaluate(self) -> _Fit:
+    def _evaluate(self, *, final: bool = False) -> _Fit:
+        # the rotation changes neither L_m nor C_m, so the tolerance checks leave it out
+        rotate = final and self.cfg.finish_rotation
         return _evaluate(self.backbone, self.x, self.y, self.weight, None if self.cfg.optimal_bias else self.bias,
                          self.cfg, self.terms, dev=self.dev, channels_last=self.channels_last,
-                         finish=self.cfg.finish_features,
-                         rotate_to=self.terms.broadcast if self.cfg.finish_rotation else None)
+                         finish=self.cfg.finish_features, rotate_to=self.terms.broadcast if rotate else None)
 
     def run(self) -> None:
         """Epochs up to ``cfg.epochs``, stopping early once ``cfg.local_tol`` is reached."""
@@ -558,7 +559,7 @@ class _TrainLoop:
     @torch.no_grad()
     def finish(self) -> LocalResult:
         """The final evaluation and the finishing step (``cfg.finish_features``)."""
-        fit = self._evaluate()
+        fit = self._evaluate(final=True)
         if fit.feature_map is not None:
             self.backbone.map_features(*fit.feature_map)
             self.weight.copy_(fit.weight.to(self.weight.dtype))
