@@ -1,6 +1,6 @@
 """End-to-end Flower simulations on the Ray backend (free-feature backbone, tiny sizes).
 
-The default suite keeps one fast federation (``exact``); the training comparisons and the
+The default suite keeps one fast trained federation; the training comparisons and the
 ``fedhead-run`` CLI run are marked slow (Ray starts a fresh cluster for each federation).
 """
 
@@ -47,26 +47,34 @@ def _check_results_file(job, results):
     return on_disk
 
 
-def test_exact_simulation_follows_the_recursion(tmp_path):
-    """``exact`` over Ray: G_t equals the SPEC 6 recursion from the run's own G_0 (to 1e-8)."""
-    from fedhead.run import run_federation
+def test_trained_simulation_meets_the_theory(tmp_path):
+    """One Ray simulation, two trained procedures (free features, the quickstart's recipe):
+    proximal follows the exact BW recursion from the run's own G_0 (docs/theory.md §6) to 2e-3,
+    corrected-proximal is on G_cen after one round (§8) to 2e-3, every client at its local
+    optimum; results.json, TensorBoard and figures are written."""
+    from fedhead.run import run_federations
 
-    job = _job(tmp_path, "procedure=exact", "num_clients=3", "rounds=3")
-    results = run_federation(job, show_progress=False)
-    res = _check_results_file(job, results)
+    cfg = load_config(compose_config([
+        "model=free", "dataset.n_train=300", f"dataset.cache_dir={tmp_path / 'cache'}", "num_clients=3",
+        "experiment=single", "experiment.procedures=[proximal,corrected_proximal]", "rounds=2",
+        "local_epochs=400", "train.lr=3e-3", "local_tol=1e-5", "rho=1e-5", "output.figures=true",
+        "resources.client_cpus=1",
+    ]))
+    jobs = cfg.jobs(tmp_path / "out")
+    prox, corr = run_federations(jobs, show_progress=False)
+    res = _check_results_file(jobs[0], prox)
+    _check_results_file(jobs[1], corr)
     t = res["targets"]
     grams = np.array([r["gram"] for r in res["rounds"]])
-    recursion = ufm.gram_recursion(grams[0], np.array(t["client_grams"]), np.array(t["weights"]), 3)
-    np.testing.assert_allclose(grams, recursion, rtol=0, atol=1e-8 * np.abs(recursion).max())
-    for r in res["rounds"][1:]:
-        assert r["e_f_recursion"] < 1e-8 and r["trajectory_error"] < 1e-8
-        assert r["delta"] < 1e-8
+    recursion = ufm.gram_recursion(grams[0], np.array(t["client_grams"]), np.array(t["weights"]), 2)
+    for r, g_rec in zip(res["rounds"][1:], recursion[1:]):
+        assert np.linalg.norm(np.array(r["gram"]) - g_rec) / np.linalg.norm(g_rec) < 2e-3
+        assert max(r["trained_gaps"]) < 1e-4 and r["delta"] < 1e-2
         np.testing.assert_allclose(r["bias"], np.array(res["moments"]["weights"]) @ np.array(res["moments"]["means"]),
-                                   rtol=0, atol=1e-6)
-    errs = [r["e_f_star"] for r in res["rounds"]]
-    assert errs[-1] < 1e-3 * errs[0]  # converging to the BW barycenter
+                                   rtol=0, atol=1e-3)
+    assert corr["rounds"][1]["e_f_cen"] < 2e-3 and corr["reference"] == "cen"
     assert res["diagnosis"]["fully_active"] and len(res["diagnosis"]["margins"]) == 3
-    assert not job.state_dir.exists()  # private state removed after the run
+    assert not jobs[0].state_dir.exists()  # private state removed after the run
 
 
 @pytest.mark.slow
