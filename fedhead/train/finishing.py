@@ -1,4 +1,5 @@
-"""The objective data of one local training call and its full-data evaluation (docs/theory.md §2, §11).
+"""The objective data of one local training call, its full-data evaluation and its results
+(docs/theory.md §2, §11).
 
 :func:`objective_terms` checks and prepares what :func:`fedhead.train.train_local` needs of the
 client's targets and of the head-only terms; :func:`evaluate_fit` evaluates the model on all of the
@@ -18,6 +19,80 @@ from fedhead.train.config import TrainConfig, TrainDivergedError, TrainInputErro
 from fedhead.train.inputs import check_matrix as _check_matrix
 from fedhead.train.objective import compute_features, moment_correction_torch, objective_from_features
 from fedhead.ufm import TargetMoments, corrected_covariance
+
+
+@dataclass(frozen=True)
+class LocalMetrics:
+    """What one local training call measured.
+
+    Attributes
+    ----------
+    objective : float
+        ``L_m`` (SPEC 2) of the trained backbone + head on the full local data, eval mode, without
+        proximal or correction terms (on the centred targets when ``center_targets``).
+    optimal_objective : float
+        ``L*_m`` from :func:`fedhead.ufm.optimal_loss` (``Sigma_m``, ``lambda_H``, ``lambda_W``).
+    relative_gap : float
+        ``(L_m - L*_m) / L*_m`` (SPEC 11 local fit); NaN when ``L*_m = 0``.
+    trained_objective, trained_optimal_objective, trained_gap : float
+        The objective the client minimised, without the proximal term: ``L_m + gamma C_m(W)``,
+        whose optimum is ``L*`` of the corrected covariance ``(1 - gamma) Sigma_m + gamma
+        Sigma_cen`` (SPEC 8). Equal to the three fields above when ``gamma = 0``. For a corrected
+        client the original gap says nothing about convergence (``L_m`` is not minimised there);
+        this one does.
+    train_mse : float
+        Mean squared error over samples and outputs on the training data (no penalties).
+    n_samples : int
+    epochs : int
+        Epochs run (at most ``cfg.epochs``; fewer when ``cfg.local_tol`` was reached).
+    n_steps : int
+        Optimiser steps run.
+    converged : bool or None
+        Whether ``trained_gap <= cfg.local_tol`` was reached; None without a tolerance.
+    gap_trace : tuple of (int, float)
+        ``(epochs run, trained gap)`` at every tolerance check (empty without ``cfg.local_tol``).
+    seconds : float
+        Wall time of the training loop (excluding the final evaluation).
+    steps_per_second : float
+    device : str
+    """
+
+    objective: float
+    optimal_objective: float
+    relative_gap: float
+    trained_objective: float
+    trained_optimal_objective: float
+    trained_gap: float
+    train_mse: float
+    n_samples: int
+    epochs: int
+    n_steps: int
+    converged: bool | None
+    gap_trace: tuple[tuple[int, float], ...]
+    seconds: float
+    steps_per_second: float
+    device: str
+
+
+@dataclass(frozen=True)
+class LocalResult:
+    """The trained head and metrics of one :func:`train_local` call.
+
+    Attributes
+    ----------
+    weight : ndarray (C, P) float64
+        Trained head weight ``W~``.
+    bias : ndarray (C,) float64
+        Trained head bias ``b~``.
+    target_offset : ndarray (C,) float64
+        ``mu_m`` when the targets were centred (add it to predictions), else zeros.
+    metrics : LocalMetrics
+    """
+
+    weight: np.ndarray
+    bias: np.ndarray
+    target_offset: np.ndarray
+    metrics: LocalMetrics
 
 
 @dataclass(frozen=True)

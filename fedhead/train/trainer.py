@@ -1,4 +1,31 @@
-"""Local training of one client: backbone + head on the SPEC 2 objective with the SPEC 10 recipe.
+"""Local training of one client: backbone + head on the local objective (docs/theory.md §2) with
+the recipe of §10, built to reach the client's optimum, which the theory assumes.
+
+Reaching the optimum. Each of these is an exact partial minimisation or an initialisation, so
+the optimum and every stationary point of the objective stay where they are:
+
+* The bias (``cfg.optimal_bias``). It is not penalised, so for given features and ``W`` its
+  optimum is ``b = mu - W m`` (``m`` the mean feature). Trained by the optimiser it lags behind
+  the features and the head, the slowest direction of the problem when ``mu_m`` is large. It is
+  held at that optimum at every step (exactly for full-batch training, where ``m`` is the batch
+  mean; with minibatches ``m`` is the previous epoch's mean feature, the first epoch using each
+  batch's own).
+* The last layer (``cfg.solve_last_layer``). Before training it is set to the (ridge-filtered)
+  minimiser for the initial head, the rest of the network fixed
+  (:func:`fedhead.train.last_layer.solve_output_layer`).
+* The finishing step (``cfg.finish_features``, ``cfg.finish_rotation``). After training the
+  features are mapped by ``h -> P_W (h - m)`` through the last layer (the least feature penalty
+  among the maps that keep every prediction) and ``b = mu``; with a proximal term the head and
+  features are also rotated by the orthogonal ``Q`` that brings ``W`` closest to ``W_t``, the
+  exact minimiser of the proximal term along the symmetry ``W -> W Q`` of ``L_m`` and ``C_m``
+  (:func:`fedhead.train.finishing.evaluate_fit`).
+* The stop (``cfg.local_tol``). Every ``check_every`` epochs the model is evaluated on all of the
+  client's data as the finishing step would leave it, and training stops once the relative gap
+  of the objective it minimises (``L_m + gamma C_m`` without the proximal term, against its
+  closed-form optimum) is at most ``local_tol``; ``cfg.epochs`` is the cap.
+
+``optimal_bias=False, solve_last_layer=False, finish_features=False, warmup_steps=0`` is the
+literal recipe.
 
 Fast data path: the client's tensors are moved to the training device once and stay there; each
 epoch draws one permutation and gathers minibatches by index (no DataLoader, no workers); the
@@ -16,7 +43,6 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -25,7 +51,16 @@ from torch.nn import functional as F
 
 from fedhead.data.base import batch_to_float
 from fedhead.train.config import TrainConfig, TrainDivergedError, TrainInputError
-from fedhead.train.finishing import Fit, ObjectiveTerms, evaluate_fit, feature_projection, objective_terms, relative
+from fedhead.train.finishing import (
+    Fit,
+    LocalMetrics,
+    LocalResult,
+    ObjectiveTerms,
+    evaluate_fit,
+    feature_projection,
+    objective_terms,
+    relative,
+)
 from fedhead.train.inputs import check_inputs as _check_inputs
 from fedhead.train.last_layer import solve_output_layer
 from fedhead.train.objective import add_head_penalty_grads, minibatch_loss
@@ -36,80 +71,6 @@ __all__ = ["LocalMetrics", "LocalResult", "clip_gradients", "compiled_forward_lo
            "feature_projection", "select_device", "train_local"]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class LocalMetrics:
-    """What one local training call measured.
-
-    Attributes
-    ----------
-    objective : float
-        ``L_m`` (SPEC 2) of the trained backbone + head on the full local data, eval mode, without
-        proximal or correction terms (on the centred targets when ``center_targets``).
-    optimal_objective : float
-        ``L*_m`` from :func:`fedhead.ufm.optimal_loss` (``Sigma_m``, ``lambda_H``, ``lambda_W``).
-    relative_gap : float
-        ``(L_m - L*_m) / L*_m`` (SPEC 11 local fit); NaN when ``L*_m = 0``.
-    trained_objective, trained_optimal_objective, trained_gap : float
-        The objective the client minimised, without the proximal term: ``L_m + gamma C_m(W)``,
-        whose optimum is ``L*`` of the corrected covariance ``(1 - gamma) Sigma_m + gamma
-        Sigma_cen`` (SPEC 8). Equal to the three fields above when ``gamma = 0``. For a corrected
-        client the original gap says nothing about convergence (``L_m`` is not minimised there);
-        this one does.
-    train_mse : float
-        Mean squared error over samples and outputs on the training data (no penalties).
-    n_samples : int
-    epochs : int
-        Epochs run (at most ``cfg.epochs``; fewer when ``cfg.local_tol`` was reached).
-    n_steps : int
-        Optimiser steps run.
-    converged : bool or None
-        Whether ``trained_gap <= cfg.local_tol`` was reached; None without a tolerance.
-    gap_trace : tuple of (int, float)
-        ``(epochs run, trained gap)`` at every tolerance check (empty without ``cfg.local_tol``).
-    seconds : float
-        Wall time of the training loop (excluding the final evaluation).
-    steps_per_second : float
-    device : str
-    """
-
-    objective: float
-    optimal_objective: float
-    relative_gap: float
-    trained_objective: float
-    trained_optimal_objective: float
-    trained_gap: float
-    train_mse: float
-    n_samples: int
-    epochs: int
-    n_steps: int
-    converged: bool | None
-    gap_trace: tuple[tuple[int, float], ...]
-    seconds: float
-    steps_per_second: float
-    device: str
-
-
-@dataclass(frozen=True)
-class LocalResult:
-    """The trained head and metrics of one :func:`train_local` call.
-
-    Attributes
-    ----------
-    weight : ndarray (C, P) float64
-        Trained head weight ``W~``.
-    bias : ndarray (C,) float64
-        Trained head bias ``b~``.
-    target_offset : ndarray (C,) float64
-        ``mu_m`` when the targets were centred (add it to predictions), else zeros.
-    metrics : LocalMetrics
-    """
-
-    weight: np.ndarray
-    bias: np.ndarray
-    target_offset: np.ndarray
-    metrics: LocalMetrics
 
 
 def _forward_loss(backbone: nn.Module, weight: torch.Tensor, bias: torch.Tensor, xb: torch.Tensor,
@@ -192,22 +153,8 @@ def train_local(
     afresh, the learning rate follows a cosine from ``cfg.lr`` to ``cfg.lr_min`` over
     ``cfg.epochs``, gradients are clipped to global norm ``cfg.clip_norm``.
 
-    The bias (``cfg.optimal_bias``, default). The bias is not penalised, so for given features
-    and ``W`` its optimum is ``b = mu - W m`` (``m`` the mean feature). Trained by the optimiser
-    instead, it lags behind the features and the head and is the slowest direction of the whole
-    problem when ``mu_m`` is large. So the bias is held at that optimum at every step (exactly
-    for full-batch training, where ``m`` is the batch mean; with minibatches ``m`` is the
-    previous epoch's mean feature, the first epoch using each batch's own), and after training
-    the features are shifted by ``-m`` (:meth:`Backbone.shift_features`: the last layer's bias),
-    which keeps every prediction and lowers the feature penalty by ``lambda_H/2 ||m||^2``; then
-    ``b = mu``. Both steps are exact partial minimisations: the optimum and every stationary
-    point of the objective stay what they are. ``optimal_bias=False`` trains the bias with AdamW
-    (the literal SPEC 10 recipe).
-
-    The stop (``cfg.local_tol``). Every ``check_every`` epochs the model is evaluated on all of
-    the client's data and training stops once the relative gap of the objective it minimises
-    (``L_m + gamma C_m`` without the proximal term, against its closed-form optimum) is at most
-    ``local_tol``; ``cfg.epochs`` is the cap.
+    How the optimum is reached (bias, last layer, finishing step, tolerance): see the module
+    docstring.
 
     Parameters
     ----------
