@@ -244,6 +244,8 @@ class _TrainLoop:
             with torch.no_grad():
                 head.bias.copy_(torch.as_tensor(terms.mu, dtype=head.bias.dtype, device=dev))
         self.bias = head.bias
+        # held at its optimum (a constant of each step: no gradient) or trained
+        self.step_bias = self.bias.detach() if cfg.optimal_bias else self.bias
         self.broadcast = (torch.as_tensor(terms.broadcast, dtype=self.weight.dtype, device=dev)
                           if terms.broadcast is not None else None)
         self.delta = torch.as_tensor(terms.delta, dtype=torch.float64, device=dev) if terms.delta is not None else None
@@ -300,7 +302,7 @@ class _TrainLoop:
         for xb, yb in self._batches():
             # the compiled step for the full batch size only: a short last batch would cost a second compile
             fn = self.step_loss if xb.shape[0] == self.bsz else _forward_loss
-            loss, hsum = fn(self.backbone, self.weight, self.bias, xb, yb, cfg.lambda_h, self.bf16,
+            loss, hsum = fn(self.backbone, self.weight, self.step_bias, xb, yb, cfg.lambda_h, self.bf16,
                             None if batch_center or not optimal else self.center, batch_center)
             total = hsum if total is None else total + hsum
             loss.backward()
@@ -324,8 +326,8 @@ class _TrainLoop:
         # the rotation changes neither L_m nor C_m, so the tolerance checks leave it out
         rotate = final and self.cfg.finish_rotation
         return evaluate_fit(self.backbone, self.x, self.y, self.weight, None if self.cfg.optimal_bias else self.bias,
-                         self.cfg, self.terms, dev=self.dev, channels_last=self.channels_last,
-                         finish=self.cfg.finish_features, rotate_to=self.terms.broadcast if rotate else None)
+                            self.cfg, self.terms, dev=self.dev, channels_last=self.channels_last,
+                            finish=self.cfg.finish_features, rotate_to=self.terms.broadcast if rotate else None)
 
     def run(self) -> None:
         """Epochs up to ``cfg.epochs``, stopping early once ``cfg.local_tol`` is reached."""
