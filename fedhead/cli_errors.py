@@ -66,14 +66,18 @@ def root_cause(exc: BaseException) -> BaseException:
     return cur
 
 
+#: Messages of flwr's generic wrapper exceptions around a simulation engine crash.
+FLWR_WRAPPERS = ("An error was encountered. Ending simulation.", "Simulation Runtime crashed.")
+
+
+def is_flwr_wrapper(exc: BaseException) -> bool:
+    """True for flwr's generic "simulation crashed" exceptions (the cause says what happened)."""
+    return str(exc) in FLWR_WRAPPERS
+
+
 def one_line(exc: BaseException, limit: int = 800) -> str:
     """``Type: message`` of the exception that says what went wrong, on one line."""
-    from fedhead.watchdog import EngineDied
-
-    wrappers = ("An error was encountered. Ending simulation.", "Simulation Runtime crashed.")
-    target = exc
-    if str(exc) in wrappers or isinstance(exc, EngineDied):
-        target = root_cause(exc)
+    target = root_cause(exc) if is_flwr_wrapper(exc) else exc
     text = " ".join(str(target).split()) or type(target).__name__
     if isinstance(target, KeyboardInterrupt):
         text = "interrupted"

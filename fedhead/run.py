@@ -25,7 +25,7 @@ from typing import Any
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
-from fedhead.cli_errors import debug_enabled, one_line, report
+from fedhead.cli_errors import debug_enabled, is_flwr_wrapper, one_line, report
 from fedhead.config import JobConfig, hydra_config_path, load_config
 from fedhead.io import write_json_atomic
 from fedhead.protocol import JOB
@@ -38,7 +38,7 @@ from fedhead.recorder import (
     timing_summary,
 )
 from fedhead.server_app import finish_job, serve
-from fedhead.watchdog import EngineWatch
+from fedhead.watchdog import EngineDied, EngineWatch
 
 log = logging.getLogger("fedhead.run")
 
@@ -138,7 +138,8 @@ def run_federation(job: JobConfig, *, show_progress: bool = True, verbose: bool 
     return run_federations([job], show_progress=show_progress, verbose=verbose)[0]
 
 
-def run_federations(jobs: list[JobConfig], *, show_progress: bool = True, verbose: bool = False) -> list[dict[str, Any]]:
+def run_federations(jobs: list[JobConfig], *, show_progress: bool = True, verbose: bool = False,
+                    client_app: Any = None) -> list[dict[str, Any]]:
     """Run procedures one after another in one Flower simulation (Ray backend).
 
     Builds the ServerApp (:func:`fedhead.server_app.serve` for every job in turn, each message
@@ -146,6 +147,11 @@ def run_federations(jobs: list[JobConfig], *, show_progress: bool = True, verbos
     ``num_clients`` virtual SuperNodes with the per-client CPU/GPU resources of the config
     (fractional GPUs let several clients share a device) and writes results.json, TensorBoard
     events and PNG figures into each ``job.output_dir``. One Ray start serves every job.
+    ``client_app`` replaces the ClientApp (tests of the failure path).
+
+    Failures end the run, never hang it: a crashed engine trips the ServerApp's watch, every
+    wait has a deadline (``timeouts``); the running procedures' results.json are marked
+    ``failed`` with the reason and the error is raised.
     """
     from flwr.simulation import run_simulation
 
@@ -178,13 +184,15 @@ def run_federations(jobs: list[JobConfig], *, show_progress: bool = True, verbos
     sim = _Simulation(jobs, recorders, show_progress)
     try:
         run_simulation(
-            server_app=sim.server_app(), client_app=make_client_app(list(jobs)),
+            server_app=sim.server_app(), client_app=client_app or make_client_app(list(jobs)),
             num_supernodes=first.settings.num_clients, backend_name="ray", backend_config=backend,
             verbose_logging=verbose,
         )
     except BaseException as exc:
         sim.watch.trip(one_line(exc))  # the ServerApp thread stops waiting (no hang)
         sim.fail_running(exc)
+        if is_flwr_wrapper(exc):
+            raise EngineDied(f"the simulation engine crashed: {one_line(exc)}") from exc
         raise
     finally:
         sim.watch.trip("the simulation ended")
