@@ -41,7 +41,7 @@ class Timeouts:
     a client that trains for longer needs a larger value).
     """
 
-    nodes: float = 120.0
+    nodes: float = 45.0
     exchange: float = 600.0
     round: float = 3600.0
 

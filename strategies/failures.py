@@ -12,6 +12,7 @@ failed node and its reason.
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, TypeVar
@@ -56,6 +57,22 @@ class Dropped:
         return asdict(self)
 
 
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_ERROR_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)\b[^:]*: ")
+
+
+def condense_reason(reason: str, limit: int = 400) -> str:
+    """A client's error reason on one line: the raised ``Type: message`` out of the traceback
+    that flwr/Ray wrap around it (colour codes and frames dropped), else the text squeezed."""
+    text = _ANSI.sub("", str(reason))
+    for line in (raw.strip() for raw in text.splitlines()):
+        head = line.split(":", 1)[0]
+        if _ERROR_LINE.match(line) and "ClientAppException" not in head and not line.startswith("<class"):
+            return line[:limit]
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
+
+
 def _partition(msg: Message) -> int | None:
     from fedhead import protocol as P
 
@@ -88,7 +105,8 @@ def screen(
     for msg in replies:
         node = int(msg.metadata.src_node_id)
         if msg.has_error():
-            dropped.append(Dropped(stage, node, "error", str(msg.error.reason)))
+            log.debug("%s: node %s replied with an error:\n%s", stage, node, msg.error.reason)
+            dropped.append(Dropped(stage, node, "error", condense_reason(msg.error.reason)))
             continue
         try:
             kept.append((msg, parse(msg)))

@@ -227,3 +227,14 @@ def test_policy_and_timeouts_are_validated():
         load_config(compose_config(["failure.min_clients=9"]))
     with pytest.raises(ConfigError, match="unknown keys"):
         load_config(compose_config(["+timeouts.rounds=5"]))
+
+
+def test_client_error_reasons_are_condensed_to_the_raised_line():
+    from strategies.failures import condense_reason
+
+    ray = ("<class 'ray.exceptions.RayTaskError(ClientAppException)'>:<'\x1b[36mray::ClientAppActor.run()\x1b[39m "
+           "(pid=1, ip=1.2.3.4)\n  File \"x.py\", line 3, in query\n    raise RuntimeError(\"boom\")\n"
+           "RuntimeError: client exploded on purpose\n\nThe above exception was the direct cause of the "
+           "following exception:\n\nflwr.clientapp.exception.ClientAppException: ClientApp raised\n")
+    assert condense_reason(ray) == "RuntimeError: client exploded on purpose"
+    assert condense_reason("disk full") == "disk full"
