@@ -48,6 +48,12 @@ class ProgressGrid(Grid):
         self.show = show
         self.poll = poll
         self.phases: list[tuple[str, float, float]] = []  # (type, start, seconds)
+        self.watch = None  # fedhead.watchdog.EngineWatch: a dead engine ends every wait
+
+    def check_alive(self) -> None:
+        """Raise :class:`fedhead.watchdog.EngineDied` when the engine serving the grid died."""
+        if self.watch is not None:
+            self.watch.check()
 
     def set_run(self, run) -> None:  # noqa: D102
         self._grid.set_run(run)
@@ -83,6 +89,7 @@ class ProgressGrid(Grid):
         end = None if timeout is None else t0 + timeout
         try:
             while ids and (end is None or time.perf_counter() < end):
+                self.check_alive()
                 got = list(self._grid.pull_messages(ids))
                 if got:
                     out.extend(got)

@@ -46,13 +46,18 @@ def make_job_strategy(job: JobConfig, observer: Any, message_config: dict[str, A
         evaluate_mse=job.resources.evaluate_mse and not job.procedure.exact,
         message_config=message_config,
         allow_outside_regime=bool(job.dataset.allow_outside_regime),
+        timeouts=job.timeouts, min_clients=job.failure.min_clients,
     )
 
 
 def serve(grid: Grid, job: JobConfig, recorder: RunRecorder, *, show_progress: bool = True,
-          message_config: dict[str, Any] | None = None) -> ProgressGrid:
-    """The ServerApp body: moment exchange, diagnosis, then the rounds of the job's procedure."""
+          message_config: dict[str, Any] | None = None, watch: Any = None) -> ProgressGrid:
+    """The ServerApp body: moment exchange, diagnosis, then the rounds of the job's procedure.
+
+    ``watch`` (:class:`fedhead.watchdog.EngineWatch`): every wait for replies ends with
+    :class:`fedhead.watchdog.EngineDied` once it trips (the simulation engine died)."""
     pgrid = ProgressGrid(grid, label=job.name, show=show_progress)
+    pgrid.watch = watch
     strategy = make_job_strategy(job, recorder, message_config)
     strategy.run(
         pgrid, lambda c: initial_head(job, c), job.settings.rounds,

@@ -161,6 +161,7 @@ class RoundRecord:
     test_mse: float | None = field(default=None, metadata=_scalar())
     client_metrics: list[dict[str, float]] = field(default_factory=list)
     extra: dict[str, float] = field(default_factory=dict)
+    dropped: list[dict[str, Any]] = field(default_factory=list)  # clients left out (failure policy)
 
     def scalars(self) -> dict[str, float]:
         """Every defined scalar of the record (for TensorBoard and progress lines)."""
@@ -239,8 +240,14 @@ class RoundTracker:
         client_heads: np.ndarray, fit: LocalFit | None = None,
         client_metrics: Sequence[Mapping[str, float]] | None = None,
         extra: Mapping[str, float] | None = None,
+        present: Sequence[int] | None = None,
+        dropped: Sequence[Mapping[str, Any]] | None = None,
     ) -> RoundRecord:
-        """Measure round ``t`` (>= 1): aggregated head, the broadcast it came from, client heads."""
+        """Measure round ``t`` (>= 1): aggregated head, the broadcast it came from, client heads.
+
+        ``present``: the clients (indices into the targets) the heads come from when the failure
+        policy dropped some (``delta`` then uses their Grams with renormalised weights);
+        ``dropped``: the dropped clients, recorded with the round."""
         if not self.records:
             raise RuntimeError("RoundTracker.start must be called with the initial head first")
         if t != self.records[-1].round + 1:
@@ -250,7 +257,11 @@ class RoundTracker:
         if self.theory:
             while len(self._recursion) <= t:
                 self._recursion.append(ufm.gram_step(self._recursion[-1], tg.client_grams, tg.weights))
-            delta = selection_distance(client_heads, broadcast, tg.client_grams, tg.weights)
+            grams, weights = tg.client_grams, tg.weights
+            if present is not None and len(present) != len(weights):
+                idx = np.asarray(present, dtype=int)
+                grams, weights = np.asarray(grams)[idx], np.asarray(weights)[idx] / np.sum(np.asarray(weights)[idx])
+            delta = selection_distance(client_heads, broadcast, grams, weights)
         rec = self._measure(
             t, weight, bias, delta=delta,
             objective_gaps=None if fit is None else list(fit.objective_gaps),
@@ -260,6 +271,7 @@ class RoundTracker:
             client_metrics=[dict(m) for m in (client_metrics or [])],
             extra=dict(extra or {}),
         )
+        rec.dropped = [dict(d) for d in (dropped or [])]
         self.records.append(rec)
         return rec
 

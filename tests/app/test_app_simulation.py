@@ -78,6 +78,7 @@ def test_trained_simulation_meets_the_theory(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)  # longer than the default 300 s per test
 def test_proximal_vs_ordinary_and_corrected_proximal(tmp_path):
     """Trained free features (one Ray simulation, three procedures one after another):
     proximal ends closer to G_star than ordinary, corrected_proximal within 1e-2 of G_cen."""
@@ -97,6 +98,7 @@ def test_proximal_vs_ordinary_and_corrected_proximal(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)  # longer than the default 300 s per test
 def test_fedhead_run_cli_on_a_tiny_resmlp(tmp_path):
     """``fedhead-run`` (Hydra) on a tiny ResMLP: results.json, TensorBoard events, figures."""
     out = tmp_path / "run"
@@ -117,3 +119,59 @@ def test_fedhead_run_cli_on_a_tiny_resmlp(tmp_path):
     assert (out / "proximal" / "ellipses.png").is_file()
     assert json.loads((out / "summary.json").read_text())["procedures"] == ["proximal"]
     assert "e_F(G_star)" in proc.stdout
+
+
+def _raising_client_app():
+    from flwr.clientapp import ClientApp
+
+    app = ClientApp()
+
+    @app.query()
+    def query(msg, context):
+        raise RuntimeError("client exploded on purpose")
+
+    return app
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_a_raising_client_fails_the_run_with_its_reason(tmp_path):
+    """The driver's failure path: a ClientApp that raises ends the simulation with an exception
+    naming the client's error, results.json marked failed with it, no rounds recorded."""
+    from fedhead.run import run_federations
+    from strategies import FederationError
+
+    job = _job(tmp_path, "procedure=exact", "num_clients=2", "rounds=1", "timeouts.exchange=60")
+    with pytest.raises(FederationError, match="client exploded on purpose"):
+        run_federations([job], show_progress=False, client_app=_raising_client_app())
+    res = json.loads((Path(job.output_dir) / "results.json").read_text())
+    assert res["status"] == "failed"
+    assert "moment exchange" in res["error"] and "client exploded on purpose" in res["error"]
+    assert res["rounds"] == [] and res["diagnosis"] is None
+
+
+@pytest.mark.timeout(120)
+def test_a_crashed_engine_ends_the_run(tmp_path, monkeypatch):
+    """A simulation engine that dies (here: no Ray actor fits the client resources; the
+    driver's preflight that refuses this is switched off) ends the run within seconds instead
+    of leaving the ServerApp thread waiting forever; results.json says failed and why."""
+    import threading
+    import time
+
+    from fedhead import run as run_mod
+
+    monkeypatch.setattr(run_mod, "preflight", lambda jobs: None)
+    job = _job(tmp_path, "procedure=exact", "num_clients=2", "rounds=1", "resources.client_cpus=64",
+               "resources.evaluate_mse=false", "output.tensorboard=false")
+    t0 = time.perf_counter()
+    from fedhead.watchdog import EngineDied
+
+    with pytest.raises(EngineDied, match="the simulation engine crashed: .*ActorPool is empty"):
+        run_mod.run_federation(job, show_progress=False)
+    res = json.loads((Path(job.output_dir) / "results.json").read_text())
+    assert res["status"] == "failed" and "ActorPool is empty" in res["error"]
+    deadline = time.perf_counter() + 10
+    while any(t.name != "MainThread" and not t.daemon and t.is_alive() for t in threading.enumerate()):
+        assert time.perf_counter() < deadline, [t.name for t in threading.enumerate()]  # no hung ServerApp thread
+        time.sleep(0.1)
+    assert time.perf_counter() - t0 < 60
