@@ -157,3 +157,74 @@ def test_round_records_round_trip_through_a_checkpoint(tmp_path):
     assert again.to_dict() == rec.to_dict() and again.extra == rec.extra
     np.testing.assert_array_equal(back.state.weight, state.weight)
     assert back.state.extra["backbone/w"].dtype == np.float32
+
+
+# ------------------------------------------------------------------ fedhead-run killed with SIGKILL
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _cli(tmp_path: Path, run_dir: Path, *extra: str) -> list[str]:
+    import sys
+
+    return [sys.executable, "-m", "fedhead.run", "procedure=proximal", *BASE[:4], "local_epochs=50",
+            "output.tensorboard=false", "output.figures=false", "resources.client_cpus=1",
+            f"dataset.cache_dir={tmp_path / 'cache'}", f"hydra.run.dir={run_dir}", *extra]
+
+
+def _env():
+    import os
+
+    return {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+
+
+@pytest.mark.slow
+def test_fedhead_run_killed_and_resumed_matches_an_uninterrupted_run(tmp_path):
+    """SIGKILL of ``fedhead-run`` once round >= 2 is checkpointed, then ``resume=``: the same rounds
+    as an uninterrupted run (Grams bit-identical on CPU), none repeated; another config is refused."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    full = subprocess.run(_cli(tmp_path, tmp_path / "full"), cwd=tmp_path, capture_output=True, text=True,
+                          timeout=900, env=_env())
+    assert full.returncode == 0, full.stderr[-4000:]
+    reference = json.loads((tmp_path / "full" / "proximal" / "results.json").read_text())
+
+    killed = tmp_path / "killed"
+    ckpt_file = killed / "proximal" / "checkpoint.npz"
+    proc = subprocess.Popen(_cli(tmp_path, killed), cwd=tmp_path, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, env=_env(), start_new_session=True)
+    try:
+        deadline = time.monotonic() + 600
+        at = None
+        while time.monotonic() < deadline and proc.poll() is None:
+            if ckpt_file.is_file() and read_checkpoint(ckpt_file).round >= 2:
+                os.kill(proc.pid, signal.SIGKILL)
+                at = read_checkpoint(ckpt_file).round
+                break
+            time.sleep(0.02)
+        proc.wait(timeout=60)
+    finally:
+        try:  # the Ray processes the killed driver left behind (its own process group)
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    assert at is not None and 2 <= at < 4, f"not killed mid-way (checkpoint round {at}, rc {proc.returncode})"
+    assert any((killed / "proximal" / "client_state").iterdir())  # kept for the resume
+
+    other = subprocess.run(_cli(tmp_path, tmp_path / "other", "seed=1", f"resume={killed}"), cwd=tmp_path,
+                           capture_output=True, text=True, timeout=600, env=_env())
+    assert other.returncode != 0 and "fedhead-run: cannot resume" in other.stderr
+    assert "Traceback" not in other.stderr, other.stderr[-2000:]
+
+    resumed = subprocess.run(_cli(tmp_path, tmp_path / "resumed", f"resume={killed}"), cwd=tmp_path,
+                             capture_output=True, text=True, timeout=900, env=_env())
+    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    res = json.loads((killed / "proximal" / "results.json").read_text())
+    assert res["status"] == "completed" and res["resumed_after_round"] == at
+    assert [r["round"] for r in res["rounds"]] == [0, 1, 2, 3, 4]
+    for a, b in zip(res["rounds"], reference["rounds"], strict=True):
+        np.testing.assert_allclose(a["gram"], b["gram"], rtol=0, atol=1e-10)
+        assert a["gram"] == b["gram"] and a["train_mse"] == b["train_mse"]  # bit-identical on CPU
+    assert not (killed / "proximal" / "client_state").exists()  # removed after the completed run
