@@ -174,8 +174,8 @@ def prepare_resume(jobs: list[JobConfig]) -> list[Checkpoint | None]:
         return [None] * len(jobs)
     ckpts = resume_checkpoints(jobs)
     for job, ckpt in zip(jobs, ckpts):
-        if ckpt is None or ckpt.round == 0 or job.procedure.exact:
-            continue
+        if ckpt is None or ckpt.round in (0, job.settings.rounds) or job.procedure.exact:
+            continue  # nothing stored yet, nothing left to train, or no private backbones
         store = BackboneStore(simulation_state_dir(job, 0))
         missing = [pid for pid in range(job.settings.num_clients) if not store.path(pid, ckpt.round).is_file()]
         if missing:

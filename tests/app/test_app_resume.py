@@ -127,8 +127,15 @@ def test_resume_refuses_another_config_or_missing_client_state(tmp_path, task_id
     assert prepare_resume([same])[0].round == 2  # output.* may differ
     for p in simulation_state_dir(job, 5).glob("partition_1.*"):
         p.unlink()
+    assert prepare_resume([same])[0].round == 2  # complete: nothing left to train, no state needed
+    (longer,) = _jobs(tmp_path, "x", "procedure=proximal", "rounds=2", f"resume={tmp_path / 'run'}")
+    ckpt = read_checkpoint(checkpoint_path(job.output_dir))
+    from fedhead.checkpoint import write_checkpoint
+
+    ckpt.state.round, ckpt.state.records = 1, ckpt.state.records[:2]  # as if killed after round 1
+    write_checkpoint(ckpt.path, ckpt.state, config_hash=ckpt.config_hash, procedure="proximal")
     with pytest.raises(ResumeError, match=r"partitions \[1\]"):
-        prepare_resume([same])
+        prepare_resume([longer])
     (empty,) = _jobs(tmp_path, "x", "procedure=proximal", "rounds=2", f"resume={tmp_path / 'nothing'}")
     with pytest.raises(ResumeError, match="no checkpoint.npz"):
         prepare_resume([empty])
