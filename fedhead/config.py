@@ -136,6 +136,10 @@ class JobConfig:
     resolved: dict[str, Any] = field(default_factory=dict, compare=False)
     timeouts: Timeouts = field(default_factory=Timeouts)
     failure: FailurePolicy = field(default_factory=FailurePolicy)
+    #: :func:`fedhead.checkpoint.config_hash` of ``resolved`` (checkpoints, the simulation's state key)
+    config_hash: str = ""
+    #: continue from ``output_dir/checkpoint.npz`` (``resume=<run folder>``)
+    resume: bool = False
 
     @property
     def name(self) -> str:
@@ -157,10 +161,21 @@ class FedheadConfig:
     resolved: dict[str, Any]
     timeouts: Timeouts = field(default_factory=Timeouts)
     failure: FailurePolicy = field(default_factory=FailurePolicy)
+    resume: str | None = None  # a run folder to continue (``resume=``)
+
+    def output_root(self, output_dir: str | Path) -> Path:
+        """Where the run writes: the ``resume`` folder, else ``output.dir``, else ``output_dir``."""
+        if self.resume:
+            return Path(self.resume)
+        return Path(self.output.dir) if self.output.dir else Path(output_dir)
 
     def jobs(self, output_dir: str | Path) -> list[JobConfig]:
-        """One :class:`JobConfig` per procedure; each writes into ``output_dir/<procedure>``."""
-        root = Path(self.output.dir) if self.output.dir else Path(output_dir)
+        """One :class:`JobConfig` per procedure; each writes into ``<root>/<procedure>``
+        (:meth:`output_root`)."""
+        from fedhead.checkpoint import config_hash
+
+        root = self.output_root(output_dir)
+        hash_ = config_hash(self.resolved)
         out = []
         for proc in self.procedures:
             rho = self.settings.rho if self.settings.rho is not None else proc.rho
@@ -181,6 +196,7 @@ class FedheadConfig:
                     model=self.model, train=train, resources=self.resources,
                     output=self.output, output_dir=job_dir, state_dir=job_dir / "client_state",
                     resolved=self.resolved, timeouts=self.timeouts, failure=self.failure,
+                    config_hash=hash_, resume=bool(self.resume),
                 )
             )
         return out
@@ -329,6 +345,7 @@ def load_config(cfg: Any) -> FedheadConfig:
         settings=settings, dataset=dataset, model=model, train=train, procedures=procedures,
         experiment=experiment, resources=resources_cfg, output=output, resolved=resolved,
         timeouts=timeouts, failure=failure,
+        resume=None if cfg.get("resume") in (None, "") else str(cfg.get("resume")),
     )
 
 

@@ -176,6 +176,15 @@ class RunRecorder:
             self._bar = tqdm(total=self.job.settings.rounds, desc=f"{self.job.name} rounds", unit="round",
                              file=sys.stderr)
 
+    def on_resume(self, records: list[RoundRecord]) -> None:
+        """A resumed run: the checkpointed rounds 0..k, so results.json continues as if uninterrupted."""
+        self.records = {r.round: r for r in records}
+        self.results["resumed_after_round"] = max(self.records)
+        if self._bar is not None:
+            self._bar.update(max(self.records))
+        self.write()
+        log.info("[%s] resumed after round %d", self.job.name, max(self.records))
+
     def on_round(self, record: RoundRecord) -> None:
         t = record.round
         self.records[t] = record

@@ -25,6 +25,7 @@ from typing import Any
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
+from fedhead.checkpoint import Checkpoint, ResumeError, resume_checkpoints
 from fedhead.cli_errors import debug_enabled, is_flwr_wrapper, one_line, report
 from fedhead.config import JobConfig, hydra_config_path, load_config
 from fedhead.io import write_json_atomic
@@ -173,15 +174,16 @@ def run_federations(jobs: list[JobConfig], *, show_progress: bool = True, verbos
             logging.getLogger("flwr").setLevel(logging.CRITICAL)
         backend["init_args"].setdefault("logging_level", logging.ERROR)
         backend["init_args"].setdefault("log_to_driver", False)
+    resumes = prepare_resume(jobs)
     t_ray = _prepare_and_start_ray(first, backend["init_args"])
-    for job in jobs:
-        if job.state_dir.exists():
+    for job, ckpt in zip(jobs, resumes):
+        if ckpt is None and job.state_dir.exists():
             shutil.rmtree(job.state_dir)
     recorders = [RunRecorder(job, show_progress=show_progress) for job in jobs]
     recorders[0].t_start = t_begin  # the first federation's wall time includes data + Ray start
     for rec in recorders:
         rec.base_timing["ray_init_seconds"] = t_ray
-    sim = _Simulation(jobs, recorders, show_progress)
+    sim = _Simulation(jobs, recorders, show_progress, resumes)
     try:
         run_simulation(
             server_app=sim.server_app(), client_app=client_app or make_client_app(list(jobs)),
@@ -200,10 +202,33 @@ def run_federations(jobs: list[JobConfig], *, show_progress: bool = True, verbos
     if sim.served:
         log.info("simulation teardown (actors, Ray shutdown): %.2f s", time.perf_counter() - sim.served[-1])
     _check_finished(recorders)
-    for job in jobs:
+    for job in jobs:  # only after a complete run: an interrupted one keeps it for resume=
         if not job.output.keep_client_state and job.state_dir.exists():
             shutil.rmtree(job.state_dir)
     return [r.results for r in recorders]
+
+
+def prepare_resume(jobs: list[JobConfig]) -> list[Checkpoint | None]:
+    """The checkpoint every job continues from (all None unless ``resume=``); checks that the
+    interrupted run's client state (the private backbones of the checkpointed round) is there."""
+    from clients.app import simulation_state_dir
+    from clients.store import BackboneStore
+
+    if not any(job.resume for job in jobs):
+        return [None] * len(jobs)
+    ckpts = resume_checkpoints(jobs)
+    for job, ckpt in zip(jobs, ckpts):
+        if ckpt is None or ckpt.round in (0, job.settings.rounds) or job.procedure.exact:
+            continue  # nothing stored yet, nothing left to train, or no private backbones
+        store = BackboneStore(simulation_state_dir(job, 0))
+        missing = [pid for pid in range(job.settings.num_clients) if not store.path(pid, ckpt.round).is_file()]
+        if missing:
+            raise ResumeError(
+                f"cannot resume {job.output_dir}: the private backbones of round {ckpt.round} of partitions "
+                f"{missing} are not under {store.root} (removed after a completed run unless "
+                f"output.keep_client_state=true)")
+        log.info("%s: resuming after round %d of %d (%s)", job.name, ckpt.round, job.settings.rounds, ckpt.path)
+    return ckpts
 
 
 def _prepare_and_start_ray(job: JobConfig, init_args: dict[str, Any]) -> float:
@@ -219,8 +244,10 @@ def _prepare_and_start_ray(job: JobConfig, init_args: dict[str, Any]) -> float:
 class _Simulation:
     """The driver's ServerApp over several jobs, with their recorders, grids and clocks."""
 
-    def __init__(self, jobs: list[JobConfig], recorders: list[RunRecorder], show_progress: bool):
+    def __init__(self, jobs: list[JobConfig], recorders: list[RunRecorder], show_progress: bool,
+                 resumes: list[Checkpoint | None] | None = None):
         self.jobs, self.recorders, self.show_progress = jobs, recorders, show_progress
+        self.resumes = resumes or [None] * len(jobs)
         self.grids: dict[int, ProgressGrid] = {}
         self.sim_start: dict[int, float] = {}
         self.served: list[float] = []
@@ -246,7 +273,7 @@ class _Simulation:
                      job.name, job.settings.rounds, job.settings.local_epochs, job.settings.num_clients,
                      getattr(job.dataset, "name", "?"), getattr(job.model, "name", "?"))
             self.grids[i] = serve(grid, job, rec, show_progress=self.show_progress,
-                                  message_config={JOB: i}, watch=self.watch)
+                                  message_config={JOB: i}, watch=self.watch, resume=self.resumes[i])
             finish_job(job, rec, self.grids[i], self.sim_start[i] if i else self.t_sim, time.perf_counter())
         self.served.append(time.perf_counter())
 
@@ -275,7 +302,7 @@ def run_experiment(cfg: Any, output_dir: str | Path, *, show_progress: bool = Tr
     if cfg.settings.diagnose_only:
         jobs = jobs[:1]  # the diagnosis depends on the data and penalties only
     results = run_federations(jobs, show_progress=show_progress)
-    root = Path(cfg.output.dir) if cfg.output.dir else Path(output_dir)
+    root = cfg.output_root(output_dir)
     table = error_table(results)
     summary = {
         "schema_version": SCHEMA_VERSION,

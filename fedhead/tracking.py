@@ -179,6 +179,17 @@ class RoundRecord:
         out.update({k: float(v) for k, v in self.extra.items()})
         return out
 
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> RoundRecord:
+        """The record of a :meth:`to_dict` (checkpoints): arrays back to float64, the keys that
+        are not fields back into ``extra``."""
+        names = {f.name for f in fields(cls)}
+        arrays = ("gram", "bias", "recursion_gram", "predicted_gram")
+        kw = {k: (None if v is None else np.asarray(v, dtype=np.float64)) if k in arrays else v
+              for k, v in d.items() if k in names and k != "extra"}
+        kw["extra"] = {k: float(v) for k, v in d.items() if k not in names}
+        return cls(**kw)
+
 
 class RoundTracker:
     """Accumulates the per-round server measurements of one run (pure numpy state).
@@ -234,6 +245,20 @@ class RoundTracker:
         rec = self._measure(0, weight, bias)
         self.records.append(rec)
         return rec
+
+    @property
+    def recursion(self) -> np.ndarray | None:
+        """The exact recursion so far, ``(t + 1, C, C)`` (None outside the regime)."""
+        return np.stack(self._recursion) if self.theory and self._recursion else None
+
+    def restore(self, records: Sequence[RoundRecord], recursion: np.ndarray | None) -> None:
+        """Continue from checkpointed ``records`` (rounds 0..t) and the recursion beside them."""
+        if not records or [r.round for r in records] != list(range(len(records))):
+            raise ValueError(f"restored records must be rounds 0..t, got {[r.round for r in records]}")
+        self.records = list(records)
+        self._recursion = [] if recursion is None else [np.asarray(g, dtype=np.float64) for g in recursion]
+        if self.theory and len(self._recursion) < 1:
+            raise ValueError("restoring a run in the fully active regime needs its recursion")
 
     def record(
         self, t: int, weight: np.ndarray, bias: np.ndarray, *, broadcast: np.ndarray,

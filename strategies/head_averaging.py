@@ -44,6 +44,7 @@ from fedhead import aggregation as agg
 from fedhead import protocol as P
 from fedhead import ufm
 from fedhead.deploy_checks import FederationMismatch, check_node_count, check_partitions
+from fedhead.checkpoint import ServerState, check_moments
 from fedhead.diagnosis import Diagnosis, diagnose
 from fedhead.limits import FailurePolicy, Timeouts
 from fedhead.regime import OutsideRegimeWarning, ensure_fully_active
@@ -170,6 +171,9 @@ class HeadAveraging(FedAvg):
         self.tracker: RoundTracker | None = None
         self._broadcast: tuple[np.ndarray, np.ndarray] | None = None
         self._head_shape: tuple[int, int] | None = None
+        self._head: tuple[np.ndarray, np.ndarray] | None = None  # the aggregate of the last round
+        self._round_offset = 0  # rounds done before start() (a resumed run)
+        self._on_round_end: Callable[[ServerState], None] | None = None
 
     # ---------------------------------------------------------------- description
     def summary(self) -> None:
@@ -311,9 +315,51 @@ class HeadAveraging(FedAvg):
         if w.ndim != 2 or w.shape[0] != c or b.shape != (c,):
             raise ValueError(f"initial head {w.shape}/{b.shape} does not match C = {c} targets")
         self._head_shape = (w.shape[0], w.shape[1])
+        self._head = (w, b)
         rec = self.tracker.start(w, b)
-        self.observer.on_round(rec)
+        self._round_complete(rec)
         return rec
+
+    # ---------------------------------------------------------------- checkpoints
+    def _round_complete(self, rec: RoundRecord) -> None:
+        """A round is fully measured: report it, then hand the server state to the checkpointer."""
+        self.observer.on_round(rec)
+        if self._on_round_end is not None:
+            self._on_round_end(self.server_state())
+
+    def server_state(self) -> ServerState:
+        """Everything needed to continue after the last complete round (see fedhead.checkpoint)."""
+        if self.tracker is None or self._head is None or self.exchange is None:
+            raise RuntimeError("no round has been recorded yet")
+        m = self.exchange.moments
+        return ServerState(
+            round=self.tracker.records[-1].round, weight=self._head[0], bias=self._head[1],
+            records=[r.to_dict() for r in self.tracker.records], recursion=self.tracker.recursion,
+            counts=np.asarray(m.counts, dtype=np.float64), means=np.asarray(m.means), covs=np.asarray(m.covs),
+            extra=self._extra_state(),
+        )
+
+    def restore(self, state: ServerState) -> None:
+        """Continue after checkpointed round ``state.round`` (after :meth:`exchange_moments`)."""
+        if self.exchange is None:
+            raise RuntimeError("exchange_moments must run before a restore")
+        m = self.exchange.moments
+        check_moments(state, np.asarray(m.counts), np.asarray(m.means), np.asarray(m.covs))
+        self.check_regime()
+        self.tracker = RoundTracker(self.exchange.targets)
+        self.tracker.restore([RoundRecord.from_dict(r) for r in state.records], state.recursion)
+        w, b = (np.asarray(a, dtype=np.float64) for a in (state.weight, state.bias))
+        self._head_shape = (w.shape[0], w.shape[1])
+        self._head = (w, b)
+        self._round_offset = int(state.round)
+        self._restore_extra(state.extra)
+
+    def _extra_state(self) -> dict[str, np.ndarray]:
+        """Hook: strategy state beyond the head to checkpoint (arrays)."""
+        return {}
+
+    def _restore_extra(self, extra: dict[str, np.ndarray]) -> None:
+        """Hook: restore what :meth:`_extra_state` saved."""
 
     def train_content(self, arrays: ArrayRecord, config: ConfigRecord) -> RecordDict:
         """Content of a training message (head, config, Sigma_cen for corrected clients)."""
@@ -329,6 +375,7 @@ class HeadAveraging(FedAvg):
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
+        server_round += self._round_offset
         head_arrays = ArrayRecord({k: arrays[k] for k in (P.WEIGHT, P.BIAS)})
         self._broadcast = P.read_head(head_arrays)
         config[P.SERVER_ROUND] = server_round
@@ -407,9 +454,11 @@ class HeadAveraging(FedAvg):
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        server_round += self._round_offset
         msgs, heads, biases, counts = self.parse_train_replies(replies)
         extra = self.verify_replies(msgs, heads)
         avg = agg.average_heads(heads, biases, counts)
+        self._head = (avg.weight, avg.bias)
         metrics = [metrics_of(m) for m in msgs]
         fit = agg.local_fit(metrics, [P.node_of(m) for m in msgs])
         pids = [partition_of(m) for m in msgs]
@@ -428,7 +477,7 @@ class HeadAveraging(FedAvg):
         self._add_aggregate(arrays, msgs, counts)
         out_metrics = MetricRecord({k: float(v) for k, v in rec.scalars().items() if "/" not in k})
         if not self.evaluate_mse:
-            self.observer.on_round(rec)
+            self._round_complete(rec)
         return arrays, out_metrics
 
     def _add_aggregate(self, arrays: ArrayRecord, msgs: Sequence[Message], counts: np.ndarray) -> None:
@@ -440,6 +489,7 @@ class HeadAveraging(FedAvg):
     ) -> Iterable[Message]:
         if not self.evaluate_mse:
             return []
+        server_round += self._round_offset
         config[P.SERVER_ROUND] = server_round
         config.update(self.message_config)
         head = ArrayRecord({k: arrays[k] for k in (P.WEIGHT, P.BIAS)})
@@ -457,6 +507,8 @@ class HeadAveraging(FedAvg):
     ) -> MetricRecord | None:
         if not self.evaluate_mse:
             return None
+        server_round += self._round_offset
+
         def parse(msg: Message):
             node = P.node_of(msg)
             m = metrics_of(msg)
@@ -481,7 +533,7 @@ class HeadAveraging(FedAvg):
         assert self.tracker is not None
         rec = self.tracker.set_mse(server_round, train, test)
         rec.dropped.extend(d.to_dict() for d in dropped)
-        self.observer.on_round(rec)
+        self._round_complete(rec)
         out = {P.TRAIN_MSE: train}
         if test is not None:
             out[P.TEST_MSE] = test
@@ -496,21 +548,37 @@ class HeadAveraging(FedAvg):
         *,
         train_config: ConfigRecord | None = None,
         diagnose_only: bool = False,
+        resume: ServerState | None = None,
+        on_round_end: Callable[[ServerState], None] | None = None,
     ) -> Result | None:
         """Moment exchange, diagnosis, then ``num_rounds`` rounds of :meth:`FedAvg.start`.
 
         ``initial_head`` is ``(W_0 (C,P), b_0 (C,))`` or a function of ``C`` (known after the
-        exchange) returning it; every client starts from this head.
+        exchange) returning it; every client starts from this head. ``resume`` (a checkpointed
+        :class:`fedhead.checkpoint.ServerState`) continues after its round instead (the exchange
+        is repeated and must give the same moments; the observer's optional ``on_resume``
+        receives the restored records). ``on_round_end`` receives the server state after every
+        complete round, round 0 included (the checkpointer).
         """
+        self._on_round_end = on_round_end
         exchange = self.exchange_moments(grid)
         if diagnose_only:
             return None
-        if callable(initial_head):
-            initial_head = initial_head(exchange.moments.dim)
-        self.begin(initial_head)
-        arrays = P.head_record(*initial_head)
+        if resume is not None:
+            self.restore(resume)
+            assert self.tracker is not None and self._head is not None
+            on_resume = getattr(self.observer, "on_resume", None)
+            if on_resume is not None:
+                on_resume(list(self.tracker.records))
+            arrays = P.head_record(*self._head)
+            log.info("resuming after round %d of %d", resume.round, num_rounds)
+        else:
+            if callable(initial_head):
+                initial_head = initial_head(exchange.moments.dim)
+            self.begin(initial_head)
+            arrays = P.head_record(*initial_head)
         return self.start(
-            grid=grid, initial_arrays=arrays, num_rounds=num_rounds,
+            grid=grid, initial_arrays=arrays, num_rounds=num_rounds - self._round_offset,
             timeout=self.timeouts.round,
             train_config=train_config or ConfigRecord(),
         )
