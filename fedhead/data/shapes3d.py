@@ -147,6 +147,7 @@ _OBJECT_RADIUS = 0.32  # half extent of a scale-1 object
 
 
 def _rgba(hue: float) -> np.ndarray:
+    """Opaque RGBA of a fully saturated, full-value colour of hue ``hue``."""
     return np.array([*colorsys.hsv_to_rgb(float(hue), 1.0, 1.0), 1.0])
 
 
@@ -222,8 +223,23 @@ def render_scenes_in_process(
     -------
     ndarray (n, 3, size, size) uint8
     """
-    from tqdm.auto import tqdm
+    mujoco = _import_mujoco()
+    labels, shapes = _checked_labels(labels)
+    n = labels.shape[0]
+    out = np.empty((n, 3, size, size), dtype=np.uint8)
+    if n == 0:
+        return out
+    model, data, gid = _scene_model(mujoco, size)
+    ctx = _gl_context(gl_backend, size)
+    try:
+        _render_rows(mujoco, model, data, gid, labels, shapes, out)
+    finally:
+        ctx.free()
+    return out
 
+
+def _import_mujoco():
+    """Import ``mujoco``; a backend that fails to load at import becomes a :class:`DataError`."""
     try:
         import mujoco
     except Exception as err:  # e.g. MUJOCO_GL names a backend whose libraries are missing
@@ -232,32 +248,40 @@ def render_scenes_in_process(
             f"MUJOCO_GL={os.environ.get('MUJOCO_GL')!r} mujoco loads that OpenGL backend at "
             "import. Unset MUJOCO_GL or set it to 'egl'."
         ) from err
+    return mujoco
 
+
+def _checked_labels(labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``labels`` as float64 ``(n, 6)`` and its shape column as int64; DataError if invalid."""
     labels = np.asarray(labels, dtype=np.float64)
     if labels.ndim != 2 or labels.shape[1] != 6:
         raise DataError(f"3dshapes renderer: labels must be (n, 6), got {labels.shape}")
     shapes = labels[:, 4].astype(np.int64)
     if not np.all(np.isin(shapes, np.arange(4))) or np.any(labels[:, 3] <= 0):
         raise DataError("3dshapes renderer: shape must be 0..3 and scale > 0")
-    n = labels.shape[0]
-    out = np.empty((n, 3, size, size), dtype=np.uint8)
-    if n == 0:
-        return out
+    return labels, shapes
+
+
+def _scene_model(mujoco, size: int):
+    """The scene's ``MjModel``, ``MjData`` and geom ids (object bounding radius widened to 10)."""
     model = mujoco.MjModel.from_xml_string(_SCENE_XML.format(size=size))
     data = mujoco.MjData(model)
     gid = {
         k: mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_GEOM, k)
         for k in ("floor", "wall_a", "wall_b", "object")
     }
-    obj = gid["object"]
-    model.geom_rbound[obj] = 10.0
-    geom_types = (
-        mujoco.mjtGeom.mjGEOM_BOX,
-        mujoco.mjtGeom.mjGEOM_CYLINDER,
-        mujoco.mjtGeom.mjGEOM_SPHERE,
-        mujoco.mjtGeom.mjGEOM_CAPSULE,
-    )
-    ctx = _gl_context(gl_backend, size)
+    model.geom_rbound[gid["object"]] = 10.0
+    return model, data, gid
+
+
+def _render_rows(
+    mujoco, model, data, gid, labels: np.ndarray, shapes: np.ndarray, out: np.ndarray
+) -> None:
+    """Render row ``i`` of ``labels`` into ``out[i]`` offscreen (needs a current GL context)."""
+    from tqdm.auto import tqdm
+
+    size = out.shape[-1]
+    n = labels.shape[0]
     con = None
     try:
         con = mujoco.MjrContext(model, mujoco.mjtFontScale.mjFONTSCALE_150)
@@ -271,24 +295,7 @@ def render_scenes_in_process(
         rect = mujoco.MjrRect(0, 0, size, size)
         rgb = np.empty((size, size, 3), dtype=np.uint8)
         for i in tqdm(range(n), desc="3dshapes render", unit="img", leave=False, disable=n < 200):
-            floor_h, wall_h, obj_h, scale, _, orient = labels[i]
-            r = _OBJECT_RADIUS * scale
-            shape = shapes[i]
-            model.geom_rgba[gid["floor"]] = _rgba(floor_h)
-            model.geom_rgba[gid["wall_a"]] = _rgba(wall_h)
-            model.geom_rgba[gid["wall_b"]] = _rgba(wall_h)
-            model.geom_rgba[obj] = _rgba(obj_h)
-            model.geom_type[obj] = geom_types[shape]
-            if shape == 3:  # capsule: radius 0.6 r, half length 0.7 r (height 2.6 r)
-                model.geom_size[obj] = (0.6 * r, 0.7 * r, 0.0)
-                model.geom_pos[obj] = (0.0, 0.0, 1.3 * r)
-            else:
-                model.geom_size[obj] = (r, r, r)
-                model.geom_pos[obj] = (0.0, 0.0, r)
-            half = np.deg2rad(orient) / 2.0
-            data.mocap_quat[0] = (np.cos(half), 0.0, 0.0, np.sin(half))
-            mujoco.mj_kinematics(model, data)
-            mujoco.mj_camlight(model, data)  # fixed camera pose
+            _pose_scene(mujoco, model, data, gid, labels[i], shapes[i])
             mujoco.mjv_updateScene(model, data, opt, pert, cam, mujoco.mjtCatBit.mjCAT_ALL, scene)
             mujoco.mjr_render(rect, scene, con)
             mujoco.mjr_readPixels(rgb, None, rect, con)
@@ -296,8 +303,34 @@ def render_scenes_in_process(
     finally:
         if con is not None:
             con.free()
-        ctx.free()
-    return out
+
+
+def _pose_scene(mujoco, model, data, gid, row: np.ndarray, shape: int) -> None:
+    """Set colours, object geometry and room orientation of one label row, then the kinematics."""
+    geom_types = (
+        mujoco.mjtGeom.mjGEOM_BOX,
+        mujoco.mjtGeom.mjGEOM_CYLINDER,
+        mujoco.mjtGeom.mjGEOM_SPHERE,
+        mujoco.mjtGeom.mjGEOM_CAPSULE,
+    )
+    obj = gid["object"]
+    floor_h, wall_h, obj_h, scale, _, orient = row
+    r = _OBJECT_RADIUS * scale
+    model.geom_rgba[gid["floor"]] = _rgba(floor_h)
+    model.geom_rgba[gid["wall_a"]] = _rgba(wall_h)
+    model.geom_rgba[gid["wall_b"]] = _rgba(wall_h)
+    model.geom_rgba[obj] = _rgba(obj_h)
+    model.geom_type[obj] = geom_types[shape]
+    if shape == 3:  # capsule: radius 0.6 r, half length 0.7 r (height 2.6 r)
+        model.geom_size[obj] = (0.6 * r, 0.7 * r, 0.0)
+        model.geom_pos[obj] = (0.0, 0.0, 1.3 * r)
+    else:
+        model.geom_size[obj] = (r, r, r)
+        model.geom_pos[obj] = (0.0, 0.0, r)
+    half = np.deg2rad(orient) / 2.0
+    data.mocap_quat[0] = (np.cos(half), 0.0, 0.0, np.sin(half))
+    mujoco.mj_kinematics(model, data)
+    mujoco.mj_camlight(model, data)  # fixed camera pose
 
 
 def generate(cfg: Shapes3DConfig) -> RawDataset:
@@ -360,10 +393,12 @@ def load(cfg: Shapes3DConfig) -> RawDataset:
 
 
 def _check_sizes(cfg: Shapes3DConfig) -> None:
+    """Split sizes (:func:`~fedhead.data._common.check_split_sizes`) and ``read_chunk > 0``."""
     check_split_sizes(cfg, "3dshapes")
     if cfg.read_chunk <= 0:
         raise DataError(f"3dshapes: read_chunk must be positive, got {cfg.read_chunk}")
 
 
 def _split(cfg: Shapes3DConfig, imgs: np.ndarray, y: np.ndarray, source: str) -> RawDataset:
+    """Training and held-out :class:`RawDataset` of the 3D Shapes targets."""
     return split_samples(cfg, imgs, y, TARGET_NAMES, source)

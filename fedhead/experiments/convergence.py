@@ -26,19 +26,16 @@ from fedhead.plots import new_figure, plot_error_curves, save_figure
 from .common import (
     ExperimentResult,
     Headline,
-    JointState,
-    adam_joint,
     dirichlet_weights,
     finish,
     gram,
     loglog_slope,
     matched_samples,
-    prox_profiled_solve,
     quartiles,
     random_spd,
     rel_err,
-    ridge_features,
 )
+from .solvers import JointState, adam_joint, prox_profiled_solve, ridge_features
 
 log = logging.getLogger(__name__)
 

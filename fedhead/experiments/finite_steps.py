@@ -66,6 +66,7 @@ class Settings:
 
 
 def _instance(s: Settings, rng: np.random.Generator):
+    """Client covariances ``(G_m + lam I)^2`` of random SPD Grams, Dirichlet(2) weights, a random start head."""
     eye = np.eye(s.C)
     grams = np.stack([random_spd(s.C, *s.gram_eig_range, rng) for _ in range(s.M)])
     sigmas = np.stack([ufm.sym((g + s.lam * eye) @ (g + s.lam * eye)) for g in grams])
@@ -103,6 +104,7 @@ def newton_fixed_point(G0, sigmas, weights, lam: float, eta: float, E: int, *, t
 
 
 def _grid(s: Settings, sigmas, weights, W0, g_within, g_star, bar) -> dict:
+    """Fixed points for every (eta, E): normalised BW distances to ``G_within`` / ``G_star``, rounds, status."""
     d_ref = float(ufm.bw_distance(g_within, g_star))
     shape = (len(s.etas), len(s.steps))
     to_within, to_star, rounds = np.full(shape, np.nan), np.full(shape, np.nan), np.full(shape, np.nan)
@@ -128,6 +130,7 @@ def _grid(s: Settings, sigmas, weights, W0, g_within, g_star, bar) -> dict:
 
 
 def _commuting(s: Settings, rng) -> dict:
+    """Measured against predicted diagonal displacement on random commuting configurations."""
     eta, E = s.displacement_eta, s.displacement_steps
     measured, predicted = [], []
     for _ in range(s.n_commuting):
@@ -144,6 +147,7 @@ def _commuting(s: Settings, rng) -> dict:
 
 
 def _jacobian(s: Settings, sigmas, weights, g_within) -> dict:
+    """Spectral radius and displacement error of the Newton fixed point for small ``h = eta E``."""
     th = ufm.theta_min(np.einsum("m,mij->ij", weights, sigmas), s.lam, s.lam)
     one_minus = np.zeros((len(s.jacobian_steps), len(s.jacobian_h)))
     disp_err = np.zeros_like(one_minus)
@@ -161,11 +165,8 @@ def _jacobian(s: Settings, sigmas, weights, g_within) -> dict:
             "displacement_rel_err": disp_err}
 
 
-def run(settings: Settings, out_dir: str | Path) -> ExperimentResult:
-    """Run the finite-step study; write ``results.json`` and ``finite_steps.png``."""
-    s = settings
-    out_dir = Path(out_dir)
-    rng = np.random.default_rng(s.seed)
+def _solve_all(s: Settings, rng: np.random.Generator) -> tuple[list[dict], list[dict], dict]:
+    """Per instance the (eta, E) grid and the Jacobian study, then the commuting configurations."""
     grids, jacs = [], []
     total = s.n_instances * (len(s.etas) * len(s.steps) + 1) + 1
     with tqdm(total=total, desc="finite_steps", unit="solve", leave=False) as bar:
@@ -178,20 +179,27 @@ def run(settings: Settings, out_dir: str | Path) -> ExperimentResult:
             bar.update()
         comm = _commuting(s, rng)
         bar.update()
+    return grids, jacs, comm
 
-    to_within = np.stack([g["to_within"] for g in grids])  # (inst, eta, E)
-    to_star = np.stack([g["to_star"] for g in grids])
-    rounds = np.stack([g["rounds"] for g in grids])
-    ratio_jac = np.stack([j["ratio_to_2h_theta"] for j in jacs])  # (inst, E, h)
-    disp_err = np.stack([j["displacement_rel_err"] for j in jacs])
+
+def _stack(grids: list[dict], jacs: list[dict]) -> dict[str, np.ndarray]:
+    """Grid arrays stacked over instances, ``(inst, eta, E)``, and Jacobian arrays, ``(inst, E, h)``."""
+    return {
+        "to_within": np.stack([g["to_within"] for g in grids]),
+        "to_star": np.stack([g["to_star"] for g in grids]),
+        "rounds": np.stack([g["rounds"] for g in grids]),
+        "ratio_jac": np.stack([j["ratio_to_2h_theta"] for j in jacs]),
+        "disp_err": np.stack([j["displacement_rel_err"] for j in jacs]),
+    }
+
+
+def _plot_grid(axes, s: Settings, a: dict[str, np.ndarray]) -> None:
+    """Panels 1-3: distance to ``G_within``, distance to ``G_star`` and rounds needed against E."""
     steps = np.asarray(s.steps)
-    hs = np.asarray(s.jacobian_h)
-
-    fig, axes = new_figure(6, ncols=3, panel_size=(4.6, 3.9))
     for i, eta in enumerate(s.etas):
-        axes[0].plot(steps, np.nanmedian(to_within[:, i], 0), marker="o", markersize=3, label=f"eta={eta:g}")
-        axes[1].plot(steps, np.nanmedian(to_star[:, i], 0), marker="o", markersize=3, label=f"eta={eta:g}")
-        axes[2].plot(steps, np.nanmedian(rounds[:, i], 0), marker="o", markersize=3, label=f"eta={eta:g}")
+        axes[0].plot(steps, np.nanmedian(a["to_within"][:, i], 0), marker="o", markersize=3, label=f"eta={eta:g}")
+        axes[1].plot(steps, np.nanmedian(a["to_star"][:, i], 0), marker="o", markersize=3, label=f"eta={eta:g}")
+        axes[2].plot(steps, np.nanmedian(a["rounds"][:, i], 0), marker="o", markersize=3, label=f"eta={eta:g}")
     for ax, ylab, title in [(axes[0], "d_BW(G_eta,E, G_within) / d_BW(G_within, G_star)", "distance to G_within"),
                             (axes[1], "d_BW(G_eta,E, G_star) / d_BW(G_within, G_star)", "distance to G_star"),
                             (axes[2], "rounds to residual < 1e-13", "rounds needed")]:
@@ -202,7 +210,10 @@ def run(settings: Settings, out_dir: str | Path) -> ExperimentResult:
         ax.set_title(title + f" (median of {s.n_instances})")
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize="x-small")
-    ax = axes[3]
+
+
+def _plot_commuting(ax, comm: dict) -> None:
+    """Panel 4: measured against predicted commuting displacement ``eta (E-1) Delta_i`` (log-log)."""
     pred, meas = comm["predicted"].ravel(), comm["measured"].ravel()
     agree = np.sign(pred) == np.sign(meas)
     ax.scatter(np.abs(pred[agree]), np.abs(meas[agree]), s=10, color="C0", label="same sign")
@@ -217,9 +228,14 @@ def run(settings: Settings, out_dir: str | Path) -> ExperimentResult:
     ax.set_title(f"commuting: eta={comm['eta']:g}, E={comm['E']}")
     ax.legend(fontsize="small")
     ax.grid(True, alpha=0.3)
-    ax = axes[4]
+
+
+def _plot_jacobian(ax_rate, ax_disp, s: Settings, a: dict[str, np.ndarray]) -> None:
+    """Panels 5-6: local contraction rate and non-commuting displacement error against ``h = eta E``."""
+    hs = np.asarray(s.jacobian_h)
+    ax = ax_rate
     for i, E in enumerate(s.jacobian_steps):
-        ax.plot(hs, np.median(ratio_jac[:, i], 0), marker="o", label=f"E={E}")
+        ax.plot(hs, np.median(a["ratio_jac"][:, i], 0), marker="o", label=f"E={E}")
     ax.axhline(1.0, color="k", linestyle="--", linewidth=1, label="theory")
     ax.set_xscale("log")
     ax.set_xlabel("h = eta E")
@@ -227,9 +243,9 @@ def run(settings: Settings, out_dir: str | Path) -> ExperimentResult:
     ax.set_title("local contraction rate")
     ax.legend(fontsize="small")
     ax.grid(True, alpha=0.3)
-    ax = axes[5]
+    ax = ax_disp
     for i, E in enumerate(s.jacobian_steps):
-        ax.plot(hs, np.median(disp_err[:, i], 0), marker="o", label=f"E={E}")
+        ax.plot(hs, np.median(a["disp_err"][:, i], 0), marker="o", label=f"E={E}")
     ax.plot(hs, hs, color="0.5", linestyle=":", label="slope 1 (O(h))")
     ax.set_xscale("log")
     ax.set_yscale("log")
@@ -238,11 +254,24 @@ def run(settings: Settings, out_dir: str | Path) -> ExperimentResult:
     ax.set_title("non-commuting displacement vs Delta")
     ax.legend(fontsize="small")
     ax.grid(True, alpha=0.3)
-    figures = [save_figure(fig, out_dir / "finite_steps.png")]
 
+
+def _plot(s: Settings, a: dict[str, np.ndarray], comm: dict, out_dir: Path) -> list[Path]:
+    """The six panels into ``finite_steps.png``."""
+    fig, axes = new_figure(6, ncols=3, panel_size=(4.6, 3.9))
+    _plot_grid(axes[:3], s, a)
+    _plot_commuting(axes[3], comm)
+    _plot_jacobian(axes[4], axes[5], s, a)
+    return [save_figure(fig, out_dir / "finite_steps.png")]
+
+
+def _headline(s: Settings, grids: list[dict], a: dict[str, np.ndarray], comm: dict) -> list[Headline]:
+    """Headline numbers: E = 1 fixed point, drift toward ``G_star``, convergence, displacement, rate."""
+    to_within, to_star, ratio_jac = a["to_within"], a["to_star"], a["ratio_jac"]
+    steps = np.asarray(s.steps)
     e1 = list(s.steps).index(1) if 1 in s.steps else None
     n_bad = sum(st != "converged" for g in grids for row in g["status"] for st in row)
-    headline = [
+    return [
         Headline("max_E=1_dist_to_G_within_rel", float(np.nanmax(to_within[:, :, e1])) if e1 is not None else np.nan,
                  "0 (E = 1 fixed point is G_within)"),
         Headline(f"median_E={steps[-1]}_dist_to_G_star_rel", float(np.nanmedian(to_star[:, :, -1])),
@@ -254,16 +283,45 @@ def run(settings: Settings, out_dir: str | Path) -> ExperimentResult:
         Headline("max_|displacement_ratio-1|", float(np.max(np.abs(comm["ratio"] - 1.0))), "O(h) small"),
         Headline("spectral_ratio_at_h_min", float(np.median(ratio_jac[:, :, 0])), "1 (1 - 2 h theta_min)"),
         Headline("spectral_ratio_at_h_max", float(np.median(ratio_jac[:, :, -1])), "1 + O(h)"),
-        Headline("noncommuting_displacement_err_at_h_min", float(np.median(disp_err[:, :, 0])), "O(h)"),
+        Headline("noncommuting_displacement_err_at_h_min", float(np.median(a["disp_err"][:, :, 0])), "O(h)"),
     ]
-    results = {
+
+
+def _results(s: Settings, grids: list[dict], jacs: list[dict], a: dict[str, np.ndarray], comm: dict) -> dict:
+    """The ``results`` block of ``results.json``."""
+    return {
         "etas": list(s.etas), "steps": list(s.steps),
-        "to_within": to_within, "to_star": to_star, "rounds": rounds,
+        "to_within": a["to_within"], "to_star": a["to_star"], "rounds": a["rounds"],
         "status": [g["status"] for g in grids], "d_within_star": [g["d_within_star"] for g in grids],
         "commuting": comm,
         "commuting_ratio": quartiles(comm["ratio"].ravel()),
-        "jacobian": {"E": list(s.jacobian_steps), "h": hs, "theta_min": [j["theta_min"] for j in jacs],
+        "jacobian": {"E": list(s.jacobian_steps), "h": np.asarray(s.jacobian_h),
+                     "theta_min": [j["theta_min"] for j in jacs],
                      "one_minus_radius": np.stack([j["one_minus_radius"] for j in jacs]),
-                     "ratio_to_2h_theta": ratio_jac, "displacement_rel_err": disp_err},
+                     "ratio_to_2h_theta": a["ratio_jac"], "displacement_rel_err": a["disp_err"]},
     }
+
+
+def run(settings: Settings, out_dir: str | Path) -> ExperimentResult:
+    """Run the finite-step study; write ``results.json`` and ``finite_steps.png``.
+
+    Parameters
+    ----------
+    settings : Settings
+        Study parameters (``Settings.quick()`` / ``Settings.full()``).
+    out_dir : str or Path
+        Folder for ``results.json`` and ``finite_steps.png``.
+
+    Returns
+    -------
+    ExperimentResult
+    """
+    s = settings
+    out_dir = Path(out_dir)
+    rng = np.random.default_rng(s.seed)
+    grids, jacs, comm = _solve_all(s, rng)
+    a = _stack(grids, jacs)
+    figures = _plot(s, a, comm, out_dir)
+    headline = _headline(s, grids, a, comm)
+    results = _results(s, grids, jacs, a, comm)
     return finish(NAME, out_dir, s, {"instances": s.seed}, results, headline, figures)

@@ -66,6 +66,7 @@ class Settings:
 
 
 def _record(gd: ufm.GapDecomposition) -> dict:
+    """Traces, relative smallest eigenvalues, ``Tr M_A``, ``D`` and residual of one decomposition."""
     terms = {"M_mu": gd.m_mu, "M_Sigma": gd.m_sigma, "M_A": gd.m_a}
     scale = float(np.linalg.norm(gd.g_cen))
     return {
@@ -81,12 +82,14 @@ def _record(gd: ufm.GapDecomposition) -> dict:
 
 
 def _random_moments(C: int, M: int, eig_range, s: Settings, rng) -> ufm.TargetMoments:
+    """Random SPD covariances, Gaussian means and Dirichlet weights of ``M`` clients in dimension ``C``."""
     covs = np.stack([random_spd(C, *eig_range, rng) for _ in range(M)])
     means = rng.standard_normal((M, C))
     return ufm.TargetMoments(weights=dirichlet_weights(M, s.dirichlet, rng), means=means, covs=covs)
 
 
 def _controlled(s: Settings, bar) -> dict:
+    """Records of the controlled sweeps (means scaled, covariances spread), one list per grid value."""
     out = {"means": {str(x): [] for x in s.mean_scales}, "covs": {str(x): [] for x in s.cov_scales}}
     for seed in s.controlled_seeds:
         rng = np.random.default_rng(seed)
@@ -112,38 +115,41 @@ def _trace_matrix(records: dict[str, list[dict]], key: str) -> np.ndarray:
 
 
 def _share_matrix(records: dict[str, list[dict]], key: str) -> np.ndarray:
+    """(n_instances, n_values) share ``Tr term / Tr(G_cen - G_star)`` of one term across the grid values."""
     return np.array([[r["trace"][key] / r["tr_gap"] for r in recs] for recs in records.values()]).T
 
 
-def run(settings: Settings, out_dir: str | Path) -> ExperimentResult:
-    """Run the gap-term sweeps; write ``results.json`` and ``gap_terms.png``."""
-    s = settings
-    out_dir = Path(out_dir)
-    rng = np.random.default_rng(s.seed)
-    total = (len(s.controlled_seeds) + s.n_random
-             + s.n_sweep * (len(s.sweep_dims) + len(s.sweep_clients) + len(s.kappas)))
-    with tqdm(total=total, desc="gap_terms", unit="inst", leave=False) as bar:
-        controlled = _controlled(s, bar)
-        random_recs = []
-        for _ in range(s.n_random):
-            M = int(rng.choice(s.random_clients))
-            C = int(rng.choice(s.random_dims))
-            rec = _record(ufm.gap_decomposition(_random_moments(C, M, s.random_eig_range, s, rng), s.lam, s.lam))
-            rec.update(M=M, C=C)
-            random_recs.append(rec)
-            bar.update()
-        sweeps: dict[str, dict[str, list[dict]]] = {"C": {}, "M": {}, "kappa": {}}
-        thr = s.lam * s.lam
-        grid = ([("C", C, C, 4, s.random_eig_range) for C in s.sweep_dims]
-                + [("M", M, 3, M, s.random_eig_range) for M in s.sweep_clients]
-                + [("kappa", k, 3, 4, (k * thr, 3.0)) for k in s.kappas])
-        for name, value, C, M, eig in grid:
-            recs = []
-            for _ in range(s.n_sweep):
-                recs.append(_record(ufm.gap_decomposition(_random_moments(C, M, eig, s, rng), s.lam, s.lam)))
-                bar.update()
-            sweeps[name][str(value)] = recs
+def _random_records(s: Settings, rng: np.random.Generator, bar) -> list[dict]:
+    """Records of ``s.n_random`` random instances (M, C drawn per instance), tagged with M and C."""
+    random_recs = []
+    for _ in range(s.n_random):
+        M = int(rng.choice(s.random_clients))
+        C = int(rng.choice(s.random_dims))
+        rec = _record(ufm.gap_decomposition(_random_moments(C, M, s.random_eig_range, s, rng), s.lam, s.lam))
+        rec.update(M=M, C=C)
+        random_recs.append(rec)
+        bar.update()
+    return random_recs
 
+
+def _sweeps(s: Settings, rng: np.random.Generator, bar) -> dict[str, dict[str, list[dict]]]:
+    """Records of the sweeps over C (M = 4), over M (C = 3) and over the margin kappa."""
+    sweeps: dict[str, dict[str, list[dict]]] = {"C": {}, "M": {}, "kappa": {}}
+    thr = s.lam * s.lam
+    grid = ([("C", C, C, 4, s.random_eig_range) for C in s.sweep_dims]
+            + [("M", M, 3, M, s.random_eig_range) for M in s.sweep_clients]
+            + [("kappa", k, 3, 4, (k * thr, 3.0)) for k in s.kappas])
+    for name, value, C, M, eig in grid:
+        recs = []
+        for _ in range(s.n_sweep):
+            recs.append(_record(ufm.gap_decomposition(_random_moments(C, M, eig, s, rng), s.lam, s.lam)))
+            bar.update()
+        sweeps[name][str(value)] = recs
+    return sweeps
+
+
+def _headline(controlled: dict, random_recs: list[dict], sweeps: dict) -> list[Headline]:
+    """Headline numbers: PSD terms, decomposition residual, ``D <= Tr M_A <= 2D``, vanishing terms."""
     every = random_recs + [r for d in controlled.values() for recs in d.values() for r in recs] + [
         r for d in sweeps.values() for recs in d.values() for r in recs]
     min_eig = float(min(min(r["min_eig_rel"].values()) for r in every))
@@ -155,17 +161,21 @@ def run(settings: Settings, out_dir: str | Path) -> ExperimentResult:
     zero_mu = float(max(abs(r["trace"]["M_mu"]) for r in controlled["means"]["0.0"]))
     zero_cov = float(max(abs(r["trace"]["M_Sigma"]) + abs(r["trace"]["M_A"]) for r in controlled["covs"]["0.0"]))
     ratio = np.array([r["tr_m_a"] / r["D"] for r in random_recs])
+    return [
+        Headline("min_eig_of_terms_rel", min_eig, ">= 0 (each term PSD; rounding ~1e-15)"),
+        Headline("max_decomposition_residual_rel", residual, "0"),
+        Headline("max_|TrM_A-bw_variance|_rel", tr_vs_var, "0"),
+        Headline("max_(D-TrM_A)/D", lower, "<= 0"),
+        Headline("max_(TrM_A-2D)/D", upper, "<= 0"),
+        Headline("max_|TrM_A-D|/D_for_M=2", float(max(two)) if two else float("nan"), "0 (equality for 2 clients)"),
+        Headline("median_TrM_A/D", float(np.median(ratio)), "in [1, 2]"),
+        Headline("max_|Tr M_mu|_equal_means", zero_mu, "0"),
+        Headline("max_|Tr M_Sigma|+|Tr M_A|_equal_covs", zero_cov, "0"),
+    ]
 
-    fig, axes = new_figure(6, ncols=3, panel_size=(4.6, 3.8))
-    ms = np.asarray(s.mean_scales)
-    plot_error_curves(axes[0], ms, {f"Tr {k}": _trace_matrix(controlled["means"], k) for k in TERMS},
-                      logy=False, markers=["o", "s", "^"], xlabel="mean scale s", ylabel="trace",
-                      title="means scaled by s (median, IQR)")
-    cs = np.asarray(s.cov_scales)
-    plot_error_curves(axes[1], cs, {f"Tr {k}": _trace_matrix(controlled["covs"], k) for k in TERMS},
-                      logy=False, markers=["o", "s", "^"], xlabel="covariance spread s", ylabel="trace",
-                      title="Sigma_within + s (Sigma_m - Sigma_within)")
-    ax = axes[2]
+
+def _plot_bounds(ax, s: Settings, random_recs: list[dict]) -> None:
+    """Scatter ``Tr M_A`` against ``D`` per client count, with the lines ``D`` and ``2D``."""
     d = np.array([r["D"] for r in random_recs])
     tr = np.array([r["tr_m_a"] for r in random_recs])
     mm = np.array([r["M"] for r in random_recs])
@@ -181,6 +191,20 @@ def run(settings: Settings, out_dir: str | Path) -> ExperimentResult:
     ax.set_ylabel("Tr M_A")
     ax.set_title("D <= Tr M_A <= 2D (random instances)")
     ax.legend(fontsize="small")
+
+
+def _plot(s: Settings, controlled: dict, random_recs: list[dict], sweeps: dict, out_dir: Path) -> list[Path]:
+    """The six panels (controlled sweeps, bounds scatter, shares vs C / M / kappa) into ``gap_terms.png``."""
+    fig, axes = new_figure(6, ncols=3, panel_size=(4.6, 3.8))
+    ms = np.asarray(s.mean_scales)
+    plot_error_curves(axes[0], ms, {f"Tr {k}": _trace_matrix(controlled["means"], k) for k in TERMS},
+                      logy=False, markers=["o", "s", "^"], xlabel="mean scale s", ylabel="trace",
+                      title="means scaled by s (median, IQR)")
+    cs = np.asarray(s.cov_scales)
+    plot_error_curves(axes[1], cs, {f"Tr {k}": _trace_matrix(controlled["covs"], k) for k in TERMS},
+                      logy=False, markers=["o", "s", "^"], xlabel="covariance spread s", ylabel="trace",
+                      title="Sigma_within + s (Sigma_m - Sigma_within)")
+    _plot_bounds(axes[2], s, random_recs)
     for ax, (name, label, logx) in zip(axes[3:], [("C", "C (M = 4)", False), ("M", "M (C = 3)", True),
                                                  ("kappa", "margin kappa (C = 3, M = 4)", True)]):
         xs = np.array([float(k) for k in sweeps[name]])
@@ -190,22 +214,14 @@ def run(settings: Settings, out_dir: str | Path) -> ExperimentResult:
         if logx:
             ax.minorticks_off()
             ax.set_xticks(xs, [f"{v:g}" for v in xs])
-    figures = [save_figure(fig, out_dir / "gap_terms.png")]
+    return [save_figure(fig, out_dir / "gap_terms.png")]
 
-    headline = [
-        Headline("min_eig_of_terms_rel", min_eig, ">= 0 (each term PSD; rounding ~1e-15)"),
-        Headline("max_decomposition_residual_rel", residual, "0"),
-        Headline("max_|TrM_A-bw_variance|_rel", tr_vs_var, "0"),
-        Headline("max_(D-TrM_A)/D", lower, "<= 0"),
-        Headline("max_(TrM_A-2D)/D", upper, "<= 0"),
-        Headline("max_|TrM_A-D|/D_for_M=2", float(max(two)) if two else float("nan"), "0 (equality for 2 clients)"),
-        Headline("median_TrM_A/D", float(np.median(ratio)), "in [1, 2]"),
-        Headline("max_|Tr M_mu|_equal_means", zero_mu, "0"),
-        Headline("max_|Tr M_Sigma|+|Tr M_A|_equal_covs", zero_cov, "0"),
-    ]
-    results = {
+
+def _results(s: Settings, controlled: dict, random_recs: list[dict], sweeps: dict) -> dict:
+    """The ``results`` block of ``results.json``: quartiles per grid value plus every record."""
+    return {
         "controlled": {
-            "mean_scales": ms, "cov_scales": cs,
+            "mean_scales": np.asarray(s.mean_scales), "cov_scales": np.asarray(s.cov_scales),
             "means": {k: quartiles(_trace_matrix(controlled["means"], k)) for k in TERMS},
             "covs": {k: quartiles(_trace_matrix(controlled["covs"], k)) for k in TERMS},
             "records": controlled,
@@ -216,5 +232,33 @@ def run(settings: Settings, out_dir: str | Path) -> ExperimentResult:
                           "trace": {k: quartiles(_trace_matrix(recs, k)) for k in TERMS}}
                    for name, recs in sweeps.items()},
     }
+
+
+def run(settings: Settings, out_dir: str | Path) -> ExperimentResult:
+    """Run the gap-term sweeps; write ``results.json`` and ``gap_terms.png``.
+
+    Parameters
+    ----------
+    settings : Settings
+        Sweep parameters (``Settings.quick()`` / ``Settings.full()``).
+    out_dir : str or Path
+        Folder for ``results.json`` and ``gap_terms.png``.
+
+    Returns
+    -------
+    ExperimentResult
+    """
+    s = settings
+    out_dir = Path(out_dir)
+    rng = np.random.default_rng(s.seed)
+    total = (len(s.controlled_seeds) + s.n_random
+             + s.n_sweep * (len(s.sweep_dims) + len(s.sweep_clients) + len(s.kappas)))
+    with tqdm(total=total, desc="gap_terms", unit="inst", leave=False) as bar:
+        controlled = _controlled(s, bar)
+        random_recs = _random_records(s, rng, bar)
+        sweeps = _sweeps(s, rng, bar)
+    headline = _headline(controlled, random_recs, sweeps)
+    figures = _plot(s, controlled, random_recs, sweeps, out_dir)
+    results = _results(s, controlled, random_recs, sweeps)
     return finish(NAME, out_dir, s, {"instances": s.seed, "controlled": list(s.controlled_seeds)},
                   results, headline, figures)

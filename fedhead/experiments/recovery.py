@@ -35,11 +35,11 @@ from .common import (
     finish,
     gram,
     loglog_slope,
-    prox_profiled_solve,
     quartiles,
     random_spd,
     rel_err,
 )
+from .solvers import prox_profiled_solve
 
 log = logging.getLogger(__name__)
 

@@ -31,21 +31,8 @@ from fedhead.plots import (
     save_figure,
 )
 
-from .common import (
-    ExperimentResult,
-    Headline,
-    JointState,
-    adam_joint,
-    finish,
-    gram,
-    lbfgs_profiled,
-    loglog_slope,
-    matched_samples,
-    prox_profiled_solve,
-    rel_err,
-    ridge_features,
-    rotation,
-)
+from .common import ExperimentResult, Headline, finish, gram, loglog_slope, matched_samples, rel_err, rotation
+from .solvers import JointState, adam_joint, lbfgs_profiled, prox_profiled_solve, ridge_features
 
 log = logging.getLogger(__name__)
 

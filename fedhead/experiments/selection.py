@@ -24,19 +24,16 @@ from fedhead.plots import new_figure, plot_error_curves, save_figure
 from .common import (
     ExperimentResult,
     Headline,
-    JointState,
     finish,
     gram,
-    joint_prox_solve,
-    lbfgs_joint,
     loglog_slope,
     matched_samples,
     quartiles,
     random_head,
     random_spd,
     rel_err,
-    ridge_features,
 )
+from .solvers import JointState, joint_prox_solve, lbfgs_joint, ridge_features
 
 log = logging.getLogger(__name__)
 

@@ -7,17 +7,19 @@ import pytest
 
 from fedhead import ufm
 from fedhead.experiments.common import (
-    JointState,
-    adam_joint,
-    joint_prox_solve,
-    lbfgs_profiled,
     loglog_slope,
     matched_samples,
-    prox_profiled_solve,
     random_head,
     random_orthogonal,
     random_spd,
     rel_err,
+)
+from fedhead.experiments.solvers import (
+    JointState,
+    adam_joint,
+    joint_prox_solve,
+    lbfgs_profiled,
+    prox_profiled_solve,
     ridge_features,
 )
 
