@@ -222,7 +222,7 @@ def test_fedhead_run_killed_and_resumed_matches_an_uninterrupted_run(tmp_path):
 
     other = subprocess.run(_cli(tmp_path, tmp_path / "other", "seed=1", f"resume={killed}"), cwd=tmp_path,
                            capture_output=True, text=True, timeout=600, env=_env())
-    assert other.returncode != 0 and "fedhead-run: cannot resume" in other.stderr
+    assert other.returncode != 0 and "fedhead-run: error: cannot resume" in other.stderr
     assert "Traceback" not in other.stderr, other.stderr[-2000:]
 
     resumed = subprocess.run(_cli(tmp_path, tmp_path / "resumed", f"resume={killed}"), cwd=tmp_path,
