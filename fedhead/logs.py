@@ -95,9 +95,12 @@ def _marked(handler: logging.Handler) -> logging.Handler:
 def remove_run_logging() -> None:
     """Remove the handlers :func:`configure_run_logging` installed (idempotent)."""
     root = logging.getLogger()
-    for h in [h for h in root.handlers if getattr(h, _MARK, False)]:
+    marked = [h for h in root.handlers if getattr(h, _MARK, False)]
+    for h in marked:
         root.removeHandler(h)
         h.close()
+    if marked:
+        logging.captureWarnings(False)
 
 
 def configure_run_logging(run_dir: str | Path, *, verbose: bool = False, stream: Any = None) -> Path:
