@@ -103,7 +103,7 @@ def test_fedhead_run_cli_on_a_tiny_resmlp(tmp_path):
     assert proc.returncode == 0, proc.stderr[-4000:]
     res = json.loads((out / "proximal" / "results.json").read_text())
     assert res["status"] == "completed" and len(res["rounds"]) == 3
-    assert res["config"]["rounds"] == 2 and res["procedure"]["rho"] == 1e-3
+    assert res["config"]["rounds"] == 2 and res["procedure"]["rho"] == res["config"]["rho"] == 1e-5  # quickstart rho
     for r in res["rounds"][1:]:
         assert r["train_mse"] is not None and np.isfinite(r["e_f_star"]) and len(r["objective_gaps"]) == 4
     assert list((out / "proximal" / "tensorboard").glob("events.out.tfevents.*"))
