@@ -135,11 +135,16 @@ def configure_run_logging(run_dir: str | Path, *, verbose: bool = False, stream:
     if not verbose:
         ch.addFilter(ConsoleFilter())
     root.addHandler(ch)
-    console.setLevel(logging.INFO)
-    for name in OWN:
-        logging.getLogger(name).setLevel(logging.INFO)
+    for name in (CONSOLE, *OWN):
+        logger = logging.getLogger(name)
+        logger.setLevel(logging.INFO)
+        logger.disabled = False  # a dictConfig(disable_existing_loggers=True) elsewhere turns them off
+        logger.propagate = True  # to the root's handlers (server_app.deployment_logging turns it off)
     logging.captureWarnings(True)
     _quiet_flwr(verbose)
+    logging.getLogger("alembic").setLevel(logging.NOTSET)  # library-mode quieting undone: run.log
+    if "ray" in sys.modules and not verbose:
+        _route_ray()
     return path
 
 
@@ -179,9 +184,15 @@ def simulation_logging(init_args: dict[str, Any], *, verbose: bool = False) -> N
     _quiet_flwr(False)
     import ray  # noqa: F401 - Ray installs its stderr handler on import; route it to run.log
 
+    _route_ray()
+    init_args.setdefault("logging_level", logging.INFO)
+
+
+def _route_ray() -> None:
+    """Ray's driver logger: off its own stderr handler, into the root's (run.log)."""
     ray_logger = logging.getLogger("ray")
     for h in [h for h in ray_logger.handlers if isinstance(h, logging.StreamHandler)
               and not isinstance(h, logging.FileHandler)]:
         ray_logger.removeHandler(h)
     ray_logger.propagate = True
-    init_args.setdefault("logging_level", logging.INFO)
+    ray_logger.setLevel(logging.INFO)
