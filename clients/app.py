@@ -117,17 +117,27 @@ def _limit_threads(job: Any) -> None:
         torch.set_num_threads(n)
 
 
+def simulation_state_dir(job: Any, run_id: int):
+    """``<output>/<procedure>/client_state/run_<key>`` of a simulation (single machine): the key
+    is :func:`fedhead.checkpoint.state_key` of the config hash, so a resumed run (a new flwr run
+    id) finds the interrupted run's backbones; flwr's run id when the job has no hash."""
+    from fedhead.checkpoint import state_key
+
+    key = state_key(job.config_hash) if getattr(job, "config_hash", "") else str(run_id)
+    return job.state_dir / f"run_{key}"
+
+
 def store_of(job: Any, context: Context) -> BackboneStore:
     """The private backbone store of this client: ``<state-dir>/<procedure>/run_<id>`` when the
     SuperNode's node config names a ``state-dir`` (deployments: a folder local to the client),
-    else ``<output>/<procedure>/client_state/run_<id>`` (simulation, single machine)."""
+    else :func:`simulation_state_dir` (simulation, single machine)."""
     node_dir = context.node_config.get(STATE_DIR_KEY)
     if node_dir:
         from pathlib import Path
 
         return BackboneStore(Path(str(node_dir)) / job.name / f"run_{context.run_id}")
     # the simulation's temporary state folder: atomic files, no fsync (a per-round cost per client)
-    return BackboneStore(job.state_dir / f"run_{context.run_id}", sync=False)
+    return BackboneStore(simulation_state_dir(job, context.run_id), sync=False)
 
 
 def load_backbone(job: Any, context: Context, pid: int, data: Any, cd: Any, *, required: bool,
@@ -145,6 +155,10 @@ def load_backbone(job: Any, context: Context, pid: int, data: Any, cd: Any, *, r
     stored = None if expected_round == 0 else store.load(pid, expected_round=expected_round)
     if stored is None and required:
         raise ClientError(f"partition {pid}: no stored private backbone (evaluate before any training?)")
+    if expected_round is not None and expected_round >= 1 and (stored is None or stored[0] != expected_round):
+        found = "none" if stored is None else f"round {stored[0]}"
+        raise ClientError(f"partition {pid}: the private backbone of round {expected_round} is not under "
+                          f"{store.root} (found {found}); a resumed run needs the interrupted run's client state")
     if stored is not None and not job.procedure.full_model:
         hit = _BACKBONES.get((str(store.root), pid))
         if hit is not None and hit[0] == stored[0] and hit[1] is stored[1]:

@@ -6,6 +6,12 @@ in-process cache in front. The file name carries the round that wrote it
 (``partition_<pid>.r<round>.pt``) so a worker process can tell, without reading the file,
 whether its cached copy is still the newest (in a Ray simulation several worker processes may
 serve the same partition in different rounds).
+
+Saving round ``t`` removes the states before round ``t - 1``: the previous round's state is kept
+because the server checkpoints round ``t`` only once it is complete, and a run killed in between
+resumes (``resume=``) from round ``t - 1`` (:mod:`fedhead.checkpoint`); a load with
+``expected_round`` returns exactly that round's state when it is stored, even when a later one
+(of an interrupted round) is.
 """
 
 from __future__ import annotations
@@ -90,7 +96,11 @@ class BackboneStore:
         with self._lock:
             cached = self._cache.get(key)
         guess = expected_round if expected_round is not None else (cached[0] if cached is not None else None)
-        files = self._newest_if(partition, guess) or self._files(partition)
+        files = self._newest_if(partition, guess)
+        if files is None and expected_round is not None and self.path(partition, expected_round).is_file():
+            files = [(int(expected_round), self.path(partition, expected_round))]  # a resumed round
+        if files is None:
+            files = self._files(partition)
         if not files:
             return None
         rnd, path = files[-1]
@@ -113,12 +123,12 @@ class BackboneStore:
         buf = io.BytesIO()
         torch.save({"round": int(round_), "state": cpu_state}, buf)
         path = write_bytes_atomic(self.path(partition, round_), buf.getvalue(), sync=self.sync)
-        previous = self.path(partition, round_ - 1)
-        if previous.exists():  # the usual case: only the previous round's file to remove
-            previous.unlink(missing_ok=True)
+        stale = self.path(partition, round_ - 2)
+        if stale.exists() or self.path(partition, round_ - 1).exists():
+            stale.unlink(missing_ok=True)  # the usual case: only the file of round t - 2 to remove
         else:
             for rnd, old in self._files(partition):
-                if rnd < round_:
+                if rnd < round_ - 1:
                     old.unlink(missing_ok=True)
         with self._lock:
             self._cache[(str(self.root.resolve()), partition)] = (int(round_), cpu_state)

@@ -14,6 +14,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from fedhead.limits import FailurePolicy, Timeouts
 from fedhead.procedure import PROCEDURES, ConfigError, ProcedureConfig, penalty_problem, rho_problem
 
 __all__ = [
@@ -133,6 +134,12 @@ class JobConfig:
     output_dir: Path
     state_dir: Path
     resolved: dict[str, Any] = field(default_factory=dict, compare=False)
+    timeouts: Timeouts = field(default_factory=Timeouts)
+    failure: FailurePolicy = field(default_factory=FailurePolicy)
+    #: :func:`fedhead.checkpoint.config_hash` of ``resolved`` (checkpoints, the simulation's state key)
+    config_hash: str = ""
+    #: continue from ``output_dir/checkpoint.npz`` (``resume=<run folder>``)
+    resume: bool = False
 
     @property
     def name(self) -> str:
@@ -152,10 +159,23 @@ class FedheadConfig:
     resources: ResourcesConfig
     output: OutputConfig
     resolved: dict[str, Any]
+    timeouts: Timeouts = field(default_factory=Timeouts)
+    failure: FailurePolicy = field(default_factory=FailurePolicy)
+    resume: str | None = None  # a run folder to continue (``resume=``)
+
+    def output_root(self, output_dir: str | Path) -> Path:
+        """Where the run writes: the ``resume`` folder, else ``output.dir``, else ``output_dir``."""
+        if self.resume:
+            return Path(self.resume)
+        return Path(self.output.dir) if self.output.dir else Path(output_dir)
 
     def jobs(self, output_dir: str | Path) -> list[JobConfig]:
-        """One :class:`JobConfig` per procedure; each writes into ``output_dir/<procedure>``."""
-        root = Path(self.output.dir) if self.output.dir else Path(output_dir)
+        """One :class:`JobConfig` per procedure; each writes into ``<root>/<procedure>``
+        (:meth:`output_root`)."""
+        from fedhead.checkpoint import config_hash
+
+        root = self.output_root(output_dir)
+        hash_ = config_hash(self.resolved)
         out = []
         for proc in self.procedures:
             rho = self.settings.rho if self.settings.rho is not None else proc.rho
@@ -175,7 +195,8 @@ class FedheadConfig:
                     settings=self.settings, procedure=proc, dataset=self.dataset,
                     model=self.model, train=train, resources=self.resources,
                     output=self.output, output_dir=job_dir, state_dir=job_dir / "client_state",
-                    resolved=self.resolved,
+                    resolved=self.resolved, timeouts=self.timeouts, failure=self.failure,
+                    config_hash=hash_, resume=bool(self.resume),
                 )
             )
         return out
@@ -317,10 +338,32 @@ def load_config(cfg: Any) -> FedheadConfig:
     names = [p.name for p in procedures]
     if len(set(names)) != len(names):
         raise ConfigError(f"procedures must be distinct, got {names}")
+    timeouts = _plain_section(cfg, "timeouts", Timeouts)
+    failure = _plain_section(cfg, "failure", FailurePolicy)
+    failure.check(settings.num_clients)
     return FedheadConfig(
         settings=settings, dataset=dataset, model=model, train=train, procedures=procedures,
         experiment=experiment, resources=resources_cfg, output=output, resolved=resolved,
+        timeouts=timeouts, failure=failure,
+        resume=None if cfg.get("resume") in (None, "") else str(cfg.get("resume")),
     )
+
+
+def _plain_section(cfg: Any, key: str, cls: type):
+    """A section of plain keys (no ``_target_``) as ``cls``; defaults when absent."""
+    from omegaconf import OmegaConf
+
+    node = cfg.get(key)
+    if node is None:
+        return cls()
+    values = OmegaConf.to_container(node, resolve=True)
+    if not isinstance(values, dict):
+        raise ConfigError(f"{key} must be a mapping, got {values!r}")
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - names)
+    if unknown:
+        raise ConfigError(f"{key}: unknown keys {unknown}; expected some of {sorted(names)}")
+    return cls(**values)
 
 
 # ------------------------------------------------------------------------------ flwr run .

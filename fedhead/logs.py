@@ -41,7 +41,7 @@ def _own_dirs() -> tuple[str, ...]:
 
 class ConsoleFilter(logging.Filter):
     """Lets through :data:`console` records, WARNING+ of the project (its loggers and its Python
-    warnings), and ERROR+ of anyone."""
+    warnings), and ERROR+ of anyone but flwr (whose engine errors the driver reports itself)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -51,8 +51,8 @@ class ConsoleFilter(logging.Filter):
         name = record.name
         if name == CONSOLE or name.startswith(CONSOLE + "."):
             return True
-        if record.levelno >= logging.ERROR:
-            return True
+        if record.levelno >= logging.ERROR:  # flwr's engine errors: the driver reports them in one line
+            return not (name == "flwr" or name.startswith("flwr."))
         if record.levelno < logging.WARNING:
             return False
         if name == "py.warnings":  # logging.captureWarnings: "<file>:<line>: <Category>: ..."

@@ -48,6 +48,12 @@ class ProgressGrid(Grid):
         self.show = show
         self.poll = poll
         self.phases: list[tuple[str, float, float]] = []  # (type, start, seconds)
+        self.watch = None  # fedhead.watchdog.EngineWatch: a dead engine ends every wait
+
+    def check_alive(self) -> None:
+        """Raise :class:`fedhead.watchdog.EngineDied` when the engine serving the grid died."""
+        if self.watch is not None:
+            self.watch.check()
 
     def set_run(self, run) -> None:  # noqa: D102
         self._grid.set_run(run)
@@ -83,6 +89,7 @@ class ProgressGrid(Grid):
         end = None if timeout is None else t0 + timeout
         try:
             while ids and (end is None or time.perf_counter() < end):
+                self.check_alive()
                 got = list(self._grid.pull_messages(ids))
                 if got:
                     out.extend(got)
@@ -177,6 +184,15 @@ class RunRecorder:
 
             self._bar = tqdm(total=self.job.settings.rounds, desc=f"{self.job.name} rounds", unit="round",
                              file=sys.stderr)
+
+    def on_resume(self, records: list[RoundRecord]) -> None:
+        """A resumed run: the checkpointed rounds 0..k, so results.json continues as if uninterrupted."""
+        self.records = {r.round: r for r in records}
+        self.results["resumed_after_round"] = max(self.records)
+        if self._bar is not None:
+            self._bar.update(max(self.records))
+        self.write()
+        log.info("[%s] resumed after round %d", self.job.name, max(self.records))
 
     def on_round(self, record: RoundRecord) -> None:
         t = record.round

@@ -25,9 +25,11 @@ from typing import Any
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
+from fedhead.checkpoint import Checkpoint, ResumeError, resume_checkpoints
+from fedhead.cli_errors import debug_enabled, is_flwr_wrapper, one_line, report
 from fedhead.config import JobConfig, hydra_config_path, load_config
 from fedhead.io import write_json_atomic
-from fedhead.logs import configure_run_logging, console, simulation_logging
+from fedhead.logs import configure_run_logging, console, run_logging_active, simulation_logging
 from fedhead.protocol import JOB
 from fedhead.recorder import (
     SCHEMA_VERSION,
@@ -39,8 +41,38 @@ from fedhead.recorder import (
     write_procedures_figure,
 )
 from fedhead.server_app import finish_job, serve
+from fedhead.watchdog import EngineDied, EngineWatch
 
 log = logging.getLogger("fedhead.run")
+
+
+def preflight(jobs: list[JobConfig]) -> None:
+    """Checks that need no data and no engine: refuse ``device=cuda`` (or a GPU share) on a
+    machine without a CUDA GPU before anything starts (:class:`fedhead.config.ConfigError`)."""
+    from fedhead.config import ConfigError
+
+    if not jobs:
+        return
+    job = jobs[0]
+    wants_gpu = job.settings.device == "cuda" or (job.resources.client_gpus or 0) > 0 \
+        or (job.resources.ray_num_gpus or 0) > 0
+    import os
+
+    cpus = job.resources.ray_num_cpus or os.cpu_count() or 1
+    if job.resources.client_cpus > cpus:
+        raise ConfigError(
+            f"resources.client_cpus={job.resources.client_cpus:g} exceeds the {cpus} CPU(s) Ray gets "
+            f"(resources.ray_num_cpus or this machine's CPUs): no client could ever run"
+        )
+    if wants_gpu:
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ConfigError(
+                f"device={job.settings.device} resources.client_gpus={job.resources.client_gpus} "
+                f"resources.ray_num_gpus={job.resources.ray_num_gpus} asks for a GPU, but no CUDA GPU is "
+                f"available on this machine (torch.cuda.is_available() is False): use device=cpu or device=auto"
+            )
 
 
 def _use_cuda(job: JobConfig) -> bool:
@@ -109,7 +141,8 @@ def run_federation(job: JobConfig, *, show_progress: bool = True, verbose: bool 
     return run_federations([job], show_progress=show_progress, verbose=verbose)[0]
 
 
-def run_federations(jobs: list[JobConfig], *, show_progress: bool = True, verbose: bool = False) -> list[dict[str, Any]]:
+def run_federations(jobs: list[JobConfig], *, show_progress: bool = True, verbose: bool = False,
+                    client_app: Any = None) -> list[dict[str, Any]]:
     """Run procedures one after another in one Flower simulation (Ray backend).
 
     Builds the ServerApp (:func:`fedhead.server_app.serve` for every job in turn, each message
@@ -117,6 +150,11 @@ def run_federations(jobs: list[JobConfig], *, show_progress: bool = True, verbos
     ``num_clients`` virtual SuperNodes with the per-client CPU/GPU resources of the config
     (fractional GPUs let several clients share a device) and writes results.json, TensorBoard
     events and PNG figures into each ``job.output_dir``. One Ray start serves every job.
+    ``client_app`` replaces the ClientApp (tests of the failure path).
+
+    Failures end the run, never hang it: a crashed engine trips the ServerApp's watch, every
+    wait has a deadline (``timeouts``); the running procedures' results.json are marked
+    ``failed`` with the reason and the error is raised.
     """
     from flwr.simulation import run_simulation
 
@@ -124,6 +162,7 @@ def run_federations(jobs: list[JobConfig], *, show_progress: bool = True, verbos
 
     if not jobs:
         return []
+    preflight(jobs)
     t_begin = time.perf_counter()
     first = jobs[0]
     for job in jobs[1:]:
@@ -131,62 +170,88 @@ def run_federations(jobs: list[JobConfig], *, show_progress: bool = True, verbos
             raise ValueError("jobs of one simulation must share the data set, client count and resources")
     backend = first.resources.backend_config(first.settings.num_clients, _use_cuda(first))
     simulation_logging(backend["init_args"], verbose=verbose)
+    if not verbose and not debug_enabled() and not run_logging_active():
+        # flwr logs an engine crash's traceback (twice); the error says it once
+        logging.getLogger("flwr").setLevel(logging.CRITICAL)
+    resumes = prepare_resume(jobs)
     t_ray = _prepare_and_start_ray(first, backend["init_args"])
-    for job in jobs:
-        if job.state_dir.exists():
+    for job, ckpt in zip(jobs, resumes):
+        if ckpt is None and job.state_dir.exists():
             shutil.rmtree(job.state_dir)
     recorders = [RunRecorder(job, show_progress=show_progress) for job in jobs]
     recorders[0].t_start = t_begin  # the first federation's wall time includes data + Ray start
     for rec in recorders:
         rec.base_timing["ray_init_seconds"] = t_ray
-    sim = _Simulation(jobs, recorders, show_progress)
+    sim = _Simulation(jobs, recorders, show_progress, resumes)
     try:
         run_simulation(
-            server_app=sim.server_app(), client_app=make_client_app(list(jobs)),
+            server_app=sim.server_app(), client_app=client_app or make_client_app(list(jobs)),
             num_supernodes=first.settings.num_clients, backend_name="ray", backend_config=backend,
             verbose_logging=verbose,
         )
     except BaseException as exc:
+        sim.watch.trip(one_line(exc))  # the ServerApp thread stops waiting (no hang)
         sim.fail_running(exc)
+        if is_flwr_wrapper(exc):
+            raise EngineDied(f"the simulation engine crashed: {one_line(exc)}") from exc
         raise
     finally:
+        sim.watch.trip("the simulation ended")
         stop_ray()  # flwr shuts Ray down itself on success; this covers early failures
     if sim.served:
         log.info("simulation teardown (actors, Ray shutdown): %.2f s", time.perf_counter() - sim.served[-1])
     _check_finished(recorders)
-    for job in jobs:
+    for job in jobs:  # only after a complete run: an interrupted one keeps it for resume=
         if not job.output.keep_client_state and job.state_dir.exists():
             shutil.rmtree(job.state_dir)
     return [r.results for r in recorders]
 
 
-def _prepare_and_start_ray(job: JobConfig, init_args: dict[str, Any]) -> float:
-    """Prepare the data (cache warm-up, regime check) while Ray starts; return Ray's start time."""
-    from concurrent.futures import ThreadPoolExecutor
+def prepare_resume(jobs: list[JobConfig]) -> list[Checkpoint | None]:
+    """The checkpoint every job continues from (all None unless ``resume=``); checks that the
+    interrupted run's client state (the private backbones of the checkpointed round) is there."""
+    from clients.app import simulation_state_dir
+    from clients.store import BackboneStore
 
-    with ThreadPoolExecutor(1, thread_name_prefix="fedhead-data") as pool:
-        data_ready = pool.submit(prepare_data, job)
-        t_ray = time.perf_counter()
-        started_ray = start_ray(init_args)
-        t_ray = time.perf_counter() - t_ray
-        try:
-            data_ready.result()
-        except BaseException:
-            if started_ray:
-                stop_ray()
-            raise
-    return t_ray
+    if not any(job.resume for job in jobs):
+        return [None] * len(jobs)
+    ckpts = resume_checkpoints(jobs)
+    for job, ckpt in zip(jobs, ckpts):
+        if ckpt is None or ckpt.round in (0, job.settings.rounds) or job.procedure.exact:
+            continue  # nothing stored yet, nothing left to train, or no private backbones
+        store = BackboneStore(simulation_state_dir(job, 0))
+        missing = [pid for pid in range(job.settings.num_clients) if not store.path(pid, ckpt.round).is_file()]
+        if missing:
+            raise ResumeError(
+                f"cannot resume {job.output_dir}: the private backbones of round {ckpt.round} of partitions "
+                f"{missing} are not under {store.root} (removed after a completed run unless "
+                f"output.keep_client_state=true)")
+        log.info("%s: resuming after round %d of %d (%s)", job.name, ckpt.round, job.settings.rounds, ckpt.path)
+    return ckpts
+
+
+def _prepare_and_start_ray(job: JobConfig, init_args: dict[str, Any]) -> float:
+    """Prepare the data (cache warm-up, regime check), then start Ray; return Ray's start time.
+
+    The data come first so that a data or regime error ends the run before Ray starts."""
+    prepare_data(job)
+    t_ray = time.perf_counter()
+    start_ray(init_args)
+    return time.perf_counter() - t_ray
 
 
 class _Simulation:
     """The driver's ServerApp over several jobs, with their recorders, grids and clocks."""
 
-    def __init__(self, jobs: list[JobConfig], recorders: list[RunRecorder], show_progress: bool):
+    def __init__(self, jobs: list[JobConfig], recorders: list[RunRecorder], show_progress: bool,
+                 resumes: list[Checkpoint | None] | None = None):
         self.jobs, self.recorders, self.show_progress = jobs, recorders, show_progress
+        self.resumes = resumes or [None] * len(jobs)
         self.grids: dict[int, ProgressGrid] = {}
         self.sim_start: dict[int, float] = {}
         self.served: list[float] = []
         self.t_sim = time.perf_counter()
+        self.watch = EngineWatch()
 
     def server_app(self) -> ServerApp:
         app = ServerApp()
@@ -207,14 +272,14 @@ class _Simulation:
                      job.name, job.settings.rounds, job.settings.local_epochs, job.settings.num_clients,
                      getattr(job.dataset, "name", "?"), getattr(job.model, "name", "?"))
             self.grids[i] = serve(grid, job, rec, show_progress=self.show_progress,
-                                  message_config={JOB: i})
+                                  message_config={JOB: i}, watch=self.watch, resume=self.resumes[i])
             finish_job(job, rec, self.grids[i], self.sim_start[i] if i else self.t_sim, time.perf_counter())
         self.served.append(time.perf_counter())
 
     def fail_running(self, exc: BaseException) -> None:
         for i, rec in enumerate(self.recorders):
             if rec.results["status"] == "running":
-                rec.finish("failed", error=f"{type(exc).__name__}: {exc}",
+                rec.finish("failed", error=one_line(exc),
                            timing=timing_summary(rec, self.grids.get(i), self.sim_start.get(i, self.t_sim),
                                                  time.perf_counter()))
 
@@ -235,7 +300,7 @@ def run_experiment(cfg: Any, output_dir: str | Path, *, show_progress: bool = Tr
     jobs = cfg.jobs(output_dir)
     if cfg.settings.diagnose_only:
         jobs = jobs[:1]  # the diagnosis depends on the data and penalties only
-    root = Path(cfg.output.dir) if cfg.output.dir else Path(output_dir)
+    root = cfg.output_root(output_dir)
     console.info("%s", start_line(cfg, jobs, root))
     results = run_federations(jobs, show_progress=show_progress)
     table = error_table(results)
@@ -272,14 +337,20 @@ def main() -> None:
     """Console entry point ``fedhead-run`` (Hydra; see ``conf/config.yaml``)."""
     import hydra
 
+    logging.getLogger("alembic").setLevel(logging.WARNING)  # flwr's link state: plugin set-up chatter
     @hydra.main(config_path=hydra_config_path(), config_name="config", version_base=None)
     def _app(cfg) -> None:
         from hydra.core.hydra_config import HydraConfig
 
-        typed = load_config(cfg)
         out = HydraConfig.get().runtime.output_dir
-        configure_run_logging(typed.output.dir or out)
-        run_experiment(typed, out)
+        try:
+            typed = load_config(cfg)
+            configure_run_logging(typed.output_root(out))
+            run_experiment(typed, out)
+        except BaseException as exc:  # one line and an exit code (tracebacks with FEDHEAD_DEBUG=1)
+            if isinstance(exc, SystemExit) or debug_enabled(cfg.get("debug")):
+                raise
+            sys.exit(report("fedhead-run", exc, unused_dir=out))
 
     _app()
 

@@ -21,6 +21,7 @@ import numpy as np
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
+from fedhead.checkpoint import Checkpoint, ServerState, checkpoint_path, write_checkpoint
 from fedhead.config import JobConfig, job_from_context
 from fedhead.recorder import ProgressGrid, RunRecorder, diagnosis_lines, error_table, timing_summary
 
@@ -46,19 +47,41 @@ def make_job_strategy(job: JobConfig, observer: Any, message_config: dict[str, A
         evaluate_mse=job.resources.evaluate_mse and not job.procedure.exact,
         message_config=message_config,
         allow_outside_regime=bool(job.dataset.allow_outside_regime),
+        timeouts=job.timeouts, min_clients=job.failure.min_clients,
     )
 
 
 def serve(grid: Grid, job: JobConfig, recorder: RunRecorder, *, show_progress: bool = True,
-          message_config: dict[str, Any] | None = None) -> ProgressGrid:
-    """The ServerApp body: moment exchange, diagnosis, then the rounds of the job's procedure."""
+          message_config: dict[str, Any] | None = None, watch: Any = None,
+          resume: Checkpoint | None = None) -> ProgressGrid:
+    """The ServerApp body: moment exchange, diagnosis, then the rounds of the job's procedure.
+
+    ``watch`` (:class:`fedhead.watchdog.EngineWatch`): every wait for replies ends with
+    :class:`fedhead.watchdog.EngineDied` once it trips (the simulation engine died). After every
+    complete round the server state is checkpointed into ``<job.output_dir>/checkpoint.npz``
+    (:mod:`fedhead.checkpoint`); ``resume`` (a checkpoint read by
+    :func:`fedhead.checkpoint.load_for_resume`) continues after its round.
+    """
     pgrid = ProgressGrid(grid, label=job.name, show=show_progress)
+    pgrid.watch = watch
     strategy = make_job_strategy(job, recorder, message_config)
     strategy.run(
         pgrid, lambda c: initial_head(job, c), job.settings.rounds,
         diagnose_only=job.settings.diagnose_only,
+        resume=None if resume is None else resume.state,
+        on_round_end=None if job.settings.diagnose_only else checkpointer(job),
     )
     return pgrid
+
+
+def checkpointer(job: JobConfig):
+    """The function writing a job's server state after every round (atomically)."""
+    path = checkpoint_path(job.output_dir)
+
+    def write(state: ServerState) -> None:
+        write_checkpoint(path, state, config_hash=job.config_hash, procedure=job.name)
+
+    return write
 
 
 def finish_job(job: JobConfig, rec: RunRecorder, pgrid: ProgressGrid, t0: float, t1: float) -> None:

@@ -161,6 +161,7 @@ class RoundRecord:
     test_mse: float | None = field(default=None, metadata=_scalar())
     client_metrics: list[dict[str, float]] = field(default_factory=list)
     extra: dict[str, float] = field(default_factory=dict)
+    dropped: list[dict[str, Any]] = field(default_factory=list)  # clients left out (failure policy)
 
     def scalars(self) -> dict[str, float]:
         """Every defined scalar of the record (for TensorBoard and progress lines)."""
@@ -177,6 +178,17 @@ class RoundRecord:
         out = {f.name: _json(getattr(self, f.name)) for f in fields(self) if f.name != "extra"}
         out.update({k: float(v) for k, v in self.extra.items()})
         return out
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> RoundRecord:
+        """The record of a :meth:`to_dict` (checkpoints): arrays back to float64, the keys that
+        are not fields back into ``extra``."""
+        names = {f.name for f in fields(cls)}
+        arrays = ("gram", "bias", "recursion_gram", "predicted_gram")
+        kw = {k: (None if v is None else np.asarray(v, dtype=np.float64)) if k in arrays else v
+              for k, v in d.items() if k in names and k != "extra"}
+        kw["extra"] = {k: float(v) for k, v in d.items() if k not in names}
+        return cls(**kw)
 
 
 class RoundTracker:
@@ -234,13 +246,33 @@ class RoundTracker:
         self.records.append(rec)
         return rec
 
+    @property
+    def recursion(self) -> np.ndarray | None:
+        """The exact recursion so far, ``(t + 1, C, C)`` (None outside the regime)."""
+        return np.stack(self._recursion) if self.theory and self._recursion else None
+
+    def restore(self, records: Sequence[RoundRecord], recursion: np.ndarray | None) -> None:
+        """Continue from checkpointed ``records`` (rounds 0..t) and the recursion beside them."""
+        if not records or [r.round for r in records] != list(range(len(records))):
+            raise ValueError(f"restored records must be rounds 0..t, got {[r.round for r in records]}")
+        self.records = list(records)
+        self._recursion = [] if recursion is None else [np.asarray(g, dtype=np.float64) for g in recursion]
+        if self.theory and len(self._recursion) < 1:
+            raise ValueError("restoring a run in the fully active regime needs its recursion")
+
     def record(
         self, t: int, weight: np.ndarray, bias: np.ndarray, *, broadcast: np.ndarray,
         client_heads: np.ndarray, fit: LocalFit | None = None,
         client_metrics: Sequence[Mapping[str, float]] | None = None,
         extra: Mapping[str, float] | None = None,
+        present: Sequence[int] | None = None,
+        dropped: Sequence[Mapping[str, Any]] | None = None,
     ) -> RoundRecord:
-        """Measure round ``t`` (>= 1): aggregated head, the broadcast it came from, client heads."""
+        """Measure round ``t`` (>= 1): aggregated head, the broadcast it came from, client heads.
+
+        ``present``: the clients (indices into the targets) the heads come from when the failure
+        policy dropped some (``delta`` then uses their Grams with renormalised weights);
+        ``dropped``: the dropped clients, recorded with the round."""
         if not self.records:
             raise RuntimeError("RoundTracker.start must be called with the initial head first")
         if t != self.records[-1].round + 1:
@@ -250,7 +282,11 @@ class RoundTracker:
         if self.theory:
             while len(self._recursion) <= t:
                 self._recursion.append(ufm.gram_step(self._recursion[-1], tg.client_grams, tg.weights))
-            delta = selection_distance(client_heads, broadcast, tg.client_grams, tg.weights)
+            grams, weights = tg.client_grams, tg.weights
+            if present is not None and len(present) != len(weights):
+                idx = np.asarray(present, dtype=int)
+                grams, weights = np.asarray(grams)[idx], np.asarray(weights)[idx] / np.sum(np.asarray(weights)[idx])
+            delta = selection_distance(client_heads, broadcast, grams, weights)
         rec = self._measure(
             t, weight, bias, delta=delta,
             objective_gaps=None if fit is None else list(fit.objective_gaps),
@@ -260,6 +296,7 @@ class RoundTracker:
             client_metrics=[dict(m) for m in (client_metrics or [])],
             extra=dict(extra or {}),
         )
+        rec.dropped = [dict(d) for d in (dropped or [])]
         self.records.append(rec)
         return rec
 

@@ -21,6 +21,7 @@ and progress; the strategy itself does no I/O.
 from __future__ import annotations
 
 import logging
+import time
 import warnings
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -42,10 +43,14 @@ from flwr.serverapp.strategy import FedAvg, Result
 from fedhead import aggregation as agg
 from fedhead import protocol as P
 from fedhead import ufm
+from fedhead.deploy_checks import FederationMismatch, check_node_count, check_partitions
+from fedhead.checkpoint import ServerState, check_moments
 from fedhead.diagnosis import Diagnosis, diagnose
+from fedhead.limits import FailurePolicy, Timeouts
 from fedhead.regime import OutsideRegimeWarning, ensure_fully_active
 from fedhead.tracking import RoundRecord, RoundTracker, Targets, reference_targets
-from strategies.replies import FederationError, metrics_of, partition_of, raise_on_errors
+from strategies.failures import Dropped, check_partition_subset, screen
+from strategies.replies import FederationError, metrics_of, partition_of
 
 log = logging.getLogger(__name__)
 
@@ -58,8 +63,9 @@ class MomentExchange:
     diagnosis: Diagnosis
     gap: Any  # fedhead.ufm.GapDecomposition, None outside the fully active regime
     targets: Targets  # g_star None outside the fully active regime
-    node_ids: tuple[int, ...]  # ordered by partition id
+    node_ids: tuple[int, ...]  # ordered by partition id (the clients that take part)
     partition_ids: tuple[int, ...]
+    dropped: tuple[Dropped, ...] = ()  # clients left out by the failure policy
 
 
 class RunObserver(Protocol):
@@ -98,7 +104,15 @@ class HeadAveraging(FedAvg):
     min_nodes : int
         Number of clients expected (all take part in every round).
     timeout : float, optional
-        Seconds to wait for the replies of one message phase (None: no limit).
+        Seconds to wait for the replies of one message phase (overrides ``timeouts.exchange``
+        and ``timeouts.round``).
+    timeouts : fedhead.limits.Timeouts, optional
+        Deadlines of the node wait, the moment exchange and each training/evaluation phase
+        (default :class:`fedhead.limits.Timeouts`); every wait ends.
+    min_clients : int, optional
+        Failure policy: valid replies a phase needs (None: all ``min_nodes``). With fewer the
+        run stops (:class:`strategies.failures.TooFewReplies`); otherwise failed clients are
+        dropped (logged, recorded per round) and the weights renormalised over the survivors.
     message_config : dict, optional
         Entries added to the ``config`` record of every message (e.g. the job index when one
         simulation serves several procedures).
@@ -120,6 +134,8 @@ class HeadAveraging(FedAvg):
         observer: RunObserver | None = None,
         evaluate_mse: bool = True,
         timeout: float | None = None,
+        timeouts: Timeouts | None = None,
+        min_clients: int | None = None,
         message_config: dict[str, int | float | str | bool] | None = None,
         allow_outside_regime: bool = False,
     ) -> None:
@@ -142,13 +158,22 @@ class HeadAveraging(FedAvg):
         self.observer: RunObserver = observer or _NullObserver()
         self.evaluate_mse = bool(evaluate_mse)
         self.min_nodes = int(min_nodes)
-        self.timeout = timeout
+        self.timeouts = timeouts or Timeouts()
+        if timeout is not None:
+            self.timeouts = Timeouts(nodes=self.timeouts.nodes, exchange=timeout, round=timeout)
+        self.timeout = self.timeouts.round
+        self.required = FailurePolicy(min_clients).required(self.min_nodes)
+        self._sent: dict[str, list[int]] = {}  # nodes each phase was sent to (missing replies)
+        self._round_dropped: list[Dropped] = []
         self.message_config = dict(message_config or {})
         self.allow_outside_regime = bool(allow_outside_regime)
         self.exchange: MomentExchange | None = None
         self.tracker: RoundTracker | None = None
         self._broadcast: tuple[np.ndarray, np.ndarray] | None = None
         self._head_shape: tuple[int, int] | None = None
+        self._head: tuple[np.ndarray, np.ndarray] | None = None  # the aggregate of the last round
+        self._round_offset = 0  # rounds done before start() (a resumed run)
+        self._on_round_end: Callable[[ServerState], None] | None = None
 
     # ---------------------------------------------------------------- description
     def summary(self) -> None:
@@ -167,14 +192,17 @@ class HeadAveraging(FedAvg):
             for n in node_ids
         ]
 
-    def aggregate_moments(self, replies: Iterable[Message]) -> MomentExchange:
+    def aggregate_moments(self, replies: Iterable[Message], *,
+                          expected_nodes: Sequence[int] | None = None) -> MomentExchange:
         """Validate the query replies and compute moments, diagnosis and reference Grams.
 
+        Each reply is screened (:func:`strategies.failures.screen`): error replies, invalid
+        moments (non-finite, asymmetric, not PSD, non-positive count) and missing replies drop
+        the client when at least ``min_clients`` remain; the federation is then the survivors.
         Sets and returns :attr:`exchange`.
         """
-        replies = raise_on_errors(list(replies), "moment exchange", self.min_nodes)
-        rows = []
-        for msg in replies:
+
+        def parse(msg: Message) -> tuple[int, int, int, np.ndarray, np.ndarray]:
             node = P.node_of(msg)
             if P.MOMENTS not in msg.content.array_records:
                 raise agg.ReplyError(node, f"query reply lacks the '{P.MOMENTS}' ArrayRecord")
@@ -182,14 +210,25 @@ class HeadAveraging(FedAvg):
             metrics = metrics_of(msg)
             if P.NUM_EXAMPLES not in metrics:
                 raise agg.ReplyError(node, f"query reply metrics lack '{P.NUM_EXAMPLES}'")
-            rows.append(
-                (partition_of(msg), node, metrics[P.NUM_EXAMPLES], arrays[P.MEAN].numpy(),
-                 arrays[P.COV].numpy())
-            )
-        rows.sort(key=lambda r: r[0])
+            pid = partition_of(msg)
+            for key in (P.MEAN, P.COV):
+                if key not in arrays:
+                    raise agg.ReplyError(node, f"query reply lacks the array '{key}'")
+            n, mu, cov = agg.validate_moments(metrics[P.NUM_EXAMPLES], arrays[P.MEAN].numpy(),
+                                              arrays[P.COV].numpy(), node_id=f"{node} (partition {pid})")
+            return pid, node, n, mu, cov
+
+        kept, dropped = screen(
+            replies, parse, stage="moment exchange", required=self.required, expected_nodes=expected_nodes,
+            expected_count=self.min_nodes, timeout=self.timeouts.exchange if expected_nodes is not None else None,
+        )
+        rows = sorted((r for _, r in kept), key=lambda r: (r[0], r[1]))
+        pairs = [(r[0], r[1]) for r in rows]
+        if dropped:
+            check_partition_subset(pairs, self.min_nodes, "moment exchange")
+        else:
+            check_partitions(pairs, self.min_nodes)
         pids = [r[0] for r in rows]
-        if len(set(pids)) != len(pids):
-            raise FederationError(f"moment exchange: duplicate partition ids {pids}")
         moments = agg.aggregate_moments(
             [r[2] for r in rows], [r[3] for r in rows], [r[4] for r in rows],
             node_ids=[f"{r[1]} (partition {r[0]})" for r in rows],
@@ -206,15 +245,15 @@ class HeadAveraging(FedAvg):
         )
         self.exchange = MomentExchange(
             moments=moments, diagnosis=diagnosis, gap=gap, targets=targets,
-            node_ids=tuple(r[1] for r in rows), partition_ids=tuple(pids),
+            node_ids=tuple(r[1] for r in rows), partition_ids=tuple(pids), dropped=tuple(dropped),
         )
         return self.exchange
 
     def exchange_moments(self, grid: Grid) -> MomentExchange:
         """Run the one-time moment exchange over ``grid`` and report it to the observer."""
         node_ids = self._wait_for_nodes(grid)
-        replies = grid.send_and_receive(self.query_messages(node_ids), timeout=self.timeout)
-        self.exchange = self.aggregate_moments(replies)
+        replies = grid.send_and_receive(self.query_messages(node_ids), timeout=self.timeouts.exchange)
+        self.exchange = self.aggregate_moments(replies, expected_nodes=node_ids)
         for line in self.exchange.diagnosis.format().splitlines():
             log.info("diagnosis: %s", line)
         self.observer.on_exchange(self.exchange)
@@ -240,10 +279,29 @@ class HeadAveraging(FedAvg):
             warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
 
     def _wait_for_nodes(self, grid: Grid) -> list[int]:
-        from flwr.serverapp.strategy.strategy_utils import sample_nodes
-
-        node_ids, _ = sample_nodes(grid, self.min_nodes, self.min_nodes)
-        return sorted(node_ids)
+        """The nodes to message: before the exchange, exactly ``min_nodes`` connected SuperNodes
+        (waiting at most ``timeouts.nodes``; then :class:`fedhead.deploy_checks.FederationMismatch`),
+        afterwards the clients that took part in the exchange."""
+        if self.exchange is not None:
+            return sorted(self.exchange.node_ids)
+        t0 = time.monotonic()
+        next_log = t0 + 5.0
+        while len(nodes := list(grid.get_node_ids())) < self.min_nodes:
+            check = getattr(grid, "check_alive", None)
+            if check is not None:
+                check()
+            now = time.monotonic()
+            if now - t0 > self.timeouts.nodes:
+                try:
+                    check_node_count(nodes, self.min_nodes)
+                except FederationMismatch as exc:
+                    raise FederationMismatch(f"after waiting {self.timeouts.nodes:g} s (timeouts.nodes): {exc}") from None
+            if now >= next_log:
+                log.info("waiting for SuperNodes: %d connected of %d (timeouts.nodes=%g s)",
+                         len(nodes), self.min_nodes, self.timeouts.nodes)
+                next_log = now + 5.0
+            time.sleep(0.2)
+        return check_node_count(grid.get_node_ids(), self.min_nodes)
 
     # ---------------------------------------------------------------- training
     def begin(self, initial_head: tuple[np.ndarray, np.ndarray]) -> RoundRecord:
@@ -257,9 +315,51 @@ class HeadAveraging(FedAvg):
         if w.ndim != 2 or w.shape[0] != c or b.shape != (c,):
             raise ValueError(f"initial head {w.shape}/{b.shape} does not match C = {c} targets")
         self._head_shape = (w.shape[0], w.shape[1])
+        self._head = (w, b)
         rec = self.tracker.start(w, b)
-        self.observer.on_round(rec)
+        self._round_complete(rec)
         return rec
+
+    # ---------------------------------------------------------------- checkpoints
+    def _round_complete(self, rec: RoundRecord) -> None:
+        """A round is fully measured: report it, then hand the server state to the checkpointer."""
+        self.observer.on_round(rec)
+        if self._on_round_end is not None:
+            self._on_round_end(self.server_state())
+
+    def server_state(self) -> ServerState:
+        """Everything needed to continue after the last complete round (see fedhead.checkpoint)."""
+        if self.tracker is None or self._head is None or self.exchange is None:
+            raise RuntimeError("no round has been recorded yet")
+        m = self.exchange.moments
+        return ServerState(
+            round=self.tracker.records[-1].round, weight=self._head[0], bias=self._head[1],
+            records=[r.to_dict() for r in self.tracker.records], recursion=self.tracker.recursion,
+            counts=np.asarray(m.counts, dtype=np.float64), means=np.asarray(m.means), covs=np.asarray(m.covs),
+            extra=self._extra_state(),
+        )
+
+    def restore(self, state: ServerState) -> None:
+        """Continue after checkpointed round ``state.round`` (after :meth:`exchange_moments`)."""
+        if self.exchange is None:
+            raise RuntimeError("exchange_moments must run before a restore")
+        m = self.exchange.moments
+        check_moments(state, np.asarray(m.counts), np.asarray(m.means), np.asarray(m.covs))
+        self.check_regime()
+        self.tracker = RoundTracker(self.exchange.targets)
+        self.tracker.restore([RoundRecord.from_dict(r) for r in state.records], state.recursion)
+        w, b = (np.asarray(a, dtype=np.float64) for a in (state.weight, state.bias))
+        self._head_shape = (w.shape[0], w.shape[1])
+        self._head = (w, b)
+        self._round_offset = int(state.round)
+        self._restore_extra(state.extra)
+
+    def _extra_state(self) -> dict[str, np.ndarray]:
+        """Hook: strategy state beyond the head to checkpoint (arrays)."""
+        return {}
+
+    def _restore_extra(self, extra: dict[str, np.ndarray]) -> None:
+        """Hook: restore what :meth:`_extra_state` saved."""
 
     def train_content(self, arrays: ArrayRecord, config: ConfigRecord) -> RecordDict:
         """Content of a training message (head, config, Sigma_cen for corrected clients)."""
@@ -275,6 +375,7 @@ class HeadAveraging(FedAvg):
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
+        server_round += self._round_offset
         head_arrays = ArrayRecord({k: arrays[k] for k in (P.WEIGHT, P.BIAS)})
         self._broadcast = P.read_head(head_arrays)
         config[P.SERVER_ROUND] = server_round
@@ -282,6 +383,7 @@ class HeadAveraging(FedAvg):
         content = self.train_content(head_arrays, config)
         self._extend_train_content(content, arrays)
         node_ids = self._wait_for_nodes(grid)
+        self._sent["train"] = list(node_ids)
         return [
             Message(content=content, dst_node_id=n, message_type=MessageType.TRAIN)
             for n in node_ids
@@ -290,42 +392,60 @@ class HeadAveraging(FedAvg):
     def _extend_train_content(self, content: RecordDict, arrays: ArrayRecord) -> None:
         """Hook for subclasses that broadcast more than the head."""
 
-    def _ordered(self, replies: Sequence[Message]) -> list[Message]:
-        """Replies ordered by partition id, checked against the moment exchange."""
+    def _check_partitions(self, pids: Sequence[int]) -> None:
+        """Replies' partitions: distinct and among the exchange's (a mismatch stops the run)."""
         assert self.exchange is not None
-        by_pid = {}
-        for msg in replies:
-            by_pid[partition_of(msg)] = msg
-        if sorted(by_pid) != list(self.exchange.partition_ids):
+        if len(set(pids)) != len(pids) or not set(pids) <= set(self.exchange.partition_ids):
             raise FederationError(
-                f"replies came from partitions {sorted(by_pid)}, expected "
-                f"{list(self.exchange.partition_ids)}"
+                f"replies came from partitions {sorted(pids)}, expected {list(self.exchange.partition_ids)}"
             )
-        return [by_pid[pid] for pid in self.exchange.partition_ids]
+
+    def _screen(self, replies: Iterable[Message], parse, stage: str, kind: str):
+        """:func:`strategies.failures.screen` against the nodes the phase was sent to."""
+        assert self.exchange is not None
+        sent = self._sent.pop(kind, None)
+        return screen(replies, parse, stage=stage, required=self.required, expected_nodes=sent,
+                      expected_count=len(self.exchange.partition_ids),
+                      timeout=self.timeouts.round if sent is not None else None)
 
     def parse_train_replies(
         self, replies: Iterable[Message]
     ) -> tuple[list[Message], np.ndarray, np.ndarray, np.ndarray]:
-        """Validated heads ``(M,C,P)``, biases ``(M,C)``, counts ``(M,)`` ordered by partition."""
-        if self._head_shape is None:
+        """Validated heads ``(M,C,P)``, biases ``(M,C)``, counts ``(M,)`` ordered by partition.
+
+        Invalid, error and missing replies are dropped by the failure policy (kept in
+        :attr:`_round_dropped`); the arrays cover the surviving clients only.
+        """
+        if self._head_shape is None or self.exchange is None:
             raise RuntimeError("begin() must record the initial head before training")
-        msgs = self._ordered(raise_on_errors(list(replies), "training", self.min_nodes))
-        heads, biases, counts = [], [], []
-        for msg, n_exp in zip(msgs, np.asarray(self.exchange.moments.counts), strict=True):
+        expected_n = dict(zip(self.exchange.partition_ids, np.asarray(self.exchange.moments.counts)))
+
+        def parse(msg: Message):
             node = P.node_of(msg)
             if P.HEAD not in msg.content.array_records:
                 raise agg.ReplyError(node, f"training reply lacks the '{P.HEAD}' ArrayRecord")
-            w, b = P.read_head(msg.content.array_records[P.HEAD])
+            try:
+                w, b = P.read_head(msg.content.array_records[P.HEAD])
+            except (KeyError, TypeError, ValueError) as exc:
+                raise agg.ReplyError(node, f"unreadable head record ({exc})") from None
             metrics = metrics_of(msg)
+            pid = partition_of(msg)
             w, b, n = agg.validate_head(
                 w, b, metrics.get(P.NUM_EXAMPLES), node_id=node, shape=self._head_shape
             )
+            n_exp = expected_n.get(pid)
             if n_exp is not None and n != int(n_exp):
                 raise agg.ReplyError(node, f"reported {n} samples, but {int(n_exp)} in the moment exchange")
-            heads.append(w)
-            biases.append(b)
-            counts.append(n)
-        return msgs, np.stack(heads), np.stack(biases), np.asarray(counts)
+            agg.local_fit([metrics], [node])  # the objective gaps every round record needs
+            return pid, w, b, n
+
+        kept, dropped = self._screen(replies, parse, "training", "train")
+        self._check_partitions([r[0] for _, r in kept])
+        kept.sort(key=lambda mr: mr[1][0])
+        self._round_dropped = list(dropped)
+        msgs = [m for m, _ in kept]
+        return (msgs, np.stack([r[1] for _, r in kept]), np.stack([r[2] for _, r in kept]),
+                np.asarray([r[3] for _, r in kept]))
 
     def verify_replies(self, msgs: Sequence[Message], heads: np.ndarray) -> dict[str, float]:
         """Hook: extra checks on the replies; returns scalars to log with the round."""
@@ -334,11 +454,15 @@ class HeadAveraging(FedAvg):
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        server_round += self._round_offset
         msgs, heads, biases, counts = self.parse_train_replies(replies)
         extra = self.verify_replies(msgs, heads)
         avg = agg.average_heads(heads, biases, counts)
+        self._head = (avg.weight, avg.bias)
         metrics = [metrics_of(m) for m in msgs]
         fit = agg.local_fit(metrics, [P.node_of(m) for m in msgs])
+        pids = [partition_of(m) for m in msgs]
+        present = [self.exchange.partition_ids.index(p) for p in pids]
         client_metrics = [
             {k: float(v) for k, v in m.items() if not isinstance(v, list)} for m in metrics
         ]
@@ -346,13 +470,14 @@ class HeadAveraging(FedAvg):
         rec = self.tracker.record(
             server_round, avg.weight, avg.bias, broadcast=self._broadcast[0],
             client_heads=heads, fit=fit,
-            client_metrics=client_metrics, extra=extra,
+            client_metrics=client_metrics, extra=extra, present=present,
+            dropped=[d.to_dict() for d in self._round_dropped],
         )
         arrays = P.head_record(avg.weight, avg.bias)
         self._add_aggregate(arrays, msgs, counts)
         out_metrics = MetricRecord({k: float(v) for k, v in rec.scalars().items() if "/" not in k})
         if not self.evaluate_mse:
-            self.observer.on_round(rec)
+            self._round_complete(rec)
         return arrays, out_metrics
 
     def _add_aggregate(self, arrays: ArrayRecord, msgs: Sequence[Message], counts: np.ndarray) -> None:
@@ -364,14 +489,17 @@ class HeadAveraging(FedAvg):
     ) -> Iterable[Message]:
         if not self.evaluate_mse:
             return []
+        server_round += self._round_offset
         config[P.SERVER_ROUND] = server_round
         config.update(self.message_config)
         head = ArrayRecord({k: arrays[k] for k in (P.WEIGHT, P.BIAS)})
         content = RecordDict({P.HEAD: head, P.CONFIG: config})
         self._extend_train_content(content, arrays)
+        node_ids = self._wait_for_nodes(grid)
+        self._sent["evaluate"] = list(node_ids)
         return [
             Message(content=content, dst_node_id=n, message_type=MessageType.EVALUATE)
-            for n in self._wait_for_nodes(grid)
+            for n in node_ids
         ]
 
     def aggregate_evaluate(
@@ -379,23 +507,33 @@ class HeadAveraging(FedAvg):
     ) -> MetricRecord | None:
         if not self.evaluate_mse:
             return None
-        msgs = self._ordered(raise_on_errors(list(replies), "evaluation", self.min_nodes))
-        ms = [metrics_of(m) for m in msgs]
-        train_v, train_n, test_v, test_n = [], [], [], []
-        for m, msg in zip(ms, msgs, strict=True):
+        server_round += self._round_offset
+
+        def parse(msg: Message):
             node = P.node_of(msg)
+            m = metrics_of(msg)
+            pid = partition_of(msg)
             if P.TRAIN_MSE not in m:
                 raise agg.ReplyError(node, f"evaluation reply lacks '{P.TRAIN_MSE}'")
-            train_v.append(float(agg.validate_array(m[P.TRAIN_MSE], (), node_id=node, name=P.TRAIN_MSE)))
-            train_n.append(agg.validate_count(m.get(P.NUM_EXAMPLES), node_id=node))
+            row = [float(agg.validate_array(m[P.TRAIN_MSE], (), node_id=node, name=P.TRAIN_MSE)),
+                   agg.validate_count(m.get(P.NUM_EXAMPLES), node_id=node)]
             if P.TEST_MSE in m:
-                test_v.append(float(agg.validate_array(m[P.TEST_MSE], (), node_id=node, name=P.TEST_MSE)))
-                test_n.append(agg.validate_count(m.get(P.NUM_TEST_EXAMPLES), node_id=node))
+                row += [float(agg.validate_array(m[P.TEST_MSE], (), node_id=node, name=P.TEST_MSE)),
+                        agg.validate_count(m.get(P.NUM_TEST_EXAMPLES), node_id=node)]
+            return pid, row
+
+        kept, dropped = self._screen(replies, parse, "evaluation", "evaluate")
+        self._check_partitions([r[0] for _, r in kept])
+        rows = [r[1] for _, r in sorted(kept, key=lambda mr: mr[1][0])]
+        train_v, train_n = [r[0] for r in rows], [r[1] for r in rows]
+        test_v, test_n = [r[2] for r in rows if len(r) > 2], [r[3] for r in rows if len(r) > 2]
+        ms = rows
         train = agg.weighted_mean(train_v, train_n)
         test = agg.weighted_mean(test_v, test_n) if len(test_v) == len(ms) else None
         assert self.tracker is not None
         rec = self.tracker.set_mse(server_round, train, test)
-        self.observer.on_round(rec)
+        rec.dropped.extend(d.to_dict() for d in dropped)
+        self._round_complete(rec)
         out = {P.TRAIN_MSE: train}
         if test is not None:
             out[P.TEST_MSE] = test
@@ -410,21 +548,37 @@ class HeadAveraging(FedAvg):
         *,
         train_config: ConfigRecord | None = None,
         diagnose_only: bool = False,
+        resume: ServerState | None = None,
+        on_round_end: Callable[[ServerState], None] | None = None,
     ) -> Result | None:
         """Moment exchange, diagnosis, then ``num_rounds`` rounds of :meth:`FedAvg.start`.
 
         ``initial_head`` is ``(W_0 (C,P), b_0 (C,))`` or a function of ``C`` (known after the
-        exchange) returning it; every client starts from this head.
+        exchange) returning it; every client starts from this head. ``resume`` (a checkpointed
+        :class:`fedhead.checkpoint.ServerState`) continues after its round instead (the exchange
+        is repeated and must give the same moments; the observer's optional ``on_resume``
+        receives the restored records). ``on_round_end`` receives the server state after every
+        complete round, round 0 included (the checkpointer).
         """
+        self._on_round_end = on_round_end
         exchange = self.exchange_moments(grid)
         if diagnose_only:
             return None
-        if callable(initial_head):
-            initial_head = initial_head(exchange.moments.dim)
-        self.begin(initial_head)
-        arrays = P.head_record(*initial_head)
+        if resume is not None:
+            self.restore(resume)
+            assert self.tracker is not None and self._head is not None
+            on_resume = getattr(self.observer, "on_resume", None)
+            if on_resume is not None:
+                on_resume(list(self.tracker.records))
+            arrays = P.head_record(*self._head)
+            log.info("resuming after round %d of %d", resume.round, num_rounds)
+        else:
+            if callable(initial_head):
+                initial_head = initial_head(exchange.moments.dim)
+            self.begin(initial_head)
+            arrays = P.head_record(*initial_head)
         return self.start(
-            grid=grid, initial_arrays=arrays, num_rounds=num_rounds,
-            timeout=self.timeout if self.timeout is not None else 3600.0,
+            grid=grid, initial_arrays=arrays, num_rounds=num_rounds - self._round_offset,
+            timeout=self.timeouts.round,
             train_config=train_config or ConfigRecord(),
         )

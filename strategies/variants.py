@@ -71,6 +71,14 @@ class FullModelAveraging(HeadAveraging):
         if self._backbone is not None:
             content[P.BACKBONE] = P.numpy_to_arrays(self._backbone)
 
+    def _extra_state(self) -> dict[str, np.ndarray]:
+        return {f"backbone/{k}": v for k, v in (self._backbone or {}).items()}
+
+    def _restore_extra(self, extra: dict[str, np.ndarray]) -> None:
+        state = {k[len("backbone/"):]: np.asarray(v) for k, v in extra.items() if k.startswith("backbone/")}
+        if state:
+            self._backbone = state
+
     def _add_aggregate(self, arrays: ArrayRecord, msgs: Sequence[Message], counts: np.ndarray) -> None:
         states = []
         for msg in msgs:

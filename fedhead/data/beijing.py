@@ -116,7 +116,7 @@ def read_station_csv(path: str | Path) -> np.ndarray:
 
 def load(cfg: BeijingConfig) -> RawDataset:
     """Read, pool, clean and subsample the station files (see the module docstring)."""
-    if not cfg.use_files():
+    if not cfg.use_files() or cfg.root is None:
         raise MissingDataError(
             _PATTERN.format(station="<station>"),
             "nowhere: dataset.root is not set (Beijing has no offline generator)",

@@ -15,6 +15,8 @@ and for image data sets writes a PNG grid of sample images titled with their cli
 
 from __future__ import annotations
 
+import sys
+
 import io
 import logging
 from dataclasses import dataclass
@@ -208,7 +210,14 @@ def _hydra_main():
 
     @hydra.main(config_path="pkg://conf", config_name="data", version_base=None)
     def _main(cfg) -> None:
-        run_from_config(cfg)
+        from fedhead.cli_errors import debug_enabled, report
+
+        try:
+            run_from_config(cfg)
+        except BaseException as exc:  # one line and an exit code (tracebacks with FEDHEAD_DEBUG=1)
+            if isinstance(exc, SystemExit) or debug_enabled(cfg.get("debug")):
+                raise
+            sys.exit(report("fedhead-data", exc, unused_dir=_hydra_output_dir()))
 
     return _main
 

@@ -122,9 +122,10 @@ def load_raw(cfg: DatasetConfig, *, use_cache: bool = True) -> RawDataset:
     cfg = coerce_config(cfg)
     raw = load_raw_cached(cfg, get_loader(cfg.name), use_cache=use_cache)
     if raw.y.shape[0] != cfg.n_train:
-        warnings.warn(
-            f"{cfg.name}: loader returned {raw.y.shape[0]} training samples, config asks "
-            f"n_train={cfg.n_train}", stacklevel=2,
+        raise DataError(
+            f"data set {cfg.name}: the loader returned {raw.y.shape[0]} training samples but the config asks "
+            f"dataset.n_train={cfg.n_train} (source {raw.source or '?'}): set dataset.n_train to at most the "
+            f"samples available, or check the files"
         )
     return raw
 

@@ -115,7 +115,7 @@ def load(cfg: W300LPConfig) -> RawDataset:
     check_split_sizes(cfg, "300w_lp")
     if cfg.image_size <= 0:
         raise DataError(f"300w_lp: image_size must be positive, got {cfg.image_size}")
-    if not cfg.use_files():
+    if not cfg.use_files() or cfg.root is None:
         raise MissingDataError(
             "300W_LP/<subset>/*.jpg + .mat",
             "nowhere: 300W-LP has no offline generator, set dataset.root (and source=auto|files)",

@@ -67,7 +67,19 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Console entry point of ``fedhead-ufm``; returns the exit status."""
+    """Console entry point of ``fedhead-ufm``; returns the exit status (one error line, exit 1,
+    on a failure; tracebacks with ``FEDHEAD_DEBUG=1``)."""
+    from fedhead.cli_errors import debug_enabled, report
+
+    try:
+        return _main(argv)
+    except (Exception, KeyboardInterrupt) as exc:
+        if debug_enabled():
+            raise
+        return report("fedhead-ufm", exc)
+
+
+def _main(argv: list[str] | None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -1,4 +1,31 @@
-"""Local training of one client: backbone + head on the SPEC 2 objective with the SPEC 10 recipe.
+"""Local training of one client: backbone + head on the local objective (docs/theory.md §2) with
+the recipe of §10, built to reach the client's optimum, which the theory assumes.
+
+Reaching the optimum. Each of these is an exact partial minimisation or an initialisation, so
+the optimum and every stationary point of the objective stay where they are:
+
+* The bias (``cfg.optimal_bias``). It is not penalised, so for given features and ``W`` its
+  optimum is ``b = mu - W m`` (``m`` the mean feature). Trained by the optimiser it lags behind
+  the features and the head, the slowest direction of the problem when ``mu_m`` is large. It is
+  held at that optimum at every step (exactly for full-batch training, where ``m`` is the batch
+  mean; with minibatches ``m`` is the previous epoch's mean feature, the first epoch using each
+  batch's own).
+* The last layer (``cfg.solve_last_layer``). Before training it is set to the (ridge-filtered)
+  minimiser for the initial head, the rest of the network fixed
+  (:func:`fedhead.train.last_layer.solve_output_layer`).
+* The finishing step (``cfg.finish_features``, ``cfg.finish_rotation``). After training the
+  features are mapped by ``h -> P_W (h - m)`` through the last layer (the least feature penalty
+  among the maps that keep every prediction) and ``b = mu``; with a proximal term the head and
+  features are also rotated by the orthogonal ``Q`` that brings ``W`` closest to ``W_t``, the
+  exact minimiser of the proximal term along the symmetry ``W -> W Q`` of ``L_m`` and ``C_m``
+  (:func:`fedhead.train.finishing.evaluate_fit`).
+* The stop (``cfg.local_tol``). Every ``check_every`` epochs the model is evaluated on all of the
+  client's data as the finishing step would leave it, and training stops once the relative gap
+  of the objective it minimises (``L_m + gamma C_m`` without the proximal term, against its
+  closed-form optimum) is at most ``local_tol``; ``cfg.epochs`` is the cap.
+
+``optimal_bias=False, solve_last_layer=False, finish_features=False, warmup_steps=0`` is the
+literal recipe.
 
 Fast data path: the client's tensors are moved to the training device once and stay there; each
 epoch draws one permutation and gathers minibatches by index (no DataLoader, no workers); the
@@ -16,7 +43,6 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -24,141 +50,27 @@ from torch import nn
 from torch.nn import functional as F
 
 from fedhead.data.base import batch_to_float
-from fedhead.models.backbones import Backbone
 from fedhead.train.config import TrainConfig, TrainDivergedError, TrainInputError
-from fedhead.train.inputs import check_inputs as _check_inputs
-from fedhead.train.inputs import check_matrix as _check_matrix
-from fedhead.train.objective import (
-    add_head_penalty_grads,
-    compute_features,
-    minibatch_loss,
-    moment_correction_torch,
-    objective_from_features,
+from fedhead.train.finishing import (
+    Fit,
+    LocalMetrics,
+    LocalResult,
+    ObjectiveTerms,
+    evaluate_fit,
+    feature_projection,
+    objective_terms,
+    relative,
 )
-from fedhead.train.align import procrustes_rotation
+from fedhead.train.inputs import check_inputs as _check_inputs
 from fedhead.train.last_layer import solve_output_layer
-from fedhead.ufm import TargetMoments, corrected_covariance, optimal_loss
+from fedhead.train.objective import add_head_penalty_grads, minibatch_loss
+from fedhead.train.steps import clip_gradients, cosine_schedule, select_device
+from fedhead.ufm import optimal_loss
+
+__all__ = ["LocalMetrics", "LocalResult", "clip_gradients", "compiled_forward_loss", "cosine_schedule",
+           "feature_projection", "select_device", "train_local"]
 
 log = logging.getLogger(__name__)
-
-
-def select_device(spec: str | torch.device | None = "auto") -> torch.device:
-    """Training device from ``"auto"`` (CUDA when available, else CPU), ``"cpu"``, ``"cuda"`` or ``"cuda:N"``."""
-    if spec is None or (isinstance(spec, str) and spec == "auto"):
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        dev = torch.device(spec)
-    except (RuntimeError, TypeError) as exc:
-        raise TrainInputError(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {spec!r}") from exc
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise TrainInputError(f"device {spec!r} requested but CUDA is not available here; use 'cpu' or 'auto'")
-    if dev.type not in ("cpu", "cuda"):
-        raise TrainInputError(f"device must be a CPU or CUDA device, got {spec!r}")
-    return dev
-
-
-def cosine_schedule(lr: float, lr_min: float, n_steps: int, warmup: int = 0) -> list[float]:
-    """``lr_k = lr_min + (lr - lr_min) (1 + cos(pi k / S)) / 2`` for ``k = 0..S-1`` (as ``CosineAnnealingLR``),
-    times ``min(1, (k + 1) / warmup)`` during the first ``warmup`` steps (none for 0)."""
-    k = np.arange(n_steps, dtype=np.float64)
-    lrs = lr_min + (lr - lr_min) * 0.5 * (1.0 + np.cos(np.pi * k / max(n_steps, 1)))
-    if warmup > 0:
-        lrs *= np.minimum(1.0, (k + 1) / warmup)
-    return lrs.tolist()
-
-
-@dataclass(frozen=True)
-class LocalMetrics:
-    """What one local training call measured.
-
-    Attributes
-    ----------
-    objective : float
-        ``L_m`` (SPEC 2) of the trained backbone + head on the full local data, eval mode, without
-        proximal or correction terms (on the centred targets when ``center_targets``).
-    optimal_objective : float
-        ``L*_m`` from :func:`fedhead.ufm.optimal_loss` (``Sigma_m``, ``lambda_H``, ``lambda_W``).
-    relative_gap : float
-        ``(L_m - L*_m) / L*_m`` (SPEC 11 local fit); NaN when ``L*_m = 0``.
-    trained_objective, trained_optimal_objective, trained_gap : float
-        The objective the client minimised, without the proximal term: ``L_m + gamma C_m(W)``,
-        whose optimum is ``L*`` of the corrected covariance ``(1 - gamma) Sigma_m + gamma
-        Sigma_cen`` (SPEC 8). Equal to the three fields above when ``gamma = 0``. For a corrected
-        client the original gap says nothing about convergence (``L_m`` is not minimised there);
-        this one does.
-    train_mse : float
-        Mean squared error over samples and outputs on the training data (no penalties).
-    n_samples : int
-    epochs : int
-        Epochs run (at most ``cfg.epochs``; fewer when ``cfg.local_tol`` was reached).
-    n_steps : int
-        Optimiser steps run.
-    converged : bool or None
-        Whether ``trained_gap <= cfg.local_tol`` was reached; None without a tolerance.
-    gap_trace : tuple of (int, float)
-        ``(epochs run, trained gap)`` at every tolerance check (empty without ``cfg.local_tol``).
-    seconds : float
-        Wall time of the training loop (excluding the final evaluation).
-    steps_per_second : float
-    device : str
-    """
-
-    objective: float
-    optimal_objective: float
-    relative_gap: float
-    trained_objective: float
-    trained_optimal_objective: float
-    trained_gap: float
-    train_mse: float
-    n_samples: int
-    epochs: int
-    n_steps: int
-    converged: bool | None
-    gap_trace: tuple[tuple[int, float], ...]
-    seconds: float
-    steps_per_second: float
-    device: str
-
-
-@dataclass(frozen=True)
-class LocalResult:
-    """The trained head and metrics of one :func:`train_local` call.
-
-    Attributes
-    ----------
-    weight : ndarray (C, P) float64
-        Trained head weight ``W~``.
-    bias : ndarray (C,) float64
-        Trained head bias ``b~``.
-    target_offset : ndarray (C,) float64
-        ``mu_m`` when the targets were centred (add it to predictions), else zeros.
-    metrics : LocalMetrics
-    """
-
-    weight: np.ndarray
-    bias: np.ndarray
-    target_offset: np.ndarray
-    metrics: LocalMetrics
-
-
-def clip_gradients(params: list[nn.Parameter], max_norm: float, *, host_check: bool) -> float | None:
-    """Global gradient-norm clipping with the result of ``torch.nn.utils.clip_grad_norm_``.
-
-    With ``host_check`` (CPU, where reading a scalar costs no device sync) the gradients are
-    rescaled only when the clip is active (``max_norm / (norm + 1e-6) < 1``) and the norm is
-    returned; otherwise (CUDA) the rescale by ``min(1, max_norm / (norm + 1e-6))`` always runs,
-    without a host sync, and None is returned.
-    """
-    if not host_check:
-        torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=True)
-        return None
-    grads = [q.grad for q in params if q.grad is not None]
-    total = torch.nn.utils.get_total_norm(grads, foreach=True)
-    norm = total.item()
-    if norm + 1e-6 > max_norm:
-        torch.nn.utils.clip_grads_with_norm_(params, max_norm, total, foreach=True)
-    return norm
-
 
 
 def _forward_loss(backbone: nn.Module, weight: torch.Tensor, bias: torch.Tensor, xb: torch.Tensor,
@@ -211,109 +123,6 @@ def compiled_forward_loss(mode: str | None):
     return fn
 
 
-@dataclass(frozen=True)
-class _Terms:
-    """The client's objective data, checked: its moments and the head-only terms' tensors."""
-
-    mu: np.ndarray            # (C,) mean of the targets trained on (zeros when centred)
-    sigma: np.ndarray         # (C, C) Sigma_m
-    trained_sigma: np.ndarray  # (C, C) (1 - gamma) Sigma_m + gamma Sigma_cen (= Sigma_m without correction)
-    target_offset: np.ndarray  # (C,) mu_m when the targets are centred, else zeros
-    broadcast: np.ndarray | None  # (C, P) W_t of the proximal term
-    delta: np.ndarray | None  # (C, C) Sigma_cen - Sigma_m of the correction
-
-
-def _objective_terms(y: torch.Tensor, cfg: TrainConfig, p: int, broadcast_weight, sigma_cen,
-                     sigma_m) -> _Terms:
-    """Moments of the targets and the checked proximal / correction inputs of :func:`train_local`."""
-    c = y.shape[1]
-    y64 = y.detach().cpu().numpy().astype(np.float64)
-    moments = TargetMoments.from_targets([y64])
-    mu_m = np.array(moments.means[0])
-    sig_m = np.asarray(moments.covs[0])  # the covariance of the targets trained on (centring keeps it)
-    if sigma_m is not None:
-        given = _check_matrix("sigma_m", sigma_m, (c, c), True)
-        err = np.linalg.norm(given - sig_m) / max(np.linalg.norm(sig_m), np.finfo(np.float64).tiny)
-        if err > 1e-5:
-            raise TrainInputError(f"train_local: sigma_m differs from the covariance of the targets y (relative "
-                                  f"difference {err:.3g}); pass Sigma_m in the units of the targets trained on, or "
-                                  f"leave it None")
-    w_t = _check_matrix("broadcast_weight", broadcast_weight, (c, p)) if cfg.rho > 0 else None
-    delta = (_check_matrix("sigma_cen", sigma_cen, (c, c), True) - sig_m) if cfg.gamma > 0 else None
-    trained_sigma = sig_m if delta is None else corrected_covariance(sig_m, sig_m + delta, cfg.gamma)
-    offset = mu_m if cfg.center_targets else np.zeros(c)
-    return _Terms(mu=mu_m - offset, sigma=sig_m, trained_sigma=trained_sigma, target_offset=offset,
-                  broadcast=w_t, delta=delta)
-
-
-@dataclass
-class _Fit:
-    """Full-data evaluation of the current model (see :func:`_evaluate`)."""
-
-    objective: float          # L_m
-    trained_objective: float  # L_m + gamma C_m(W)
-    mse: float
-    bias: np.ndarray          # (C,) the bias used
-    feature_map: tuple[torch.Tensor, torch.Tensor] | None  # (M, delta) of the finishing step
-    weight: torch.Tensor      # (C, P) float64 head after the finishing step
-
-
-def feature_projection(weight: torch.Tensor) -> torch.Tensor:
-    """``P_W = W^T (W W^T)^+ W`` ``(P, P)`` float64: the orthogonal projection on the head's row space."""
-    w = weight.detach().double()
-    return w.T @ torch.linalg.pinv(w @ w.T, hermitian=True) @ w
-
-
-@torch.no_grad()
-def _evaluate(backbone: nn.Module, x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor,
-              bias: torch.Tensor | None, cfg: TrainConfig, terms: _Terms, *, dev: torch.device,
-              channels_last: bool, finish: bool, rotate_to: np.ndarray | None = None) -> _Fit:
-    """``L_m`` and ``L_m + gamma C_m`` of the model on all of the client's data (eval mode).
-
-    ``bias`` None: the optimal bias ``mu - W m`` for the features' mean ``m``. ``finish``: the
-    features evaluated as the finishing step of :func:`train_local` leaves them,
-    ``h -> P_W (h - m)`` with ``b = mu``. Of all affine maps of the features that keep every
-    prediction ``W h + b`` this one gives the smallest feature penalty (the part of ``h - m``
-    outside the head's row space only adds to ``lambda_H ||h||^2``): an exact partial
-    minimisation. ``rotate_to`` (with ``finish``): also the rotation ``W -> W Q``, ``h -> Q^T h``
-    (``Q`` orthogonal ``(P, P)``) that brings ``W`` closest to this head (:func:`procrustes_rotation`);
-    it keeps every prediction and penalty and is the exact minimiser of the proximal term over
-    the heads the objective cannot tell apart. The head to use is :attr:`_Fit.weight`.
-    """
-    h = compute_features(backbone, x, batch_size=cfg.eval_batch_size, device=dev,
-                         channels_last=channels_last).double()
-    w64 = weight.detach().double()
-    if not (torch.isfinite(h).all() and torch.isfinite(w64).all()):
-        raise TrainDivergedError("train_local: training diverged (non-finite head or features); lower cfg.lr or "
-                                 "keep clip_norm set")
-    m = h.mean(0)
-    feature_map = None
-    if finish:
-        proj = feature_projection(w64)
-        if rotate_to is not None:
-            q = torch.as_tensor(procrustes_rotation(w64.cpu().numpy(), rotate_to), dtype=torch.float64, device=dev)
-            w64 = w64 @ q
-            proj = q.T @ proj
-        h = (h - m) @ proj.T
-        b = torch.as_tensor(terms.mu, dtype=torch.float64, device=dev)
-        feature_map = (proj, -m)
-    elif bias is None:
-        b = torch.as_tensor(terms.mu, dtype=torch.float64, device=dev) - w64 @ m
-    else:
-        b = bias.detach().double()
-    ev = objective_from_features(h, y, w64, b, cfg.lambda_h, cfg.lambda_w)
-    trained = ev.objective
-    if terms.delta is not None:
-        delta = torch.as_tensor(terms.delta, dtype=torch.float64, device=dev)
-        trained += cfg.gamma * float(moment_correction_torch(w64, delta, cfg.lambda_h))
-    return _Fit(objective=ev.objective, trained_objective=trained, mse=ev.mse, bias=b.cpu().numpy().copy(),
-                feature_map=feature_map, weight=w64)
-
-
-def _relative(value: float, best: float) -> float:
-    return (value - best) / best if best > 0 else float("nan")
-
-
 def _check_epochs(cfg: TrainConfig) -> int:
     """Epochs between two tolerance checks: ``cfg.check_every``, or about 50 checks per call."""
     return cfg.check_every if cfg.check_every > 0 else max(1, cfg.epochs // 50)
@@ -344,22 +153,8 @@ def train_local(
     afresh, the learning rate follows a cosine from ``cfg.lr`` to ``cfg.lr_min`` over
     ``cfg.epochs``, gradients are clipped to global norm ``cfg.clip_norm``.
 
-    The bias (``cfg.optimal_bias``, default). The bias is not penalised, so for given features
-    and ``W`` its optimum is ``b = mu - W m`` (``m`` the mean feature). Trained by the optimiser
-    instead, it lags behind the features and the head and is the slowest direction of the whole
-    problem when ``mu_m`` is large. So the bias is held at that optimum at every step (exactly
-    for full-batch training, where ``m`` is the batch mean; with minibatches ``m`` is the
-    previous epoch's mean feature, the first epoch using each batch's own), and after training
-    the features are shifted by ``-m`` (:meth:`Backbone.shift_features`: the last layer's bias),
-    which keeps every prediction and lowers the feature penalty by ``lambda_H/2 ||m||^2``; then
-    ``b = mu``. Both steps are exact partial minimisations: the optimum and every stationary
-    point of the objective stay what they are. ``optimal_bias=False`` trains the bias with AdamW
-    (the literal SPEC 10 recipe).
-
-    The stop (``cfg.local_tol``). Every ``check_every`` epochs the model is evaluated on all of
-    the client's data and training stops once the relative gap of the objective it minimises
-    (``L_m + gamma C_m`` without the proximal term, against its closed-form optimum) is at most
-    ``local_tol``; ``cfg.epochs`` is the cap.
+    How the optimum is reached (bias, last layer, finishing step, tolerance): see the module
+    docstring.
 
     Parameters
     ----------
@@ -406,7 +201,7 @@ def train_local(
         raise TrainInputError(f"train_local: cfg must be a TrainConfig, got {type(cfg).__name__}")
     cfg.validate()
     _check_inputs(backbone, head, x, y)
-    terms = _objective_terms(y, cfg, head.in_features, broadcast_weight, sigma_cen, sigma_m)
+    terms = objective_terms(y, cfg, head.in_features, broadcast_weight, sigma_cen, sigma_m)
     dev = select_device(device)
     loop = _TrainLoop(backbone, head, x, y, cfg, terms, dev, cfg.seed if seed is None else seed)
     loop.run()
@@ -417,7 +212,7 @@ class _TrainLoop:
     """The steps of :func:`train_local`: set-up, epochs with tolerance checks, finishing."""
 
     def __init__(self, backbone: nn.Module, head: nn.Linear, x: torch.Tensor, y: torch.Tensor,
-                 cfg: TrainConfig, terms: _Terms, dev: torch.device, seed: int):
+                 cfg: TrainConfig, terms: ObjectiveTerms, dev: torch.device, seed: int):
         self.backbone, self.head, self.cfg, self.terms, self.dev = backbone, head, cfg, terms, dev
         self.cuda = cuda = dev.type == "cuda"
         self.n = n = y.shape[0]
@@ -449,6 +244,8 @@ class _TrainLoop:
             with torch.no_grad():
                 head.bias.copy_(torch.as_tensor(terms.mu, dtype=head.bias.dtype, device=dev))
         self.bias = head.bias
+        # held at its optimum (a constant of each step: no gradient) or trained
+        self.step_bias = self.bias.detach() if cfg.optimal_bias else self.bias
         self.broadcast = (torch.as_tensor(terms.broadcast, dtype=self.weight.dtype, device=dev)
                           if terms.broadcast is not None else None)
         self.delta = torch.as_tensor(terms.delta, dtype=torch.float64, device=dev) if terms.delta is not None else None
@@ -505,7 +302,7 @@ class _TrainLoop:
         for xb, yb in self._batches():
             # the compiled step for the full batch size only: a short last batch would cost a second compile
             fn = self.step_loss if xb.shape[0] == self.bsz else _forward_loss
-            loss, hsum = fn(self.backbone, self.weight, self.bias, xb, yb, cfg.lambda_h, self.bf16,
+            loss, hsum = fn(self.backbone, self.weight, self.step_bias, xb, yb, cfg.lambda_h, self.bf16,
                             None if batch_center or not optimal else self.center, batch_center)
             total = hsum if total is None else total + hsum
             loss.backward()
@@ -525,11 +322,12 @@ class _TrainLoop:
         if optimal:
             self.center = total / self.n
 
-    def _evaluate(self) -> _Fit:
-        return _evaluate(self.backbone, self.x, self.y, self.weight, None if self.cfg.optimal_bias else self.bias,
-                         self.cfg, self.terms, dev=self.dev, channels_last=self.channels_last,
-                         finish=self.cfg.finish_features,
-                         rotate_to=self.terms.broadcast if self.cfg.finish_rotation else None)
+    def _evaluate(self, *, final: bool = False) -> Fit:
+        # the rotation changes neither L_m nor C_m, so the tolerance checks leave it out
+        rotate = final and self.cfg.finish_rotation
+        return evaluate_fit(self.backbone, self.x, self.y, self.weight, None if self.cfg.optimal_bias else self.bias,
+                            self.cfg, self.terms, dev=self.dev, channels_last=self.channels_last,
+                            finish=self.cfg.finish_features, rotate_to=self.terms.broadcast if rotate else None)
 
     def run(self) -> None:
         """Epochs up to ``cfg.epochs``, stopping early once ``cfg.local_tol`` is reached."""
@@ -547,7 +345,7 @@ class _TrainLoop:
             self.epochs_run = e + 1
             if tol is not None and (e + 1) % every == 0 and e + 1 < cfg.epochs:
                 fit = self._evaluate()
-                gap = _relative(fit.trained_objective, self.trained_l_star)
+                gap = relative(fit.trained_objective, self.trained_l_star)
                 self.gap_trace.append((e + 1, gap))
                 if gap <= tol:
                     break
@@ -558,7 +356,7 @@ class _TrainLoop:
     @torch.no_grad()
     def finish(self) -> LocalResult:
         """The final evaluation and the finishing step (``cfg.finish_features``)."""
-        fit = self._evaluate()
+        fit = self._evaluate(final=True)
         if fit.feature_map is not None:
             self.backbone.map_features(*fit.feature_map)
             self.weight.copy_(fit.weight.to(self.weight.dtype))
@@ -567,7 +365,7 @@ class _TrainLoop:
         if not (math.isfinite(fit.objective) and torch.isfinite(w).all() and np.all(np.isfinite(fit.bias))):
             raise TrainDivergedError(f"train_local: training diverged (objective {fit.objective}, non-finite head "
                                      f"or features after {self.k} steps); lower cfg.lr or keep clip_norm set")
-        trained_gap = _relative(fit.trained_objective, self.trained_l_star)
+        trained_gap = relative(fit.trained_objective, self.trained_l_star)
         tol = self.cfg.local_tol
         trace = list(self.gap_trace)
         if tol is not None and (not trace or trace[-1][0] != self.epochs_run):
@@ -575,7 +373,7 @@ class _TrainLoop:
         metrics = LocalMetrics(
             objective=fit.objective,
             optimal_objective=self.l_star,
-            relative_gap=_relative(fit.objective, self.l_star),
+            relative_gap=relative(fit.objective, self.l_star),
             trained_objective=fit.trained_objective,
             trained_optimal_objective=self.trained_l_star,
             trained_gap=trained_gap,

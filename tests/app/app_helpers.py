@@ -125,7 +125,14 @@ class FakeGrid(Grid):
         for m in messages:
             m.metadata.__dict__["_message_id"] = f"msg-{len(self.sent)}"  # as flwr's InMemoryGrid
             self.sent.append(m)
-            self._replies[m.metadata.message_id] = self.handlers[m.metadata.dst_node_id](m)
+            try:
+                reply = self.handlers[m.metadata.dst_node_id](m)
+            except Exception as exc:  # noqa: BLE001 - as flwr: a raising ClientApp -> an error reply
+                from flwr.app import Error
+
+                reply = Message(Error(code=0, reason=f"{type(exc).__name__}: {exc}"), reply_to=m)
+            if reply is not None:  # None: the client never answers
+                self._replies[m.metadata.message_id] = reply
             ids.append(m.metadata.message_id)
         return ids
 

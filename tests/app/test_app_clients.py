@@ -11,7 +11,7 @@ import torch
 from app_helpers import InProcessGrid, instruction
 
 from clients import BackboneStore, make_client_app
-from clients.app import federated_data
+from clients.app import federated_data, simulation_state_dir
 from fedhead import ufm
 from fedhead.config import ConfigError, compose_config, load_config
 from fedhead.recorder import RunRecorder
@@ -70,9 +70,12 @@ def test_trained_procedures_complete_and_keep_backbones_private(tmp_path, task_i
     last = res["rounds"][-1]
     assert np.isfinite(last["train_mse"]) and len(last["objective_gaps"]) == 3 and last["delta"] > 0
     assert res["reference"] == {"corrected_proximal": "cen", "centered": "within"}.get(procedure, "star")
-    store = BackboneStore(job.state_dir / "run_11")
+    store = BackboneStore(simulation_state_dir(job, 11))
     for pid in range(3):
-        assert store.latest_round(pid) == 2  # only the newest private state is kept
+        assert store.latest_round(pid) == 2
+        if procedure != "exact":  # the newest state and the previous one (what resume= needs)
+            assert sorted(p.name for p in store.root.glob(f"partition_{pid}.*")) == [
+                f"partition_{pid}.r1.pt", f"partition_{pid}.r2.pt"]
     kinds = [m.metadata.message_type for m in grid.sent]
     assert kinds.count("query") == 3 and kinds.count("train") == 6 and kinds.count("evaluate") == 6
     train_msgs = [m for m in grid.sent if m.metadata.message_type == "train"]
@@ -105,7 +108,11 @@ def test_backbone_store_is_atomic_and_detects_newer_states(tmp_path):
     assert store.load(0) is None
     store.save(0, 1, {"w": torch.ones(2)})
     store.save(0, 2, {"w": 2 * torch.ones(2)})
-    assert sorted(p.name for p in (tmp_path / "s").iterdir()) == ["partition_0.r2.pt"]
+    store.save(0, 3, {"w": 3 * torch.ones(2)})
+    # the newest state and the previous one (a resumed run restarts the interrupted round)
+    assert sorted(p.name for p in (tmp_path / "s").iterdir()) == ["partition_0.r2.pt", "partition_0.r3.pt"]
+    assert torch.equal(store.load(0, expected_round=2)[1]["w"], 2 * torch.ones(2))
+    (tmp_path / "s" / "partition_0.r3.pt").unlink()
     rnd, state = store.load(0)
     assert rnd == 2 and torch.equal(state["w"], 2 * torch.ones(2))
     # another process wrote round 3: the cached round-2 copy must not be served

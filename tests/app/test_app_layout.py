@@ -117,7 +117,10 @@ def test_store_finds_the_expected_round_without_listing(tmp_path, monkeypatch):
     for pid in range(5):
         store.save(pid, 1, {"w": torch.full((2,), float(pid))})
     store.save(3, 2, {"w": torch.ones(2)})
-    assert not store.path(3, 1).exists() and store.path(3, 2).exists()
+    assert store.path(3, 1).exists() and store.path(3, 2).exists()  # the previous round is kept
+    store.save(3, 3, {"w": 3 * torch.ones(2)})
+    assert not store.path(3, 1).exists()
+    store.path(3, 3).unlink()
     BackboneStore.clear_cache()
 
     def no_listing(self, partition):

@@ -1,6 +1,6 @@
 """End-to-end Flower simulations on the Ray backend (free-feature backbone, tiny sizes).
 
-The default suite keeps one fast federation (``exact``); the training comparisons and the
+The default suite keeps one fast trained federation; the training comparisons and the
 ``fedhead-run`` CLI run are marked slow (Ray starts a fresh cluster for each federation).
 """
 
@@ -48,29 +48,38 @@ def _check_results_file(job, results):
     return on_disk
 
 
-def test_exact_simulation_follows_the_recursion(tmp_path):
-    """``exact`` over Ray: G_t equals the SPEC 6 recursion from the run's own G_0 (to 1e-8)."""
-    from fedhead.run import run_federation
+def test_trained_simulation_meets_the_theory(tmp_path):
+    """One Ray simulation, two trained procedures (free features, the quickstart's recipe):
+    proximal follows the exact BW recursion from the run's own G_0 (docs/theory.md §6) to 2e-3,
+    corrected-proximal is on G_cen after one round (§8) to 2e-3, every client at its local
+    optimum; results.json, TensorBoard and figures are written."""
+    from fedhead.run import run_federations
 
-    job = _job(tmp_path, "procedure=exact", "num_clients=3", "rounds=3")
-    results = run_federation(job, show_progress=False)
-    res = _check_results_file(job, results)
+    cfg = load_config(compose_config([
+        "model=free", "dataset.n_train=300", f"dataset.cache_dir={tmp_path / 'cache'}", "num_clients=3",
+        "experiment=single", "experiment.procedures=[proximal,corrected_proximal]", "rounds=2",
+        "local_epochs=400", "train.lr=3e-3", "local_tol=1e-5", "rho=1e-5", "output.figures=true",
+        "resources.client_cpus=1",
+    ]))
+    jobs = cfg.jobs(tmp_path / "out")
+    prox, corr = run_federations(jobs, show_progress=False)
+    res = _check_results_file(jobs[0], prox)
+    _check_results_file(jobs[1], corr)
     t = res["targets"]
     grams = np.array([r["gram"] for r in res["rounds"]])
-    recursion = ufm.gram_recursion(grams[0], np.array(t["client_grams"]), np.array(t["weights"]), 3)
-    np.testing.assert_allclose(grams, recursion, rtol=0, atol=1e-8 * np.abs(recursion).max())
-    for r in res["rounds"][1:]:
-        assert r["e_f_recursion"] < 1e-8 and r["trajectory_error"] < 1e-8
-        assert r["delta"] < 1e-8
+    recursion = ufm.gram_recursion(grams[0], np.array(t["client_grams"]), np.array(t["weights"]), 2)
+    for r, g_rec in zip(res["rounds"][1:], recursion[1:]):
+        assert np.linalg.norm(np.array(r["gram"]) - g_rec) / np.linalg.norm(g_rec) < 2e-3
+        assert max(r["trained_gaps"]) < 1e-4 and r["delta"] < 1e-2
         np.testing.assert_allclose(r["bias"], np.array(res["moments"]["weights"]) @ np.array(res["moments"]["means"]),
-                                   rtol=0, atol=1e-6)
-    errs = [r["e_f_star"] for r in res["rounds"]]
-    assert errs[-1] < 1e-3 * errs[0]  # converging to the BW barycenter
+                                   rtol=0, atol=1e-3)
+    assert corr["rounds"][1]["e_f_cen"] < 2e-3 and corr["reference"] == "cen"
     assert res["diagnosis"]["fully_active"] and len(res["diagnosis"]["margins"]) == 3
-    assert not job.state_dir.exists()  # private state removed after the run
+    assert not jobs[0].state_dir.exists()  # private state removed after the run
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)  # longer than the default 300 s per test
 def test_proximal_vs_ordinary_and_corrected_proximal(tmp_path):
     """Trained free features (one Ray simulation, three procedures one after another):
     proximal ends closer to G_star than ordinary, corrected_proximal within 1e-2 of G_cen."""
@@ -90,6 +99,7 @@ def test_proximal_vs_ordinary_and_corrected_proximal(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)  # longer than the default 300 s per test
 def test_fedhead_run_cli_on_a_tiny_resmlp(tmp_path):
     """``fedhead-run`` (Hydra) on a tiny ResMLP: results.json, TensorBoard events, figures."""
     out = tmp_path / "run"
@@ -121,3 +131,59 @@ def test_fedhead_run_cli_on_a_tiny_resmlp(tmp_path):
     assert len(console) <= 40, console
     log_text = (out / "run.log").read_text()
     assert "[flwr]" in log_text and "[fedhead.console][INFO] [proximal] round 2/2" in log_text
+
+
+def _raising_client_app():
+    from flwr.clientapp import ClientApp
+
+    app = ClientApp()
+
+    @app.query()
+    def query(msg, context):
+        raise RuntimeError("client exploded on purpose")
+
+    return app
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_a_raising_client_fails_the_run_with_its_reason(tmp_path):
+    """The driver's failure path: a ClientApp that raises ends the simulation with an exception
+    naming the client's error, results.json marked failed with it, no rounds recorded."""
+    from fedhead.run import run_federations
+    from strategies import FederationError
+
+    job = _job(tmp_path, "procedure=exact", "num_clients=2", "rounds=1", "timeouts.exchange=60")
+    with pytest.raises(FederationError, match="client exploded on purpose"):
+        run_federations([job], show_progress=False, client_app=_raising_client_app())
+    res = json.loads((Path(job.output_dir) / "results.json").read_text())
+    assert res["status"] == "failed"
+    assert "moment exchange" in res["error"] and "client exploded on purpose" in res["error"]
+    assert res["rounds"] == [] and res["diagnosis"] is None
+
+
+@pytest.mark.timeout(120)
+def test_a_crashed_engine_ends_the_run(tmp_path, monkeypatch):
+    """A simulation engine that dies (here: no Ray actor fits the client resources; the
+    driver's preflight that refuses this is switched off) ends the run within seconds instead
+    of leaving the ServerApp thread waiting forever; results.json says failed and why."""
+    import threading
+    import time
+
+    from fedhead import run as run_mod
+
+    monkeypatch.setattr(run_mod, "preflight", lambda jobs: None)
+    job = _job(tmp_path, "procedure=exact", "num_clients=2", "rounds=1", "resources.client_cpus=64",
+               "resources.evaluate_mse=false", "output.tensorboard=false")
+    t0 = time.perf_counter()
+    from fedhead.watchdog import EngineDied
+
+    with pytest.raises(EngineDied, match="the simulation engine crashed: .*ActorPool is empty"):
+        run_mod.run_federation(job, show_progress=False)
+    res = json.loads((Path(job.output_dir) / "results.json").read_text())
+    assert res["status"] == "failed" and "ActorPool is empty" in res["error"]
+    deadline = time.perf_counter() + 10
+    while any(t.name != "MainThread" and not t.daemon and t.is_alive() for t in threading.enumerate()):
+        assert time.perf_counter() < deadline, [t.name for t in threading.enumerate()]  # no hung ServerApp thread
+        time.sleep(0.1)
+    assert time.perf_counter() - t0 < 60

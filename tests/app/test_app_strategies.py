@@ -77,7 +77,7 @@ def test_exchange_rejects_errors_missing_and_bad_replies(task_identity, fig2_tar
     with pytest.raises(agg.ReplyError, match="node 33 .*positive integer"):
         strategy.aggregate_moments([good[0], good[1], bad])
     dup = query_reply(instruction(33, "query"), fig2_targets[2], 1)
-    with pytest.raises(FederationError, match="duplicate partition"):
+    with pytest.raises(ValueError, match="partition 1 by nodes"):
         strategy.aggregate_moments([good[0], good[1], dup])
 
 

@@ -155,12 +155,13 @@ def test_console_filter_keeps_actionable_warnings_only(tmp_path):
         logs.configure_run_logging(tmp_path, stream=stream)
         logging.getLogger("strategies.x").warning("a client failed: raise local_epochs")
         logging.getLogger("ray").warning("ray internals")
-        logging.getLogger("flwr").error("a ClientApp raised")
+        logging.getLogger("flwr").error("a ClientApp raised (reported by the driver)")
+        logging.getLogger("ray").error("a worker died")
         logging.getLogger("fedhead.run").info("details for the log")
         logs.console.info("for the console")
     finally:
         logs.remove_run_logging()
     assert stream.getvalue().splitlines() == [
-        "WARNING: a client failed: raise local_epochs", "ERROR: a ClientApp raised", "for the console"]
+        "WARNING: a client failed: raise local_epochs", "ERROR: a worker died", "for the console"]
     assert "ray internals" in (tmp_path / "run.log").read_text()
     assert "details for the log" in (tmp_path / "run.log").read_text()

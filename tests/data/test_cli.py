@@ -86,6 +86,7 @@ def test_pkg_conf_module_composes(monkeypatch):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)  # longer than the default 300 s per test
 def test_console_entry_point_with_pkg_conf(tmp_path):
     """``python -m fedhead.data.cli`` in a scratch folder (``conf`` importable, pkg://conf): the
     cache is written and Hydra leaves nothing in the working directory."""

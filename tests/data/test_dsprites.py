@@ -148,6 +148,7 @@ def test_bad_files_raise_data_error(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)  # longer than the default 300 s per test
 def test_full_size_generation():
     raw = load(DSpritesConfig())
     assert raw.x.shape == (12000, 1, 64, 64) and raw.x_test.shape == (3000, 1, 64, 64)

@@ -116,9 +116,9 @@ def test_generator_config_errors():
     "task",
     [
         "hopper",  # the default run's data set stays in the fast suite (under a second)
-        pytest.param("swimmer", marks=pytest.mark.slow),
-        pytest.param("halfcheetah", marks=pytest.mark.slow),
-        pytest.param("walker2d", marks=pytest.mark.slow),
+        pytest.param("swimmer", marks=[pytest.mark.slow, pytest.mark.timeout(1200)]),
+        pytest.param("halfcheetah", marks=[pytest.mark.slow, pytest.mark.timeout(1200)]),
+        pytest.param("walker2d", marks=[pytest.mark.slow, pytest.mark.timeout(1200)]),
     ],
 )
 def test_default_generated_clients_fully_active_and_distinct(task):

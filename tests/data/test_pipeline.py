@@ -366,3 +366,12 @@ def test_shared_split_helpers():
     for n_train, n_test in ((0, 1), (5, -1)):
         with pytest.raises(DataError, match="toy: n_train must be > 0 and n_test >= 0"):
             check_split_sizes(dataclasses.replace(cfg, n_train=n_train, n_test=n_test), "toy")
+
+
+def test_a_loader_returning_fewer_samples_than_asked_raises(monkeypatch):
+    from fedhead.data import registry
+
+    cfg = make_config("hopper", n_train=500)
+    monkeypatch.setattr(registry, "get_loader", lambda name: (lambda c: _raw(n=300)))
+    with pytest.raises(DataError, match=r"hopper: the loader returned 300 training samples .*n_train=500"):
+        registry.load_raw(cfg, use_cache=False)

@@ -136,6 +136,7 @@ def test_missing_and_bad_files(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)  # longer than the default 300 s per test
 def test_generator_moderate_size():
     raw = load(Shapes3DConfig(n_train=400, n_test=100, seed=0))
     assert raw.x.shape == (400, 3, 64, 64)

@@ -163,6 +163,7 @@ def test_cli_runs_one_experiment(tmp_path, capsys, monkeypatch):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)  # longer than the default 300 s per test
 def test_quick_suite_all(tmp_path, capsys):
     """The whole quick profile through the CLI (about 1-2 minutes on 2 cores)."""
     assert cli.main(["all", "--quick", "--out", str(tmp_path)]) == 0

@@ -30,9 +30,9 @@ MU_M = np.array([0.5, -1.0])
 SIGMA_CEN = np.array([[0.8, -0.4], [-0.4, 2.0]])
 
 
-
 # The literal SPEC 10 recipe: trained bias, no warm start of the last layer, no finishing step, no warm-up.
 LITERAL = dict(optimal_bias=False, solve_last_layer=False, finish_features=False, warmup_steps=0)
+
 
 def rel(a, b):
     return np.linalg.norm(a - b) / np.linalg.norm(b)
@@ -359,6 +359,12 @@ def test_bad_inputs_raise_clear_errors(y_m):
     ("lr_min", 1.0, "must be in"),
     ("clip_norm", 0.0, "must be > 0"),
     ("lambda_h", float("nan"), "must be > 0"),
+    ("local_tol", 0.0, "must be a relative gap in"),
+    ("local_tol", -1e-3, "must be a relative gap in"),
+    ("local_tol", 1.0, "must be a relative gap in"),
+    ("check_every", -1, "must be an integer >= 0"),
+    ("warmup_steps", -5, "must be an integer >= 0"),
+    ("last_layer_ridge", -1e-4, "must be >= 0"),
 ])
 def test_bad_config_raises(field, value, msg):
     with pytest.raises(TrainInputError, match=f"TrainConfig.{field} {msg}"):
