@@ -14,7 +14,6 @@ import dataclasses
 import logging
 import sys
 import time
-import warnings
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,7 @@ from flwr.serverapp import Grid
 from fedhead.aggregation import LOCAL_GAP_THRESHOLD
 from fedhead.config import JobConfig
 from fedhead.io import provenance, write_json_atomic
+from fedhead.logs import console
 from fedhead.protocol import TRAIN_SECONDS
 from fedhead.tracking import RoundRecord, Targets
 
@@ -120,7 +120,9 @@ class RunRecorder:
         self.round_times: list[float] = []
         self.targets: Targets | None = None
         self.records: dict[int, RoundRecord] = {}
-        self.tb = TensorBoardLogger(self.dir / "tensorboard") if job.output.tensorboard else None
+        self.target_names, self.unit = target_axes(job)
+        self.tb = (TensorBoardLogger(self.dir / "tensorboard", target_names=self.target_names, unit=self.unit,
+                                     procedure=job.name) if job.output.tensorboard else None)
         self.show_progress = show_progress
         self.base_timing: dict[str, Any] = {}  # merged into results["timing"] by finish()
         self._bar = None
@@ -142,6 +144,8 @@ class RunRecorder:
             "rounds": [],
             "timing": {},
         }
+        if self.tb is not None:
+            self.tb.hparams(job_hparams(job))
         self.write()
 
     @property
@@ -167,6 +171,11 @@ class RunRecorder:
             self.results["targets"] = exchange.targets.to_dict()
         self.results["dataset"]["counts"] = np.asarray(m.counts).astype(int).tolist()
         log.info("[%s] diagnosis from the exchanged moments:\n%s", self.job.name, exchange.diagnosis.format())
+        shown = (str(self.dir.parent), exchange.diagnosis.format())
+        if shown not in _DIAGNOSES_SHOWN:  # once per experiment: every procedure sees the same moments
+            _DIAGNOSES_SHOWN.add(shown)
+            console.info("Diagnosis (from the exchanged moments, before training):\n  %s",
+                         "\n  ".join(diagnosis_lines(self.results["diagnosis"])))
         if self.tb is not None:
             self.tb.diagnosis(exchange.diagnosis)
         self.write()
@@ -201,6 +210,7 @@ class RunRecorder:
             _fmt(max(record.trained_gaps) if record.trained_gaps else None, ".2g"),
             "-" if not record.local_epochs else "/".join(str(e) for e in record.local_epochs),
         )
+        console.info("%s", round_line(self.job, record))
         if record.trained_gaps and max(record.trained_gaps) > LOCAL_GAP_THRESHOLD:
             log.warning("[%s] round %d: %s", self.job.name, t, local_gap_advice(record, self.job))
         if self._bar is not None and t >= 1:
@@ -222,8 +232,84 @@ class RunRecorder:
         if self.tb is not None:
             if status == "completed" and len(self.records) > 1:
                 self.tb.text("summary", final_summary(self.results))
+            self.tb.finish(status)
             self.tb.close()
         return self.results
+
+
+#: (experiment folder, diagnosis text) already shown on the console in this process
+_DIAGNOSES_SHOWN: set[tuple[str, str]] = set()
+
+_MUJOCO = ("swimmer", "hopper", "halfcheetah", "walker2d")
+
+
+def target_axes(job: JobConfig) -> tuple[list[str] | None, str]:
+    """Target names and the unit of the Gram axes of ``job``'s data set.
+
+    Names come from the data set if this process has loaded it (the simulation driver has; a
+    deployed ServerApp has no data and gets ``None``: axes "coordinate k"). MuJoCo actions keep
+    their stored scale (torque commands); every other data set's targets are standardised.
+    """
+    from fedhead.data.units import target_units
+
+    name = str(getattr(job.dataset, "name", ""))
+    names = None
+    try:
+        from fedhead.data.pipeline import memo_get
+        from fedhead.data.registry import coerce_config
+
+        raw = memo_get(coerce_config(job.dataset))
+        if raw is not None:
+            names = [str(n) for n in raw.target_names]
+            if not raw.standardize:
+                units = sorted(set(target_units(name, names)) - {""})
+                return names, (units[0] if len(units) == 1 else "stored scale")
+    except Exception:  # noqa: BLE001 - labels only: never fail a run over them
+        log.debug("target names of %s not available", name, exc_info=True)
+    if name in _MUJOCO:
+        return names, "torque command"
+    return names, "standardised"
+
+
+def job_hparams(job: JobConfig) -> dict[str, Any]:
+    """The hyperparameters a sweep varies (TensorBoard's hparams plugin filters runs by them)."""
+    st, tr, proc = job.settings, job.train, job.procedure
+    return {
+        "procedure": proc.name, "dataset": str(getattr(job.dataset, "name", "")),
+        "model": str(getattr(job.model, "name", "")), "rounds": int(st.rounds),
+        "local_epochs": int(st.local_epochs), "num_clients": int(st.num_clients), "seed": int(st.seed),
+        "rho": float(proc.rho), "gamma": float(proc.gamma), "lambda_h": float(st.lambda_h),
+        "lambda_w": float(st.lambda_w), "lr": float(tr.lr),
+        "local_tol": -1.0 if tr.local_tol is None else float(tr.local_tol),
+    }
+
+
+def round_line(job: JobConfig, record: RoundRecord) -> str:
+    """The console line of one round: errors to both references and how close clients came."""
+    rounds = job.settings.rounds
+    parts = [f"[{job.name}] round {record.round}/{rounds}:",
+             f"e_F(G_t, G_star) = {_fmt(record.e_f_star, '.3g')},",
+             f"e_F(G_t, G_cen) = {_fmt(record.e_f_cen, '.3g')}"]
+    if record.trained_gaps:
+        parts[-1] += ","
+        parts.append(f"largest local gap {max(record.trained_gaps):.2g}")
+        if record.local_epochs:
+            lo, hi = min(record.local_epochs), max(record.local_epochs)
+            parts.append(f"({lo} epochs)" if lo == hi else f"({lo}-{hi} epochs)")
+    return " ".join(parts)
+
+
+def start_line(cfg: Any, jobs: list[JobConfig], root: Path) -> str:
+    """The console's first line: what runs, and where its outputs go."""
+    if not jobs:
+        return f"fedhead-run: nothing to run; outputs in {root}"
+    st = jobs[0].settings
+    what = (f"diagnosis only" if st.diagnose_only else
+            f"{', '.join(j.name for j in jobs)}: {st.rounds} rounds x up to {st.local_epochs} local epochs")
+    exp = getattr(getattr(cfg, "experiment", None), "name", "")
+    return (f"fedhead-run{f' {exp}' if exp else ''}: {what}, {st.num_clients} clients on "
+            f"{getattr(jobs[0].dataset, 'name', '?')}, model {getattr(jobs[0].model, 'name', '?')} -> {root} "
+            f"(full log: run.log)")
 
 
 def _fmt(value: float | None, spec: str = ".4g") -> str:
@@ -265,35 +351,29 @@ def final_summary(results: dict[str, Any]) -> str:
 
 
 def write_figures(rec: RunRecorder) -> list[Path]:
-    """PNG figures of a finished federation: error curves and final ellipses."""
+    """PNG figures of a finished federation: error curves (:func:`fedhead.plots.run_error_figure`)
+    and the final Gram ellipses with the data set's target names and unit."""
     from fedhead import plots
     from fedhead.tb import ellipse_figure
 
     rounds = sorted(rec.records)
     recs = [rec.records[t] for t in rounds]
-    x = np.asarray(rounds, dtype=float)
-
-    def arr(values):  # None (undefined outside the fully active regime) -> NaN
-        return np.array([np.nan if v is None else v for v in values], dtype=float)
-
-    curves = {
-        "e_F(G_t, G_star)": arr(r.e_f_star for r in recs),
-        "e_F(G_t, G_cen)": arr(r.e_f_cen for r in recs),
-        "e_F(G_t, G_within)": arr(r.e_f_within for r in recs),
-        # round 0 is the recursion's own start (error 0): drawn from round 1 on
-        "e_F(G_t, recursion)": arr(None if r.round == 0 else r.e_f_recursion for r in recs),
-    }
-    curves = {k: v for k, v in curves.items() if np.isfinite(v).any()}
-    fig, (ax,) = plots.new_figure(1, panel_size=(5.5, 4.0))
-    with warnings.catch_warnings():  # the NaN at round 0 of the recursion curve is intended
-        warnings.filterwarnings("ignore", "All-NaN slice", RuntimeWarning)
-        plots.plot_error_curves(ax, x, curves, band="none", xlabel="round", ylabel="relative error",
-                                title=f"{rec.job.name}: head Gram errors")
+    fig = plots.run_error_figure(dict(rec.results, rounds=[r.to_dict() for r in recs]))
     paths = [plots.save_figure(fig, rec.dir / "error_curves.png")]
-    if rec.targets is not None:
-        fig = ellipse_figure(recs[-1].gram, rec.targets, round_=rounds[-1], gram0=recs[0].gram)
+    if rec.targets is not None and recs[-1].gram.shape[0] >= 2:
+        fig = ellipse_figure(recs[-1].gram, rec.targets, round_=rounds[-1], gram0=recs[0].gram,
+                             target_names=rec.target_names, unit=rec.unit, procedure=rec.job.name)
         paths.append(plots.save_figure(fig, rec.dir / "ellipses.png"))
     return paths
+
+
+def write_procedures_figure(results: list[dict[str, Any]], path: str | Path) -> Path:
+    """``procedures.png`` of an experiment: per procedure, e_F to G_star and to G_cen per round
+    with the diagnosis's predicted gap (:func:`fedhead.plots.procedures_figure`)."""
+    from fedhead import plots
+
+    done = [r for r in results if r.get("rounds")]
+    return plots.save_figure(plots.procedures_figure(done), path)
 
 
 def timing_summary(recorder: RunRecorder, pgrid: ProgressGrid | None, t_sim: float, t_end: float) -> dict[str, Any]:

@@ -29,14 +29,16 @@ from fedhead.checkpoint import Checkpoint, ResumeError, resume_checkpoints
 from fedhead.cli_errors import debug_enabled, is_flwr_wrapper, one_line, report
 from fedhead.config import JobConfig, hydra_config_path, load_config
 from fedhead.io import write_json_atomic
+from fedhead.logs import configure_run_logging, console, run_logging_active, simulation_logging
 from fedhead.protocol import JOB
 from fedhead.recorder import (
     SCHEMA_VERSION,
     ProgressGrid,
     RunRecorder,
-    diagnosis_lines,
     error_table,
+    start_line,
     timing_summary,
+    write_procedures_figure,
 )
 from fedhead.server_app import finish_job, serve
 from fedhead.watchdog import EngineDied, EngineWatch
@@ -167,13 +169,10 @@ def run_federations(jobs: list[JobConfig], *, show_progress: bool = True, verbos
         if (job.settings.num_clients, job.resources, job.dataset) != (first.settings.num_clients, first.resources, first.dataset):
             raise ValueError("jobs of one simulation must share the data set, client count and resources")
     backend = first.resources.backend_config(first.settings.num_clients, _use_cuda(first))
-    if not verbose:
-        for name in ("flwr", "alembic"):  # flwr's in-memory link state logs its migrations
-            logging.getLogger(name).setLevel(logging.WARNING)
-        if not debug_enabled():  # flwr logs an engine crash's traceback (twice); the error says it once
-            logging.getLogger("flwr").setLevel(logging.CRITICAL)
-        backend["init_args"].setdefault("logging_level", logging.ERROR)
-        backend["init_args"].setdefault("log_to_driver", False)
+    simulation_logging(backend["init_args"], verbose=verbose)
+    if not verbose and not debug_enabled() and not run_logging_active():
+        # flwr logs an engine crash's traceback (twice); the error says it once
+        logging.getLogger("flwr").setLevel(logging.CRITICAL)
     resumes = prepare_resume(jobs)
     t_ray = _prepare_and_start_ray(first, backend["init_args"])
     for job, ckpt in zip(jobs, resumes):
@@ -301,8 +300,9 @@ def run_experiment(cfg: Any, output_dir: str | Path, *, show_progress: bool = Tr
     jobs = cfg.jobs(output_dir)
     if cfg.settings.diagnose_only:
         jobs = jobs[:1]  # the diagnosis depends on the data and penalties only
-    results = run_federations(jobs, show_progress=show_progress)
     root = cfg.output_root(output_dir)
+    console.info("%s", start_line(cfg, jobs, root))
+    results = run_federations(jobs, show_progress=show_progress)
     table = error_table(results)
     summary = {
         "schema_version": SCHEMA_VERSION,
@@ -316,10 +316,9 @@ def run_experiment(cfg: Any, output_dir: str | Path, *, show_progress: bool = Tr
         },
         "table": table,
     }
+    if cfg.output.figures and len([r for r in results if len(r.get("rounds") or []) > 1]) > 1:
+        summary["figures"] = [write_procedures_figure(results, root / "procedures.png").name]
     write_json_atomic(root / "summary.json", summary)
-    if results and results[0].get("diagnosis"):
-        print("\nDiagnosis (from the exchanged moments):")
-        print("  " + "\n  ".join(diagnosis_lines(results[0]["diagnosis"])))
     if table:
         print("\nRelative error of the shared head Gram G_t per round (local gap: the largest relative gap of a "
               "client's trained objective to its optimum):")
@@ -346,6 +345,7 @@ def main() -> None:
         out = HydraConfig.get().runtime.output_dir
         try:
             typed = load_config(cfg)
+            configure_run_logging(typed.output_root(out))
             run_experiment(typed, out)
         except BaseException as exc:  # one line and an exit code (tracebacks with FEDHEAD_DEBUG=1)
             if isinstance(exc, SystemExit) or debug_enabled(cfg.get("debug")):

@@ -44,6 +44,7 @@ __all__ = [
     "save_raw",
     "load_raw_file",
     "clear_memo",
+    "memo_get",
 ]
 
 log = logging.getLogger(__name__)
@@ -268,6 +269,13 @@ def _freeze(raw: RawDataset) -> RawDataset:
         if isinstance(v, np.ndarray):
             v.flags.writeable = False
     return raw
+
+
+def memo_get(cfg: DatasetConfig) -> RawDataset | None:
+    """The data set of ``cfg`` if this process has already loaded it (reads no file), else None."""
+    key = cache_key(cfg)
+    with _MEMO_LOCK:
+        return _MEMO.get(key)
 
 
 def clear_memo() -> None:

@@ -7,6 +7,7 @@ The default suite keeps one fast trained federation; the training comparisons an
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -112,13 +113,24 @@ def test_fedhead_run_cli_on_a_tiny_resmlp(tmp_path):
     assert proc.returncode == 0, proc.stderr[-4000:]
     res = json.loads((out / "proximal" / "results.json").read_text())
     assert res["status"] == "completed" and len(res["rounds"]) == 3
-    assert res["config"]["rounds"] == 2 and res["procedure"]["rho"] == 1e-3
+    assert res["config"]["rounds"] == 2 and res["procedure"]["rho"] == res["config"]["rho"] == 1e-5  # quickstart rho
     for r in res["rounds"][1:]:
         assert r["train_mse"] is not None and np.isfinite(r["e_f_star"]) and len(r["objective_gaps"]) == 4
     assert list((out / "proximal" / "tensorboard").glob("events.out.tfevents.*"))
     assert (out / "proximal" / "ellipses.png").is_file()
     assert json.loads((out / "summary.json").read_text())["procedures"] == ["proximal"]
     assert "e_F(G_star)" in proc.stdout
+    # the console: no third-party noise, one line per round, the rest in run.log
+    console = [seg for seg in re.split(r"[\r\n]", proc.stdout + proc.stderr)
+               if seg.strip() and not re.search(r"\| *\d+/\d+ \[", seg) and seg.strip() != "\x1b[A"]
+    for noise in ("alembic", "DEPRECATED", "FutureWarning", "Aggregated ClientApp-side"):
+        assert noise not in proc.stdout + proc.stderr, noise
+    assert sum("Diagnosis" in line for line in console) == 1
+    assert [line.split(":")[0] for line in console if line.startswith("[proximal] round")] == [
+        f"[proximal] round {t}/2" for t in range(3)]
+    assert len(console) <= 40, console
+    log_text = (out / "run.log").read_text()
+    assert "[flwr]" in log_text and "[fedhead.console][INFO] [proximal] round 2/2" in log_text
 
 
 def _raising_client_app():
