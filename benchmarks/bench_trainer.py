@@ -18,7 +18,7 @@ loaded machine slows both):
 Headline numbers are medians over ``--repeats`` interleaved pairs (the order of trainer and
 reference alternates between pairs); min and max of the pairwise ratios are printed too.
 
-Cases (issue 3): ResMLP width 1024 and width 256 on a 1,000 x 17 tabular client with 6 targets,
+Cases: ResMLP width 1024 and width 256 on a 1,000 x 17 tabular client with 6 targets,
 the free-feature backbone on 1,000 samples, ResNet-18 on 64 x 64 RGB images (small N).
 
 Usage::
@@ -28,7 +28,7 @@ Usage::
     python benchmarks/bench_trainer.py --device cuda --fast --out results/bench_trainer.json
     python benchmarks/bench_trainer.py --threads 1 --cases resmlp1024 --fast   # CPU: torch.compile
 
-Goals on a 2-core CPU (issue 3): ratio >= 1 everywhere, >= 1.3 for ``resmlp256`` and ``free``,
+Goals on a 2-core CPU: ratio >= 1 everywhere, >= 1.3 for ``resmlp256`` and ``free``,
 >= 65 % of matmul FLOP/s for ``resmlp1024``. On a shared machine compare the median columns.
 """
 

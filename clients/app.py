@@ -228,7 +228,7 @@ def _round_of(msg: Message) -> int:
 
 # -------------------------------------------------------------------------------- handlers
 def handle_query(job: Any, msg: Message, context: Context) -> Message:
-    """Reply with ``(N_m, mu_m, Sigma_m)`` of the client's training targets (SPEC 3)."""
+    """Reply with ``(N_m, mu_m, Sigma_m)`` of the client's training targets (theory.md §3)."""
     pid = partition_of(context, job)
     _, cd = client_data(job, pid)
     y, mu, sigma = client_moments(job, pid, cd)

@@ -5,7 +5,7 @@ The Flower strategies (``strategies/``) compute on the server with this module,
 Grams and per-round measurements), so everything can be tested with plain arrays. No torch, no flwr.
 
 Conventions: float64; heads ``W`` ``(C, P)``, biases ``(C,)``; stacks over clients carry a
-leading axis ``M``; Grams ``(C, C)``. Aggregation weights are ``p_m = N_m / N`` (SPEC 1).
+leading axis ``M``; Grams ``(C, C)``. Aggregation weights are ``p_m = N_m / N`` (theory.md §1).
 """
 
 from __future__ import annotations
@@ -129,7 +129,7 @@ class HeadAverage:
 def average_heads(
     weights: np.ndarray, biases: np.ndarray, counts: Sequence[int] | np.ndarray
 ) -> HeadAverage:
-    """Average uploaded heads with weights ``N_m / N`` (SPEC 1).
+    """Average uploaded heads with weights ``N_m / N`` (theory.md §1).
 
     Parameters
     ----------
@@ -213,7 +213,7 @@ def aggregate_moments(
 
     Every client's statistics are validated first (:func:`validate_moments`); the weights are
     ``N_m / N`` so that ``Sigma_cen = (1/N) sum N_m (Sigma_m + mu_m mu_m^T) - mu_g mu_g^T``
-    (SPEC 3).
+    (theory.md §3).
     """
     ids = list(node_ids) if node_ids is not None else list(range(len(counts)))
     if not (len(counts) == len(means) == len(covs) == len(ids)) or len(counts) < 2:
@@ -233,7 +233,7 @@ def aggregate_moments(
 
 
 def effective_covariances(moments: ufm.TargetMoments, gamma: float = 0.0) -> np.ndarray:
-    """Covariances each client effectively fits, :func:`fedhead.ufm.corrected_covariance` (SPEC 8).
+    """Covariances each client effectively fits, :func:`fedhead.ufm.corrected_covariance` (theory.md §8).
 
     Returns shape ``(M, C, C)``; ``gamma = 0`` gives the plain ``Sigma_m``.
     """
@@ -295,7 +295,7 @@ def local_fit(metrics: Sequence[Mapping[str, Any]], node_ids: Sequence[int | str
 
 
 def weighted_mean(values: Sequence[float], counts: Sequence[int]) -> float:
-    """``sum_m N_m v_m / sum_m N_m`` (clients weighted by evaluated sample counts, SPEC 11)."""
+    """``sum_m N_m v_m / sum_m N_m`` (clients weighted by evaluated sample counts, theory.md §11)."""
     v = np.asarray(values, dtype=np.float64)
     n = np.asarray(counts, dtype=np.float64)
     if v.shape != n.shape or v.size == 0 or np.any(n <= 0):

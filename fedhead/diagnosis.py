@@ -1,7 +1,7 @@
-"""Diagnosis of a federation before training (issue 5), from the exchanged moments alone (numpy only).
+"""Diagnosis of a federation before training, from the exchanged moments alone (numpy only).
 
 :func:`diagnose` turns :class:`fedhead.ufm.TargetMoments` into a :class:`Diagnosis`: the fully
-active margins (SPEC 3), the gap ``G_cen - G_star`` and its three-term decomposition (SPEC 7),
+active margins (theory.md §3), the gap ``G_cen - G_star`` and its three-term decomposition (theory.md §7),
 whether the barycenter ``G_star`` converged, and a one-line recommendation that says what each
 remedy does.
 """
@@ -32,14 +32,14 @@ class Diagnosis:
     Attributes
     ----------
     margins : ndarray (M,)
-        ``lambda_min(Sigma_m) - lambda_H lambda_W``; positive means fully active (SPEC 3).
+        ``lambda_min(Sigma_m) - lambda_H lambda_W``; positive means fully active (theory.md §3).
     threshold : float
         ``lambda_H lambda_W``.
     fully_active : bool
     rel_gap : float
         ``||G_cen - G_star||_F / ||G_cen||_F``.
     gap_trace : float
-        ``Tr(G_cen - G_star) = Tr M_mu + Tr M_Sigma + Tr M_A`` (SPEC 7).
+        ``Tr(G_cen - G_star) = Tr M_mu + Tr M_Sigma + Tr M_A`` (theory.md §7).
     trace_mu, trace_sigma, trace_a : float
         ``Tr M_mu``, ``Tr M_Sigma``, ``Tr M_A``.
     share_mu, share_sigma, share_a : float
@@ -155,10 +155,10 @@ def _not_converged_note(gap: Any) -> str:
 
 def diagnose(moments: ufm.TargetMoments, lambda_h: float, lambda_w: float, *,
              warn_outside_regime: bool = True) -> tuple[Diagnosis, Any]:
-    """Diagnose a federation before training (issue 5) from its moments alone.
+    """Diagnose a federation before training from its moments alone.
 
     Returns the :class:`Diagnosis` and the :class:`fedhead.ufm.GapDecomposition` it came from
-    (``g_star, g_cen, g_within, grams, m_mu, m_sigma, m_a, ...``; SPEC 7). Outside the fully
+    (``g_star, g_cen, g_within, grams, m_mu, m_sigma, m_a, ...``; theory.md §7). Outside the fully
     active regime the closed forms do not hold: the margins and the recommendation are still
     reported (with a ``UserWarning`` unless ``warn_outside_regime=False``, for a caller that
     reports the regime itself), the gap quantities are NaN and the decomposition is None.

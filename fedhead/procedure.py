@@ -42,7 +42,7 @@ def penalty_problem(value: object) -> str | None:
 
 
 def reference_name(gamma: float, centered: bool) -> str:
-    """The Gram a procedure should reach (SPEC 6-8).
+    """The Gram a procedure should reach (theory.md §6-8).
 
     * ``"within"``: client-wise centring, ``G_within = phi(Sigma_within)``;
     * ``"star"``: no correction (``gamma = 0``), the BW barycenter ``G_star`` of the ``G_m``;
@@ -63,7 +63,7 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True)
 class ProcedureConfig:
-    """A local-training procedure (issue 5, SPEC 10; Hydra group ``procedure/``).
+    """A local-training procedure (theory.md §10; Hydra group ``procedure/``).
 
     Attributes
     ----------
@@ -72,10 +72,10 @@ class ProcedureConfig:
     rho : float
         Proximal weight (``rho/2 ||W - W_t||^2``); the top-level ``rho=`` overrides it.
     gamma : float
-        Moment-correction strength in [0, 1] (0 off, 1 full; SPEC 8). Validated here, the one
+        Moment-correction strength in [0, 1] (0 off, 1 full; theory.md §8). Validated here, the one
         place it enters; the training layer and the server read it from this object.
     align : bool
-        Align the trained head to the broadcast before upload (SPEC 5).
+        Align the trained head to the broadcast before upload (theory.md §5).
     centered : bool
         Client-wise target centring (reference ``G_within``).
     full_model : bool
@@ -102,7 +102,7 @@ class ProcedureConfig:
             raise ConfigError(f"procedure {self.name!r}: full_model cannot be combined with align")
         if self.centered and self.gamma > 0:
             # centred clients' covariances average to Sigma_within, not Sigma_cen: the correction
-            # toward the pooled Sigma_cen would put the mean term back (SPEC 7-8)
+            # toward the pooled Sigma_cen would put the mean term back (theory.md §7-8)
             raise ConfigError(
                 f"procedure {self.name!r}: centered cannot be combined with the moment correction "
                 f"(gamma={self.gamma}); centring already removes the mean term"

@@ -77,7 +77,7 @@ TRAIN_MSE = "train_mse"
 TEST_MSE = "test_mse"
 SHARED_OBJECTIVE = "shared_objective"
 
-#: Suffixes of BatchNorm buffers: client-private, never averaged nor sent (SPEC 1, full-model variant).
+#: Suffixes of BatchNorm buffers: client-private, never averaged nor sent (theory.md §1, full-model variant).
 PRIVATE_STATE_SUFFIXES = ("running_mean", "running_var", "num_batches_tracked")
 
 

@@ -85,7 +85,7 @@ def _use_cuda(job: JobConfig) -> bool:
 
 def prepare_data(job: JobConfig):
     """Load (or generate) the job's data once in the driver: validates it, warms the cache the
-    Ray workers read, and refuses a federation outside the fully active regime (SPEC 3) before
+    Ray workers read, and refuses a federation outside the fully active regime (theory.md §3) before
     any worker starts, unless ``dataset.allow_outside_regime=true`` or ``diagnose_only=true``
     (the server repeats the check on the exchanged moments, which is what deployments use)."""
     from fedhead.regime import ensure_fully_active

@@ -1,9 +1,9 @@
-"""Reference Grams of a run and the per-round server measurements (SPEC 11; numpy only).
+"""Reference Grams of a run and the per-round server measurements (theory.md §11; numpy only).
 
 :func:`reference_targets` collects the Grams a procedure is measured against (``G_star``,
 ``G_cen``, ``G_within``, the corrected barycenter of a partial correction, the client Grams the
 recursion uses); :class:`RoundTracker` measures every aggregated head against them and runs the
-exact recursion (SPEC 6) alongside; :class:`RoundRecord` is one round's measurements.
+exact recursion (theory.md §6) alongside; :class:`RoundRecord` is one round's measurements.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ class Targets:
     Outside the fully active regime (``fully_active=False``, only with the explicit
     ``dataset.allow_outside_regime=true`` override) ``phi`` is the PSD minimiser with clipped
     eigenvalues, so ``g_cen``, ``g_within``, ``grams`` and ``client_grams`` are still the
-    optimal Grams of their objectives, but the barycenter theory of SPEC 5-7 does not hold:
+    optimal Grams of their objectives, but the barycenter theory of theory.md §5-7 does not hold:
     ``g_star`` is ``None`` and so is everything derived from it or from the recursion.
     """
 
@@ -106,14 +106,14 @@ def reference_targets(
 
 
 def selected_heads(broadcast: np.ndarray, client_grams: np.ndarray) -> np.ndarray:
-    """``Pi_m(W_t)`` for every client, shape ``(M, C, P)`` (SPEC 5)."""
+    """``Pi_m(W_t)`` for every client, shape ``(M, C, P)`` (theory.md §5)."""
     w = np.asarray(broadcast, dtype=np.float64)
     return np.stack([ufm.closest_head(w, g) for g in np.asarray(client_grams)])
 
 
 def selection_distance(heads: np.ndarray, broadcast: np.ndarray, client_grams: np.ndarray,
                        weights: np.ndarray) -> float:
-    """``delta_t = sum_m p_m ||W~_{m,t} - Pi_m(W_t)||_F`` (SPEC 11); heads ``(M,C,P)``."""
+    """``delta_t = sum_m p_m ||W~_{m,t} - Pi_m(W_t)||_F`` (theory.md §11); heads ``(M,C,P)``."""
     return metrics.selection_distance(heads, selected_heads(broadcast, client_grams), weights)
 
 
@@ -124,7 +124,7 @@ def _scalar() -> dict[str, bool]:
 
 @dataclass
 class RoundRecord:
-    """Server measurements after round ``t`` (issue 5, SPEC 11); JSON-ready via :meth:`to_dict`.
+    """Server measurements after round ``t`` (theory.md §11); JSON-ready via :meth:`to_dict`.
 
     ``gram`` is ``G_t = W_t W_t^T`` of the aggregated head after round ``t`` (round 0: the
     initial head). ``predicted_gram`` is the exact recursion's prediction for the *next* round,
@@ -195,7 +195,7 @@ class RoundTracker:
     """Accumulates the per-round server measurements of one run (pure numpy state).
 
     Call :meth:`start` with the initial head, then :meth:`record` after every aggregation.
-    The exact recursion (SPEC 6) is run alongside from the run's own ``G_0`` (fully active
+    The exact recursion (theory.md §6) is run alongside from the run's own ``G_0`` (fully active
     regime only; outside it the recursion, ``G_star`` and the selection distance are ``None``).
     """
 
@@ -206,7 +206,7 @@ class RoundTracker:
 
     @property
     def theory(self) -> bool:
-        """True when the SPEC 5-7 quantities (G_star, recursion, selection) are defined."""
+        """True when the theory.md §5-7 quantities (G_star, recursion, selection) are defined."""
         return self.targets.fully_active and self.targets.g_star is not None
 
     def _measure(self, t: int, weight: np.ndarray, bias: np.ndarray, **kw: Any) -> RoundRecord:

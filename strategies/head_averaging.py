@@ -9,7 +9,7 @@ The strategies are thin: every number they compute comes from :mod:`fedhead.aggr
   :class:`fedhead.ufm.TargetMoments`, diagnoses the federation, checks the fully active
   condition and computes ``G_star, G_cen, G_within, G_m``. Each round it broadcasts the head
   (and ``Sigma_cen`` to corrected clients), averages the returned heads with weights
-  ``N_m / N`` and measures the round (SPEC 11); an ``evaluate`` message then collects the MSE
+  ``N_m / N`` and measures the round (theory.md §11); an ``evaluate`` message then collects the MSE
   of the shared head on each client's own backbone.
 * :class:`strategies.variants.AlignedHeadAveraging` and
   :class:`strategies.variants.FullModelAveraging` extend it (alignment check, backbone averaging).
@@ -85,14 +85,14 @@ class _NullObserver:
 
 
 class HeadAveraging(FedAvg):
-    """Head-only federated averaging with the one-time moment exchange (issue 5).
+    """Head-only federated averaging with the one-time moment exchange.
 
     Parameters
     ----------
     lambda_h, lambda_w : float
-        Penalties of the local objective (SPEC 2); used for the closed-form targets.
+        Penalties of the local objective (theory.md §2); used for the closed-form targets.
     gamma : float
-        Moment-correction strength the clients use (0: none, 1: full, SPEC 8). When positive the
+        Moment-correction strength the clients use (0: none, 1: full, theory.md §8). When positive the
         server sends ``Sigma_cen`` with every training message.
     centered : bool
         Clients centre their targets (reference Gram becomes ``G_within``).

@@ -1,7 +1,7 @@
 """The two HeadAveraging variants and :func:`make_strategy`.
 
 * :class:`AlignedHeadAveraging`: additionally verifies that every aligned head kept the Gram of
-  the head the client trained (alignment is a rotation, SPEC 5).
+  the head the client trained (alignment is a rotation, theory.md §5).
 * :class:`FullModelAveraging`: additionally averages the backbone (BatchNorm statistics stay on
   the clients) and broadcasts it.
 """

@@ -1,4 +1,4 @@
-"""Local training (torch): the SPEC 2 objective, the SPEC 10 recipe, alignment (SPEC 5).
+"""Local training (torch): the theory.md §2 objective, the theory.md §10 recipe, alignment (theory.md §5).
 
 See ``docs/architecture.md``. The Flower client calls :func:`train_local`, :func:`align` and
 :func:`evaluate_local`; :func:`select_device` picks the device at run time.

@@ -1,4 +1,4 @@
-"""Alignment (SPEC 5): rotate a trained model's feature coordinates towards the broadcast head.
+"""Alignment (theory.md §5): rotate a trained model's feature coordinates towards the broadcast head.
 
 Given the trained head ``W^`` ``(C, P)`` and the broadcast ``W_t`` ``(C, P)``, the orthogonal
 ``Q`` ``(P, P)`` minimising ``||W^ Q - W_t||_F`` is the orthogonal Procrustes solution. It is
@@ -45,7 +45,7 @@ def _complement(basis: np.ndarray) -> np.ndarray:
 
 
 def procrustes_rotation(weight: np.ndarray, target: np.ndarray) -> np.ndarray:
-    """Orthogonal ``Q`` ``(P, P)`` minimising ``||weight Q - target||_F`` (SPEC 5 alignment).
+    """Orthogonal ``Q`` ``(P, P)`` minimising ``||weight Q - target||_F`` (theory.md §5 alignment).
 
     Parameters
     ----------
@@ -114,7 +114,7 @@ class AlignResult:
 
 @torch.no_grad()
 def align(head: nn.Linear, backbone: nn.Module, broadcast_weight: np.ndarray) -> AlignResult:
-    """Align a trained head and backbone to the broadcast head ``W_t`` in place (SPEC 5).
+    """Align a trained head and backbone to the broadcast head ``W_t`` in place (theory.md §5).
 
     ``head.weight <- W^ Q`` and ``backbone.rotate_features(Q)`` (features ``h -> Q^T h``), so the
     model's predictions, its head Gram and its penalties are unchanged.

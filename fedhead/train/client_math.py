@@ -26,7 +26,7 @@ def round_seed(seed: int, server_round: int, partition_id: int) -> int:
 
 
 def target_moments(y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``mu_m (C,)`` and ``Sigma_m (C, C)`` of a client's targets ``y (N_m, C)`` (SPEC 3)."""
+    """``mu_m (C,)`` and ``Sigma_m (C, C)`` of a client's targets ``y (N_m, C)`` (theory.md §3)."""
     moments = ufm.TargetMoments.from_targets([np.asarray(y, dtype=np.float64)])
     return np.asarray(moments.means[0]), np.asarray(moments.covs[0])
 
@@ -34,7 +34,7 @@ def target_moments(y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def exact_head(mu: np.ndarray, sigma: np.ndarray, broadcast: np.ndarray, sigma_cen: np.ndarray | None, *,
                gamma: float, centered: bool, lambda_h: float,
                lambda_w: float) -> tuple[np.ndarray, np.ndarray, float, float]:
-    """``Pi_m(W_t)`` from the client's (corrected) optimal Gram, its bias and objective gaps (SPEC 4-5, 8).
+    """``Pi_m(W_t)`` from the client's (corrected) optimal Gram, its bias and objective gaps (theory.md §4-5, §8).
 
     Parameters
     ----------
@@ -82,7 +82,7 @@ class HeadDistances(NamedTuple):
 
 def head_distances(sigma: np.ndarray, broadcast: np.ndarray, weight: np.ndarray, sigma_cen: np.ndarray | None,
                    *, gamma: float, lambda_h: float, lambda_w: float) -> HeadDistances:
-    """Distances of a returned head ``W~ (C, P)`` to ``W_t`` and to ``Pi_m(W_t)`` (SPEC 5, 11).
+    """Distances of a returned head ``W~ (C, P)`` to ``W_t`` and to ``Pi_m(W_t)`` (theory.md §5, §11).
 
     ``Pi_m`` is the closest optimal head of the client's (corrected) objective; ``sigma`` is the
     client's ``Sigma_m (C, C)``.

@@ -1,4 +1,4 @@
-"""Typed local-training configuration (SPEC 2 objective, SPEC 10 recipe)."""
+"""Typed local-training configuration (theory.md §2 objective, theory.md §10 recipe)."""
 
 from __future__ import annotations
 
@@ -18,12 +18,12 @@ class TrainDivergedError(RuntimeError):
 
 @dataclass
 class TrainConfig:
-    """Local training of one client for one round (SPEC 10 defaults).
+    """Local training of one client for one round (theory.md §10 defaults).
 
     Attributes
     ----------
     epochs : int
-        ``E``, passes over the client's data per call (SPEC 10: 4000).
+        ``E``, passes over the client's data per call (theory.md §10: 4000).
     batch_size : int
         Shuffled minibatches of this size (256); a batch size ``>= N_m`` means full-batch
         training (no shuffling, the data are used as stored).
@@ -35,11 +35,11 @@ class TrainConfig:
     clip_norm : float or None
         Global gradient-norm clip (5); None disables clipping.
     lambda_h, lambda_w : float
-        ``lambda_H``, ``lambda_W`` of SPEC 2 (0.01 each), both > 0.
+        ``lambda_H``, ``lambda_W`` of theory.md §2 (0.01 each), both > 0.
     rho : float
         Proximal weight: ``rho/2 ||W - W_t||_F^2`` to the broadcast head (0 = off).
     gamma : float
-        Weight of the moment correction ``C_m(W)`` of SPEC 2/8, in [0, 1] (0 = off, 1 = full).
+        Weight of the moment correction ``C_m(W)`` of theory.md §2/§8, in [0, 1] (0 = off, 1 = full).
     rho, gamma, center_targets, lambda_h, lambda_w, epochs, seed
         In a federation these are not configured here: :meth:`fedhead.config.FedheadConfig.jobs`
         fills them from the procedure (:class:`fedhead.procedure.ProcedureConfig`) and the

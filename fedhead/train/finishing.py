@@ -28,16 +28,16 @@ class LocalMetrics:
     Attributes
     ----------
     objective : float
-        ``L_m`` (SPEC 2) of the trained backbone + head on the full local data, eval mode, without
+        ``L_m`` (theory.md §2) of the trained backbone + head on the full local data, eval mode, without
         proximal or correction terms (on the centred targets when ``center_targets``).
     optimal_objective : float
         ``L*_m`` from :func:`fedhead.ufm.optimal_loss` (``Sigma_m``, ``lambda_H``, ``lambda_W``).
     relative_gap : float
-        ``(L_m - L*_m) / L*_m`` (SPEC 11 local fit); NaN when ``L*_m = 0``.
+        ``(L_m - L*_m) / L*_m`` (theory.md §11 local fit); NaN when ``L*_m = 0``.
     trained_objective, trained_optimal_objective, trained_gap : float
         The objective the client minimised, without the proximal term: ``L_m + gamma C_m(W)``,
         whose optimum is ``L*`` of the corrected covariance ``(1 - gamma) Sigma_m + gamma
-        Sigma_cen`` (SPEC 8). Equal to the three fields above when ``gamma = 0``. For a corrected
+        Sigma_cen`` (theory.md §8). Equal to the three fields above when ``gamma = 0``. For a corrected
         client the original gap says nothing about convergence (``L_m`` is not minimised there);
         this one does.
     train_mse : float

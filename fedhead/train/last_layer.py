@@ -1,4 +1,4 @@
-"""Exact minimisation of the local objective over the backbone's last linear layer (SPEC 2, 4).
+"""Exact minimisation of the local objective over the backbone's last linear layer (theory.md §2, §4).
 
 The features are ``h = V z + c``, with ``z`` the input of the backbone's last ``Linear`` layer
 (:meth:`fedhead.models.Backbone.output_layer`). For a fixed head ``W`` and fixed ``z`` the local

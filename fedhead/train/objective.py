@@ -1,4 +1,4 @@
-"""The local objective of SPEC 2 in torch: minibatch loss, moment correction, full-data evaluation."""
+"""The local objective of theory.md §2 in torch: minibatch loss, moment correction, full-data evaluation."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from fedhead.train.config import TrainInputError
 
 
 def minibatch_loss(h: torch.Tensor, pred: torch.Tensor, y: torch.Tensor, lambda_h: float) -> torch.Tensor:
-    """Per-sample part of ``L_m`` averaged over the batch (SPEC 2, minibatch form).
+    """Per-sample part of ``L_m`` averaged over the batch (theory.md §2, minibatch form).
 
     ``1/(2B) sum_i ||W h_i + b - y_i||^2 + lambda_H/(2B) sum_i ||h_i||^2`` for features ``h``
     ``(B, P)``, predictions ``pred = W h + b`` ``(B, C)`` and targets ``y`` ``(B, C)``. A full
@@ -25,7 +25,7 @@ def minibatch_loss(h: torch.Tensor, pred: torch.Tensor, y: torch.Tensor, lambda_
 def moment_correction_torch(weight: torch.Tensor, sigma_delta: torch.Tensor, lambda_h: float) -> torch.Tensor:
     """Differentiable moment correction ``C_m(W) = lambda_H/2 Tr((Sigma_cen - Sigma_m) A^{-1})``.
 
-    SPEC 2 and 8, ``A = W W^T + lambda_H I``; ``F(W; Sigma_m) + C_m(W) = F(W; Sigma_cen)``. The
+    theory.md §2 and §8, ``A = W W^T + lambda_H I``; ``F(W; Sigma_m) + C_m(W) = F(W; Sigma_cen)``. The
     ``C x C`` solve runs in float64; the gradient is ``-lambda_H A^{-1} D A^{-1} W``.
 
     Parameters
@@ -69,7 +69,7 @@ def add_head_penalty_grads(weight: torch.Tensor, *, lambda_w: float, lambda_h: f
     """Add the gradients of the head-only terms to ``weight.grad`` in place.
 
     ``grad += lambda_W W + rho (W - W_t) + gamma grad C_m(W)``: the gradient of
-    ``lambda_W/2 ||W||^2 + rho/2 ||W - W_t||^2 + gamma C_m(W)`` (SPEC 2), ``W`` ``(C, P)``.
+    ``lambda_W/2 ||W||^2 + rho/2 ||W - W_t||^2 + gamma C_m(W)`` (theory.md §2), ``W`` ``(C, P)``.
     The proximal term needs ``broadcast`` (``W_t``), the correction ``sigma_delta``
     (``Sigma_cen - Sigma_m``, float64); a term whose tensor is None is left out.
     """
@@ -88,7 +88,7 @@ class LocalEvaluation:
     Attributes
     ----------
     objective : float
-        ``L_m`` of SPEC 2 (squared error, feature and head penalties).
+        ``L_m`` of theory.md §2 (squared error, feature and head penalties).
     mse : float
         ``1/(N_m C) sum ||W h + b - y||^2`` (no penalties).
     n_samples : int
@@ -154,7 +154,7 @@ def evaluate_local(backbone: nn.Module, head: nn.Linear | tuple[np.ndarray, np.n
                    x: torch.Tensor, y: torch.Tensor, *, lambda_h: float, lambda_w: float,
                    target_offset: np.ndarray | None = None, device: torch.device | str | None = None,
                    batch_size: int = 1024) -> LocalEvaluation:
-    """Evaluate a backbone with a given head on one client's data (SPEC 2 objective, SPEC 11 MSE).
+    """Evaluate a backbone with a given head on one client's data (theory.md §2 objective, theory.md §11 MSE).
 
     Parameters
     ----------

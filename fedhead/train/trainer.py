@@ -143,7 +143,7 @@ def train_local(
 ) -> LocalResult:
     """Train ``backbone`` and ``head`` in place on one client's data, for at most ``cfg.epochs``.
 
-    Minibatch objective (SPEC 2; a full pass of the first two terms plus the third equals ``L_m``)::
+    Minibatch objective (theory.md §2; a full pass of the first two terms plus the third equals ``L_m``)::
 
         1/(2B) sum_i ||W h_i + b - y_i||^2 + lambda_H/(2B) sum_i ||h_i||^2 + lambda_W/2 ||W||_F^2
         + rho/2 ||W - W_t||_F^2 + gamma C_m(W)
@@ -175,7 +175,7 @@ def train_local(
     sigma_cen : ndarray (C, C), optional
         Pooled ``Sigma_cen`` of the correction; required when ``cfg.gamma > 0``.
     sigma_m : ndarray (C, C), optional
-        The client's ``Sigma_m`` (SPEC 3). It is always computed from ``y`` (in the units of the
+        The client's ``Sigma_m`` (theory.md §3). It is always computed from ``y`` (in the units of the
         targets trained on; client-wise centring does not change it); a given one is checked
         against it (relative Frobenius difference <= 1e-5) and used for nothing else.
     device : str or torch.device, optional

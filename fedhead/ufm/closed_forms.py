@@ -48,7 +48,7 @@ def optimal_gram(T, lambda_h: float, lambda_w: float) -> np.ndarray:
 
 
 def optimal_features(W, Y, lambda_h: float) -> np.ndarray:
-    """Optimal features for a given head: ``H = W^T A^{-1} (Y - mu 1^T)`` (SPEC 4), as rows.
+    """Optimal features for a given head: ``H = W^T A^{-1} (Y - mu 1^T)`` (theory.md §4), as rows.
 
     For fixed ``W`` the local objective is a ridge problem in the features and the bias; its
     minimiser is ``b = mu`` and ``H = W^T A^{-1} (Y - mu 1^T)`` with ``A = W W^T + lambda_H I``,
@@ -128,7 +128,7 @@ class FullyActiveReport(NamedTuple):
 
 
 def fully_active_margins(moments, lambda_h: float, lambda_w: float) -> FullyActiveReport:
-    """``lambda_min(Sigma_m) - lambda_H lambda_W`` for every client (SPEC 3), without raising.
+    """``lambda_min(Sigma_m) - lambda_H lambda_W`` for every client (theory.md §3), without raising.
 
     The one computation of the fully active margins; :func:`check_fully_active` raises on it.
 
@@ -189,7 +189,7 @@ def check_fully_active(moments, lambda_h: float, lambda_w: float) -> FullyActive
 
 
 def corrected_covariance(sigma_m, sigma_cen, gamma: float) -> np.ndarray:
-    """The covariance a client with moment correction ``gamma C_m`` effectively fits (SPEC 8).
+    """The covariance a client with moment correction ``gamma C_m`` effectively fits (theory.md §8).
 
     ``Sigma_m^gamma = (1 - gamma) Sigma_m + gamma Sigma_cen``; ``gamma = 0`` gives ``Sigma_m``,
     ``gamma = 1`` gives ``Sigma_cen``. This is the one place the formula is written.

@@ -9,7 +9,7 @@ from app_helpers import rotation, targets_with_moments
 
 @pytest.fixture
 def fig2_targets() -> list[np.ndarray]:
-    """SPEC 12 'fig2' instance (C = 2, M = 3), with unequal sample counts."""
+    """theory.md §12 'fig2' instance (C = 2, M = 3), with unequal sample counts."""
     covs = [
         rotation(-40) @ np.diag([3.0, 0.11]) @ rotation(-40).T,
         rotation(10) @ np.diag([1.1, 0.45]) @ rotation(10).T,

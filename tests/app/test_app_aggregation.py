@@ -92,7 +92,7 @@ def test_diagnosis_shares_and_recommendation(fig2_targets):
     total = np.trace(gap.g_cen - gap.g_star)
     assert diag.gap_trace == pytest.approx(total, rel=1e-12)
     assert diag.share_mu + diag.share_sigma + diag.share_a == pytest.approx(1.0, abs=1e-12)
-    assert diag.bw_variance == pytest.approx(diag.trace_a, rel=1e-9)  # Tr M_A = BW variance (SPEC 7)
+    assert diag.bw_variance == pytest.approx(diag.trace_a, rel=1e-9)  # Tr M_A = BW variance (theory.md §7)
     assert diag.rel_gap == pytest.approx(
         np.linalg.norm(gap.g_cen - gap.g_star) / np.linalg.norm(gap.g_cen), rel=1e-12
     )
@@ -118,7 +118,7 @@ def test_diagnosis_outside_regime_warns_and_recommends(fig2_targets):
 
 
 def test_round_tracker_with_exact_selection_follows_recursion(fig2_targets):
-    """Clients returning Pi_m(W_t): the aggregated Gram is the SPEC 6 recursion, delta = 0."""
+    """Clients returning Pi_m(W_t): the aggregated Gram is the theory.md §6 recursion, delta = 0."""
     moments = ufm.TargetMoments.from_targets(fig2_targets)
     _, gap = diagnose(moments, LH, LW)
     targets = tracking.reference_targets(moments, gap, LH, LW)

@@ -1,4 +1,4 @@
-"""Issue 9: one formula per quantity, the reference of a partial correction, a visible
+"""One formula per quantity, the reference of a partial correction, a visible
 non-converged barycenter, the import rules between the layers and the O(1) backbone store."""
 
 from __future__ import annotations

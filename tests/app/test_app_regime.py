@@ -1,4 +1,4 @@
-"""Outside the fully active regime (SPEC 3): refuse by default, train with the explicit override.
+"""Outside the fully active regime (theory.md §3): refuse by default, train with the explicit override.
 
 In-process (real ClientApp, no Ray). With ``lambda_h = lambda_w = 0.25`` (threshold 0.0625) two
 of the three Hopper partitions of 80 samples (smallest action-covariance eigenvalues 0.045 and

@@ -136,7 +136,7 @@ def test_training_replies_are_validated(task_identity, fig2_targets):
 
 
 def test_full_loop_with_exact_clients_follows_recursion(task_identity, fig2_targets):
-    """HeadAveraging.run over an in-process grid of closed-form clients (SPEC 6)."""
+    """HeadAveraging.run over an in-process grid of closed-form clients (theory.md §6)."""
     obs = Recorder()
     clients = {n: NumpyClient(y, pid, LH, LW) for pid, (n, y) in enumerate(zip(NODES, fig2_targets))}
     strategy = _strategy(observer=obs)

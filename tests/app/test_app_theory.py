@@ -100,7 +100,7 @@ def test_trained_procedure_meets_the_theory(tmp_path, task_identity, procedure):
 
 
 def test_proximal_at_the_recipe_rho_stays_near_the_selected_head(tmp_path, task_identity):
-    """At the SPEC's rho = 1e-3 the proximal optimum is pulled toward W_t by about rho / lambda_W:
+    """At the the paper's rho = 1e-3 the proximal optimum is pulled toward W_t by about rho / lambda_W:
     still within a few percent of Pi_m(W_t) with the client's optimal Gram."""
     (job,) = _jobs(tmp_path, "experiment=single", "procedure=proximal")
     assert job.procedure.rho == 1e-3

@@ -1,4 +1,4 @@
-"""Alignment (SPEC 5): Procrustes rotation from C x C quantities, applied to head and backbone."""
+"""Alignment (theory.md §5): Procrustes rotation from C x C quantities, applied to head and backbone."""
 
 import numpy as np
 import pytest

@@ -1,4 +1,4 @@
-"""train_local against the closed forms of SPEC 4/5/8 (free features = the UFM as a network)."""
+"""train_local against the closed forms of theory.md §4/§5/§8 (free features = the UFM as a network)."""
 
 import numpy as np
 import pytest
@@ -30,7 +30,7 @@ MU_M = np.array([0.5, -1.0])
 SIGMA_CEN = np.array([[0.8, -0.4], [-0.4, 2.0]])
 
 
-# The literal SPEC 10 recipe: trained bias, no warm start of the last layer, no finishing step, no warm-up.
+# The literal theory.md §10 recipe: trained bias, no warm start of the last layer, no finishing step, no warm-up.
 LITERAL = dict(optimal_bias=False, solve_last_layer=False, finish_features=False, warmup_steps=0)
 
 
@@ -39,7 +39,7 @@ def rel(a, b):
 
 
 def ufm_config(**kw) -> TrainConfig:
-    """Full-batch Adam long enough to reach the UFM optimum (a larger lr than the SPEC recipe)."""
+    """Full-batch Adam long enough to reach the UFM optimum (a larger lr than the paper recipe)."""
     base = dict(epochs=3000, batch_size=N, lr=1e-2, lr_min=1e-5, lambda_h=LAM, lambda_w=LAM, clip_norm=None)
     base.update(kw)
     return TrainConfig(**base)
@@ -77,11 +77,11 @@ def test_free_features_reach_optimal_gram_and_bias(y_m, center):
 @pytest.mark.parametrize("gamma,center", [(1.0, False), (0.5, True)])
 def test_correction_moves_optimum_to_phi_of_mixed_covariance(y_m, gamma, center):
     """gamma = 1: optimal Gram phi(Sigma_cen); gamma = 0.5 with client-wise centring (Sigma_m is the
-    centred targets' covariance too): phi of the mixture, bias 0 (SPEC 8)."""
+    centred targets' covariance too): phi of the mixture, bias 0 (theory.md §8)."""
     bb, head = free_model()
     res = train_local(bb, head, torch.arange(N), y_m, ufm_config(gamma=gamma, center_targets=center),
                       sigma_cen=SIGMA_CEN, device="cpu")
-    target = optimal_gram((1 - gamma) * SIGMA_M + gamma * SIGMA_CEN, LAM, LAM)  # SPEC 8
+    target = optimal_gram((1 - gamma) * SIGMA_M + gamma * SIGMA_CEN, LAM, LAM)  # theory.md §8
     assert rel(res.weight @ res.weight.T, target) < 1e-3
     np.testing.assert_allclose(res.bias, np.zeros(C) if center else MU_M, atol=1e-3)
 
@@ -103,7 +103,7 @@ def test_minibatch_loss_full_pass_is_local_objective():
     rng = np.random.default_rng(0)
     h, y = rng.standard_normal((7, 5)), rng.standard_normal((7, 3))
     w, b = rng.standard_normal((3, 5)), rng.standard_normal(3)
-    l_m = (0.5 / 7) * (np.sum((h @ w.T + b - y) ** 2) + LAM * np.sum(h**2)) + 0.5 * 0.3 * np.sum(w**2)  # SPEC 2
+    l_m = (0.5 / 7) * (np.sum((h @ w.T + b - y) ** 2) + LAM * np.sum(h**2)) + 0.5 * 0.3 * np.sum(w**2)  # theory.md §2
     ht, yt, wt, bt = (torch.tensor(a) for a in (h, y, w, b))
     loss = minibatch_loss(ht, ht @ wt.T + bt, yt, LAM) + 0.5 * 0.3 * wt.square().sum()
     assert float(loss) == pytest.approx(l_m, rel=1e-14)
@@ -117,14 +117,14 @@ def test_moment_correction_value_and_gradient():
     w = rng.standard_normal((3, 6))
     s_m, s_c = (a @ a.T + 0.5 * np.eye(3) for a in rng.standard_normal((2, 3, 3)))
     a_mat = w @ w.T + LAM * np.eye(3)
-    expected = 0.5 * LAM * np.trace((s_c - s_m) @ np.linalg.inv(a_mat))  # SPEC 2
+    expected = 0.5 * LAM * np.trace((s_c - s_m) @ np.linalg.inv(a_mat))  # theory.md §2
     wt = torch.tensor(w, requires_grad=True)
     d = torch.tensor(s_c - s_m)
     val = moment_correction_torch(wt, d, LAM)
     assert val.dtype == torch.float64 and val.item() == pytest.approx(expected, rel=1e-13)
     val.backward()
     np.testing.assert_allclose(moment_correction_grad(wt.detach(), d, LAM).numpy(), wt.grad.numpy(), rtol=1e-12)
-    # central finite differences of the SPEC formula
+    # central finite differences of the theory formula
     eps, fd = 1e-6, np.zeros_like(w)
     for i in np.ndindex(*w.shape):
         e = np.zeros_like(w)
@@ -145,7 +145,7 @@ def test_torch_correction_matches_math_core_and_spec8_identity():
     ref = moment_correction(w, s_m, s_c, LAM, hessian=False)
     assert val.item() == pytest.approx(ref.value, rel=1e-12)
     np.testing.assert_allclose(wt.grad.numpy(), ref.grad, rtol=1e-10, atol=1e-13)
-    # F(W; Sigma_m) + C_m(W) = F(W; Sigma_cen) (SPEC 8), value and gradient
+    # F(W; Sigma_m) + C_m(W) = F(W; Sigma_cen) (theory.md §8), value and gradient
     f_m, f_c = (profiled_objective(w, t, LAM, 0.2, hessian=False) for t in (s_m, s_c))
     assert f_m.value + val.item() == pytest.approx(f_c.value, rel=1e-12)
     np.testing.assert_allclose(f_m.grad + wt.grad.numpy(), f_c.grad, rtol=1e-10, atol=1e-13)
@@ -383,7 +383,7 @@ def test_select_device():
 
 def _textbook_round(bb, head, x, y, *, epochs, batch, lr, lr_min, clip, lam_h, lam_w, rho, w_t, gamma, sigma_cen,
                     center, seed):
-    """An independent plain implementation of one SPEC 2/10 local round (all terms in autograd)."""
+    """An independent plain implementation of one theory.md §2/§10 local round (all terms in autograd)."""
     y64 = y.double().numpy()
     mu, cov = y64.mean(0), np.cov(y64.T, bias=True)
     yt = y - torch.tensor(mu, dtype=torch.float32) if center else y

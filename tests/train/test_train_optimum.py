@@ -19,7 +19,7 @@ from fedhead.train.trainer import feature_projection
 
 LAM = 0.1
 C, P = 2, 4
-# the literal SPEC 10 recipe: trained bias, no last-layer solve, no finishing step, no warm-up
+# the literal theory.md §10 recipe: trained bias, no last-layer solve, no finishing step, no warm-up
 LITERAL = dict(optimal_bias=False, solve_last_layer=False, finish_features=False, warmup_steps=0)
 COVS = [np.array([[1.5, 0.3], [0.3, 0.6]]), np.array([[0.9, -0.2], [-0.2, 1.4]]), np.array([[2.0, 0.5], [0.5, 0.8]])]
 MEANS = [np.array([2.5, -3.0]), np.array([0.0, 0.5]), np.array([-2.0, 1.5])]  # large means: the slow bias
