@@ -261,6 +261,9 @@ def _instantiate(instantiate, node, where: str, expected: type | tuple[type, ...
     try:
         obj = instantiate(node, _convert_="all")
     except Exception as exc:  # noqa: BLE001 - re-raised with the config location
+        cause = exc.__cause__ if isinstance(exc.__cause__, ValueError) else None
+        if cause is not None:  # the config class's own check (Hydra wraps it): its message says it all
+            raise ConfigError(f"{where}: {cause}") from exc
         raise ConfigError(f"{where}: could not build the config object: {exc}") from exc
     if not isinstance(obj, expected):
         raise ConfigError(f"{where}: _target_ must build a {expected}, got {type(obj).__name__}")

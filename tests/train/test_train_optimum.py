@@ -204,3 +204,16 @@ def test_local_tol_stops_once_the_gap_is_reached(clients):
     assert r.metrics.converged is False and r.metrics.epochs == 20
     r = train_local(free(n), head_at(W0), torch.arange(n), y, cfg(n, epochs=20), device="cpu")
     assert r.metrics.converged is None and r.metrics.gap_trace == ()
+
+
+@pytest.mark.parametrize("override,msg", [
+    ("local_tol=0", r"^train: TrainConfig\.local_tol must be a relative gap in \(0, 1\)"),
+    ("local_tol=-1e-3", r"^train: TrainConfig\.local_tol must be a relative gap in \(0, 1\)"),
+    ("local_epochs=0", r"^local_epochs must be an integer >= 1, got 0$"),
+])
+def test_bad_tolerance_or_cap_is_one_clear_config_error(override, msg):
+    """Refused when the config is loaded, before any data, Ray or Flower (one line: the CLI prints it)."""
+    from fedhead.config import ConfigError, compose_config, load_config
+
+    with pytest.raises(ConfigError, match=msg):
+        load_config(compose_config([override]))
