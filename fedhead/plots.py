@@ -55,6 +55,7 @@ __all__ = [
     "ellipse_caption",
     "gram_style",
     "gram_label",
+    "tex_number",
     "error_label",
     "coordinate_groups",
     "gram_ellipse_figure",
@@ -148,6 +149,17 @@ def gram_label(key: str) -> str:
     if key.startswith("G_") and key[2:].isdigit():
         return f"$G_{{{key[2:]}}}$"
     return key
+
+
+def tex_number(x: float) -> str:
+    """A number for use inside mathtext: ``1e-05`` -> ``10^{-5}``, ``2.5e-07`` -> ``2.5 \\times 10^{-7}``,
+    ``0.001`` -> ``0.001`` (``:g`` formatting, whose ``e-05`` would read as a subtraction)."""
+    s = f"{float(x):g}"
+    if "e" not in s:
+        return s
+    mantissa, exponent = s.split("e")
+    power = f"10^{{{int(exponent)}}}"
+    return power if mantissa == "1" else rf"{mantissa} \times {power}"
 
 
 def error_label(reference: str, measured: str = "G_t") -> str:

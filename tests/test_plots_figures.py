@@ -3,6 +3,7 @@ visible legend entries, integer round ticks, coinciding curves kept distinguisha
 
 from __future__ import annotations
 
+import re
 import types
 
 import matplotlib
@@ -322,3 +323,126 @@ def test_cifar_geo_grid_names_its_source():
     fig = _drawn(sample_grid(build_federated(raw, 4), 4))
     assert "Fashion-MNIST" in fig._suptitle.get_text() and "40 x 40 pixels" in fig._suptitle.get_text()
     assert all(" px" in ax.get_title() for ax in fig.axes if ax.get_title())
+
+
+# ----------------------------------------------------------------------------- UFM experiment figures
+#: Plain-prose texts allowed without mathtext (everything else is, or contains, ``$...$``); numbers as N.
+_PROSE = {
+    "exact", "Adam joint", "proximal, final round", "exact selection", "Adam joint (no selection)",
+    "proximal joint minimiser vs closest head\n(median, IQR)", "residual of partial correction", "limit error",
+    "trace of the term", "rounds needed (median of N)", "same sign", "opposite sign", "measured = predicted", "theory",
+    "local contraction rate",
+}
+#: ASCII mathematics that must not be left outside ``$...$``.
+_ASCII_MATH = re.compile(r"_|\^|\|\||\\|<=|>=|\b(rho|eta|gamma|kappa|theta|Sigma|Delta|Pi|Tr|sum|star|inf)\b")
+
+
+def _is_prose(s):
+    return re.sub(r"\d+", "N", s) in _PROSE
+
+
+def _figure_texts(fig):
+    """(where, text) of every axis label, title and legend entry of a figure."""
+    out = [("suptitle", fig._suptitle.get_text())] if fig._suptitle is not None else []
+    for i, ax in enumerate(fig.axes):
+        out += [(f"axes {i} xlabel", ax.get_xlabel()), (f"axes {i} ylabel", ax.get_ylabel()),
+                (f"axes {i} title", ax.get_title())]
+        if ax.get_legend() is not None:
+            out += [(f"axes {i} legend", t.get_text()) for t in ax.get_legend().get_texts()]
+    for lg in fig.legends:
+        out += [("figure legend", t.get_text()) for t in lg.get_texts()]
+    return [(w, s) for w, s in out if s]
+
+
+def assert_mathtext_labels(fig, n_axes):
+    """Every label, title and legend text is mathtext (or listed prose), with no ASCII maths outside
+    ``$...$``, and the mathtext parses (the figure draws)."""
+    fig.canvas.draw()  # raises ValueError on a mathtext parse error
+    assert len(fig.axes) == n_axes
+    texts = _figure_texts(fig)
+    assert texts
+    for where, s in texts:
+        assert s.count("$") % 2 == 0, (where, s)
+        assert "$" in s or _is_prose(s), f"{where}: {s!r} is not mathtext"
+        assert not re.search(r"\$[^$]*\de[-+]?\d[^$]*\$", s), f"{where}: 'e' notation inside mathtext in {s!r}"
+        prose = re.sub(r"\$[^$]*\$", "", s)
+        assert not _ASCII_MATH.search(prose), f"{where}: ASCII maths outside $...$ in {s!r}"
+    for i, ax in enumerate(fig.axes):  # every named axis carries its quantity in mathtext
+        for lab in (ax.get_xlabel(), ax.get_ylabel()):
+            assert not lab or "$" in lab or _is_prose(lab), (i, lab)
+    return texts
+
+
+def _ufm_figures():
+    """The figure of each UFM experiment, drawn from small synthetic arrays of the right shapes."""
+    from fedhead.experiments import convergence, finite_steps, gap_terms, recovery, selection
+
+    rng = np.random.default_rng(0)
+    out = {}
+    # convergence: (instances, rounds + 1) errors per method
+    s = convergence.Settings.quick()
+    methods = ["exact"] + [f"rho={r:g}" for r in s.rho_ladder] + ["Adam joint"]
+    out["convergence"] = (convergence._figure(s, {k: rng.uniform(1e-6, 1, (2, s.n_rounds + 1)) for k in methods}), 2)
+    # selection: per size, instance records with e_Pi along the ladder and L-BFGS distance ratios
+    s = selection.Settings.quick()
+    per_size = {f"C={c},P={f * c}": [{"e_Pi": rng.uniform(1e-6, 1, len(s.rho_ladder)),
+                                      "lbfgs_dist_ratio": rng.uniform(1, 3, 2)} for _ in range(2)]
+                for c in (2, 4) for f in (1, 2)}
+    out["selection"] = (selection._figure(s, per_size), 2)
+    # recovery: trajectories / limits per correction level, numerical checks per gamma
+    s = recovery.Settings.quick()
+    levels = ["none", "full"] + [f"1-gamma={x:g}" for x in s.one_minus_gammas]
+    ex = {"traj": {k: rng.uniform(1e-6, 1, (3, s.n_rounds + 1)) for k in levels},
+          "limit": {k: rng.uniform(1e-6, 1, 3) for k in levels}}
+    checks = [{f"{g:g}": {"e_Pi_worst": rng.uniform(1e-6, 1, len(s.check_rhos))} for g in s.check_gammas}]
+    out["recovery"] = (recovery._figure(s, ex, checks), 3)
+    # gap_terms: decomposition records of the controlled sweeps, random instances and sweeps
+    s = gap_terms.Settings(controlled_seeds=(55, 56), n_random=8, n_sweep=2)
+
+    def rec(M=4):
+        tr = {k: float(v) for k, v in zip(gap_terms.TERMS, rng.uniform(0.1, 1, 3))}
+        d = float(rng.uniform(0.1, 1))
+        return {"trace": tr, "tr_gap": sum(tr.values()), "D": d, "tr_m_a": 1.5 * d, "M": M}
+
+    controlled = {"means": {str(x): [rec(), rec()] for x in s.mean_scales},
+                  "covs": {str(x): [rec(), rec()] for x in s.cov_scales}}
+    random_recs = [rec(int(M)) for M in rng.choice(s.random_clients, s.n_random)]
+    sweeps = {"C": {str(c): [rec(), rec()] for c in s.sweep_dims},
+              "M": {str(m): [rec(), rec()] for m in s.sweep_clients},
+              "kappa": {str(k): [rec(), rec()] for k in s.kappas}}
+    out["gap_terms"] = (gap_terms._figure(s, controlled, random_recs, sweeps), 6)
+    # finite_steps: (instances, etas, steps) grid, (instances, E, h) Jacobian arrays, commuting scatter
+    s = finite_steps.Settings.quick()
+    grid = (1, len(s.etas), len(s.steps))
+    jac = (1, len(s.jacobian_steps), len(s.jacobian_h))
+    a = {"to_within": rng.uniform(1e-3, 1, grid), "to_star": rng.uniform(1e-3, 1, grid),
+         "rounds": rng.uniform(10, 1e4, grid), "ratio_jac": rng.uniform(0.9, 1.1, jac),
+         "disp_err": rng.uniform(1e-4, 1e-2, jac)}
+    pred = rng.uniform(1e-5, 1e-3, (s.n_commuting, s.C)) * rng.choice([-1, 1], (s.n_commuting, s.C))
+    meas = pred * rng.uniform(0.9, 1.1, pred.shape)
+    meas[0, 0] *= -1  # one opposite sign: both scatter entries appear
+    comm = {"eta": s.displacement_eta, "E": s.displacement_steps, "predicted": pred, "measured": meas}
+    out["finite_steps"] = (finite_steps._figure(s, a, comm), 6)
+    return out
+
+
+def test_tex_number():
+    assert plots.tex_number(1e-5) == "10^{-5}" and plots.tex_number(2.5e-7) == r"2.5 \times 10^{-7}"
+    assert plots.tex_number(0.001) == "0.001" and plots.tex_number(0.5) == "0.5" and plots.tex_number(3) == "3"
+
+
+@pytest.fixture(scope="module")
+def ufm_figures():
+    figs = _ufm_figures()
+    yield figs
+    plt.close("all")
+
+
+@pytest.mark.parametrize("name", ["convergence", "selection", "gap_terms", "recovery", "finite_steps"])
+def test_ufm_experiment_figures_use_mathtext(name, ufm_figures):
+    fig, n_axes = ufm_figures[name]
+    texts = assert_mathtext_labels(fig, n_axes)
+    assert sum("$" in s for _, s in texts) >= len(texts) // 2, texts  # mostly mathematics, not prose
+    for ax in fig.axes:
+        if ax.get_legend() is not None:
+            assert_legend_visible(ax.get_legend())

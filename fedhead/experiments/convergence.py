@@ -18,10 +18,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from matplotlib.figure import Figure
 from tqdm.auto import tqdm
 
 from fedhead import ufm
-from fedhead.plots import new_figure, plot_error_curves, save_figure
+from fedhead.plots import new_figure, plot_error_curves, save_figure, tex_number
 
 from .common import (
     ExperimentResult,
@@ -126,6 +127,33 @@ def _run_adam(inst, s, g_star):
     return errs
 
 
+def _method_label(key: str) -> str:
+    """Legend text of a method key: ``"rho=1e-05"`` -> ``$\\rho=10^{-5}$``; other keys unchanged."""
+    return rf"$\rho={tex_number(float(key[4:]))}$" if key.startswith("rho=") else key
+
+
+def _figure(s: Settings, arr: dict[str, np.ndarray]) -> Figure:
+    """Both panels of ``convergence.png`` from the ``(instances, rounds + 1)`` error arrays per method."""
+    rounds = np.arange(s.n_rounds + 1)
+    rhos = np.asarray(s.rho_ladder)
+    final = {k: v[:, -1] for k, v in arr.items()}
+    final_prox_median = np.array([np.median(final[f"rho={r:g}"]) for r in rhos])
+    fig, axes = new_figure(2, panel_size=(5.4, 4.3))
+    show = ["exact"] + [f"rho={r:g}" for r in rhos[:: max(1, len(rhos) // 3)]] + ["Adam joint"]
+    plot_error_curves(axes[0], rounds, {_method_label(k): arr[k] for k in dict.fromkeys(show)}, xlabel="round $t$",
+                      ylabel=r"$\|G_t - G_\ast\|_F / \|G_\ast\|_F$", title=r"error to $G_\ast$ (median, IQR)")
+    plot_error_curves(axes[1], rhos, {"proximal, final round": np.stack([final[f"rho={r:g}"] for r in rhos], 1)},
+                      logx=True, markers=["o"], xlabel=r"proximal weight $\rho$",
+                      ylabel=r"$\|G_T - G_\ast\|_F / \|G_\ast\|_F$",
+                      title=f"after $T={s.n_rounds}$ rounds (median, IQR)")
+    axes[1].axhline(np.median(final["exact"]), color="C1", linestyle="--", label="exact selection")
+    axes[1].axhline(np.median(final["Adam joint"]), color="C2", linestyle="-.", label="Adam joint (no selection)")
+    axes[1].plot(rhos, rhos * final_prox_median[0] / rhos[0], color="0.5", linestyle=":",
+                 label=r"slope 1 ($\propto \rho$)")
+    axes[1].legend(fontsize="small")
+    return fig
+
+
 def run(settings: Settings, out_dir: str | Path) -> ExperimentResult:
     """Run the convergence sweep; write ``results.json`` and ``convergence.png``."""
     s = settings
@@ -154,18 +182,7 @@ def run(settings: Settings, out_dir: str | Path) -> ExperimentResult:
                       for k in dict.fromkeys(size_of)}
 
     rounds = np.arange(s.n_rounds + 1)
-    fig, axes = new_figure(2, panel_size=(5.4, 4.3))
-    show = ["exact"] + [f"rho={r:g}" for r in rhos[:: max(1, len(rhos) // 3)]] + ["Adam joint"]
-    plot_error_curves(axes[0], rounds, {k: arr[k] for k in dict.fromkeys(show)}, xlabel="round t",
-                      ylabel="||G_t - G_star|| / ||G_star||", title="error to G_star (median, IQR)")
-    plot_error_curves(axes[1], rhos, {"proximal, final round": np.stack([final[f"rho={r:g}"] for r in rhos], 1)},
-                      logx=True, markers=["o"], xlabel="rho", ylabel="final ||G_T - G_star|| / ||G_star||",
-                      title=f"after {s.n_rounds} rounds (median, IQR)")
-    axes[1].axhline(np.median(final["exact"]), color="C1", linestyle="--", label="exact selection")
-    axes[1].axhline(np.median(final["Adam joint"]), color="C2", linestyle="-.", label="Adam joint (no selection)")
-    axes[1].plot(rhos, rhos * final_prox_median[0] / rhos[0], color="0.5", linestyle=":", label="slope 1")
-    axes[1].legend(fontsize="small")
-    figures = [save_figure(fig, out_dir / "convergence.png")]
+    figures = [save_figure(_figure(s, arr), out_dir / "convergence.png")]
 
     headline = [
         Headline("median_exact_final_err", float(np.median(final["exact"])), "~1e-12 or below (-> G_star)"),

@@ -21,10 +21,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from matplotlib.figure import Figure
 from tqdm.auto import tqdm
 
 from fedhead import ufm
-from fedhead.plots import new_figure, save_figure
+from fedhead.plots import new_figure, save_figure, tex_number
 
 from .common import ExperimentResult, Headline, dirichlet_weights, finish, quartiles, random_head, random_spd
 
@@ -197,15 +198,20 @@ def _plot_grid(axes, s: Settings, a: dict[str, np.ndarray]) -> None:
     """Panels 1-3: distance to ``G_within``, distance to ``G_star`` and rounds needed against E."""
     steps = np.asarray(s.steps)
     for i, eta in enumerate(s.etas):
-        axes[0].plot(steps, np.nanmedian(a["to_within"][:, i], 0), marker="o", markersize=3, label=f"eta={eta:g}")
-        axes[1].plot(steps, np.nanmedian(a["to_star"][:, i], 0), marker="o", markersize=3, label=f"eta={eta:g}")
-        axes[2].plot(steps, np.nanmedian(a["rounds"][:, i], 0), marker="o", markersize=3, label=f"eta={eta:g}")
-    for ax, ylab, title in [(axes[0], "d_BW(G_eta,E, G_within) / d_BW(G_within, G_star)", "distance to G_within"),
-                            (axes[1], "d_BW(G_eta,E, G_star) / d_BW(G_within, G_star)", "distance to G_star"),
-                            (axes[2], "rounds to residual < 1e-13", "rounds needed")]:
+        lab = rf"$\eta={tex_number(eta)}$"
+        axes[0].plot(steps, np.nanmedian(a["to_within"][:, i], 0), marker="o", markersize=3, label=lab)
+        axes[1].plot(steps, np.nanmedian(a["to_star"][:, i], 0), marker="o", markersize=3, label=lab)
+        axes[2].plot(steps, np.nanmedian(a["rounds"][:, i], 0), marker="o", markersize=3, label=lab)
+    norm = r"d_{BW}(G_{\mathrm{within}}, G_\ast)"
+    for ax, ylab, title in [
+        (axes[0], rf"$d_{{BW}}(G_{{\eta,E}}, G_{{\mathrm{{within}}}}) \,/\, {norm}$",
+         r"distance to $G_{\mathrm{within}}$"),
+        (axes[1], rf"$d_{{BW}}(G_{{\eta,E}}, G_\ast) \,/\, {norm}$", r"distance to $G_\ast$"),
+        (axes[2], r"rounds to residual $< 10^{-13}$", "rounds needed"),
+    ]:
         ax.set_xscale("log")
         ax.set_yscale("log")
-        ax.set_xlabel("local steps E")
+        ax.set_xlabel("local steps $E$")
         ax.set_ylabel(ylab, fontsize="small")
         ax.set_title(title + f" (median of {s.n_instances})")
         ax.grid(True, alpha=0.3)
@@ -223,9 +229,9 @@ def _plot_commuting(ax, comm: dict) -> None:
     ax.plot(lim, lim, "k-", linewidth=1, label="measured = predicted")
     ax.set_xscale("log")
     ax.set_yscale("log")
-    ax.set_xlabel("|eta (E-1) Delta_i|")
-    ax.set_ylabel("|(G_eta,E - G_within)_ii|")
-    ax.set_title(f"commuting: eta={comm['eta']:g}, E={comm['E']}")
+    ax.set_xlabel(r"$|\eta\,(E-1)\,\Delta_i|$")
+    ax.set_ylabel(r"$|(G_{\eta,E} - G_{\mathrm{within}})_{ii}|$")
+    ax.set_title(rf"commuting: $\eta={tex_number(comm['eta'])}$, $E={comm['E']}$")
     ax.legend(fontsize="small")
     ax.grid(True, alpha=0.3)
 
@@ -235,34 +241,39 @@ def _plot_jacobian(ax_rate, ax_disp, s: Settings, a: dict[str, np.ndarray]) -> N
     hs = np.asarray(s.jacobian_h)
     ax = ax_rate
     for i, E in enumerate(s.jacobian_steps):
-        ax.plot(hs, np.median(a["ratio_jac"][:, i], 0), marker="o", label=f"E={E}")
+        ax.plot(hs, np.median(a["ratio_jac"][:, i], 0), marker="o", label=f"$E={E}$")
     ax.axhline(1.0, color="k", linestyle="--", linewidth=1, label="theory")
     ax.set_xscale("log")
-    ax.set_xlabel("h = eta E")
-    ax.set_ylabel("(1 - spectral radius) / (2 h theta_min)")
+    ax.set_xlabel(r"$h = \eta E$")
+    ax.set_ylabel(r"$(1 - \mathrm{spectral\ radius}) \,/\, (2h\,\theta_{\min})$")
     ax.set_title("local contraction rate")
     ax.legend(fontsize="small")
     ax.grid(True, alpha=0.3)
     ax = ax_disp
     for i, E in enumerate(s.jacobian_steps):
-        ax.plot(hs, np.median(a["disp_err"][:, i], 0), marker="o", label=f"E={E}")
-    ax.plot(hs, hs, color="0.5", linestyle=":", label="slope 1 (O(h))")
+        ax.plot(hs, np.median(a["disp_err"][:, i], 0), marker="o", label=f"$E={E}$")
+    ax.plot(hs, hs, color="0.5", linestyle=":", label=r"slope 1 ($O(h)$)")
     ax.set_xscale("log")
     ax.set_yscale("log")
-    ax.set_xlabel("h = eta E")
-    ax.set_ylabel("||G - G_within - eta(E-1)Delta|| / ||eta(E-1)Delta||", fontsize="small")
-    ax.set_title("non-commuting displacement vs Delta")
+    ax.set_xlabel(r"$h = \eta E$")
+    ax.set_ylabel(r"$\|G - G_{\mathrm{within}} - \eta(E-1)\Delta\|_F \,/\, \|\eta(E-1)\Delta\|_F$", fontsize="small")
+    ax.set_title(r"non-commuting displacement vs $\Delta$")
     ax.legend(fontsize="small")
     ax.grid(True, alpha=0.3)
 
 
-def _plot(s: Settings, a: dict[str, np.ndarray], comm: dict, out_dir: Path) -> list[Path]:
-    """The six panels into ``finite_steps.png``."""
+def _figure(s: Settings, a: dict[str, np.ndarray], comm: dict) -> Figure:
+    """The six panels: the (eta, E) grid, the commuting displacement, the Jacobian study."""
     fig, axes = new_figure(6, ncols=3, panel_size=(4.6, 3.9))
     _plot_grid(axes[:3], s, a)
     _plot_commuting(axes[3], comm)
     _plot_jacobian(axes[4], axes[5], s, a)
-    return [save_figure(fig, out_dir / "finite_steps.png")]
+    return fig
+
+
+def _plot(s: Settings, a: dict[str, np.ndarray], comm: dict, out_dir: Path) -> list[Path]:
+    """The six panels (:func:`_figure`) into ``finite_steps.png``."""
+    return [save_figure(_figure(s, a, comm), out_dir / "finite_steps.png")]
 
 
 def _headline(s: Settings, grids: list[dict], a: dict[str, np.ndarray], comm: dict) -> list[Headline]:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from matplotlib.figure import Figure
 from tqdm.auto import tqdm
 
 from fedhead import ufm
@@ -30,6 +31,10 @@ NAME = "gap_terms"
 DESCRIPTION = "gap decomposition G_cen - G_star = M_mu + M_Sigma + M_A: PSD terms, D <= Tr M_A <= 2D"
 
 TERMS = ("M_mu", "M_Sigma", "M_A")
+
+#: Mathtext of the gap terms and of the sweep variables (figure labels).
+TERM_TEX = {"M_mu": r"$\mathrm{Tr}\,M_\mu$", "M_Sigma": r"$\mathrm{Tr}\,M_\Sigma$", "M_A": r"$\mathrm{Tr}\,M_A$"}
+SWEEP_TEX = {"C": "$C$", "M": "$M$", "kappa": r"$\kappa$"}
 
 
 @dataclass(frozen=True)
@@ -181,40 +186,46 @@ def _plot_bounds(ax, s: Settings, random_recs: list[dict]) -> None:
     mm = np.array([r["M"] for r in random_recs])
     for M, c in zip(s.random_clients, ["C0", "C1", "C2", "C3"]):
         sel = mm == M
-        ax.scatter(d[sel], tr[sel], s=8, color=c, alpha=0.6, label=f"M={M}")
+        ax.scatter(d[sel], tr[sel], s=8, color=c, alpha=0.6, label=f"$M={M}$")
     lim = np.array([max(d.min(), 1e-6) * 0.8, d.max() * 1.2])
-    ax.plot(lim, lim, "k-", linewidth=1, label="D")
-    ax.plot(lim, 2 * lim, "k--", linewidth=1, label="2D")
+    ax.plot(lim, lim, "k-", linewidth=1, label="$D$")
+    ax.plot(lim, 2 * lim, "k--", linewidth=1, label="$2D$")
     ax.set_xscale("log")
     ax.set_yscale("log")
-    ax.set_xlabel("D = sum_{m<n} p_m p_n d_BW^2(G_m, G_n)")
-    ax.set_ylabel("Tr M_A")
-    ax.set_title("D <= Tr M_A <= 2D (random instances)")
+    ax.set_xlabel(r"$D=\sum_{m<n} p_m p_n d_{BW}^2(G_m,G_n)$")
+    ax.set_ylabel(TERM_TEX["M_A"])
+    ax.set_title(r"$D \leq \mathrm{Tr}\,M_A \leq 2D$ (random instances)")
     ax.legend(fontsize="small")
 
 
-def _plot(s: Settings, controlled: dict, random_recs: list[dict], sweeps: dict, out_dir: Path) -> list[Path]:
-    """The six panels (controlled sweeps, bounds scatter, shares vs C / M / kappa) into ``gap_terms.png``."""
+def _figure(s: Settings, controlled: dict, random_recs: list[dict], sweeps: dict) -> Figure:
+    """The six panels: controlled sweeps, bounds scatter, shares vs C / M / kappa."""
     fig, axes = new_figure(6, ncols=3, panel_size=(4.6, 3.8))
     ms = np.asarray(s.mean_scales)
-    plot_error_curves(axes[0], ms, {f"Tr {k}": _trace_matrix(controlled["means"], k) for k in TERMS},
-                      logy=False, markers=["o", "s", "^"], xlabel="mean scale s", ylabel="trace",
-                      title="means scaled by s (median, IQR)")
+    plot_error_curves(axes[0], ms, {TERM_TEX[k]: _trace_matrix(controlled["means"], k) for k in TERMS},
+                      logy=False, markers=["o", "s", "^"], xlabel="mean scale $s$", ylabel="trace of the term",
+                      title="means scaled by $s$ (median, IQR)")
     cs = np.asarray(s.cov_scales)
-    plot_error_curves(axes[1], cs, {f"Tr {k}": _trace_matrix(controlled["covs"], k) for k in TERMS},
-                      logy=False, markers=["o", "s", "^"], xlabel="covariance spread s", ylabel="trace",
-                      title="Sigma_within + s (Sigma_m - Sigma_within)")
+    plot_error_curves(axes[1], cs, {TERM_TEX[k]: _trace_matrix(controlled["covs"], k) for k in TERMS},
+                      logy=False, markers=["o", "s", "^"], xlabel="covariance spread $s$", ylabel="trace of the term",
+                      title=r"$\Sigma_{\mathrm{within}} + s\,(\Sigma_m - \Sigma_{\mathrm{within}})$")
     _plot_bounds(axes[2], s, random_recs)
-    for ax, (name, label, logx) in zip(axes[3:], [("C", "C (M = 4)", False), ("M", "M (C = 3)", True),
-                                                 ("kappa", "margin kappa (C = 3, M = 4)", True)]):
+    for ax, (name, label, logx) in zip(axes[3:], [("C", "$C$ ($M = 4$)", False), ("M", "$M$ ($C = 3$)", True),
+                                                 ("kappa", r"margin $\kappa$ ($C = 3$, $M = 4$)", True)]):
         xs = np.array([float(k) for k in sweeps[name]])
-        plot_error_curves(ax, xs, {f"{k} share": _share_matrix(sweeps[name], k) for k in TERMS}, logy=False,
-                          logx=logx, markers=["o", "s", "^"], xlabel=label, ylabel="Tr term / Tr(G_cen - G_star)",
-                          title=f"share of the gap vs {name}")
+        plot_error_curves(ax, xs, {f"{TERM_TEX[k]} share": _share_matrix(sweeps[name], k) for k in TERMS},
+                          logy=False, logx=logx, markers=["o", "s", "^"], xlabel=label,
+                          ylabel=r"$\mathrm{Tr}\,M \,/\, \mathrm{Tr}(G_{\mathrm{cen}} - G_\ast)$",
+                          title=f"share of the gap vs {SWEEP_TEX[name]}")
         if logx:
             ax.minorticks_off()
             ax.set_xticks(xs, [f"{v:g}" for v in xs])
-    return [save_figure(fig, out_dir / "gap_terms.png")]
+    return fig
+
+
+def _plot(s: Settings, controlled: dict, random_recs: list[dict], sweeps: dict, out_dir: Path) -> list[Path]:
+    """The six panels (:func:`_figure`) into ``gap_terms.png``."""
+    return [save_figure(_figure(s, controlled, random_recs, sweeps), out_dir / "gap_terms.png")]
 
 
 def _results(s: Settings, controlled: dict, random_recs: list[dict], sweeps: dict) -> dict:

@@ -22,10 +22,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from matplotlib.figure import Figure
 from tqdm.auto import tqdm
 
 from fedhead import ufm
-from fedhead.plots import new_figure, plot_error_curves, save_figure
+from fedhead.plots import new_figure, plot_error_curves, save_figure, tex_number
 
 from . import convergence
 from .common import (
@@ -156,6 +157,48 @@ def _identity(s: Settings, rng) -> dict:
     return {"value_rel_err": np.asarray(val_err), "grad_rel_err": np.asarray(grad_err)}
 
 
+#: Legend text of the correction levels of the exact part.
+_LEVEL_LABELS = {"none": r"none ($\gamma = 0$)", "full": r"full ($\gamma = 1$)"}
+
+
+def _level_label(key: str) -> str:
+    r"""Legend text of a correction level: ``"1-gamma=1e-05"`` -> ``$1-\gamma=10^{-5}$``."""
+    if key.startswith("1-gamma="):
+        return rf"$1-\gamma={tex_number(float(key[8:]))}$"
+    return _LEVEL_LABELS.get(key, key)
+
+
+def _figure(s: Settings, ex: dict, checks: list[dict]) -> Figure:
+    """The three panels of ``recovery.png``: trajectories and limits of the exact part, the numerical check.
+
+    ``ex``: ``traj`` / ``limit`` per level (``"none"``, ``"full"``, ``"1-gamma=<x>"``) with shapes
+    ``(instances, rounds + 1)`` / ``(instances,)``; ``checks``: per instance, per gamma key, ``e_Pi_worst``
+    along ``s.check_rhos``.
+    """
+    omg = np.asarray(s.one_minus_gammas)
+    limit_med = np.array([np.median(ex["limit"][f"1-gamma={x:g}"]) for x in omg])
+    rounds = np.arange(s.n_rounds + 1)
+    fig, axes = new_figure(3, panel_size=(4.8, 4.0))
+    show = ["none", "full"] + [f"1-gamma={x:g}" for x in omg[::2]]
+    plot_error_curves(axes[0], rounds, {_level_label(k): ex["traj"][k] for k in show}, xlabel="round $t$",
+                      ylabel=r"$\|G_t - G_{\mathrm{cen}}\|_F / \|G_{\mathrm{cen}}\|_F$",
+                      title="exact selection with $\\gamma C_m$\n(median, IQR)")
+    plot_error_curves(axes[1], omg, {"limit error": np.stack([ex["limit"][f"1-gamma={x:g}"] for x in omg], 1)},
+                      logx=True, markers=["o"], xlabel=r"$1 - \gamma$",
+                      ylabel=r"$\|G_\infty - G_{\mathrm{cen}}\|_F / \|G_{\mathrm{cen}}\|_F$",
+                      title="residual of partial correction")
+    axes[1].plot(omg, omg * limit_med[0] / omg[0], color="0.5", linestyle=":",
+                 label=r"slope 1 ($\propto 1 - \gamma$)")
+    axes[1].axhline(np.median(ex["limit"]["none"]), color="C3", linestyle="--", label=r"no correction ($G_\ast$)")
+    axes[1].legend(fontsize="small")
+    plot_error_curves(axes[2], np.asarray(s.check_rhos),
+                      {rf"$\gamma={g}$": np.stack([c[g]["e_Pi_worst"] for c in checks]) for g in checks[0]},
+                      logx=True, markers=["o", "s"], xlabel=r"proximal weight $\rho$",
+                      ylabel=r"$\|W_\rho - \Pi_\gamma(W_0)\|_F / \|\Pi_\gamma(W_0)\|_F$",
+                      title=r"explicit $C_m$, trust-exact ($M=4$, $C=P=3$)")
+    return fig
+
+
 def run(settings: Settings, out_dir: str | Path) -> ExperimentResult:
     """Run the recovery checks; write ``results.json`` and ``recovery.png``."""
     s = settings
@@ -182,22 +225,7 @@ def run(settings: Settings, out_dir: str | Path) -> ExperimentResult:
     check_round = {g: float(max(max(c[g]["round_err_vs_exact"]) for c in checks)) for g in checks[0]}
 
     rounds = np.arange(s.n_rounds + 1)
-    fig, axes = new_figure(3, panel_size=(4.8, 4.0))
-    show = ["none", "full"] + [f"1-gamma={x:g}" for x in omg[::2]]
-    plot_error_curves(axes[0], rounds, {k: ex["traj"][k] for k in show}, xlabel="round t",
-                      ylabel="||G_t - G_cen|| / ||G_cen||", title="exact selection with gamma C_m\n(median, IQR)")
-    plot_error_curves(axes[1], omg, {"limit error": np.stack([ex["limit"][f"1-gamma={x:g}"] for x in omg], 1)},
-                      logx=True, markers=["o"], xlabel="1 - gamma", ylabel="||G_inf - G_cen|| / ||G_cen||",
-                      title="residual of partial correction")
-    axes[1].plot(omg, omg * limit_med[0] / omg[0], color="0.5", linestyle=":", label="slope 1")
-    axes[1].axhline(np.median(ex["limit"]["none"]), color="C3", linestyle="--", label="no correction (G_star)")
-    axes[1].legend(fontsize="small")
-    plot_error_curves(axes[2], np.asarray(s.check_rhos),
-                      {f"gamma={g}": np.stack([c[g]["e_Pi_worst"] for c in checks]) for g in checks[0]},
-                      logx=True, markers=["o", "s"], xlabel="rho",
-                      ylabel="||W_rho - Pi_gamma(W_0)|| / ||Pi_gamma(W_0)||",
-                      title="explicit C_m, trust-exact (M=4, C=P=3)")
-    figures = [save_figure(fig, out_dir / "recovery.png")]
+    figures = [save_figure(_figure(s, ex, checks), out_dir / "recovery.png")]
 
     headline = [
         Headline("max_err_full_correction_round1", full_round1, "0 (one-round recovery)"),

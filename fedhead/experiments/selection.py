@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from matplotlib.figure import Figure
 from tqdm.auto import tqdm
 
 from fedhead import ufm
@@ -103,6 +104,34 @@ def _instance(s: Settings, C: int, P: int, rng: np.random.Generator) -> dict:
     }
 
 
+def _size_label(key: str) -> str:
+    r"""Mathtext of a size key: ``"C=2,P=4"`` -> ``$C=2,\ P=4$``."""
+    return "$" + key.replace(",", r",\ ") + "$"
+
+
+def _figure(s: Settings, per_size: dict[str, list[dict]]) -> Figure:
+    """Both panels of ``selection.png`` from the per-size instance records (``e_Pi``, ``lbfgs_dist_ratio``)."""
+    rhos = np.asarray(s.rho_ladder)
+    fig, axes = new_figure(2, panel_size=(5.2, 4.2))
+    plot_error_curves(axes[0], rhos,
+                      {_size_label(k): np.array([r["e_Pi"] for r in rows]) for k, rows in per_size.items()},
+                      logx=True, markers=["o"], xlabel=r"proximal weight $\rho$",
+                      ylabel=r"$\|W_\rho - \Pi(W_t)\|_F / \|\Pi(W_t)\|_F$",
+                      title="proximal joint minimiser vs closest head\n(median, IQR)")
+    axes[0].plot(rhos, rhos, color="0.5", linestyle=":", label=r"$\rho$")
+    axes[0].legend(fontsize="x-small")
+    keys = list(per_size)
+    data = [np.concatenate([r["lbfgs_dist_ratio"] for r in per_size[k]]) for k in keys]
+    axes[1].boxplot(data, showfliers=True)
+    axes[1].set_xticks(np.arange(1, len(keys) + 1), [_size_label(k) for k in keys], rotation=25, fontsize="small")
+    axes[1].axhline(1.0, color="k", linestyle="--", linewidth=1, label=r"$\Pi(W_t)$: ratio 1")
+    axes[1].set_yscale("log")
+    axes[1].set_ylabel(r"$\|W_{\mathrm{L\text{-}BFGS}} - W_t\|_F \,/\, d_{BW}(G_t, G_m)$")
+    axes[1].set_title(r"unregularised L-BFGS heads ($\rho = 0$)")
+    axes[1].legend(fontsize="small")
+    return fig
+
+
 def run(settings: Settings, out_dir: str | Path) -> ExperimentResult:
     """Run the selection sweep; write ``results.json`` and ``selection.png``."""
     s = settings
@@ -138,22 +167,7 @@ def run(settings: Settings, out_dir: str | Path) -> ExperimentResult:
     excess_ratio = float(np.max([np.max(np.array(r["excess_loss"]) / np.array(r["excess_bound"])) for r in all_rows]))
     identity = float(np.max([r["pi_distance_identity"] for r in all_rows]))
 
-    fig, axes = new_figure(2, panel_size=(5.2, 4.2))
-    plot_error_curves(axes[0], rhos, {k: np.array([r["e_Pi"] for r in rows]) for k, rows in per_size.items()},
-                      logx=True, markers=["o"], xlabel="rho", ylabel="||W_rho - Pi(W_t)|| / ||Pi(W_t)||",
-                      title="proximal joint minimiser vs closest head\n(median, IQR)")
-    axes[0].plot(rhos, rhos, color="0.5", linestyle=":", label="rho")
-    axes[0].legend(fontsize="x-small")
-    keys = list(per_size)
-    data = [np.concatenate([r["lbfgs_dist_ratio"] for r in per_size[k]]) for k in keys]
-    axes[1].boxplot(data, showfliers=True)
-    axes[1].set_xticks(np.arange(1, len(keys) + 1), keys, rotation=25, fontsize="small")
-    axes[1].axhline(1.0, color="k", linestyle="--", linewidth=1, label="Pi(W_t): ratio 1")
-    axes[1].set_yscale("log")
-    axes[1].set_ylabel("||W_LBFGS - W_t|| / d_BW(G_t, G_m)")
-    axes[1].set_title("unregularised L-BFGS heads (rho = 0)")
-    axes[1].legend(fontsize="small")
-    figures = [save_figure(fig, out_dir / "selection.png")]
+    figures = [save_figure(_figure(s, per_size), out_dir / "selection.png")]
 
     headline = [
         Headline("median_slope_e_Pi_vs_rho", float(np.median(slopes)), "1 (e_Pi ~ rho)"),
