@@ -62,6 +62,19 @@ def train_reply(msg: Message, weight, bias, n: int, pid: int, **extra_records) -
     return Message(content, reply_to=msg)
 
 
+class Recorder:
+    """A strategy observer (``RunObserver``) that keeps what it is told: exchanges and round records."""
+
+    def __init__(self):
+        self.exchanges, self.records = [], []
+
+    def on_exchange(self, exchange):
+        self.exchanges.append(exchange)
+
+    def on_round(self, record):
+        self.records.append(record)
+
+
 class NumpyClient:
     """A client of the UFM with free features answering every message type in closed form.
 

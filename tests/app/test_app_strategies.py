@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from app_helpers import FakeGrid, NumpyClient, instruction, query_reply, train_reply
+from app_helpers import FakeGrid, NumpyClient, Recorder, instruction, query_reply, train_reply
 from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, MetricRecord, RecordDict
 
 from fedhead import aggregation as agg
@@ -22,15 +22,6 @@ LH = LW = 0.1
 NODES = [101, 57, 33]  # node ids deliberately not in partition order
 
 
-class Recorder:
-    def __init__(self):
-        self.exchanges, self.records = [], []
-
-    def on_exchange(self, exchange):
-        self.exchanges.append(exchange)
-
-    def on_round(self, record):
-        self.records.append(record)
 
 
 def _strategy(cls=HeadAveraging, **kw):

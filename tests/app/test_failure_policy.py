@@ -12,7 +12,7 @@ import time
 
 import numpy as np
 import pytest
-from app_helpers import FakeGrid, NumpyClient
+from app_helpers import FakeGrid, NumpyClient, Recorder
 from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
 
 from fedhead import protocol as P
@@ -29,15 +29,6 @@ NODES = [101, 57, 33]
 FAST = Timeouts(nodes=0.5, exchange=0.5, round=0.5)
 
 
-class Observer:
-    def __init__(self):
-        self.exchanges, self.records = [], []
-
-    def on_exchange(self, exchange):
-        self.exchanges.append(exchange)
-
-    def on_round(self, record):
-        self.records.append(record)
 
 
 # one client's faults, applied to the reply of its NumpyClient
@@ -118,7 +109,7 @@ def _clients(targets):
 
 
 def _run(handlers, *, min_clients=None, rounds=2, timeouts=FAST, watch=None):
-    obs = Observer()
+    obs = Recorder()
     strategy = HeadAveraging(lambda_h=LH, lambda_w=LW, min_nodes=len(NODES), observer=obs,
                              timeouts=timeouts, min_clients=min_clients)
     grid = ProgressGrid(FakeGrid(handlers), show=False, poll=0.005)
