@@ -123,8 +123,9 @@ def objective_terms(y: torch.Tensor, cfg: TrainConfig, p: int, broadcast_weight,
                                   f"difference {err:.3g}); pass Sigma_m in the units of the targets trained on, or "
                                   f"leave it None")
     w_t = _check_matrix("broadcast_weight", broadcast_weight, (c, p)) if cfg.rho > 0 else None
-    delta = (_check_matrix("sigma_cen", sigma_cen, (c, c), True) - sig_m) if cfg.gamma > 0 else None
-    trained_sigma = sig_m if delta is None else corrected_covariance(sig_m, sig_m + delta, cfg.gamma)
+    cen = _check_matrix("sigma_cen", sigma_cen, (c, c), True) if cfg.gamma > 0 else None
+    delta = None if cen is None else cen - sig_m
+    trained_sigma = sig_m if cen is None else corrected_covariance(sig_m, cen, cfg.gamma)
     offset = mu_m if cfg.center_targets else np.zeros(c)
     return ObjectiveTerms(mu=mu_m - offset, sigma=sig_m, trained_sigma=trained_sigma, target_offset=offset,
                   broadcast=w_t, delta=delta)
