@@ -1,0 +1,77 @@
+"""Figure creation with the right axes kinds, and atomic PNG writing."""
+
+from __future__ import annotations
+
+import io
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import numpy as np
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+
+from fedhead.io import write_bytes_atomic
+
+
+def new_figure(
+    n_panels: int = 1,
+    *,
+    ncols: int | None = None,
+    panel_size: tuple[float, float] = (4.2, 3.6),
+    projection: str | Sequence[str | None] | None = None,
+) -> tuple[Figure, list[Axes]]:
+    """Create a figure with ``n_panels`` axes on a grid.
+
+    Parameters
+    ----------
+    n_panels : int
+        Number of axes.
+    ncols : int, optional
+        Columns of the grid (default ``min(n_panels, 3)``).
+    panel_size : (width, height)
+        Inches per panel.
+    projection : str or sequence, optional
+        ``"3d"`` for ellipsoid panels; a sequence gives one projection per panel.
+
+    Returns
+    -------
+    (Figure, list of Axes)
+    """
+    if n_panels < 1:
+        raise ValueError(f"new_figure: n_panels must be >= 1, got {n_panels}")
+    ncols = ncols or min(n_panels, 3)
+    nrows = int(np.ceil(n_panels / ncols))
+    fig = plt.figure(figsize=(panel_size[0] * ncols, panel_size[1] * nrows))
+    if projection is None or isinstance(projection, str):
+        projs = [projection] * n_panels
+    else:
+        projs = list(projection)
+    axes = [fig.add_subplot(nrows, ncols, i + 1, projection=projs[i]) for i in range(n_panels)]
+    return fig, axes
+
+
+def save_figure(fig: Figure, path: str | os.PathLike, *, dpi: int = 130) -> Path:
+    """Write ``fig`` as a PNG atomically (temp file + ``os.replace``) and close it.
+
+    Parameters
+    ----------
+    fig : Figure
+        The figure.
+    path : path-like
+        Target ``.png`` file; folders are created.
+    dpi : int
+        Resolution.
+
+    Returns
+    -------
+    Path
+        The written file.
+    """
+    buf = io.BytesIO()
+    if fig.get_layout_engine() is None:
+        fig.tight_layout()
+    fig.savefig(buf, format="png", dpi=dpi, metadata={"Software": None})
+    plt.close(fig)
+    return write_bytes_atomic(path, buf.getvalue())
