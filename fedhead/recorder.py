@@ -207,11 +207,11 @@ class RunRecorder:
             "max local gap=%s epochs=%s",
             self.job.name, t, _fmt(record.e_f_star), _fmt(record.e_f_cen), _fmt(record.e_f_within),
             _fmt(record.e_f_recursion, ".3g"), _fmt(record.delta), _fmt(record.train_mse),
-            _fmt(max(record.trained_gaps) if record.trained_gaps else None, ".2g"),
+            _fmt(record.max_trained_gap, ".2g"),
             "-" if not record.local_epochs else "/".join(str(e) for e in record.local_epochs),
         )
         console.info("%s", round_line(self.job, record))
-        if record.trained_gaps and max(record.trained_gaps) > LOCAL_GAP_THRESHOLD:
+        if record.max_trained_gap is not None and record.max_trained_gap > LOCAL_GAP_THRESHOLD:
             log.warning("[%s] round %d: %s", self.job.name, t, local_gap_advice(record, self.job))
         if self._bar is not None and t >= 1:
             self._bar.update(1)
@@ -290,9 +290,9 @@ def round_line(job: JobConfig, record: RoundRecord) -> str:
     parts = [f"[{job.name}] round {record.round}/{rounds}:",
              f"e_F(G_t, G_star) = {_fmt(record.e_f_star, '.3g')},",
              f"e_F(G_t, G_cen) = {_fmt(record.e_f_cen, '.3g')}"]
-    if record.trained_gaps:
+    if record.max_trained_gap is not None:
         parts[-1] += ","
-        parts.append(f"largest local gap {max(record.trained_gaps):.2g}")
+        parts.append(f"largest local gap {record.max_trained_gap:.2g}")
         if record.local_epochs:
             lo, hi = min(record.local_epochs), max(record.local_epochs)
             parts.append(f"({lo} epochs)" if lo == hi else f"({lo}-{hi} epochs)")
@@ -304,7 +304,7 @@ def start_line(cfg: Any, jobs: list[JobConfig], root: Path) -> str:
     if not jobs:
         return f"fedhead-run: nothing to run; outputs in {root}"
     st = jobs[0].settings
-    what = (f"diagnosis only" if st.diagnose_only else
+    what = ("diagnosis only" if st.diagnose_only else
             f"{', '.join(j.name for j in jobs)}: {st.rounds} rounds x up to {st.local_epochs} local epochs")
     exp = getattr(getattr(cfg, "experiment", None), "name", "")
     return (f"fedhead-run{f' {exp}' if exp else ''}: {what}, {st.num_clients} clients on "
@@ -329,13 +329,13 @@ def local_gap_advice(record: RoundRecord, job: JobConfig) -> str:
 
 def local_optimality(records: list[RoundRecord]) -> dict[str, Any]:
     """results.json's ``local_optimality``: did every client reach its local optimum, per round?"""
-    trained = [r for r in records if r.trained_gaps]
-    above = [r.round for r in trained if max(r.trained_gaps) > LOCAL_GAP_THRESHOLD]
+    trained = [r for r in records if r.max_trained_gap is not None]
+    above = [r.round for r in trained if r.max_trained_gap > LOCAL_GAP_THRESHOLD]
     last = trained[-1] if trained else None
     return {
         "threshold": LOCAL_GAP_THRESHOLD,
         "rounds_above_threshold": above,
-        "last_round_max_trained_gap": None if last is None else float(max(last.trained_gaps)),
+        "last_round_max_trained_gap": None if last is None else last.max_trained_gap,
         "last_round_max_objective_gap": None if last is None else float(max(last.objective_gaps)),
         "reached": None if last is None else not above or above[-1] != last.round,
     }
@@ -415,11 +415,7 @@ def error_table(all_results: list[dict[str, Any]]) -> str:
     def cell(r: dict[str, Any], i: int, key: str, spec: str) -> str:
         if i >= len(r["rounds"]):
             return ""
-        rnd = r["rounds"][i]
-        if key == "max_trained_gap":
-            gaps = rnd.get("trained_gaps")
-            return _fmt(max(gaps) if gaps else None, spec)
-        return _fmt(rnd[key], spec)
+        return _fmt(r["rounds"][i][key], spec)
 
     rows = [[str(i)] + [cell(r, i, key, spec) for r in done for key, _, spec in cols] for i in range(n_rounds)]
     widths = [max(len(h), *(len(r[c]) for r in rows)) for c, h in enumerate(head)]
