@@ -36,6 +36,8 @@ NUM_PARTITIONS_KEY = "num-partitions"
 STATE_DIR_KEY = "state-dir"
 
 _DATA: dict[tuple[str, int], Any] = {}
+#: data sets kept in memory per process (least recently used dropped; the disk cache stays)
+_DATA_KEEP = 2
 _DATA_LOCK = threading.Lock()
 _MOMENTS: dict[tuple[str, int, int], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
 #: Trained backbones kept in memory between rounds: (store root, partition) -> (round, stored
@@ -70,10 +72,12 @@ def federated_data(job: Any):
 
     key = (repr(job.dataset), job.settings.num_clients)
     with _DATA_LOCK:
-        data = _DATA.get(key)
+        data = _DATA.pop(key, None)
         if data is None:
             data = load_federated(job.dataset, num_clients=job.settings.num_clients)
-            _DATA[key] = data
+        _DATA[key] = data  # most recent last
+        while len(_DATA) > _DATA_KEEP:  # a sweep's simulation moves from data set to data set
+            _DATA.pop(next(iter(_DATA)))
     return data
 
 

@@ -15,10 +15,12 @@ The ServerApp body is :func:`fedhead.server_app.serve`; the ClientApp is
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import shutil
 import sys
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -142,7 +144,8 @@ def run_federation(job: JobConfig, *, show_progress: bool = True, verbose: bool 
 
 
 def run_federations(jobs: list[JobConfig], *, show_progress: bool = True, verbose: bool = False,
-                    client_app: Any = None) -> list[dict[str, Any]]:
+                    client_app: Any = None, keep_going: bool = False,
+                    on_job_end: Callable[[int, dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
     """Run procedures one after another in one Flower simulation (Ray backend).
 
     Builds the ServerApp (:func:`fedhead.server_app.serve` for every job in turn, each message
@@ -152,9 +155,19 @@ def run_federations(jobs: list[JobConfig], *, show_progress: bool = True, verbos
     events and PNG figures into each ``job.output_dir``. One Ray start serves every job.
     ``client_app`` replaces the ClientApp (tests of the failure path).
 
+    Jobs may use different data sets and models (each message names its job; every client
+    loads the job's own data) but share the client count and the resources (one set of virtual
+    SuperNodes).
+
     Failures end the run, never hang it: a crashed engine trips the ServerApp's watch, every
     wait has a deadline (``timeouts``); the running procedures' results.json are marked
-    ``failed`` with the reason and the error is raised.
+    ``failed`` with the reason and the error is raised. With ``keep_going=True`` (sweeps) a job
+    that fails while the engine is alive is marked failed and the next job runs; the results are
+    returned with their ``status`` and nothing is raised for them. ``on_job_end(i, results)`` is
+    called from the ServerApp thread as each job ends (completed or failed).
+
+    Inside :func:`shared_ray_session` the simulation reuses the running Ray instance and leaves
+    it running (one Ray start for many simulations).
     """
     from flwr.simulation import run_simulation
 
@@ -166,15 +179,15 @@ def run_federations(jobs: list[JobConfig], *, show_progress: bool = True, verbos
     t_begin = time.perf_counter()
     first = jobs[0]
     for job in jobs[1:]:
-        if (job.settings.num_clients, job.resources, job.dataset) != (first.settings.num_clients, first.resources, first.dataset):
-            raise ValueError("jobs of one simulation must share the data set, client count and resources")
+        if (job.settings.num_clients, job.resources) != (first.settings.num_clients, first.resources):
+            raise ValueError("jobs of one simulation must share the client count and the resources")
     backend = first.resources.backend_config(first.settings.num_clients, _use_cuda(first))
     simulation_logging(backend["init_args"], verbose=verbose)
     if not verbose and not debug_enabled() and not run_logging_active():
         # flwr logs an engine crash's traceback (twice); the error says it once
         logging.getLogger("flwr").setLevel(logging.CRITICAL)
     resumes = prepare_resume(jobs)
-    t_ray = _prepare_and_start_ray(first, backend["init_args"])
+    t_ray = _prepare_and_start_ray(jobs, backend["init_args"])
     for job, ckpt in zip(jobs, resumes):
         if ckpt is None and job.state_dir.exists():
             shutil.rmtree(job.state_dir)
@@ -182,7 +195,7 @@ def run_federations(jobs: list[JobConfig], *, show_progress: bool = True, verbos
     recorders[0].t_start = t_begin  # the first federation's wall time includes data + Ray start
     for rec in recorders:
         rec.base_timing["ray_init_seconds"] = t_ray
-    sim = _Simulation(jobs, recorders, show_progress, resumes)
+    sim = _Simulation(jobs, recorders, show_progress, resumes, keep_going=keep_going, on_job_end=on_job_end)
     try:
         run_simulation(
             server_app=sim.server_app(), client_app=client_app or make_client_app(list(jobs)),
@@ -197,14 +210,49 @@ def run_federations(jobs: list[JobConfig], *, show_progress: bool = True, verbos
         raise
     finally:
         sim.watch.trip("the simulation ended")
-        stop_ray()  # flwr shuts Ray down itself on success; this covers early failures
+        if not _SHARED_RAY:
+            stop_ray()  # flwr shuts Ray down itself on success; this covers early failures
     if sim.served:
         log.info("simulation teardown (actors, Ray shutdown): %.2f s", time.perf_counter() - sim.served[-1])
-    _check_finished(recorders)
-    for job in jobs:  # only after a complete run: an interrupted one keeps it for resume=
-        if not job.output.keep_client_state and job.state_dir.exists():
+    _check_finished(recorders, raise_error=not keep_going)
+    for job, rec in zip(jobs, recorders):  # only after a complete run: an interrupted one keeps it for resume=
+        if rec.results["status"] in ("completed", "diagnosed") and not job.output.keep_client_state \
+                and job.state_dir.exists():
             shutil.rmtree(job.state_dir)
     return [r.results for r in recorders]
+
+
+#: True inside :func:`shared_ray_session`: simulations leave Ray running for the next one.
+_SHARED_RAY = False
+
+
+@contextlib.contextmanager
+def shared_ray_session(init_args: dict[str, Any]) -> Iterator[None]:
+    """One Ray session for several :func:`run_federations` calls (``fedhead-sweep``).
+
+    flwr's Ray backend shuts Ray down when a simulation ends (``RayBackend.terminate``); inside
+    this context its actors are still terminated but Ray keeps running, so the ~5-10 s start of
+    Ray (GCS, raylet, workers) is paid once per sweep, not once per simulation. Ray is shut down
+    when the context exits, also on errors.
+    """
+    global _SHARED_RAY
+    from flwr.server.superlink.fleet.vce.backend import raybackend
+
+    original = raybackend.RayBackend.terminate
+
+    def terminate_actors_only(self) -> None:
+        if self.pool:
+            self.pool.terminate_all_actors()
+
+    raybackend.RayBackend.terminate = terminate_actors_only
+    _SHARED_RAY = True
+    try:
+        start_ray(init_args)
+        yield
+    finally:
+        _SHARED_RAY = False
+        raybackend.RayBackend.terminate = original
+        stop_ray()
 
 
 def prepare_resume(jobs: list[JobConfig]) -> list[Checkpoint | None]:
@@ -230,11 +278,17 @@ def prepare_resume(jobs: list[JobConfig]) -> list[Checkpoint | None]:
     return ckpts
 
 
-def _prepare_and_start_ray(job: JobConfig, init_args: dict[str, Any]) -> float:
-    """Prepare the data (cache warm-up, regime check), then start Ray; return Ray's start time.
+def _prepare_and_start_ray(jobs: list[JobConfig], init_args: dict[str, Any]) -> float:
+    """Prepare every job's data (cache warm-up, regime check), then start Ray; return Ray's start time.
 
     The data come first so that a data or regime error ends the run before Ray starts."""
-    prepare_data(job)
+    seen: set[tuple[str, int, float, float, bool]] = set()
+    for job in jobs:
+        key = (repr(job.dataset), job.settings.num_clients, job.settings.lambda_h, job.settings.lambda_w,
+               job.settings.diagnose_only)
+        if key not in seen:
+            seen.add(key)
+            prepare_data(job)
     t_ray = time.perf_counter()
     start_ray(init_args)
     return time.perf_counter() - t_ray
@@ -244,8 +298,10 @@ class _Simulation:
     """The driver's ServerApp over several jobs, with their recorders, grids and clocks."""
 
     def __init__(self, jobs: list[JobConfig], recorders: list[RunRecorder], show_progress: bool,
-                 resumes: list[Checkpoint | None] | None = None):
+                 resumes: list[Checkpoint | None] | None = None, *, keep_going: bool = False,
+                 on_job_end: Callable[[int, dict[str, Any]], None] | None = None):
         self.jobs, self.recorders, self.show_progress = jobs, recorders, show_progress
+        self.keep_going, self.on_job_end = keep_going, on_job_end
         self.resumes = resumes or [None] * len(jobs)
         self.grids: dict[int, ProgressGrid] = {}
         self.sim_start: dict[int, float] = {}
@@ -271,9 +327,19 @@ class _Simulation:
             log.info("running procedure %s (%d rounds x %d local epochs, %d clients, data %s, model %s)",
                      job.name, job.settings.rounds, job.settings.local_epochs, job.settings.num_clients,
                      getattr(job.dataset, "name", "?"), getattr(job.model, "name", "?"))
-            self.grids[i] = serve(grid, job, rec, show_progress=self.show_progress,
-                                  message_config={JOB: i}, watch=self.watch, resume=self.resumes[i])
-            finish_job(job, rec, self.grids[i], self.sim_start[i] if i else self.t_sim, time.perf_counter())
+            try:
+                self.grids[i] = serve(grid, job, rec, show_progress=self.show_progress,
+                                      message_config={JOB: i}, watch=self.watch, resume=self.resumes[i])
+                finish_job(job, rec, self.grids[i], self.sim_start[i] if i else self.t_sim, time.perf_counter())
+            except Exception as exc:  # noqa: BLE001 - recorded; re-raised unless the sweep keeps going
+                if not self.keep_going or self.watch.tripped:
+                    raise
+                log.error("%s failed: %s", job.output_dir, one_line(exc))
+                if rec.results["status"] == "running":
+                    rec.finish("failed", error=one_line(exc),
+                               timing=timing_summary(rec, self.grids.get(i), self.sim_start[i], time.perf_counter()))
+            if self.on_job_end is not None:
+                self.on_job_end(i, rec.results)
         self.served.append(time.perf_counter())
 
     def fail_running(self, exc: BaseException) -> None:
@@ -284,12 +350,12 @@ class _Simulation:
                                                  time.perf_counter()))
 
 
-def _check_finished(recorders: list[RunRecorder]) -> None:
+def _check_finished(recorders: list[RunRecorder], *, raise_error: bool = True) -> None:
     failed = [r for r in recorders if r.results["status"] not in ("completed", "diagnosed")]
     for rec in failed:
         if rec.results["status"] == "running":
             rec.finish("failed", error="the simulation ended before this procedure finished")
-    if failed:
+    if failed and raise_error:
         raise RuntimeError(
             f"procedures {[r.job.name for r in failed]} did not finish (see the log and their results.json)"
         )

@@ -39,6 +39,10 @@ class DatasetConfig:
         Seed of the generator and of every deterministic subsample.
     allow_outside_regime : bool
         Let a run start even though a client violates the fully active condition.
+    image_size : int or None
+        Image data sets only: resample every image to ``image_size x image_size`` (area
+        averaging) after loading; None keeps the native size (docs/theory.md §10). Meant for
+        CPU smoke runs (``fedhead-sweep scale=smoke``); targets are unchanged.
     """
 
     name: str = ""
@@ -50,6 +54,12 @@ class DatasetConfig:
     cache_dir: str | None = None
     seed: int = 0
     allow_outside_regime: bool = False
+    image_size: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.image_size is not None and (isinstance(self.image_size, bool) or not isinstance(self.image_size, int)
+                                            or self.image_size < 4):
+            raise ValueError(f"dataset.image_size must be null or an integer >= 4, got {self.image_size!r}")
 
     def use_files(self) -> bool:
         """True when the published files are to be read, False when the generator runs."""

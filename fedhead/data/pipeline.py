@@ -53,7 +53,8 @@ log = logging.getLogger(__name__)
 CACHE_VERSION = 1
 
 #: Configuration fields that never change the samples (excluded from the cache key).
-_KEY_EXCLUDED = ("cache_dir", "allow_outside_regime", "num_clients", "chunk_images", "read_chunk")  # no effect on the samples
+_KEY_EXCLUDED = ("cache_dir", "allow_outside_regime", "num_clients", "chunk_images", "read_chunk",
+                 "image_size")  # no effect on the cached samples (image_size resamples after loading)
 
 _MEMO: dict[str, RawDataset] = {}
 _MEMO_LOCK = threading.Lock()
@@ -327,3 +328,25 @@ def _try_read(path: Path) -> RawDataset | None:
     except DataError as exc:
         warnings.warn(f"{exc}; rebuilding it", stacklevel=3)
         return None
+
+
+def resize_images(raw: RawDataset, size: int | None) -> RawDataset:
+    """``raw`` with every image resampled to ``size x size`` by area averaging (uint8 kept).
+
+    Tabular data sets and ``size=None`` (or the native size) pass through unchanged. Used for
+    ``dataset.image_size`` (CPU smoke runs); targets, groups and the split are untouched.
+    """
+    if size is None or not raw.is_image or raw.x.shape[-2:] == (size, size):
+        return raw
+    if raw.x.shape[-1] < size or raw.x.shape[-2] < size:
+        raise DataError(f"{raw.name}: dataset.image_size={size} exceeds the native {raw.x.shape[-2:]} images")
+
+    def resample(x: np.ndarray | None) -> np.ndarray | None:
+        if x is None:
+            return None
+        t = torch.from_numpy(np.array(x, dtype=np.float32))
+        out = torch.nn.functional.interpolate(t, size=(size, size), mode="area")
+        return out.round().clamp(0, 255).to(torch.uint8).numpy() if x.dtype == np.uint8 else out.numpy().astype(x.dtype)
+
+    return dataclasses.replace(raw, x=resample(raw.x), x_test=resample(raw.x_test),
+                               source=f"{raw.source} (resampled to {size}x{size})")

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from fedhead.data.base import DataError, FederatedData, RawDataset
 from fedhead.data.config import DatasetConfig
-from fedhead.data.pipeline import build_federated, load_raw_cached
+from fedhead.data.pipeline import build_federated, load_raw_cached, resize_images
 
 __all__ = [
     "DatasetEntry",
@@ -121,6 +121,7 @@ def load_raw(cfg: DatasetConfig, *, use_cache: bool = True) -> RawDataset:
     :func:`fedhead.data.pipeline.load_raw_cached`."""
     cfg = coerce_config(cfg)
     raw = load_raw_cached(cfg, get_loader(cfg.name), use_cache=use_cache)
+    raw = resize_images(raw, cfg.image_size)
     if raw.y.shape[0] != cfg.n_train:
         raise DataError(
             f"data set {cfg.name}: the loader returned {raw.y.shape[0]} training samples but the config asks "

@@ -192,8 +192,34 @@ def _kaiming_conv(conv: nn.Conv2d) -> nn.Conv2d:
     return conv
 
 
-def torchvision_resnet(depth: int, in_channels: int, feature_dim: int) -> nn.Module:
-    """torchvision ResNet-18/34 from scratch with ``in_channels`` inputs and a ``512 -> P`` fc."""
+def _narrow(net: nn.Module, in_channels: int, layers: list[int], width: int, feature_dim: int,
+            stem: nn.Conv2d) -> nn.Module:
+    """Rebuild a torchvision ResNet's stem, stages and fc for base width ``width`` (stages of
+    ``width, 2 width, 4 width, 8 width`` channels), initialised as torchvision initialises them."""
+    from torchvision.models.resnet import BasicBlock
+
+    net.inplanes = width
+    net.conv1 = stem
+    net.bn1 = net._norm_layer(width)
+    net.layer1 = net._make_layer(BasicBlock, width, layers[0])
+    net.layer2 = net._make_layer(BasicBlock, 2 * width, layers[1], stride=2)
+    net.layer3 = net._make_layer(BasicBlock, 4 * width, layers[2], stride=2)
+    net.layer4 = net._make_layer(BasicBlock, 8 * width, layers[3], stride=2)
+    net.fc = nn.Linear(8 * width, feature_dim)
+    for m in net.modules():
+        if isinstance(m, nn.Conv2d):
+            _kaiming_conv(m)
+        elif isinstance(m, (nn.BatchNorm2d, nn.GroupNorm)):
+            nn.init.constant_(m.weight, 1)
+            nn.init.constant_(m.bias, 0)
+    return net
+
+
+def torchvision_resnet(depth: int, in_channels: int, feature_dim: int, width: int = 64) -> nn.Module:
+    """torchvision ResNet-18/34 from scratch with ``in_channels`` inputs and a ``8 width -> P`` fc.
+
+    ``width`` is the first stage's channel count (64: torchvision's network exactly; smaller
+    widths keep the layout, e.g. for CPU smoke runs)."""
     # imported here: torchvision costs seconds at import, paid by every Ray worker and deployed
     # ClientApp process even when it only trains a ResMLP
     from torchvision.models.resnet import BasicBlock, ResNet
@@ -202,19 +228,26 @@ def torchvision_resnet(depth: int, in_channels: int, feature_dim: int) -> nn.Mod
     if depth not in layers:
         raise ModelError(f"resnet depth must be 18 or 34, got {depth}")
     net = ResNet(BasicBlock, layers[depth], num_classes=feature_dim)
+    if width != 64:
+        stem = nn.Conv2d(in_channels, width, kernel_size=7, stride=2, padding=3, bias=False)
+        return _narrow(net, in_channels, layers[depth], width, feature_dim, stem)
     if in_channels != 3:
         net.conv1 = _kaiming_conv(nn.Conv2d(in_channels, 64, kernel_size=7, stride=2, padding=3, bias=False))
     return net
 
 
-def residual_cnn(in_channels: int, feature_dim: int, groups: int = 8) -> nn.Module:
+def residual_cnn(in_channels: int, feature_dim: int, groups: int = 8, width: int = 64) -> nn.Module:
     """ResNet-18 layout with ``GroupNorm(groups)`` instead of BatchNorm, a 3x3 stride-1 stem and no
-    max-pool (docs/theory.md §10 "residual CNN")."""
+    max-pool (docs/theory.md §10 "residual CNN"); ``width`` channels in the first stage."""
     from torchvision.models.resnet import BasicBlock, ResNet
 
     net = ResNet(BasicBlock, [2, 2, 2, 2], num_classes=feature_dim,
                  norm_layer=lambda c: nn.GroupNorm(groups, c))
-    net.conv1 = _kaiming_conv(nn.Conv2d(in_channels, 64, kernel_size=3, stride=1, padding=1, bias=False))
+    stem = nn.Conv2d(in_channels, width, kernel_size=3, stride=1, padding=1, bias=False)
+    if width != 64:
+        net = _narrow(net, in_channels, [2, 2, 2, 2], width, feature_dim, stem)
+    else:
+        net.conv1 = _kaiming_conv(stem)
     net.maxpool = nn.Identity()
     return net
 

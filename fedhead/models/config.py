@@ -82,15 +82,19 @@ class ResNetConfig(ModelConfig):
 
     name: str = "resnet18"
     depth: int = 18
+    width: int = 64  # first-stage channels (64: torchvision's ResNet; smaller for CPU smoke runs)
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.depth not in (18, 34):
             raise ModelError(f"model {self.name!r}: depth must be 18 or 34, got {self.depth}")
+        if self.width < 1:
+            raise ModelError(f"model {self.name!r}: width must be >= 1, got {self.width}")
 
     def build(self, input_shape: tuple[int, ...], n_samples: int) -> Backbone:
         ch = _image_channels(self, input_shape)
-        return ImageBackbone(torchvision_resnet(self.depth, ch, self.feature_dim), input_shape, self.feature_dim)
+        net = torchvision_resnet(self.depth, ch, self.feature_dim, self.width)
+        return ImageBackbone(net, input_shape, self.feature_dim)
 
 
 @dataclass
@@ -99,15 +103,19 @@ class ResidualCNNConfig(ModelConfig):
 
     name: str = "rescnn"
     groups: int = 8
+    width: int = 64  # first-stage channels (the paper's 64; smaller for CPU smoke runs)
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.groups < 1 or 64 % self.groups:
-            raise ModelError(f"model {self.name!r}: groups must divide 64, got {self.groups}")
+        if self.width < 1 or self.groups < 1 or self.width % self.groups:
+            raise ModelError(
+                f"model {self.name!r}: groups must divide width (GroupNorm over the first stage's "
+                f"channels), got groups={self.groups}, width={self.width}")
 
     def build(self, input_shape: tuple[int, ...], n_samples: int) -> Backbone:
         ch = _image_channels(self, input_shape)
-        return ImageBackbone(residual_cnn(ch, self.feature_dim, self.groups), input_shape, self.feature_dim)
+        net = residual_cnn(ch, self.feature_dim, self.groups, self.width)
+        return ImageBackbone(net, input_shape, self.feature_dim)
 
 
 @dataclass

@@ -1,0 +1,301 @@
+"""The network experiments of docs/theory.md §10 as named sweeps (``fedhead-sweep sweep=NAME``).
+
+A preset is a pure function ``(scale, seeds) -> list[RunSpec]``; every :class:`RunSpec` is one
+federation (one procedure of one setting and seed), written as the Hydra overrides of
+``conf/config.yaml`` that ``fedhead-run`` would take for it. :data:`SCALES` shrinks data, widths,
+rounds, E and seeds for ``scale=smoke`` (a few minutes on 2 CPU cores with the offline data,
+through the same code path); ``scale=paper`` is the published protocol.
+
+Presets (docs/theory.md §10): ``main``, ``centering``, ``epochs``, ``rho``, ``alignment``,
+``mismatch``, ``architectures``, ``data_size``, ``full_model``, ``prediction``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from fedhead.procedure import ConfigError
+
+TABULAR = ("beijing", "swimmer", "hopper", "halfcheetah", "walker2d")
+IMAGE = ("mpiigaze", "300w_lp", "dsprites", "shapes3d", "cifar_geo")
+SETTINGS = TABULAR + IMAGE
+#: data sets with no offline generator: they run only with their files (``data_roots``)
+FILE_ONLY = ("beijing", "mpiigaze", "300w_lp")
+MAIN_PROCEDURES = ("ordinary", "proximal", "corrected", "corrected_proximal")
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One federation of a sweep.
+
+    ``id`` is unique in the sweep and is also its folder (``runs/<id>``); ``setting`` is the data
+    set name, with a suffix for a variant of it (``shapes3d-large``); ``params`` are the knobs the
+    sweep varies (what the report groups by); ``overrides`` compose the run's config.
+    """
+
+    id: str
+    sweep: str
+    setting: str
+    dataset: str
+    model: str
+    procedure: str
+    seed: int
+    params: dict[str, Any] = field(default_factory=dict)
+    overrides: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Scale:
+    """How a sweep is sized: the model per data-set kind, data sizes, rounds, E and seeds.
+
+    ``local_epochs`` is E (the cap when ``local_tol`` is set); ``epochs`` maps a paper E (E-sweep,
+    data-size and full-model presets) to this scale's E.
+    """
+
+    name: str
+    rounds: int
+    local_epochs: int
+    local_tol: float | None
+    seeds: tuple[int, ...]
+    sweep_seeds: tuple[int, ...]
+    tabular: tuple[str, ...]
+    image: tuple[str, ...]
+    extra: tuple[str, ...] = ()
+    epochs: Callable[[int], int] = lambda e: e
+    large_factor: int = 4
+
+
+PAPER = Scale(
+    name="paper", rounds=8, local_epochs=4000, local_tol=None, seeds=(0, 1, 2, 3, 4), sweep_seeds=(0, 1, 2),
+    tabular=("model=resmlp",), image=("model=resnet18",),
+)
+
+# Sized for 2 CPU cores: 50 training samples per tabular client, 32 per image client (images
+# resampled to 16 x 16), the CPU-sized ResMLP and a ResNet-18 of width 8, P = 64 features,
+# 3 rounds, full-batch local training stopped once a client is within 1e-3 of its local optimum
+# (E = 500 caps it), one seed. Same code path as the paper scale.
+_SMOKE_COMMON = ("model.feature_dim=64", "train.lr=3.0e-3")
+SMOKE = Scale(
+    name="smoke", rounds=3, local_epochs=500, local_tol=1e-3, seeds=(0,), sweep_seeds=(0,),
+    tabular=("model=resmlp_small", "dataset.n_train=200") + _SMOKE_COMMON,
+    image=("model=resnet18", "model.width=8", "dataset.image_size=16", "dataset.n_train=256",
+           "dataset.n_test=64") + _SMOKE_COMMON,
+    epochs=lambda e: max(2, e // 20),
+    large_factor=2,
+)
+SCALES = {"smoke": SMOKE, "paper": PAPER}
+
+# which settings a preset uses at smoke scale (the paper scale uses every listed setting)
+_SMOKE_SETTINGS = {
+    "main": SETTINGS,
+    "prediction": ("dsprites", "cifar_geo"),
+    "architectures": ("dsprites",),
+    "data_size": ("shapes3d", "cifar_geo"),
+}
+_SMOKE_DEFAULT = ("hopper", "dsprites")
+
+
+def _kind(setting: str) -> str:
+    return "image" if setting in IMAGE else "tabular"
+
+
+def _paper_model(setting: str) -> str:
+    return "resnet18" if setting in IMAGE else "resmlp"
+
+
+def _base(scale: Scale, setting: str, procedure: str, seed: int, *, rounds: int | None = None,
+          epochs: int | None = None, tol: bool = True) -> list[str]:
+    """The overrides every run starts from: data set, scale, procedure, seed, rounds, E."""
+    model_ov = scale.image if _kind(setting) == "image" else scale.tabular
+    out = [f"dataset={setting}", "experiment=single", f"procedure={procedure}", f"seed={seed}",
+           f"rounds={rounds or scale.rounds}", f"local_epochs={epochs or scale.local_epochs}",
+           *model_ov, *scale.extra]
+    if tol and scale.local_tol is not None:
+        out.append(f"local_tol={scale.local_tol}")
+    return out
+
+
+def _spec(sweep: str, scale: Scale, setting: str, procedure: str, seed: int, params: dict[str, Any] | None = None,
+          extra: Sequence[str] = (), *, variant: str = "", dataset: str | None = None, model: str | None = None,
+          **base_kw: Any) -> RunSpec:
+    params = dict(params or {})
+    base = _base(scale, dataset or setting, procedure, seed, **base_kw)
+    overrides = tuple(base) + tuple(extra)
+    model_name = model or next((o.split("=", 1)[1] for o in reversed(overrides) if o.startswith("model=")),
+                               _paper_model(setting))
+    parts = [sweep, setting] + ([variant] if variant else []) + [procedure, f"s{seed}"]
+    return RunSpec(id="/".join(parts), sweep=sweep, setting=setting, dataset=dataset or setting,
+                   model=model_name, procedure=procedure, seed=seed, params=params, overrides=overrides)
+
+
+def _settings(name: str, scale: Scale, paper: Sequence[str]) -> Sequence[str]:
+    if scale.name == "paper":
+        return paper
+    smoke = _SMOKE_SETTINGS.get(name, _SMOKE_DEFAULT)
+    return [s for s in paper if s in smoke] or list(smoke)
+
+
+# ------------------------------------------------------------------------------ presets
+def main_grid(scale: Scale, seeds: Sequence[int]) -> list[RunSpec]:
+    """Ten settings x ordinary, proximal, corrected, corrected_proximal x seeds (rho = 1e-3)."""
+    return [_spec("main", scale, s, p, seed, {"rho": _rho(p)}) for s in _settings("main", scale, SETTINGS)
+            for seed in seeds for p in MAIN_PROCEDURES]
+
+
+def _rho(procedure: str) -> float:
+    return 1e-3 if procedure in ("proximal", "corrected_proximal") else 0.0
+
+
+def centering(scale: Scale, seeds: Sequence[int]) -> list[RunSpec]:
+    """Ordinary training with and without client-wise target centring (reference G_within)."""
+    return [_spec("centering", scale, s, p, seed) for s in _settings("centering", scale, SETTINGS)
+            for seed in seeds for p in ("ordinary", "centered")]
+
+
+PAPER_EPOCHS = (50, 100, 200, 400, 1000, 2000, 4000)
+RHOS = (0.0, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0)
+
+
+def epochs(scale: Scale, seeds: Sequence[int]) -> list[RunSpec]:
+    """E in {50, ..., 4000} for ordinary and proximal training (no early stop: E is the variable)."""
+    out = []
+    for s in _settings("epochs", scale, SETTINGS):
+        for e_paper in PAPER_EPOCHS:
+            e = scale.epochs(e_paper)
+            for p in ("ordinary", "proximal"):
+                for seed in seeds:
+                    out.append(_spec("epochs", scale, s, p, seed, {"local_epochs": e, "paper_local_epochs": e_paper},
+                                     variant=f"E{e}", epochs=e, tol=False))
+    return out
+
+
+def rho(scale: Scale, seeds: Sequence[int]) -> list[RunSpec]:
+    """Proximal training with rho in {0, 1e-5, ..., 1}. The finishing rotation of local training is
+    off here (``train.finish_rotation=false``): it selects the closest head for any rho > 0 and
+    would hide what rho does."""
+    return [_spec("rho", scale, s, "proximal", seed, {"rho": r}, (f"rho={r:g}", "train.finish_rotation=false"),
+                  variant=f"rho{r:g}")
+            for s in _settings("rho", scale, SETTINGS) for r in RHOS for seed in seeds]
+
+
+ALIGN_SETTINGS = ("beijing", "swimmer", "hopper", "halfcheetah", "shapes3d", "cifar_geo")
+
+
+def alignment(scale: Scale, seeds: Sequence[int]) -> list[RunSpec]:
+    """Aligned vs proximal vs ordinary (seeds 0-4), and the same with correction (seeds 0-2)."""
+    plain = [_spec("alignment", scale, s, p, seed, {"rho": _rho(p), "correction": False})
+             for s in _settings("alignment", scale, ALIGN_SETTINGS) for seed in seeds
+             for p in ("ordinary", "proximal", "aligned")]
+    corr_seeds = [s for s in seeds if s in scale.sweep_seeds] or list(seeds)[:1]
+    corrected = [_spec("alignment", scale, s, p, seed, {"rho": _rho(p), "correction": True})
+                 for s in _settings("alignment", scale, ALIGN_SETTINGS) for seed in corr_seeds
+                 for p in ("corrected", "corrected_proximal", "aligned_corrected")]
+    return plain + corrected
+
+
+def mismatch(scale: Scale, seeds: Sequence[int]) -> list[RunSpec]:
+    """The cost of mismatched coordinates: one round of ordinary training, the same local models
+    averaged as trained and after alignment, with common and with independent backbones."""
+    return [_spec("mismatch", scale, s, "ordinary", seed, {"init": init},
+                  (f"init={init}", "measure_mismatch=true"), variant=init, rounds=1)
+            for s in _settings("mismatch", scale, SETTINGS) for init in ("common", "independent")
+            for seed in seeds]
+
+
+def architectures(scale: Scale, seeds: Sequence[int]) -> list[RunSpec]:
+    """Image settings: residual CNN (GroupNorm), residual CNN + correction, ResNet-34."""
+    out = []
+    smoke = scale.name == "smoke"
+    variants = (("rescnn", "ordinary"), ("rescnn", "corrected"), ("resnet34", "ordinary"))
+    for s in _settings("architectures", scale, IMAGE):
+        for model, proc in variants:
+            extra = [f"model={model}"] + (["model.width=8"] if smoke else [])
+            if smoke and model == "rescnn":
+                extra.append("model.groups=4")  # GroupNorm groups must divide the narrow width
+            for seed in seeds:
+                out.append(_spec("architectures", scale, s, proc, seed, {"model": model}, extra,
+                                 variant=model, model=model))
+    return out
+
+
+def data_size(scale: Scale, seeds: Sequence[int]) -> list[RunSpec]:
+    """3D Shapes and CIFAR-geo enlarged (more samples per client), E = 1000."""
+    e = scale.epochs(1000)
+    out = []
+    for s in _settings("data_size", scale, ("shapes3d", "cifar_geo")):
+        n = (256 if scale.name == "smoke" else 12000) * scale.large_factor
+        for p in ("ordinary", "corrected"):
+            for seed in seeds:
+                out.append(_spec("data_size", scale, f"{s}-large", p, seed, {"n_train": n, "local_epochs": e},
+                                 (f"dataset.n_train={n}",), dataset=s, epochs=e))
+    return out
+
+
+def full_model(scale: Scale, seeds: Sequence[int]) -> list[RunSpec]:
+    """Full-model averaging on the tabular settings: E = 400, E = 4000, E = 4000 with correction."""
+    out = []
+    for s in _settings("full_model", scale, TABULAR):
+        for e_paper, gamma in ((400, 0.0), (4000, 0.0), (4000, 1.0)):
+            e = scale.epochs(e_paper)
+            tag = f"E{e}" + ("-corrected" if gamma else "")
+            for seed in seeds:
+                out.append(_spec("full_model", scale, s, "full_model", seed,
+                                 {"local_epochs": e, "paper_local_epochs": e_paper, "gamma": gamma},
+                                 (f"procedure.gamma={gamma:g}",), variant=tag, epochs=e, tol=False))
+    return out
+
+
+def prediction(scale: Scale, seeds: Sequence[int]) -> list[RunSpec]:
+    """Train and test MSE of ordinary, proximal and corrected proximal training on the image settings."""
+    return [_spec("prediction", scale, s, p, seed, {"rho": _rho(p)}, ("resources.evaluate_mse=true",))
+            for s in _settings("prediction", scale, IMAGE) for seed in seeds
+            for p in ("ordinary", "proximal", "corrected_proximal")]
+
+
+#: preset name -> (builder, uses the main grid's seeds 0-4 rather than the sweeps' 0-2)
+PRESETS: dict[str, tuple[Callable[[Scale, Sequence[int]], list[RunSpec]], bool]] = {
+    "main": (main_grid, True),
+    "centering": (centering, False),
+    "epochs": (epochs, False),
+    "rho": (rho, False),
+    "alignment": (alignment, True),
+    "mismatch": (mismatch, False),
+    "architectures": (architectures, False),
+    "data_size": (data_size, False),
+    "full_model": (full_model, False),
+    "prediction": (prediction, False),
+}
+
+
+def plan(name: str, scale: str, *, seeds: Sequence[int] | None = None,
+         settings: Sequence[str] | None = None) -> list[RunSpec]:
+    """The runs of preset ``name`` at ``scale`` (``"smoke"`` or ``"paper"``).
+
+    ``seeds`` replaces the preset's seeds; ``settings`` keeps only runs of those settings (data
+    set names; a ``-large`` variant counts as its data set).
+    """
+    if name not in PRESETS:
+        raise ConfigError(f"sweep={name!r} is not a preset; choose from {sorted(PRESETS)}")
+    if scale not in SCALES:
+        raise ConfigError(f"scale={scale!r}: choose smoke or paper")
+    sc = SCALES[scale]
+    builder, main_seeds = PRESETS[name]
+    if seeds is not None:
+        seeds = [int(s) for s in seeds]
+        if not seeds or any(s < 0 for s in seeds):
+            raise ConfigError(f"seeds must be a non-empty list of non-negative integers, got {seeds}")
+    chosen = list(seeds) if seeds is not None else list(sc.seeds if main_seeds else sc.sweep_seeds)
+    runs = builder(sc, chosen)
+    if settings is not None:
+        unknown = sorted(set(settings) - set(SETTINGS))
+        if unknown:
+            raise ConfigError(f"settings: unknown data sets {unknown}; choose from {list(SETTINGS)}")
+        runs = [r for r in runs if r.dataset in settings]
+        if not runs:
+            raise ConfigError(f"sweep {name!r} at scale {scale!r} has no run on settings {list(settings)}")
+    ids = [r.id for r in runs]
+    if len(set(ids)) != len(ids):  # pragma: no cover - a preset bug
+        raise RuntimeError(f"sweep {name}: duplicate run ids")
+    return runs

@@ -1,0 +1,239 @@
+"""Run a sweep: plan -> skip finished runs -> check data -> pack runs into simulations -> manifest.
+
+* Every run is a :class:`fedhead.config.JobConfig` built from its :class:`~fedhead.sweep.presets.RunSpec`
+  overrides exactly as ``fedhead-run`` would build it, writing into ``<out>/runs/<id>``.
+* A run whose ``results.json`` is complete for the same config hash is not run again: restarting a
+  finished sweep recomputes nothing. Failed runs are retried on the next start.
+* Data are checked in the driver before Ray starts; a setting whose files are missing is
+  ``skipped`` with the file it needs, and the sweep goes on.
+* Runs sharing a client count and resources are packed into one Flower simulation, and every
+  simulation of the sweep shares one Ray session (:func:`fedhead.run.shared_ray_session`): the
+  start-up cost is paid once per sweep. A run that fails is recorded with its error and the
+  next one runs; if the engine itself dies, the runs not yet finished go to a new simulation once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fedhead.config import JobConfig, compose_config, load_config
+from fedhead.sweep.manifest import Manifest, run_dir
+from fedhead.sweep.presets import RunSpec, plan
+
+log = logging.getLogger("fedhead.console.sweep")
+#: attempts of a simulation whose engine died (the runs it did not finish go to the next one)
+ENGINE_ATTEMPTS = 2
+
+
+@dataclass(frozen=True)
+class SweepConfig:
+    """A typed ``fedhead-sweep`` invocation (built once by :func:`fedhead.sweep.cli.typed_config`).
+
+    ``data_roots`` maps a data set name to the folder of its published files (given once for the
+    sweep); ``run_overrides`` are appended to every run (``device=cuda``, ``resources.*``);
+    ``seeds`` / ``settings`` narrow the preset.
+    """
+
+    sweep: str
+    scale: str
+    out: Path
+    data_roots: dict[str, str] = field(default_factory=dict)
+    run_overrides: tuple[str, ...] = ()
+    seeds: tuple[int, ...] | None = None
+    settings: tuple[str, ...] | None = None
+    show_progress: bool = True
+
+
+def build_job(spec: RunSpec, out: Path, data_roots: dict[str, str], run_overrides: Sequence[str] = ()) -> JobConfig:
+    """The :class:`JobConfig` of one run, writing into ``<out>/runs/<id>``."""
+    overrides = list(spec.overrides)
+    root = data_roots.get(spec.dataset)
+    if root:
+        overrides.append(f"dataset.root={root}")
+    overrides += list(run_overrides)
+    cfg = load_config(compose_config(overrides))
+    job = cfg.jobs(out)[0]
+    folder = out / run_dir(spec)
+    return dataclasses.replace(job, output_dir=folder, state_dir=folder / "client_state")
+
+
+def finished(job: JobConfig) -> bool:
+    """True when ``results.json`` of the job's folder is complete for the same config."""
+    from fedhead.checkpoint import config_hash
+
+    path = Path(job.output_dir) / "results.json"
+    try:
+        res = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return False
+    return res.get("status") == "completed" and config_hash(res.get("config") or {}) == job.config_hash
+
+
+def check_data(job: JobConfig) -> tuple[str, str | None, str | None]:
+    """``(status, error, needs)`` of a job's data: ``("ok", None, None)``, ``("skipped", None,
+    what is missing)`` or ``("failed", the error line, None)``. Loads (or generates) the data set
+    once in the driver, which warms the cache the Ray workers read."""
+    from fedhead.cli_errors import one_line
+    from fedhead.data.base import MissingDataError
+    from fedhead.run import prepare_data
+
+    try:
+        prepare_data(job)
+    except MissingDataError as exc:
+        return "skipped", None, f"{exc.what} (looked in {exc.looked_in}; from {exc.where_to_get})"
+    except Exception as exc:  # noqa: BLE001 - recorded in the manifest, the sweep goes on
+        return "failed", one_line(exc), None
+    return "ok", None, None
+
+
+@dataclass
+class SweepResult:
+    """What a sweep did: the manifest and the runs run now (ids)."""
+
+    manifest: Manifest
+    ran: list[str]
+    wall_seconds: float
+
+    @property
+    def counts(self) -> dict[str, int]:
+        return self.manifest.counts()
+
+
+def run_sweep(cfg: SweepConfig) -> SweepResult:
+    """Run (or continue) a sweep; see the module docstring. Returns when every run is done."""
+    from fedhead.io import provenance
+
+    t0 = time.perf_counter()
+    out = Path(cfg.out)
+    specs = plan(cfg.sweep, cfg.scale, seeds=cfg.seeds, settings=cfg.settings)
+    # every run's config is built (and validated) before anything runs
+    jobs = {s.id: build_job(s, out, cfg.data_roots, cfg.run_overrides) for s in specs}
+    manifest = Manifest(out, cfg.sweep, cfg.scale, extra={
+        "data_roots": dict(cfg.data_roots), "run_overrides": list(cfg.run_overrides),
+        "git_revision": provenance().get("git_revision")})
+    todo: list[RunSpec] = []
+    for spec in specs:
+        entry = manifest.add(spec, jobs[spec.id].config_hash)
+        if finished(jobs[spec.id]):
+            prev = manifest.previous(spec.id) or {}
+            entry.update(status="completed", wall_seconds=prev.get("wall_seconds"))
+        else:
+            todo.append(spec)
+    manifest.write()
+    log.info("sweep %s (%s): %d runs, %d already finished, %d to run -> %s", cfg.sweep, cfg.scale, len(specs),
+             len(specs) - len(todo), len(todo), out)
+    todo = _check_all_data(todo, jobs, manifest)
+    ran: list[str] = []
+    if todo:
+        _Packer(todo, jobs, manifest, cfg.show_progress).run(ran)
+    manifest.write()
+    res = SweepResult(manifest, ran, time.perf_counter() - t0)
+    c = res.counts
+    log.info("sweep %s done in %.0f s: %d completed, %d failed, %d skipped (manifest %s)", cfg.sweep,
+             res.wall_seconds, c["completed"], c["failed"], c["skipped"], manifest.path)
+    return res
+
+
+def _check_all_data(todo: list[RunSpec], jobs: dict[str, JobConfig], manifest: Manifest) -> list[RunSpec]:
+    """Check every distinct data set of the runs to do once; drop (and record) those that cannot run."""
+    verdicts: dict[str, tuple[str, str | None, str | None]] = {}
+    keep = []
+    for spec in todo:
+        job = jobs[spec.id]
+        key = repr((job.dataset, job.settings.num_clients, job.settings.lambda_h, job.settings.lambda_w))
+        if key not in verdicts:
+            verdicts[key] = check_data(job)
+            if verdicts[key][0] != "ok":
+                log.warning("%s: %s", spec.setting, verdicts[key][2] or verdicts[key][1])
+        status, error, needs = verdicts[key]
+        if status == "ok":
+            keep.append(spec)
+        else:
+            manifest.update(spec.id, status=status, error=error, needs=needs)
+    return keep
+
+
+class _Packer:
+    """Packs the runs to do into simulations (one per client count and resources) in one Ray session."""
+
+    def __init__(self, todo: list[RunSpec], jobs: dict[str, JobConfig], manifest: Manifest, show_progress: bool):
+        self.todo, self.jobs, self.manifest = todo, jobs, manifest
+        self.bar = _progress(len(todo), show_progress)
+        self.done = 0
+
+    def groups(self, specs: list[RunSpec]) -> list[list[RunSpec]]:
+        by: dict[Any, list[RunSpec]] = {}
+        for s in specs:
+            job = self.jobs[s.id]
+            by.setdefault((job.settings.num_clients, job.resources), []).append(s)
+        # within a simulation, runs of one data set follow each other (the clients' data cache)
+        return [sorted(g, key=lambda s: (s.dataset, s.setting)) for g in by.values()]
+
+    def run(self, ran: list[str]) -> None:
+        from fedhead.logs import simulation_logging
+        from fedhead.run import shared_ray_session
+
+        first = self.jobs[self.todo[0].id]
+        import torch
+
+        use_cuda = first.settings.device == "cuda" or (first.settings.device == "auto" and torch.cuda.is_available())
+        init_args = first.resources.backend_config(first.settings.num_clients, use_cuda)["init_args"]
+        simulation_logging(init_args)  # Ray's worker output off the console (before Ray starts)
+        with shared_ray_session(init_args):
+            for group in self.groups(self.todo):
+                self.run_group(group, ran)
+        self.bar.close()
+
+    def run_group(self, group: list[RunSpec], ran: list[str]) -> None:
+        from fedhead.cli_errors import one_line
+        from fedhead.run import run_federations
+
+        pending = list(group)
+        for attempt in range(1, ENGINE_ATTEMPTS + 1):
+            jobs = [self.jobs[s.id] for s in pending]
+            try:
+                run_federations(jobs, show_progress=False, keep_going=True,
+                                on_job_end=lambda i, res, specs=pending: self.job_end(specs[i], res, ran))
+            except Exception as exc:  # noqa: BLE001 - the engine died: the unfinished runs go again
+                left = [s for s in pending if self.manifest.entry(s.id)["status"] == "pending"]
+                log.error("simulation failed (%s); %d run(s) unfinished%s", one_line(exc), len(left),
+                          ", retrying them" if attempt < ENGINE_ATTEMPTS and left else "")
+                pending = left
+                if attempt == ENGINE_ATTEMPTS:
+                    for s in left:
+                        self.manifest.update(s.id, status="failed", error=f"simulation failed: {one_line(exc)}")
+                        self.bar.update(1)
+                if not pending:
+                    return
+                continue
+            return
+
+    def job_end(self, spec: RunSpec, results: dict[str, Any], ran: list[str]) -> None:
+        status = "completed" if results.get("status") == "completed" else "failed"
+        wall = (results.get("timing") or {}).get("total_seconds")
+        self.manifest.update(spec.id, status=status, error=results.get("error"), wall_seconds=wall)
+        ran.append(spec.id)
+        self.done += 1
+        self.bar.update(1)
+        rounds = results.get("rounds") or []
+        last = rounds[-1] if rounds else {}
+        err = last.get("e_f_reference")
+        gap = last.get("max_trained_gap")
+        log.info("[%d/%d] %s %s in %.1f s%s%s", self.done, len(self.todo), spec.id, status, wall or 0.0,
+                 "" if err is None else f", e_F(G_T, G_{results.get('reference')}) {err:.3g}",
+                 "" if gap is None else f", local gap {gap:.2g}")
+        if status == "failed":
+            log.warning("%s failed: %s", spec.id, results.get("error"))
+
+
+def _progress(total: int, show: bool):
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, unit="run", desc="sweep", disable=not show, dynamic_ncols=True)
