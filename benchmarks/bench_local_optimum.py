@@ -305,7 +305,8 @@ def print_block(setting: Setting, rho: float, runs: list[dict]) -> None:
 
 
 # ------------------------------------------------------------------------------------------ main
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line, with ``--quick`` applied and the literal caps defaulted to the fixed ones."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ap.add_argument("--settings", nargs="+", default=["quickstart", "dsprites"], choices=["quickstart", "dsprites"])
@@ -332,23 +333,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=None, help="write every run (gap traces included) as JSON here")
     ap.add_argument("-v", "--verbose", action="store_true", help="log every run")
     args = ap.parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
-                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
     if args.quick:
         args.clients, args.image_clients, args.image_n = 1, 1, 100
         args.cap, args.image_cap = min(args.cap, 1000), min(args.image_cap, 250)
         args.literal_cap = min(args.literal_cap or args.cap, args.cap)
         args.image_literal_cap = min(args.image_literal_cap or args.image_cap, args.image_cap)
-    if args.threads > 0:
-        torch.set_num_threads(args.threads)
-    literal_cap = args.literal_cap or args.cap
-    image_literal_cap = args.image_literal_cap or args.image_cap
+    args.literal_cap = args.literal_cap or args.cap
+    args.image_literal_cap = args.image_literal_cap or args.image_cap
     if not 1 <= args.clients <= 4:
         ap.error("--clients must be 1..4")
     if not 1 <= args.image_clients <= 2:
         ap.error("--image-clients must be 1 or 2")
+    return args
 
-    machine = f"CPU, {os.cpu_count()} cores, torch threads {torch.get_num_threads()}"
+
+def print_header(machine: str) -> None:
+    """What the tables below mean."""
     print(f"# bench_local_optimum: torch {torch.__version__}, {machine}, load average "
           f"{' '.join(f'{v:.2f}' for v in os.getloadavg())}")
     print("# steps (epochs x steps/epoch) of one local training call to reach a relative gap of the trained "
@@ -359,34 +359,56 @@ def main(argv: list[str] | None = None) -> int:
           "both include the gap checks every check_every epochs\n# (a full-data forward pass each); 'call s' = "
           "wall time of the whole train_local call. One run per recipe and client, no repeats.")
 
+
+def build_setting(name: str, args: argparse.Namespace, outdir: str) -> tuple[Setting, list[float]]:
+    """The setting ``name`` and the proximal weights of its rows."""
+    if name == "quickstart":
+        setting = quickstart_setting(args.clients, args.cap, args.literal_cap, outdir)
+    else:
+        setting = dsprites_setting(args.image_n, args.image_clients, args.image_width, args.image_p,
+                                   args.image_batch, args.image_lr, args.image_cap, args.image_literal_cap, outdir)
+    rhos = setting.rhos
+    if setting.name == "quickstart" and args.rhos is not None:
+        rhos = sorted(set(args.rhos))
+    if args.quick:
+        rhos = [0.0]
+    return setting, rhos
+
+
+def run_setting(setting: Setting, rhos: list[float], check_every: int) -> list[dict]:
+    """Both recipes on every client for every ``rho``, each block printed as it completes."""
+    all_runs: list[dict] = []
+    for rho in rhos:
+        runs = []
+        for i, client in enumerate(setting.clients):
+            # alternate which recipe runs first, so that a change of machine load hits both alike
+            order = RECIPES if i % 2 == 0 else RECIPES[::-1]
+            for recipe in order:
+                runs.append(run_one(setting, client, recipe, rho, check_every))
+        print_block(setting, rho, runs)
+        all_runs.extend(runs)
+    return all_runs
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+    machine = f"CPU, {os.cpu_count()} cores, torch threads {torch.get_num_threads()}"
+    print_header(machine)
+
     t_start = time.perf_counter()
     all_runs: list[dict] = []
     settings_meta = []
     with tempfile.TemporaryDirectory(prefix="bench_local_optimum_") as outdir:
         for name in args.settings:
-            if name == "quickstart":
-                setting = quickstart_setting(args.clients, args.cap, literal_cap, outdir)
-            else:
-                setting = dsprites_setting(args.image_n, args.image_clients, args.image_width, args.image_p,
-                                           args.image_batch, args.image_lr, args.image_cap, image_literal_cap,
-                                           outdir)
-            rhos = setting.rhos
-            if setting.name == "quickstart" and args.rhos is not None:
-                rhos = sorted(set(args.rhos))
-            if args.quick:
-                rhos = [0.0]
+            setting, rhos = build_setting(name, args, outdir)
             settings_meta.append({"name": setting.name, "description": setting.description, "rhos": rhos,
                                   "cap": setting.cap, "literal_cap": setting.literal_cap,
                                   "train": dataclasses.asdict(setting.train)})
-            for rho in rhos:
-                runs = []
-                for i, client in enumerate(setting.clients):
-                    # alternate which recipe runs first, so that a change of machine load hits both alike
-                    order = RECIPES if i % 2 == 0 else RECIPES[::-1]
-                    for recipe in order:
-                        runs.append(run_one(setting, client, recipe, rho, args.check_every))
-                print_block(setting, rho, runs)
-                all_runs.extend(runs)
+            all_runs.extend(run_setting(setting, rhos, args.check_every))
     total = time.perf_counter() - t_start
     print(f"\n# total wall time {total:.0f} s")
     if args.out:
@@ -396,7 +418,6 @@ def main(argv: list[str] | None = None) -> int:
             "provenance": provenance({"model": 0, "data": 0}),
         })
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())
