@@ -62,7 +62,7 @@ from torch import nn
 from fedhead.io import provenance, write_json_atomic
 from fedhead.models import FreeFeatureConfig, build_backbone, build_head
 from fedhead.models.backbones import ImageBackbone
-from fedhead.train import TrainConfig, train_local
+from fedhead.train import LocalProblem, TrainConfig, train_local
 
 log = logging.getLogger("bench_local_optimum")
 
@@ -132,7 +132,8 @@ class Setting:
     name: str
     description: str
     clients: list[Client]
-    train: TrainConfig  # the base configuration (lr, batch size, lambdas); rho/epochs/tol set per run
+    train: TrainConfig  # the base recipe (lr, batch size); tol, check_every and the literal switches set per run
+    problem: LocalProblem  # the job's problem (lambdas); rho and the epoch cap set per run
     rhos: list[float]
     cap: int
     literal_cap: int
@@ -159,13 +160,13 @@ def quickstart_setting(n_clients: int, cap: int, literal_cap: int, outdir: str) 
             (lambda cd=cd: build_backbone(model, data.input_shape, cd.n_train, seed)),
             (lambda: build_head(model.feature_dim, n_targets, seed)),
             _round_seed(seed, 1, pid)))
-    t = job.train
+    t, problem = job.train, job.local_problem()
     n_max = max(c.y.shape[0] for c in clients)
     desc = (f"{data.name}, {len(clients)} of {data.n_clients} clients x N={[c.y.shape[0] for c in clients]}, "
             f"model={model.name} (width {getattr(model, 'width', '-')}, P={model.feature_dim}), C={n_targets}, "
             f"lr {t.lr:g}, batch {min(t.batch_size, n_max)}{' (full batch)' if t.batch_size >= n_max else ''}, "
-            f"lambda_H={t.lambda_h:g}, lambda_W={t.lambda_w:g}; round 1 (head = broadcast = initial head)")
-    return Setting("quickstart", desc, clients, t, sorted({0.0, float(t.rho)}), cap, literal_cap)
+            f"lambda_H={problem.lambda_h:g}, lambda_W={problem.lambda_w:g}; round 1 (head = broadcast = initial head)")
+    return Setting("quickstart", desc, clients, t, problem, sorted({0.0, float(problem.rho)}), cap, literal_cap)
 
 
 def dsprites_setting(n_images: int, n_clients: int, width: int, feature_dim: int, batch_size: int, lr: float,
@@ -186,13 +187,14 @@ def dsprites_setting(n_images: int, n_clients: int, width: int, feature_dim: int
             (lambda: build_head(feature_dim, n_targets, seed)),
             _round_seed(seed, 1, pid)))
     train = dataclasses.replace(job.train, lr=lr, batch_size=batch_size)
+    problem = job.local_problem()
     n_max = max(c.y.shape[0] for c in clients)
     desc = (f"{data.name} (offline renderer) {n_images} images over {data.n_clients} clients, {len(clients)} used "
             f"x N={[c.y.shape[0] for c in clients]}, input {shape}, small residual CNN (GroupNorm, width {width}, "
             f"global avg pool, fc {width}->{feature_dim}), C={n_targets}, lr {lr:g}, batch {min(batch_size, n_max)}"
-            f"{' (full batch)' if batch_size >= n_max else ''}, lambda_H={train.lambda_h:g}, "
-            f"lambda_W={train.lambda_w:g}")
-    return Setting("dsprites", desc, clients, train, [0.0], cap, literal_cap)
+            f"{' (full batch)' if batch_size >= n_max else ''}, lambda_H={problem.lambda_h:g}, "
+            f"lambda_W={problem.lambda_w:g}")
+    return Setting("dsprites", desc, clients, train, problem, [0.0], cap, literal_cap)
 
 
 # ------------------------------------------------------------------------------------------ runs
@@ -201,11 +203,11 @@ def run_one(setting: Setting, client: Client, recipe: str, rho: float, check_eve
     backbone, head = client.make_backbone(), client.make_head()
     w0 = head.weight.detach().double().numpy().copy()
     cap = setting.literal_cap if recipe == "literal" else setting.cap
-    cfg = dataclasses.replace(setting.train, rho=float(rho), gamma=0.0, center_targets=False, epochs=cap,
-                              local_tol=min(GAPS), check_every=check_every, progress=False,
+    cfg = dataclasses.replace(setting.train, local_tol=min(GAPS), check_every=check_every, progress=False,
                               **(LITERAL if recipe == "literal" else {}))
+    problem = dataclasses.replace(setting.problem, rho=float(rho), gamma=0.0, center_targets=False, epochs=cap)
     t0 = time.perf_counter()
-    res = train_local(backbone, head, client.x, client.y, cfg, broadcast_weight=w0 if rho > 0 else None,
+    res = train_local(backbone, head, client.x, client.y, cfg, problem, broadcast_weight=w0 if rho > 0 else None,
                       device="cpu", seed=client.seed)
     wall = time.perf_counter() - t0
     m = res.metrics
@@ -407,7 +409,8 @@ def main(argv: list[str] | None = None) -> int:
             setting, rhos = build_setting(name, args, outdir)
             settings_meta.append({"name": setting.name, "description": setting.description, "rhos": rhos,
                                   "cap": setting.cap, "literal_cap": setting.literal_cap,
-                                  "train": dataclasses.asdict(setting.train)})
+                                  "train": dataclasses.asdict(setting.train),
+                                  "problem": dataclasses.asdict(setting.problem)})
             all_runs.extend(run_setting(setting, rhos, args.check_every))
     total = time.perf_counter() - t_start
     print(f"\n# total wall time {total:.0f} s")
