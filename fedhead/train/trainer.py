@@ -150,11 +150,10 @@ def train_local(
         1/(2B) sum_i ||W h_i + b - y_i||^2 + lambda_H/(2B) sum_i ||h_i||^2 + lambda_W/2 ||W||_F^2
         + rho/2 ||W - W_t||_F^2 + gamma C_m(W)
 
-    with ``C_m(W) = lambda_H/2 Tr((Sigma_cen - Sigma_m)(W W^T + lambda_H I)^{-1})`` and, if
-    ``problem.center_targets``, ``y_i - mu_m`` in place of ``y_i``; the terms' weights are those
-    of ``problem``. AdamW (weight decay 0) is created afresh, the learning rate follows a cosine
-    from ``cfg.lr`` to ``cfg.lr_min`` over ``problem.epochs``, gradients are clipped to global
-    norm ``cfg.clip_norm``.
+    with ``C_m(W) = lambda_H/2 Tr((Sigma_cen - Sigma_m)(W W^T + lambda_H I)^{-1})``, the weights
+    of ``problem`` and, if ``problem.center_targets``, ``y_i - mu_m`` in place of ``y_i``. AdamW
+    (weight decay 0) is created afresh, the learning rate follows a cosine from ``cfg.lr`` to
+    ``cfg.lr_min`` over ``problem.epochs``, gradients are clipped to global norm ``cfg.clip_norm``.
 
     How the optimum is reached (bias, last layer, finishing step, tolerance): see the module
     docstring.
@@ -175,8 +174,7 @@ def train_local(
     cfg : TrainConfig
         The recipe (how to train).
     problem : LocalProblem
-        The objective's terms and the epoch budget (what to train for); in a federation
-        :meth:`fedhead.config.JobConfig.local_problem`.
+        What to train for (in a run: :meth:`fedhead.config.JobConfig.local_problem`).
     broadcast_weight : ndarray (C, P), optional
         ``W_t`` of the proximal term; required when ``problem.rho > 0``.
     sigma_cen : ndarray (C, C), optional
@@ -188,8 +186,7 @@ def train_local(
     device : str or torch.device, optional
         ``"auto"`` (default), ``"cpu"``, ``"cuda"``; see :func:`select_device`.
     seed : int
-        Seed of the minibatch permutations (deterministic on CPU); a client uses
-        :func:`fedhead.train.round_seed` of the run's seed, the round and its partition.
+        Seed of the minibatch permutations (a client's: :func:`fedhead.train.round_seed`).
 
     Returns
     -------
@@ -205,6 +202,17 @@ def train_local(
     TrainDivergedError
         A non-finite gradient norm (CPU) or non-finite head or objective after training.
     """
+    seed = _check_arguments(cfg, problem, seed)
+    _check_inputs(backbone, head, x, y)
+    terms = objective_terms(y, problem, head.in_features, broadcast_weight, sigma_cen, sigma_m)
+    dev = select_device(device)
+    loop = _TrainLoop(backbone, head, x, y, cfg, problem, terms, dev, seed)
+    loop.run()
+    return loop.finish()
+
+
+def _check_arguments(cfg: TrainConfig, problem: LocalProblem, seed: int) -> int:
+    """The recipe, the problem and the seed of a :func:`train_local` call, checked; the seed as int."""
     if not isinstance(cfg, TrainConfig):
         raise TrainInputError(f"train_local: cfg must be a TrainConfig, got {type(cfg).__name__}")
     if not isinstance(problem, LocalProblem):
@@ -212,12 +220,7 @@ def train_local(
     if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool) or seed < 0:
         raise TrainInputError(f"train_local: seed must be a non-negative integer, got {seed!r}")
     cfg.validate()
-    _check_inputs(backbone, head, x, y)
-    terms = objective_terms(y, problem, head.in_features, broadcast_weight, sigma_cen, sigma_m)
-    dev = select_device(device)
-    loop = _TrainLoop(backbone, head, x, y, cfg, problem, terms, dev, int(seed))
-    loop.run()
-    return loop.finish()
+    return int(seed)
 
 
 class _TrainLoop:

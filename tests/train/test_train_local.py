@@ -341,6 +341,10 @@ def test_bad_inputs_raise_clear_errors(y_m):
         train_local(bb, head, idx.float(), y_m, *cfg, device="cpu")
     with pytest.raises(TrainInputError, match=r"indices must lie in \[0, 16\)"):
         train_local(bb, head, idx + 1, y_m, *cfg, device="cpu")
+    with pytest.raises(TrainInputError, match="problem must be a LocalProblem, got TrainConfig"):
+        train_local(bb, head, idx, y_m, cfg[0], cfg[0], device="cpu")
+    with pytest.raises(TrainInputError, match="seed must be a non-negative integer, got -1"):
+        train_local(bb, head, idx, y_m, *cfg, device="cpu", seed=-1)
     with pytest.raises(TrainInputError, match="broadcast_weight is required"):
         train_local(bb, head, idx, y_m, *ufm_config(epochs=1, rho=0.1), device="cpu")
     with pytest.raises(TrainInputError, match=r"broadcast_weight must have shape \(2, 4\)"):
