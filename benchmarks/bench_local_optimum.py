@@ -62,7 +62,7 @@ from torch import nn
 from fedhead.io import provenance, write_json_atomic
 from fedhead.models import FreeFeatureConfig, build_backbone, build_head
 from fedhead.models.backbones import ImageBackbone
-from fedhead.train import TrainConfig, train_local
+from fedhead.train import LocalProblem, TrainConfig, train_local
 
 log = logging.getLogger("bench_local_optimum")
 
@@ -132,7 +132,8 @@ class Setting:
     name: str
     description: str
     clients: list[Client]
-    train: TrainConfig  # the base configuration (lr, batch size, lambdas); rho/epochs/tol set per run
+    train: TrainConfig  # the base recipe (lr, batch size); tol, check_every and the literal switches set per run
+    problem: LocalProblem  # the job's problem (lambdas); rho and the epoch cap set per run
     rhos: list[float]
     cap: int
     literal_cap: int
@@ -159,13 +160,13 @@ def quickstart_setting(n_clients: int, cap: int, literal_cap: int, outdir: str) 
             (lambda cd=cd: build_backbone(model, data.input_shape, cd.n_train, seed)),
             (lambda: build_head(model.feature_dim, n_targets, seed)),
             _round_seed(seed, 1, pid)))
-    t = job.train
+    t, problem = job.train, job.local_problem()
     n_max = max(c.y.shape[0] for c in clients)
     desc = (f"{data.name}, {len(clients)} of {data.n_clients} clients x N={[c.y.shape[0] for c in clients]}, "
             f"model={model.name} (width {getattr(model, 'width', '-')}, P={model.feature_dim}), C={n_targets}, "
             f"lr {t.lr:g}, batch {min(t.batch_size, n_max)}{' (full batch)' if t.batch_size >= n_max else ''}, "
-            f"lambda_H={t.lambda_h:g}, lambda_W={t.lambda_w:g}; round 1 (head = broadcast = initial head)")
-    return Setting("quickstart", desc, clients, t, sorted({0.0, float(t.rho)}), cap, literal_cap)
+            f"lambda_H={problem.lambda_h:g}, lambda_W={problem.lambda_w:g}; round 1 (head = broadcast = initial head)")
+    return Setting("quickstart", desc, clients, t, problem, sorted({0.0, float(problem.rho)}), cap, literal_cap)
 
 
 def dsprites_setting(n_images: int, n_clients: int, width: int, feature_dim: int, batch_size: int, lr: float,
@@ -186,13 +187,14 @@ def dsprites_setting(n_images: int, n_clients: int, width: int, feature_dim: int
             (lambda: build_head(feature_dim, n_targets, seed)),
             _round_seed(seed, 1, pid)))
     train = dataclasses.replace(job.train, lr=lr, batch_size=batch_size)
+    problem = job.local_problem()
     n_max = max(c.y.shape[0] for c in clients)
     desc = (f"{data.name} (offline renderer) {n_images} images over {data.n_clients} clients, {len(clients)} used "
             f"x N={[c.y.shape[0] for c in clients]}, input {shape}, small residual CNN (GroupNorm, width {width}, "
             f"global avg pool, fc {width}->{feature_dim}), C={n_targets}, lr {lr:g}, batch {min(batch_size, n_max)}"
-            f"{' (full batch)' if batch_size >= n_max else ''}, lambda_H={train.lambda_h:g}, "
-            f"lambda_W={train.lambda_w:g}")
-    return Setting("dsprites", desc, clients, train, [0.0], cap, literal_cap)
+            f"{' (full batch)' if batch_size >= n_max else ''}, lambda_H={problem.lambda_h:g}, "
+            f"lambda_W={problem.lambda_w:g}")
+    return Setting("dsprites", desc, clients, train, problem, [0.0], cap, literal_cap)
 
 
 # ------------------------------------------------------------------------------------------ runs
@@ -201,11 +203,11 @@ def run_one(setting: Setting, client: Client, recipe: str, rho: float, check_eve
     backbone, head = client.make_backbone(), client.make_head()
     w0 = head.weight.detach().double().numpy().copy()
     cap = setting.literal_cap if recipe == "literal" else setting.cap
-    cfg = dataclasses.replace(setting.train, rho=float(rho), gamma=0.0, center_targets=False, epochs=cap,
-                              local_tol=min(GAPS), check_every=check_every, progress=False,
+    cfg = dataclasses.replace(setting.train, local_tol=min(GAPS), check_every=check_every, progress=False,
                               **(LITERAL if recipe == "literal" else {}))
+    problem = dataclasses.replace(setting.problem, rho=float(rho), gamma=0.0, center_targets=False, epochs=cap)
     t0 = time.perf_counter()
-    res = train_local(backbone, head, client.x, client.y, cfg, broadcast_weight=w0 if rho > 0 else None,
+    res = train_local(backbone, head, client.x, client.y, cfg, problem, broadcast_weight=w0 if rho > 0 else None,
                       device="cpu", seed=client.seed)
     wall = time.perf_counter() - t0
     m = res.metrics
@@ -305,7 +307,8 @@ def print_block(setting: Setting, rho: float, runs: list[dict]) -> None:
 
 
 # ------------------------------------------------------------------------------------------ main
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line, with ``--quick`` applied and the literal caps defaulted to the fixed ones."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ap.add_argument("--settings", nargs="+", default=["quickstart", "dsprites"], choices=["quickstart", "dsprites"])
@@ -332,23 +335,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=None, help="write every run (gap traces included) as JSON here")
     ap.add_argument("-v", "--verbose", action="store_true", help="log every run")
     args = ap.parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
-                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
     if args.quick:
         args.clients, args.image_clients, args.image_n = 1, 1, 100
         args.cap, args.image_cap = min(args.cap, 1000), min(args.image_cap, 250)
         args.literal_cap = min(args.literal_cap or args.cap, args.cap)
         args.image_literal_cap = min(args.image_literal_cap or args.image_cap, args.image_cap)
-    if args.threads > 0:
-        torch.set_num_threads(args.threads)
-    literal_cap = args.literal_cap or args.cap
-    image_literal_cap = args.image_literal_cap or args.image_cap
+    args.literal_cap = args.literal_cap or args.cap
+    args.image_literal_cap = args.image_literal_cap or args.image_cap
     if not 1 <= args.clients <= 4:
         ap.error("--clients must be 1..4")
     if not 1 <= args.image_clients <= 2:
         ap.error("--image-clients must be 1 or 2")
+    return args
 
-    machine = f"CPU, {os.cpu_count()} cores, torch threads {torch.get_num_threads()}"
+
+def print_header(machine: str) -> None:
+    """What the tables below mean."""
     print(f"# bench_local_optimum: torch {torch.__version__}, {machine}, load average "
           f"{' '.join(f'{v:.2f}' for v in os.getloadavg())}")
     print("# steps (epochs x steps/epoch) of one local training call to reach a relative gap of the trained "
@@ -359,34 +361,57 @@ def main(argv: list[str] | None = None) -> int:
           "both include the gap checks every check_every epochs\n# (a full-data forward pass each); 'call s' = "
           "wall time of the whole train_local call. One run per recipe and client, no repeats.")
 
+
+def build_setting(name: str, args: argparse.Namespace, outdir: str) -> tuple[Setting, list[float]]:
+    """The setting ``name`` and the proximal weights of its rows."""
+    if name == "quickstart":
+        setting = quickstart_setting(args.clients, args.cap, args.literal_cap, outdir)
+    else:
+        setting = dsprites_setting(args.image_n, args.image_clients, args.image_width, args.image_p,
+                                   args.image_batch, args.image_lr, args.image_cap, args.image_literal_cap, outdir)
+    rhos = setting.rhos
+    if setting.name == "quickstart" and args.rhos is not None:
+        rhos = sorted(set(args.rhos))
+    if args.quick:
+        rhos = [0.0]
+    return setting, rhos
+
+
+def run_setting(setting: Setting, rhos: list[float], check_every: int) -> list[dict]:
+    """Both recipes on every client for every ``rho``, each block printed as it completes."""
+    all_runs: list[dict] = []
+    for rho in rhos:
+        runs = []
+        for i, client in enumerate(setting.clients):
+            # alternate which recipe runs first, so that a change of machine load hits both alike
+            order = RECIPES if i % 2 == 0 else RECIPES[::-1]
+            for recipe in order:
+                runs.append(run_one(setting, client, recipe, rho, check_every))
+        print_block(setting, rho, runs)
+        all_runs.extend(runs)
+    return all_runs
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+    machine = f"CPU, {os.cpu_count()} cores, torch threads {torch.get_num_threads()}"
+    print_header(machine)
+
     t_start = time.perf_counter()
     all_runs: list[dict] = []
     settings_meta = []
     with tempfile.TemporaryDirectory(prefix="bench_local_optimum_") as outdir:
         for name in args.settings:
-            if name == "quickstart":
-                setting = quickstart_setting(args.clients, args.cap, literal_cap, outdir)
-            else:
-                setting = dsprites_setting(args.image_n, args.image_clients, args.image_width, args.image_p,
-                                           args.image_batch, args.image_lr, args.image_cap, image_literal_cap,
-                                           outdir)
-            rhos = setting.rhos
-            if setting.name == "quickstart" and args.rhos is not None:
-                rhos = sorted(set(args.rhos))
-            if args.quick:
-                rhos = [0.0]
+            setting, rhos = build_setting(name, args, outdir)
             settings_meta.append({"name": setting.name, "description": setting.description, "rhos": rhos,
                                   "cap": setting.cap, "literal_cap": setting.literal_cap,
-                                  "train": dataclasses.asdict(setting.train)})
-            for rho in rhos:
-                runs = []
-                for i, client in enumerate(setting.clients):
-                    # alternate which recipe runs first, so that a change of machine load hits both alike
-                    order = RECIPES if i % 2 == 0 else RECIPES[::-1]
-                    for recipe in order:
-                        runs.append(run_one(setting, client, recipe, rho, args.check_every))
-                print_block(setting, rho, runs)
-                all_runs.extend(runs)
+                                  "train": dataclasses.asdict(setting.train),
+                                  "problem": dataclasses.asdict(setting.problem)})
+            all_runs.extend(run_setting(setting, rhos, args.check_every))
     total = time.perf_counter() - t_start
     print(f"\n# total wall time {total:.0f} s")
     if args.out:
@@ -396,7 +421,6 @@ def main(argv: list[str] | None = None) -> int:
             "provenance": provenance({"model": 0, "data": 0}),
         })
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

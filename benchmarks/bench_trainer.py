@@ -50,7 +50,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from fedhead.data.base import batch_to_float
 from fedhead.io import provenance, write_json_atomic
 from fedhead.models import FreeFeatureConfig, ModelConfig, ResMLPConfig, ResNetConfig, build_backbone, build_head
-from fedhead.train import TrainConfig, select_device, train_local
+from fedhead.train import LocalProblem, TrainConfig, select_device, train_local
 
 LAMBDA = 0.01
 BATCH = 256
@@ -124,9 +124,9 @@ def reference_loop(case: Case, x: torch.Tensor, y: torch.Tensor, device: torch.d
 
 def trainer_run(case: Case, x: torch.Tensor, y: torch.Tensor, device: torch.device, fast: bool) -> float:
     bb, head = build(case, device)
-    cfg = TrainConfig(epochs=case.epochs, batch_size=BATCH, lambda_h=LAMBDA, lambda_w=LAMBDA,
-                      bf16=fast, compile=fast, cuda_graphs=fast)
-    return train_local(bb, head, x, y, cfg, device=device).metrics.steps_per_second
+    cfg = TrainConfig(batch_size=BATCH, bf16=fast, compile=fast, cuda_graphs=fast)
+    problem = LocalProblem(epochs=case.epochs, lambda_h=LAMBDA, lambda_w=LAMBDA)
+    return train_local(bb, head, x, y, cfg, problem, device=device).metrics.steps_per_second
 
 
 def step_flops(case: Case, x: torch.Tensor, y: torch.Tensor, device: torch.device) -> float:

@@ -277,7 +277,7 @@ def handle_train(job: Any, msg: Message, context: Context) -> Message:
             head.weight.copy_(torch.as_tensor(w_t, dtype=torch.float32))
             head.bias.copy_(torch.as_tensor(b_t, dtype=torch.float32))
         result = train_local(
-            backbone, head, train_inputs(job, cd), y, job.train,
+            backbone, head, train_inputs(job, cd), y, job.train, job.local_problem(),
             broadcast_weight=w_t, sigma_cen=sigma_cen, device=device,
             seed=round_seed(job.settings.seed, rnd, pid),
         )

@@ -24,8 +24,13 @@ __all__ = [
 ]
 
 DEVICES = ("auto", "cpu", "cuda")
-#: TrainConfig fields a job fills from the procedure and the top-level settings (never set in train:).
-_DERIVED_TRAIN_KEYS = ("epochs", "lambda_h", "lambda_w", "seed", "rho", "gamma", "center_targets")
+#: Keys that are not part of the ``train:`` recipe, and where each is set instead (stored and
+#: validated once there; the trainer receives them through :meth:`JobConfig.local_problem`).
+_NOT_TRAIN_KEYS = {
+    "epochs": "local_epochs=", "local_epochs": "local_epochs=", "lambda_h": "lambda_h=", "lambda_w": "lambda_w=",
+    "seed": "seed=", "rho": "procedure.rho= (or rho= for every procedure)", "gamma": "procedure.gamma=",
+    "center_targets": "procedure.centered=", "centered": "procedure.centered=",
+}
 
 
 @dataclass(frozen=True)
@@ -128,7 +133,7 @@ class JobConfig:
     procedure: ProcedureConfig
     dataset: Any  # fedhead.data.config.DatasetConfig (subclass)
     model: Any  # fedhead.models.ModelConfig (subclass)
-    train: Any  # fedhead.train.config.TrainConfig with the procedure's terms set
+    train: Any  # fedhead.train.config.TrainConfig: the local recipe only (see local_problem)
     resources: ResourcesConfig
     output: OutputConfig
     output_dir: Path
@@ -144,6 +149,16 @@ class JobConfig:
     @property
     def name(self) -> str:
         return self.procedure.name
+
+    def local_problem(self) -> Any:
+        """The trainer's :class:`fedhead.train.LocalProblem`, from where each term is stored: the
+        procedure (``rho``, ``gamma``, centring) and the top-level settings (``local_epochs``,
+        ``lambda_h``, ``lambda_w``). Built on demand, never stored."""
+        from fedhead.train.problem import LocalProblem
+
+        st, proc = self.settings, self.procedure
+        return LocalProblem(epochs=st.local_epochs, lambda_h=st.lambda_h, lambda_w=st.lambda_w,
+                            rho=float(proc.rho), gamma=float(proc.gamma), center_targets=bool(proc.centered))
 
 
 @dataclass(frozen=True)
@@ -181,19 +196,11 @@ class FedheadConfig:
             rho = self.settings.rho if self.settings.rho is not None else proc.rho
             if rho != proc.rho:
                 proc = dataclasses.replace(proc, rho=float(rho))
-            # the trainer's view, derived here from where each parameter is stored and validated:
-            # the procedure (rho, gamma, centring) and the top-level settings (E, penalties, seed)
-            st = self.settings
-            train = dataclasses.replace(
-                self.train, rho=float(proc.rho), gamma=float(proc.gamma),
-                center_targets=bool(proc.centered), epochs=st.local_epochs, lambda_h=st.lambda_h,
-                lambda_w=st.lambda_w, seed=st.seed,
-            )
             job_dir = root / proc.name
             out.append(
                 JobConfig(
                     settings=self.settings, procedure=proc, dataset=self.dataset,
-                    model=self.model, train=train, resources=self.resources,
+                    model=self.model, train=self.train, resources=self.resources,
                     output=self.output, output_dir=job_dir, state_dir=job_dir / "client_state",
                     resolved=self.resolved, timeouts=self.timeouts, failure=self.failure,
                     config_hash=hash_, resume=bool(self.resume),
@@ -293,13 +300,10 @@ def load_config(cfg: Any) -> FedheadConfig:
     for key in ("dataset", "model", "train", "resources", "output"):
         if cfg.get(key) is None:
             raise ConfigError(f"the composed config has no '{key}' section (check conf/config.yaml)")
-    derived = [k for k in _DERIVED_TRAIN_KEYS if k in cfg.train]
-    if derived:
-        raise ConfigError(
-            f"train.{derived[0]} is not a train setting: it comes from the procedure or the top level "
-            f"({', '.join(_DERIVED_TRAIN_KEYS)} of TrainConfig are filled per job); set procedure.* or "
-            f"local_epochs/lambda_h/lambda_w/seed/rho at the top level"
-        )
+    misplaced = [k for k in _NOT_TRAIN_KEYS if k in cfg.train]
+    if misplaced:
+        key = misplaced[0]
+        raise ConfigError(f"train.{key} is not a train setting (train: is the local recipe); set {_NOT_TRAIN_KEYS[key]}")
     resolved = OmegaConf.to_container(cfg, resolve=True)
     dataset = _instantiate(instantiate, cfg.dataset, "dataset", DatasetConfig)
     model = _instantiate(instantiate, cfg.model, "model", ModelConfig)

@@ -9,9 +9,9 @@ error that names the nodes and the remedy. Pure functions, no Flower objects: ca
 Call sites (the ServerApp / strategy, see docs/deployment.md, "Checks of the federation"):
 
 * :func:`check_node_count` once the grid has ``num_clients`` nodes, before the first message
-  (``strategies/head_averaging.py``, ``_wait_for_nodes``: pass ``grid.get_node_ids()``);
+  (``strategies/exchange.py``, ``wait_for_nodes``: pass ``grid.get_node_ids()``);
 * :func:`check_partitions` on the moment-exchange replies (``partition id -> node id`` pairs
-  gathered in ``exchange_moments``), which also gives the node order by partition.
+  gathered in ``strategies/exchange.py``, ``build_exchange``), which also gives the node order by partition.
 """
 
 from __future__ import annotations

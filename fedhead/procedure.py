@@ -25,8 +25,8 @@ def _finite(v: object) -> bool:
 def gamma_problem(value: object) -> str | None:
     """Why ``value`` is not a correction strength ``gamma`` in [0, 1] (None when it is).
 
-    The one rule for ``gamma``, shared by :class:`ProcedureConfig` and
-    :class:`fedhead.train.TrainConfig`.
+    The one rule for ``gamma``, shared by :class:`ProcedureConfig` and the trainer's input check
+    (:class:`fedhead.train.LocalProblem`).
     """
     return None if _finite(value) and 0.0 <= value <= 1.0 else "must be >= 0 and <= 1 (correction strength in [0, 1])"
 

@@ -323,7 +323,7 @@ def local_gap_advice(record: RoundRecord, job: JobConfig) -> str:
     worst = int(np.argmax(gaps))
     return (f"client {worst} ended local training at relative gap {gaps[worst]:.2g} > "
             f"{LOCAL_GAP_THRESHOLD:g} from its local optimum, so G_star, G_cen and the recursion (which assume "
-            f"local optima) do not describe this round yet; raise local_epochs (now {job.train.epochs}) or "
+            f"local optima) do not describe this round yet; raise local_epochs (now {job.settings.local_epochs}) or "
             f"train.lr, or set train.local_tol to train each client until it is close enough")
 
 

@@ -1,7 +1,10 @@
 """Flower strategies of fedhead (Message API, flwr 1.42), thin over the numpy modules
 (:mod:`fedhead.aggregation`, :mod:`fedhead.diagnosis`, :mod:`fedhead.tracking`)."""
 
-from strategies.head_averaging import FederationError, HeadAveraging, MomentExchange, RunObserver
+from strategies.exchange import MomentExchange
+from strategies.head_averaging import HeadAveraging
+from strategies.observer import RunObserver
+from strategies.replies import FederationError
 from strategies.variants import AlignedHeadAveraging, FullModelAveraging, make_strategy
 
 __all__ = [

@@ -14,18 +14,16 @@ The strategies are thin: every number they compute comes from :mod:`fedhead.aggr
 * :class:`strategies.variants.AlignedHeadAveraging` and
   :class:`strategies.variants.FullModelAveraging` extend it (alignment check, backbone averaging).
 
-Measurements are handed to an observer (:class:`RunObserver`) that writes results, TensorBoard
+The steps of the moment exchange are in :mod:`strategies.exchange`, the reply parsers in
+:mod:`strategies.replies`, the failure policy in :mod:`strategies.failures`. Measurements are
+handed to an observer (:class:`strategies.observer.RunObserver`) that writes results, TensorBoard
 and progress; the strategy itself does no I/O.
 """
 
 from __future__ import annotations
 
 import logging
-import time
-import warnings
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
-from typing import Any, Protocol
 
 import numpy as np
 from flwr.app import (
@@ -42,49 +40,28 @@ from flwr.serverapp.strategy import FedAvg, Result
 
 from fedhead import aggregation as agg
 from fedhead import protocol as P
-from fedhead import ufm
-from fedhead.deploy_checks import FederationMismatch, check_node_count, check_partitions
-from fedhead.checkpoint import ServerState, check_moments
-from fedhead.diagnosis import Diagnosis, diagnose
+from fedhead.checkpoint import ServerState
 from fedhead.limits import FailurePolicy, Timeouts
-from fedhead.regime import OutsideRegimeWarning, ensure_fully_active
-from fedhead.tracking import RoundRecord, RoundTracker, Targets, reference_targets
-from strategies.failures import Dropped, check_partition_subset, screen
-from strategies.replies import FederationError, metrics_of, partition_of
+from fedhead.tracking import RoundRecord, RoundTracker
+from strategies.checkpointing import Checkpointing
+from strategies.exchange import (
+    MomentExchange,
+    build_exchange,
+    enforce_regime,
+    parse_moment_reply,
+    query_messages,
+    wait_for_nodes,
+)
+from strategies.failures import Dropped, screen
+from strategies.observer import NullObserver, RunObserver
+from strategies.replies import FederationError, metrics_of, parse_evaluate_reply, parse_train_reply, partition_of
+
+__all__ = ["FederationError", "HeadAveraging", "MomentExchange", "RunObserver"]
 
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class MomentExchange:
-    """Outcome of the one-time moment exchange before round 1."""
-
-    moments: ufm.TargetMoments
-    diagnosis: Diagnosis
-    gap: Any  # fedhead.ufm.GapDecomposition, None outside the fully active regime
-    targets: Targets  # g_star None outside the fully active regime
-    node_ids: tuple[int, ...]  # ordered by partition id (the clients that take part)
-    partition_ids: tuple[int, ...]
-    dropped: tuple[Dropped, ...] = ()  # clients left out by the failure policy
-
-
-class RunObserver(Protocol):
-    """Receives what the strategy measures (implemented by the run layer)."""
-
-    def on_exchange(self, exchange: MomentExchange) -> None: ...
-
-    def on_round(self, record: RoundRecord) -> None: ...
-
-
-class _NullObserver:
-    def on_exchange(self, exchange: MomentExchange) -> None:  # noqa: D102
-        pass
-
-    def on_round(self, record: RoundRecord) -> None:  # noqa: D102
-        pass
-
-
-class HeadAveraging(FedAvg):
+class HeadAveraging(Checkpointing, FedAvg):
     """Head-only federated averaging with the one-time moment exchange.
 
     Parameters
@@ -155,7 +132,7 @@ class HeadAveraging(FedAvg):
         self.lambda_w = float(lambda_w)
         self.gamma = float(gamma)
         self.centered = bool(centered)
-        self.observer: RunObserver = observer or _NullObserver()
+        self.observer: RunObserver = observer or NullObserver()
         self.evaluate_mse = bool(evaluate_mse)
         self.min_nodes = int(min_nodes)
         self.timeouts = timeouts or Timeouts()
@@ -186,11 +163,7 @@ class HeadAveraging(FedAvg):
     # ---------------------------------------------------------------- moment exchange
     def query_messages(self, node_ids: Iterable[int]) -> list[Message]:
         """One ``query`` message per node asking for ``(N_m, mu_m, Sigma_m)``."""
-        record = RecordDict({P.CONFIG: ConfigRecord({P.STAGE: P.STAGE_MOMENTS, **self.message_config})})
-        return [
-            Message(content=record, dst_node_id=int(n), message_type=MessageType.QUERY)
-            for n in node_ids
-        ]
+        return query_messages(node_ids, self.message_config)
 
     def aggregate_moments(self, replies: Iterable[Message], *,
                           expected_nodes: Sequence[int] | None = None) -> MomentExchange:
@@ -199,53 +172,16 @@ class HeadAveraging(FedAvg):
         Each reply is screened (:func:`strategies.failures.screen`): error replies, invalid
         moments (non-finite, asymmetric, not PSD, non-positive count) and missing replies drop
         the client when at least ``min_clients`` remain; the federation is then the survivors.
-        Sets and returns :attr:`exchange`.
+        Sets and returns :attr:`exchange` (:func:`strategies.exchange.build_exchange`).
         """
-
-        def parse(msg: Message) -> tuple[int, int, int, np.ndarray, np.ndarray]:
-            node = P.node_of(msg)
-            if P.MOMENTS not in msg.content.array_records:
-                raise agg.ReplyError(node, f"query reply lacks the '{P.MOMENTS}' ArrayRecord")
-            arrays = msg.content.array_records[P.MOMENTS]
-            metrics = metrics_of(msg)
-            if P.NUM_EXAMPLES not in metrics:
-                raise agg.ReplyError(node, f"query reply metrics lack '{P.NUM_EXAMPLES}'")
-            pid = partition_of(msg)
-            for key in (P.MEAN, P.COV):
-                if key not in arrays:
-                    raise agg.ReplyError(node, f"query reply lacks the array '{key}'")
-            n, mu, cov = agg.validate_moments(metrics[P.NUM_EXAMPLES], arrays[P.MEAN].numpy(),
-                                              arrays[P.COV].numpy(), node_id=f"{node} (partition {pid})")
-            return pid, node, n, mu, cov
-
         kept, dropped = screen(
-            replies, parse, stage="moment exchange", required=self.required, expected_nodes=expected_nodes,
-            expected_count=self.min_nodes, timeout=self.timeouts.exchange if expected_nodes is not None else None,
+            replies, parse_moment_reply, stage="moment exchange", required=self.required,
+            expected_nodes=expected_nodes, expected_count=self.min_nodes,
+            timeout=self.timeouts.exchange if expected_nodes is not None else None,
         )
-        rows = sorted((r for _, r in kept), key=lambda r: (r[0], r[1]))
-        pairs = [(r[0], r[1]) for r in rows]
-        if dropped:
-            check_partition_subset(pairs, self.min_nodes, "moment exchange")
-        else:
-            check_partitions(pairs, self.min_nodes)
-        pids = [r[0] for r in rows]
-        moments = agg.aggregate_moments(
-            [r[2] for r in rows], [r[3] for r in rows], [r[4] for r in rows],
-            node_ids=[f"{r[1]} (partition {r[0]})" for r in rows],
-        )
-        # the regime is reported by check_regime (refusal or OutsideRegimeWarning); a barycenter
-        # that does not converge keeps its ConvergenceWarning and is flagged in the diagnosis
-        diagnosis, gap = diagnose(moments, self.lambda_h, self.lambda_w, warn_outside_regime=False)
-        if diagnosis.barycenter_converged is False:
-            log.warning("the barycenter G_star did not converge (residual %.3g after %d iterations): G_star, "
-                        "the gap terms and every error against G_star are approximate",
-                        diagnosis.barycenter_residual, diagnosis.barycenter_iters)
-        targets = reference_targets(
-            moments, gap, self.lambda_h, self.lambda_w, gamma=self.gamma, centered=self.centered
-        )
-        self.exchange = MomentExchange(
-            moments=moments, diagnosis=diagnosis, gap=gap, targets=targets,
-            node_ids=tuple(r[1] for r in rows), partition_ids=tuple(pids), dropped=tuple(dropped),
+        self.exchange = build_exchange(
+            [r for _, r in kept], dropped, num_clients=self.min_nodes, lambda_h=self.lambda_h,
+            lambda_w=self.lambda_w, gamma=self.gamma, centered=self.centered,
         )
         return self.exchange
 
@@ -260,48 +196,19 @@ class HeadAveraging(FedAvg):
         return self.exchange
 
     def check_regime(self) -> None:
-        """Refuse to train outside the fully active regime unless explicitly allowed.
-
-        Raises :class:`fedhead.regime.OutsideRegimeError` naming the clients and margins; with
-        ``allow_outside_regime`` emits :class:`fedhead.regime.OutsideRegimeWarning` (and logs it).
-        """
+        """Refuse to train outside the fully active regime unless explicitly allowed
+        (:func:`strategies.exchange.enforce_regime`)."""
         if self.exchange is None:
             raise RuntimeError("exchange_moments must run before the regime check")
-        if self.exchange.diagnosis.fully_active:
-            return
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always", OutsideRegimeWarning)
-            ensure_fully_active(self.exchange.moments, self.lambda_h, self.lambda_w,
-                                allow_outside_regime=self.allow_outside_regime)
-        for w in caught:
-            log.warning("%s G_star, the exact recursion, predicted_gram, trajectory_error and delta "
-                        "are recorded as null.", w.message)
-            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+        enforce_regime(self.exchange, self.lambda_h, self.lambda_w, self.allow_outside_regime)
 
     def _wait_for_nodes(self, grid: Grid) -> list[int]:
         """The nodes to message: before the exchange, exactly ``min_nodes`` connected SuperNodes
-        (waiting at most ``timeouts.nodes``; then :class:`fedhead.deploy_checks.FederationMismatch`),
+        (waiting at most ``timeouts.nodes``; :func:`strategies.exchange.wait_for_nodes`),
         afterwards the clients that took part in the exchange."""
         if self.exchange is not None:
             return sorted(self.exchange.node_ids)
-        t0 = time.monotonic()
-        next_log = t0 + 5.0
-        while len(nodes := list(grid.get_node_ids())) < self.min_nodes:
-            check = getattr(grid, "check_alive", None)
-            if check is not None:
-                check()
-            now = time.monotonic()
-            if now - t0 > self.timeouts.nodes:
-                try:
-                    check_node_count(nodes, self.min_nodes)
-                except FederationMismatch as exc:
-                    raise FederationMismatch(f"after waiting {self.timeouts.nodes:g} s (timeouts.nodes): {exc}") from None
-            if now >= next_log:
-                log.info("waiting for SuperNodes: %d connected of %d (timeouts.nodes=%g s)",
-                         len(nodes), self.min_nodes, self.timeouts.nodes)
-                next_log = now + 5.0
-            time.sleep(0.2)
-        return check_node_count(grid.get_node_ids(), self.min_nodes)
+        return wait_for_nodes(grid, self.min_nodes, self.timeouts.nodes)
 
     # ---------------------------------------------------------------- training
     def begin(self, initial_head: tuple[np.ndarray, np.ndarray]) -> RoundRecord:
@@ -319,47 +226,6 @@ class HeadAveraging(FedAvg):
         rec = self.tracker.start(w, b)
         self._round_complete(rec)
         return rec
-
-    # ---------------------------------------------------------------- checkpoints
-    def _round_complete(self, rec: RoundRecord) -> None:
-        """A round is fully measured: report it, then hand the server state to the checkpointer."""
-        self.observer.on_round(rec)
-        if self._on_round_end is not None:
-            self._on_round_end(self.server_state())
-
-    def server_state(self) -> ServerState:
-        """Everything needed to continue after the last complete round (see fedhead.checkpoint)."""
-        if self.tracker is None or self._head is None or self.exchange is None:
-            raise RuntimeError("no round has been recorded yet")
-        m = self.exchange.moments
-        return ServerState(
-            round=self.tracker.records[-1].round, weight=self._head[0], bias=self._head[1],
-            records=[r.to_dict() for r in self.tracker.records], recursion=self.tracker.recursion,
-            counts=np.asarray(m.counts, dtype=np.float64), means=np.asarray(m.means), covs=np.asarray(m.covs),
-            extra=self._extra_state(),
-        )
-
-    def restore(self, state: ServerState) -> None:
-        """Continue after checkpointed round ``state.round`` (after :meth:`exchange_moments`)."""
-        if self.exchange is None:
-            raise RuntimeError("exchange_moments must run before a restore")
-        m = self.exchange.moments
-        check_moments(state, np.asarray(m.counts), np.asarray(m.means), np.asarray(m.covs))
-        self.check_regime()
-        self.tracker = RoundTracker(self.exchange.targets)
-        self.tracker.restore([RoundRecord.from_dict(r) for r in state.records], state.recursion)
-        w, b = (np.asarray(a, dtype=np.float64) for a in (state.weight, state.bias))
-        self._head_shape = (w.shape[0], w.shape[1])
-        self._head = (w, b)
-        self._round_offset = int(state.round)
-        self._restore_extra(state.extra)
-
-    def _extra_state(self) -> dict[str, np.ndarray]:
-        """Hook: strategy state beyond the head to checkpoint (arrays)."""
-        return {}
-
-    def _restore_extra(self, extra: dict[str, np.ndarray]) -> None:
-        """Hook: restore what :meth:`_extra_state` saved."""
 
     def train_content(self, arrays: ArrayRecord, config: ConfigRecord) -> RecordDict:
         """Content of a training message (head, config, Sigma_cen for corrected clients)."""
@@ -419,25 +285,10 @@ class HeadAveraging(FedAvg):
         if self._head_shape is None or self.exchange is None:
             raise RuntimeError("begin() must record the initial head before training")
         expected_n = dict(zip(self.exchange.partition_ids, np.asarray(self.exchange.moments.counts)))
+        shape = self._head_shape
 
         def parse(msg: Message):
-            node = P.node_of(msg)
-            if P.HEAD not in msg.content.array_records:
-                raise agg.ReplyError(node, f"training reply lacks the '{P.HEAD}' ArrayRecord")
-            try:
-                w, b = P.read_head(msg.content.array_records[P.HEAD])
-            except (KeyError, TypeError, ValueError) as exc:
-                raise agg.ReplyError(node, f"unreadable head record ({exc})") from None
-            metrics = metrics_of(msg)
-            pid = partition_of(msg)
-            w, b, n = agg.validate_head(
-                w, b, metrics.get(P.NUM_EXAMPLES), node_id=node, shape=self._head_shape
-            )
-            n_exp = expected_n.get(pid)
-            if n_exp is not None and n != int(n_exp):
-                raise agg.ReplyError(node, f"reported {n} samples, but {int(n_exp)} in the moment exchange")
-            agg.local_fit([metrics], [node])  # the objective gaps every round record needs
-            return pid, w, b, n
+            return parse_train_reply(msg, shape, expected_n)
 
         kept, dropped = self._screen(replies, parse, "training", "train")
         self._check_partitions([r[0] for _, r in kept])
@@ -508,21 +359,7 @@ class HeadAveraging(FedAvg):
         if not self.evaluate_mse:
             return None
         server_round += self._round_offset
-
-        def parse(msg: Message):
-            node = P.node_of(msg)
-            m = metrics_of(msg)
-            pid = partition_of(msg)
-            if P.TRAIN_MSE not in m:
-                raise agg.ReplyError(node, f"evaluation reply lacks '{P.TRAIN_MSE}'")
-            row = [float(agg.validate_array(m[P.TRAIN_MSE], (), node_id=node, name=P.TRAIN_MSE)),
-                   agg.validate_count(m.get(P.NUM_EXAMPLES), node_id=node)]
-            if P.TEST_MSE in m:
-                row += [float(agg.validate_array(m[P.TEST_MSE], (), node_id=node, name=P.TEST_MSE)),
-                        agg.validate_count(m.get(P.NUM_TEST_EXAMPLES), node_id=node)]
-            return pid, row
-
-        kept, dropped = self._screen(replies, parse, "evaluation", "evaluate")
+        kept, dropped = self._screen(replies, parse_evaluate_reply, "evaluation", "evaluate")
         self._check_partitions([r[0] for _, r in kept])
         rows = [r[1] for _, r in sorted(kept, key=lambda mr: mr[1][0])]
         train_v, train_n = [r[0] for r in rows], [r[1] for r in rows]

@@ -1,12 +1,14 @@
 """Local training (torch): the theory.md §2 objective, the theory.md §10 recipe, alignment (theory.md §5).
 
-See ``docs/architecture.md``. The Flower client calls :func:`train_local`, :func:`align` and
+See ``docs/architecture.md``. The Flower client calls :func:`train_local` with the recipe
+(:class:`TrainConfig`) and the local problem (:class:`LocalProblem`), :func:`align` and
 :func:`evaluate_local`; :func:`select_device` picks the device at run time.
 """
 
 from fedhead.train.align import AlignResult, align, procrustes_rotation
 from fedhead.train.client_math import HeadDistances, exact_head, head_distances, round_seed, target_moments
 from fedhead.train.config import TrainConfig, TrainDivergedError, TrainInputError
+from fedhead.train.problem import LocalProblem
 from fedhead.train.objective import (
     LocalEvaluation,
     add_head_penalty_grads,
@@ -31,6 +33,7 @@ __all__ = [
     "HeadDistances",
     "LocalEvaluation",
     "LocalMetrics",
+    "LocalProblem",
     "LocalResult",
     "TrainConfig",
     "TrainDivergedError",

@@ -1,11 +1,13 @@
-"""Typed local-training configuration (theory.md §2 objective, theory.md §10 recipe)."""
+"""Typed local-training recipe (docs/theory.md §10) and the training layer's errors.
+
+:class:`TrainConfig` says how a client solves its local problem; the problem itself (the
+objective's terms and the epoch budget) is :class:`fedhead.train.problem.LocalProblem`.
+"""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-
-from fedhead.procedure import gamma_problem, penalty_problem, rho_problem
 
 
 class TrainInputError(ValueError):
@@ -18,12 +20,15 @@ class TrainDivergedError(RuntimeError):
 
 @dataclass
 class TrainConfig:
-    """Local training of one client for one round (theory.md §10 defaults).
+    """How one client trains for one round: the local recipe (docs/theory.md §10 defaults).
+
+    What is trained for (``lambda_H``, ``lambda_W``, ``rho``, ``gamma``, centring) and for how
+    many epochs is not configured here: those come from the procedure and the top-level settings,
+    where each is stored and validated, through :class:`fedhead.train.problem.LocalProblem`; the
+    minibatch seed is an argument of :func:`fedhead.train.train_local`.
 
     Attributes
     ----------
-    epochs : int
-        ``E``, passes over the client's data per call (theory.md §10: 4000).
     batch_size : int
         Shuffled minibatches of this size (256); a batch size ``>= N_m`` means full-batch
         training (no shuffling, the data are used as stored).
@@ -34,20 +39,6 @@ class TrainConfig:
         penalty is part of the objective) and is re-created at every call.
     clip_norm : float or None
         Global gradient-norm clip (5); None disables clipping.
-    lambda_h, lambda_w : float
-        ``lambda_H``, ``lambda_W`` of theory.md §2 (0.01 each), both > 0.
-    rho : float
-        Proximal weight: ``rho/2 ||W - W_t||_F^2`` to the broadcast head (0 = off).
-    gamma : float
-        Weight of the moment correction ``C_m(W)`` of theory.md §2/§8, in [0, 1] (0 = off, 1 = full).
-    rho, gamma, center_targets, lambda_h, lambda_w, epochs, seed
-        In a federation these are not configured here: :meth:`fedhead.config.FedheadConfig.jobs`
-        fills them from the procedure (:class:`fedhead.procedure.ProcedureConfig`) and the
-        top-level settings, where they are stored and validated.
-    center_targets : bool
-        Client-wise target centring: train on ``y - mu_m`` (the reference becomes ``G_within``).
-    seed : int
-        Seed of the minibatch permutations (deterministic on CPU).
     bf16, channels_last, cuda_graphs, tf32 : bool
         Fast-path switches used on CUDA only (ignored on CPU, with a log line for bf16 and
         cuda_graphs): bfloat16 autocast of the backbone, channels-last memory format for image
@@ -90,8 +81,8 @@ class TrainConfig:
         minimisation; changes no optimum).
     local_tol : float or None
         Stop local training once the relative gap of the client's objective (``L_m``, or
-        ``L_m + gamma C_m`` when corrected) to its closed-form optimum is at most this; ``epochs``
-        is the cap. None: always run ``epochs``.
+        ``L_m + gamma C_m`` when corrected) to its closed-form optimum is at most this; the
+        problem's ``epochs`` is the cap. None: always run ``epochs``.
     check_every : int
         Epochs between two checks of ``local_tol`` (each a full-data forward pass in eval mode);
         0 chooses ``max(1, epochs // 50)``.
@@ -101,19 +92,12 @@ class TrainConfig:
         Show a tqdm bar over epochs.
     """
 
-    epochs: int = 4000
     batch_size: int = 256
     lr: float = 1e-3
     lr_min: float = 1e-5
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-8
     clip_norm: float | None = 5.0
-    lambda_h: float = 0.01
-    lambda_w: float = 0.01
-    rho: float = 0.0
-    gamma: float = 0.0
-    center_targets: bool = False
-    seed: int = 0
     bf16: bool = False
     channels_last: bool = True
     compile: bool = False
@@ -143,8 +127,6 @@ class TrainConfig:
         def finite(v: object) -> bool:
             return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
-        if not isinstance(self.epochs, int) or self.epochs < 1:
-            raise bad("epochs", "must be an integer >= 1")
         if not isinstance(self.batch_size, int) or self.batch_size < 1:
             raise bad("batch_size", "must be an integer >= 1")
         if not (finite(self.lr) and self.lr > 0):
@@ -157,13 +139,6 @@ class TrainConfig:
             raise bad("eps", "must be > 0")
         if self.clip_norm is not None and not (finite(self.clip_norm) and self.clip_norm > 0):
             raise bad("clip_norm", "must be > 0 or None (no clipping)")
-        # the rules of fedhead.procedure (one rule per parameter)
-        for field, problem in (("lambda_h", penalty_problem(self.lambda_h)), ("lambda_w", penalty_problem(self.lambda_w)),
-                               ("rho", rho_problem(self.rho)), ("gamma", gamma_problem(self.gamma))):
-            if problem:
-                raise bad(field, problem)
-        if not isinstance(self.seed, int) or self.seed < 0:
-            raise bad("seed", "must be a non-negative integer")
         if not (finite(self.last_layer_ridge) and self.last_layer_ridge >= 0):
             raise bad("last_layer_ridge", "must be >= 0")
         if not isinstance(self.warmup_steps, int) or isinstance(self.warmup_steps, bool) or self.warmup_steps < 0:

@@ -18,6 +18,7 @@ from fedhead.train.align import procrustes_rotation
 from fedhead.train.config import TrainConfig, TrainDivergedError, TrainInputError
 from fedhead.train.inputs import check_matrix as _check_matrix
 from fedhead.train.objective import compute_features, moment_correction_torch, objective_from_features
+from fedhead.train.problem import LocalProblem
 from fedhead.ufm import TargetMoments, corrected_covariance
 
 
@@ -29,7 +30,7 @@ class LocalMetrics:
     ----------
     objective : float
         ``L_m`` (theory.md §2) of the trained backbone + head on the full local data, eval mode, without
-        proximal or correction terms (on the centred targets when ``center_targets``).
+        proximal or correction terms (on the centred targets when ``problem.center_targets``).
     optimal_objective : float
         ``L*_m`` from :func:`fedhead.ufm.optimal_loss` (``Sigma_m``, ``lambda_H``, ``lambda_W``).
     relative_gap : float
@@ -44,7 +45,7 @@ class LocalMetrics:
         Mean squared error over samples and outputs on the training data (no penalties).
     n_samples : int
     epochs : int
-        Epochs run (at most ``cfg.epochs``; fewer when ``cfg.local_tol`` was reached).
+        Epochs run (at most ``problem.epochs``; fewer when ``cfg.local_tol`` was reached).
     n_steps : int
         Optimiser steps run.
     converged : bool or None
@@ -107,8 +108,8 @@ class ObjectiveTerms:
     delta: np.ndarray | None  # (C, C) Sigma_cen - Sigma_m of the correction
 
 
-def objective_terms(y: torch.Tensor, cfg: TrainConfig, p: int, broadcast_weight, sigma_cen,
-                     sigma_m) -> ObjectiveTerms:
+def objective_terms(y: torch.Tensor, problem: LocalProblem, p: int, broadcast_weight, sigma_cen,
+                    sigma_m) -> ObjectiveTerms:
     """Moments of the targets and the checked proximal / correction inputs of :func:`train_local`."""
     c = y.shape[1]
     y64 = y.detach().cpu().numpy().astype(np.float64)
@@ -122,11 +123,11 @@ def objective_terms(y: torch.Tensor, cfg: TrainConfig, p: int, broadcast_weight,
             raise TrainInputError(f"train_local: sigma_m differs from the covariance of the targets y (relative "
                                   f"difference {err:.3g}); pass Sigma_m in the units of the targets trained on, or "
                                   f"leave it None")
-    w_t = _check_matrix("broadcast_weight", broadcast_weight, (c, p)) if cfg.rho > 0 else None
-    cen = _check_matrix("sigma_cen", sigma_cen, (c, c), True) if cfg.gamma > 0 else None
+    w_t = _check_matrix("broadcast_weight", broadcast_weight, (c, p)) if problem.rho > 0 else None
+    cen = _check_matrix("sigma_cen", sigma_cen, (c, c), True) if problem.gamma > 0 else None
     delta = None if cen is None else cen - sig_m
-    trained_sigma = sig_m if cen is None else corrected_covariance(sig_m, cen, cfg.gamma)
-    offset = mu_m if cfg.center_targets else np.zeros(c)
+    trained_sigma = sig_m if cen is None else corrected_covariance(sig_m, cen, problem.gamma)
+    offset = mu_m if problem.center_targets else np.zeros(c)
     return ObjectiveTerms(mu=mu_m - offset, sigma=sig_m, trained_sigma=trained_sigma, target_offset=offset,
                   broadcast=w_t, delta=delta)
 
@@ -151,8 +152,8 @@ def feature_projection(weight: torch.Tensor) -> torch.Tensor:
 
 @torch.no_grad()
 def evaluate_fit(backbone: nn.Module, x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor,
-              bias: torch.Tensor | None, cfg: TrainConfig, terms: ObjectiveTerms, *, dev: torch.device,
-              channels_last: bool, finish: bool, rotate_to: np.ndarray | None = None) -> Fit:
+                 bias: torch.Tensor | None, cfg: TrainConfig, problem: LocalProblem, terms: ObjectiveTerms, *,
+                 dev: torch.device, channels_last: bool, finish: bool, rotate_to: np.ndarray | None = None) -> Fit:
     """``L_m`` and ``L_m + gamma C_m`` of the model on all of the client's data (eval mode).
 
     ``bias`` None: the optimal bias ``mu - W m`` for the features' mean ``m``. ``finish``: the
@@ -186,11 +187,11 @@ def evaluate_fit(backbone: nn.Module, x: torch.Tensor, y: torch.Tensor, weight: 
         b = torch.as_tensor(terms.mu, dtype=torch.float64, device=dev) - w64 @ m
     else:
         b = bias.detach().double()
-    ev = objective_from_features(h, y, w64, b, cfg.lambda_h, cfg.lambda_w)
+    ev = objective_from_features(h, y, w64, b, problem.lambda_h, problem.lambda_w)
     trained = ev.objective
     if terms.delta is not None:
         delta = torch.as_tensor(terms.delta, dtype=torch.float64, device=dev)
-        trained += cfg.gamma * float(moment_correction_torch(w64, delta, cfg.lambda_h))
+        trained += problem.gamma * float(moment_correction_torch(w64, delta, problem.lambda_h))
     return Fit(objective=ev.objective, trained_objective=trained, mse=ev.mse, bias=b.cpu().numpy().copy(),
                 feature_map=feature_map, weight=w64)
 

@@ -22,7 +22,7 @@ the optimum and every stationary point of the objective stay where they are:
 * The stop (``cfg.local_tol``). Every ``check_every`` epochs the model is evaluated on all of the
   client's data as the finishing step would leave it, and training stops once the relative gap
   of the objective it minimises (``L_m + gamma C_m`` without the proximal term, against its
-  closed-form optimum) is at most ``local_tol``; ``cfg.epochs`` is the cap.
+  closed-form optimum) is at most ``local_tol``; ``problem.epochs`` is the cap.
 
 ``optimal_bias=False, solve_last_layer=False, finish_features=False, warmup_steps=0`` is the
 literal recipe.
@@ -64,10 +64,11 @@ from fedhead.train.finishing import (
 from fedhead.train.inputs import check_inputs as _check_inputs
 from fedhead.train.last_layer import solve_output_layer
 from fedhead.train.objective import add_head_penalty_grads, minibatch_loss
+from fedhead.train.problem import LocalProblem
 from fedhead.train.steps import clip_gradients, cosine_schedule, select_device
 from fedhead.ufm import optimal_loss
 
-__all__ = ["LocalMetrics", "LocalResult", "clip_gradients", "compiled_forward_loss", "cosine_schedule",
+__all__ = ["LocalMetrics", "LocalProblem", "LocalResult", "clip_gradients", "compiled_forward_loss", "cosine_schedule",
            "feature_projection", "select_device", "train_local"]
 
 log = logging.getLogger(__name__)
@@ -123,9 +124,9 @@ def compiled_forward_loss(mode: str | None):
     return fn
 
 
-def _check_epochs(cfg: TrainConfig) -> int:
-    """Epochs between two tolerance checks: ``cfg.check_every``, or about 50 checks per call."""
-    return cfg.check_every if cfg.check_every > 0 else max(1, cfg.epochs // 50)
+def _check_epochs(cfg: TrainConfig, epochs: int) -> int:
+    """Epochs between two tolerance checks: ``cfg.check_every``, or about 50 checks in ``epochs``."""
+    return cfg.check_every if cfg.check_every > 0 else max(1, epochs // 50)
 
 
 def train_local(
@@ -134,24 +135,25 @@ def train_local(
     x: torch.Tensor,
     y: torch.Tensor,
     cfg: TrainConfig,
+    problem: LocalProblem,
     *,
     broadcast_weight: np.ndarray | None = None,
     sigma_cen: np.ndarray | None = None,
     sigma_m: np.ndarray | None = None,
     device: str | torch.device | None = None,
-    seed: int | None = None,
+    seed: int = 0,
 ) -> LocalResult:
-    """Train ``backbone`` and ``head`` in place on one client's data, for at most ``cfg.epochs``.
+    """Train ``backbone`` and ``head`` in place on one client's data, for at most ``problem.epochs``.
 
     Minibatch objective (theory.md §2; a full pass of the first two terms plus the third equals ``L_m``)::
 
         1/(2B) sum_i ||W h_i + b - y_i||^2 + lambda_H/(2B) sum_i ||h_i||^2 + lambda_W/2 ||W||_F^2
         + rho/2 ||W - W_t||_F^2 + gamma C_m(W)
 
-    with ``C_m(W) = lambda_H/2 Tr((Sigma_cen - Sigma_m)(W W^T + lambda_H I)^{-1})`` and, if
-    ``cfg.center_targets``, ``y_i - mu_m`` in place of ``y_i``. AdamW (weight decay 0) is created
-    afresh, the learning rate follows a cosine from ``cfg.lr`` to ``cfg.lr_min`` over
-    ``cfg.epochs``, gradients are clipped to global norm ``cfg.clip_norm``.
+    with ``C_m(W) = lambda_H/2 Tr((Sigma_cen - Sigma_m)(W W^T + lambda_H I)^{-1})``, the weights
+    of ``problem`` and, if ``problem.center_targets``, ``y_i - mu_m`` in place of ``y_i``. AdamW
+    (weight decay 0) is created afresh, the learning rate follows a cosine from ``cfg.lr`` to
+    ``cfg.lr_min`` over ``problem.epochs``, gradients are clipped to global norm ``cfg.clip_norm``.
 
     How the optimum is reached (bias, last layer, finishing step, tolerance): see the module
     docstring.
@@ -170,18 +172,21 @@ def train_local(
     y : Tensor
         Targets ``(N, C)`` float32.
     cfg : TrainConfig
+        The recipe (how to train).
+    problem : LocalProblem
+        What to train for (in a run: :meth:`fedhead.config.JobConfig.local_problem`).
     broadcast_weight : ndarray (C, P), optional
-        ``W_t`` of the proximal term; required when ``cfg.rho > 0``.
+        ``W_t`` of the proximal term; required when ``problem.rho > 0``.
     sigma_cen : ndarray (C, C), optional
-        Pooled ``Sigma_cen`` of the correction; required when ``cfg.gamma > 0``.
+        Pooled ``Sigma_cen`` of the correction; required when ``problem.gamma > 0``.
     sigma_m : ndarray (C, C), optional
         The client's ``Sigma_m`` (theory.md §3). It is always computed from ``y`` (in the units of the
         targets trained on; client-wise centring does not change it); a given one is checked
         against it (relative Frobenius difference <= 1e-5) and used for nothing else.
     device : str or torch.device, optional
         ``"auto"`` (default), ``"cpu"``, ``"cuda"``; see :func:`select_device`.
-    seed : int, optional
-        Seed of the minibatch permutations; default ``cfg.seed``.
+    seed : int
+        Seed of the minibatch permutations (a client's: :func:`fedhead.train.round_seed`).
 
     Returns
     -------
@@ -197,23 +202,34 @@ def train_local(
     TrainDivergedError
         A non-finite gradient norm (CPU) or non-finite head or objective after training.
     """
-    if not isinstance(cfg, TrainConfig):
-        raise TrainInputError(f"train_local: cfg must be a TrainConfig, got {type(cfg).__name__}")
-    cfg.validate()
+    seed = _check_arguments(cfg, problem, seed)
     _check_inputs(backbone, head, x, y)
-    terms = objective_terms(y, cfg, head.in_features, broadcast_weight, sigma_cen, sigma_m)
+    terms = objective_terms(y, problem, head.in_features, broadcast_weight, sigma_cen, sigma_m)
     dev = select_device(device)
-    loop = _TrainLoop(backbone, head, x, y, cfg, terms, dev, cfg.seed if seed is None else seed)
+    loop = _TrainLoop(backbone, head, x, y, cfg, problem, terms, dev, seed)
     loop.run()
     return loop.finish()
+
+
+def _check_arguments(cfg: TrainConfig, problem: LocalProblem, seed: int) -> int:
+    """The recipe, the problem and the seed of a :func:`train_local` call, checked; the seed as int."""
+    if not isinstance(cfg, TrainConfig):
+        raise TrainInputError(f"train_local: cfg must be a TrainConfig, got {type(cfg).__name__}")
+    if not isinstance(problem, LocalProblem):
+        raise TrainInputError(f"train_local: problem must be a LocalProblem, got {type(problem).__name__}")
+    if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool) or seed < 0:
+        raise TrainInputError(f"train_local: seed must be a non-negative integer, got {seed!r}")
+    cfg.validate()
+    return int(seed)
 
 
 class _TrainLoop:
     """The steps of :func:`train_local`: set-up, epochs with tolerance checks, finishing."""
 
     def __init__(self, backbone: nn.Module, head: nn.Linear, x: torch.Tensor, y: torch.Tensor,
-                 cfg: TrainConfig, terms: ObjectiveTerms, dev: torch.device, seed: int):
+                 cfg: TrainConfig, problem: LocalProblem, terms: ObjectiveTerms, dev: torch.device, seed: int):
         self.backbone, self.head, self.cfg, self.terms, self.dev = backbone, head, cfg, terms, dev
+        self.problem = problem
         self.cuda = cuda = dev.type == "cuda"
         self.n = n = y.shape[0]
         if not cuda and (cfg.bf16 or cfg.cuda_graphs):
@@ -260,16 +276,17 @@ class _TrainLoop:
             log.info("train_local on %s: torch.compile(mode=%s)%s for batches of %d; a shorter last batch runs "
                      "eagerly", dev, mode, ", bf16 autocast" if self.bf16 else "", self.bsz)
         self.steps_per_epoch = math.ceil(n / self.bsz)
-        self.lrs = cosine_schedule(cfg.lr, cfg.lr_min, cfg.epochs * self.steps_per_epoch, warmup=cfg.warmup_steps)
+        self.lrs = cosine_schedule(cfg.lr, cfg.lr_min, problem.epochs * self.steps_per_epoch,
+                                   warmup=cfg.warmup_steps)
         trained = list(backbone.parameters()) + [self.weight] + ([] if cfg.optimal_bias else [self.bias])
         self.params = [q for q in trained if q.requires_grad]
         self.opt = torch.optim.AdamW(self.params, lr=self.lrs[0], betas=cfg.betas, eps=cfg.eps, weight_decay=0.0,
                                      fused=True)
         self.gen = torch.Generator().manual_seed(int(seed))
         self.center: torch.Tensor | None = None  # the previous epoch's mean feature (minibatches)
-        self.l_star = float(optimal_loss(terms.sigma, cfg.lambda_h, cfg.lambda_w))
+        self.l_star = float(optimal_loss(terms.sigma, problem.lambda_h, problem.lambda_w))
         self.trained_l_star = (self.l_star if terms.delta is None
-                               else float(optimal_loss(terms.trained_sigma, cfg.lambda_h, cfg.lambda_w)))
+                               else float(optimal_loss(terms.trained_sigma, problem.lambda_h, problem.lambda_w)))
         self.k = 0
         self.epochs_run = 0
         self.gap_trace: list[tuple[int, float]] = []
@@ -277,7 +294,7 @@ class _TrainLoop:
 
     def _solve_last_layer(self) -> None:
         solve_output_layer(self.backbone, self.x, self.y, self.weight.detach().cpu().double().numpy(),
-                           self.cfg.lambda_h, batch_size=self.cfg.eval_batch_size, device=self.dev,
+                           self.problem.lambda_h, batch_size=self.cfg.eval_batch_size, device=self.dev,
                            channels_last=self.channels_last, ridge=self.cfg.last_layer_ridge)
 
     def _prepare(self, xb: torch.Tensor) -> torch.Tensor:
@@ -295,19 +312,19 @@ class _TrainLoop:
 
     def _epoch(self) -> None:
         """One pass over the data; with the optimal bias, also the epoch's mean feature."""
-        cfg, optimal = self.cfg, self.cfg.optimal_bias
+        cfg, pb, optimal = self.cfg, self.problem, self.cfg.optimal_bias
         batch_center = optimal and (self.bsz >= self.n or self.center is None)
         total = None
         group = self.opt.param_groups[0]
         for xb, yb in self._batches():
             # the compiled step for the full batch size only: a short last batch would cost a second compile
             fn = self.step_loss if xb.shape[0] == self.bsz else _forward_loss
-            loss, hsum = fn(self.backbone, self.weight, self.step_bias, xb, yb, cfg.lambda_h, self.bf16,
+            loss, hsum = fn(self.backbone, self.weight, self.step_bias, xb, yb, pb.lambda_h, self.bf16,
                             None if batch_center or not optimal else self.center, batch_center)
             total = hsum if total is None else total + hsum
             loss.backward()
-            add_head_penalty_grads(self.weight, lambda_w=cfg.lambda_w, lambda_h=cfg.lambda_h, rho=cfg.rho,
-                                   broadcast=self.broadcast, gamma=cfg.gamma, sigma_delta=self.delta)
+            add_head_penalty_grads(self.weight, lambda_w=pb.lambda_w, lambda_h=pb.lambda_h, rho=pb.rho,
+                                   broadcast=self.broadcast, gamma=pb.gamma, sigma_delta=self.delta)
             if cfg.clip_norm is not None:
                 norm = clip_gradients(self.params, cfg.clip_norm, host_check=not self.cuda)
                 if norm is not None and not math.isfinite(norm):
@@ -326,15 +343,15 @@ class _TrainLoop:
         # the rotation changes neither L_m nor C_m, so the tolerance checks leave it out
         rotate = final and self.cfg.finish_rotation
         return evaluate_fit(self.backbone, self.x, self.y, self.weight, None if self.cfg.optimal_bias else self.bias,
-                            self.cfg, self.terms, dev=self.dev, channels_last=self.channels_last,
+                            self.cfg, self.problem, self.terms, dev=self.dev, channels_last=self.channels_last,
                             finish=self.cfg.finish_features, rotate_to=self.terms.broadcast if rotate else None)
 
     def run(self) -> None:
-        """Epochs up to ``cfg.epochs``, stopping early once ``cfg.local_tol`` is reached."""
-        cfg = self.cfg
+        """Epochs up to ``problem.epochs``, stopping early once ``cfg.local_tol`` is reached."""
+        cfg, n_epochs = self.cfg, self.problem.epochs
         tol = cfg.local_tol
-        every = _check_epochs(cfg)
-        epochs = range(cfg.epochs)
+        every = _check_epochs(cfg, n_epochs)
+        epochs = range(n_epochs)
         if cfg.progress:
             from tqdm.auto import tqdm
 
@@ -343,7 +360,7 @@ class _TrainLoop:
         for e in epochs:
             self._epoch()
             self.epochs_run = e + 1
-            if tol is not None and (e + 1) % every == 0 and e + 1 < cfg.epochs:
+            if tol is not None and (e + 1) % every == 0 and e + 1 < n_epochs:
                 fit = self._evaluate()
                 gap = relative(fit.trained_objective, self.trained_l_star)
                 self.gap_trace.append((e + 1, gap))

@@ -8,20 +8,9 @@ saying which argument, where and what value was wrong.
 from ._validate import ConvergenceWarning, NotFullyActiveError, UFMInputError
 from .barycenter import BarycenterResult, bw_barycenter, gram_recursion, gram_step, selection_round
 from .bw import bw_distance, bw_distance_squared, closest_head, transport_map
-from .finite_steps import (
-    FiniteStepResult,
-    GramMapStep,
-    commuting_delta,
-    displacement_delta,
-    finite_step_fixed_point,
-    gram_map_jacobian,
-    jacobian_spectral_radius,
-    profiled_gram_map,
-    profiled_round,
-    psi_gradient,
-    psi_value,
-    theta_min,
-)
+from .contraction import gram_map_jacobian, jacobian_spectral_radius, theta_min
+from .displacement import commuting_delta, displacement_delta, psi_gradient, psi_value
+from .finite_steps import FiniteStepResult, GramMapStep, finite_step_fixed_point, profiled_gram_map, profiled_round
 from .gap import GapDecomposition, gap_decomposition
 from .objectives import (
     JointValue,

@@ -133,18 +133,25 @@ def test_store_finds_the_expected_round_without_listing(tmp_path, monkeypatch):
 
 
 def test_each_parameter_is_stored_once_and_jobs_derive_the_trainer_view(tmp_path):
+    import dataclasses
+
     from fedhead.config import compose_config, load_config
+    from fedhead.train import LocalProblem, TrainConfig, TrainInputError
 
     cfg = load_config(compose_config(["experiment=single", "procedure=corrected_proximal", "rho=0.3",
                                       "lambda_h=0.02", "lambda_w=0.03", "local_epochs=7", "seed=4"]))
     job = cfg.jobs(tmp_path)[0]
-    t = job.train
-    assert (t.epochs, t.lambda_h, t.lambda_w, t.seed) == (7, 0.02, 0.03, 4)
-    assert (t.rho, t.gamma, t.center_targets) == (0.3, job.procedure.gamma, job.procedure.centered)
-    assert job.procedure.rho == 0.3 and job.procedure.gamma == 1.0
-    with pytest.raises(ConfigError, match="train.lambda_h is not a train setting"):
+    # the recipe holds none of the procedure's or the top level's terms ...
+    recipe = {f.name for f in dataclasses.fields(TrainConfig)}
+    assert not recipe & {"epochs", "lambda_h", "lambda_w", "seed", "rho", "gamma", "center_targets"}
+    assert job.train is cfg.train
+    # ... the trainer receives them from where they are stored
+    assert job.local_problem() == LocalProblem(epochs=7, lambda_h=0.02, lambda_w=0.03, rho=0.3,
+                                               gamma=job.procedure.gamma, center_targets=job.procedure.centered)
+    assert job.procedure.rho == 0.3 and job.procedure.gamma == 1.0 and job.settings.seed == 4
+    with pytest.raises(ConfigError, match=r"^train.lambda_h is not a train setting .*; set lambda_h=$"):
         load_config(compose_config(["experiment=single", "procedure=proximal", "+train.lambda_h=0.5"]))
-    from fedhead.train import TrainConfig, TrainInputError
-
-    with pytest.raises(TrainInputError, match=r"gamma must be >= 0 and <= 1"):
-        TrainConfig(gamma=1.5)
+    with pytest.raises(ConfigError, match=r"^train.gamma is not a train setting .*; set procedure.gamma=$"):
+        load_config(compose_config(["experiment=single", "procedure=proximal", "+train.gamma=0.5"]))
+    with pytest.raises(TrainInputError, match=r"LocalProblem.gamma must be >= 0 and <= 1"):
+        LocalProblem(gamma=1.5)

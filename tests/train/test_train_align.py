@@ -6,7 +6,15 @@ import torch
 from scipy.linalg import orthogonal_procrustes
 
 from fedhead.models import FreeFeatureConfig, ResMLPConfig, build_backbone, build_head
-from fedhead.train import TrainConfig, TrainInputError, align, evaluate_local, procrustes_rotation, train_local
+from fedhead.train import (
+    LocalProblem,
+    TrainConfig,
+    TrainInputError,
+    align,
+    evaluate_local,
+    procrustes_rotation,
+    train_local,
+)
 from fedhead.ufm import closest_head, optimal_gram, psd_sqrt
 
 
@@ -94,7 +102,7 @@ def test_align_after_training_keeps_objective():
     x, y = torch.randn(32, 5, generator=g), torch.randn(32, 2, generator=g)
     bb = build_backbone(ResMLPConfig(width=16, feature_dim=8), (5,), 32, seed=0)
     head = build_head(8, 2, seed=1)
-    res = train_local(bb, head, x, y, TrainConfig(epochs=2, batch_size=16, lr=1e-2), device="cpu")
+    res = train_local(bb, head, x, y, TrainConfig(batch_size=16, lr=1e-2), LocalProblem(epochs=2), device="cpu")
     before = evaluate_local(bb, head, x, y, lambda_h=0.01, lambda_w=0.01)
     out = align(head, bb, np.random.default_rng(0).standard_normal((2, 8)))
     after = evaluate_local(bb, (out.weight, out.bias), x, y, lambda_h=0.01, lambda_w=0.01)

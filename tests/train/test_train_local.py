@@ -1,5 +1,7 @@
 """train_local against the closed forms of theory.md §4/§5/§8 (free features = the UFM as a network)."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -7,6 +9,7 @@ from torch import nn
 
 from fedhead.models import FreeFeatureConfig, ResMLPConfig, ResNetConfig, build_backbone, build_head
 from fedhead.train import (
+    LocalProblem,
     TrainConfig,
     TrainDivergedError,
     TrainInputError,
@@ -38,11 +41,20 @@ def rel(a, b):
     return np.linalg.norm(a - b) / np.linalg.norm(b)
 
 
-def ufm_config(**kw) -> TrainConfig:
+PROBLEM_FIELDS = {f.name for f in dataclasses.fields(LocalProblem)}
+
+
+def setup(**kw) -> tuple[TrainConfig, LocalProblem]:
+    """The recipe and the problem of ``train_local`` from one set of keywords (defaults elsewhere)."""
+    problem = {k: v for k, v in kw.items() if k in PROBLEM_FIELDS}
+    return TrainConfig(**{k: v for k, v in kw.items() if k not in PROBLEM_FIELDS}), LocalProblem(**problem)
+
+
+def ufm_config(**kw) -> tuple[TrainConfig, LocalProblem]:
     """Full-batch Adam long enough to reach the UFM optimum (a larger lr than the paper recipe)."""
     base = dict(epochs=3000, batch_size=N, lr=1e-2, lr_min=1e-5, lambda_h=LAM, lambda_w=LAM, clip_norm=None)
     base.update(kw)
-    return TrainConfig(**base)
+    return setup(**base)
 
 
 def free_model(seed=0, head_seed=1):
@@ -57,7 +69,7 @@ def y_m(make_targets):
 @pytest.mark.parametrize("center", [False, True])
 def test_free_features_reach_optimal_gram_and_bias(y_m, center):
     bb, head = free_model()
-    res = train_local(bb, head, torch.arange(N), y_m, ufm_config(center_targets=center), device="cpu")
+    res = train_local(bb, head, torch.arange(N), y_m, *ufm_config(center_targets=center), device="cpu")
     g_m = optimal_gram(SIGMA_M, LAM, LAM)
     assert rel(res.weight @ res.weight.T, g_m) < 1e-3
     expected_bias = np.zeros(C) if center else MU_M
@@ -79,7 +91,7 @@ def test_correction_moves_optimum_to_phi_of_mixed_covariance(y_m, gamma, center)
     """gamma = 1: optimal Gram phi(Sigma_cen); gamma = 0.5 with client-wise centring (Sigma_m is the
     centred targets' covariance too): phi of the mixture, bias 0 (theory.md §8)."""
     bb, head = free_model()
-    res = train_local(bb, head, torch.arange(N), y_m, ufm_config(gamma=gamma, center_targets=center),
+    res = train_local(bb, head, torch.arange(N), y_m, *ufm_config(gamma=gamma, center_targets=center),
                       sigma_cen=SIGMA_CEN, device="cpu")
     target = optimal_gram((1 - gamma) * SIGMA_M + gamma * SIGMA_CEN, LAM, LAM)  # theory.md §8
     assert rel(res.weight @ res.weight.T, target) < 1e-3
@@ -94,7 +106,7 @@ def test_small_rho_returns_head_closer_to_selection(y_m):
         bb, head = free_model()
         with torch.no_grad():
             head.weight.copy_(torch.as_tensor(w_t))
-        res = train_local(bb, head, torch.arange(N), y_m, ufm_config(rho=rho), broadcast_weight=w_t, device="cpu")
+        res = train_local(bb, head, torch.arange(N), y_m, *ufm_config(rho=rho), broadcast_weight=w_t, device="cpu")
         dist[rho] = np.linalg.norm(res.weight - pi_m)
     assert dist[1e-2] < 0.6 * dist[0.0]
 
@@ -187,7 +199,7 @@ def _tabular_client(seed=0, n=40, f=5, c=3):
 def _train_resmlp(seed, x, y):
     bb = build_backbone(ResMLPConfig(width=16, feature_dim=8), (x.shape[1],), x.shape[0], seed=3)
     head = build_head(8, y.shape[1], seed=4)
-    res = train_local(bb, head, x, y, TrainConfig(epochs=3, batch_size=16, lr=1e-2), device="cpu", seed=seed)
+    res = train_local(bb, head, x, y, *setup(epochs=3, batch_size=16, lr=1e-2), device="cpu", seed=seed)
     return res, bb
 
 
@@ -225,14 +237,14 @@ def test_divergence_raises():
     with torch.no_grad():
         bb.proj.weight[0, 0] = float("nan")
     with pytest.raises(TrainDivergedError, match="non-finite gradient norm at step 0"):
-        train_local(bb, build_head(8, 3, seed=4), x, y, TrainConfig(epochs=1, batch_size=16, solve_last_layer=False),
+        train_local(bb, build_head(8, 3, seed=4), x, y, *setup(epochs=1, batch_size=16, solve_last_layer=False),
                     device="cpu")
     bb = build_backbone(ResMLPConfig(width=16, feature_dim=8), (5,), 40, seed=3)
     with torch.no_grad():
         bb.proj.weight[0, 0] = float("nan")
     with pytest.raises(TrainDivergedError, match="training diverged"):
         train_local(bb, build_head(8, 3, seed=4), x, y,
-                    TrainConfig(epochs=1, batch_size=16, clip_norm=None, solve_last_layer=False), device="cpu")
+                    *setup(epochs=1, batch_size=16, clip_norm=None, solve_last_layer=False), device="cpu")
 
 
 def test_non_finite_features_are_refused_before_training():
@@ -241,16 +253,16 @@ def test_non_finite_features_are_refused_before_training():
     with torch.no_grad():
         bb.stem[0].weight[0, 0] = float("nan")
     with pytest.raises(TrainDivergedError, match="non-finite"):
-        train_local(bb, build_head(8, 3, seed=4), x, y, TrainConfig(epochs=1, batch_size=16), device="cpu")
+        train_local(bb, build_head(8, 3, seed=4), x, y, *setup(epochs=1, batch_size=16), device="cpu")
 
 
 def test_cuda_only_flags_are_ignored_on_cpu(caplog):
     x, y = _tabular_client()
     plain, _ = _train_resmlp(0, x, y)
     bb = build_backbone(ResMLPConfig(width=16, feature_dim=8), (5,), 40, seed=3)
-    cfg = TrainConfig(epochs=3, batch_size=16, lr=1e-2, bf16=True, cuda_graphs=True)
+    cfg = setup(epochs=3, batch_size=16, lr=1e-2, bf16=True, cuda_graphs=True)
     with caplog.at_level("INFO", logger="fedhead.train.trainer"):
-        fast = train_local(bb, build_head(8, 3, seed=4), x, y, cfg, device="cpu", seed=0)
+        fast = train_local(bb, build_head(8, 3, seed=4), x, y, *cfg, device="cpu", seed=0)
     assert "bf16/cuda_graphs are CUDA-only and ignored" in caplog.text
     assert np.array_equal(fast.weight, plain.weight)
 
@@ -270,12 +282,12 @@ def test_compiled_step_is_cached_across_calls_and_backbone_objects(monkeypatch, 
     counters.clear()
     x, y = _tabular_client()  # N = 40, batches 16, 16, 8
     plain, _ = _train_resmlp(0, x, y)
-    cfg = TrainConfig(epochs=3, batch_size=16, lr=1e-2, compile=True)
+    cfg = setup(epochs=3, batch_size=16, lr=1e-2, compile=True)
     results = []
     with caplog.at_level("INFO", logger="fedhead.train.trainer"):
         for _ in range(2):
             bb = build_backbone(ResMLPConfig(width=16, feature_dim=8), (5,), 40, seed=3)
-            results.append(train_local(bb, build_head(8, 3, seed=4), x, y, cfg, device="cpu", seed=0))
+            results.append(train_local(bb, build_head(8, 3, seed=4), x, y, *cfg, device="cpu", seed=0))
             # batch 16 only, traced once for both objects: one graph for the first epoch (the bias from the
             # batch's own mean feature) and one for the later epochs (from the previous epoch's mean)
             assert counters["stats"]["unique_graphs"] == 2
@@ -291,7 +303,7 @@ def test_training_lowers_objective_and_clip_keeps_finite():
     bb = build_backbone(ResMLPConfig(width=16, feature_dim=8), (5,), 64, seed=0)
     head = build_head(8, 3, seed=1)
     before = evaluate_local(bb, head, x, y, lambda_h=0.01, lambda_w=0.01).objective
-    res = train_local(bb, head, x, y, TrainConfig(epochs=20, batch_size=16, lr=3e-3), device="cpu")
+    res = train_local(bb, head, x, y, *setup(epochs=20, batch_size=16, lr=3e-3), device="cpu")
     assert np.isfinite(res.metrics.objective) and res.metrics.objective < 0.9 * before
 
 
@@ -301,13 +313,13 @@ def test_batchnorm_statistics_stay_with_backbone():
     y = torch.randn(8, 2, generator=g)
     bb = build_backbone(ResNetConfig(depth=18, feature_dim=8), (1, 16, 16), 8, seed=0)
     head = build_head(8, 2, seed=1)
-    cfg = TrainConfig(epochs=1, batch_size=4)
-    train_local(bb, head, x, y, cfg, device="cpu")
+    cfg = setup(epochs=1, batch_size=4)
+    train_local(bb, head, x, y, *cfg, device="cpu")
     bn = bb.net.bn1
     assert int(bn.num_batches_tracked) == 2
     mean1 = bn.running_mean.clone()
     assert not torch.allclose(mean1, torch.zeros_like(mean1))
-    train_local(bb, head, x, y, cfg, device="cpu")
+    train_local(bb, head, x, y, *cfg, device="cpu")
     assert int(bn.num_batches_tracked) == 4 and not torch.equal(bn.running_mean, mean1)
 
 
@@ -316,37 +328,41 @@ def test_bad_inputs_raise_clear_errors(y_m):
     idx = torch.arange(N)
     cfg = ufm_config(epochs=1)
     with pytest.raises(TrainInputError, match="15 inputs but 16 targets"):
-        train_local(bb, head, idx[:15], y_m, cfg, device="cpu")
+        train_local(bb, head, idx[:15], y_m, *cfg, device="cpu")
     y_nan = y_m.clone()
     y_nan[3, 1] = float("nan")
     with pytest.raises(TrainInputError, match="non-finite target values.*sample 3"):
-        train_local(bb, head, idx, y_nan, cfg, device="cpu")
+        train_local(bb, head, idx, y_nan, *cfg, device="cpu")
     with pytest.raises(TrainInputError, match="no training samples"):
-        train_local(bb, head, idx[:0], y_m[:0], cfg, device="cpu")
+        train_local(bb, head, idx[:0], y_m[:0], *cfg, device="cpu")
     with pytest.raises(TrainInputError, match="C = 3 columns but the head has 2"):
-        train_local(bb, head, idx, torch.zeros(N, 3), cfg, device="cpu")
+        train_local(bb, head, idx, torch.zeros(N, 3), *cfg, device="cpu")
     with pytest.raises(TrainInputError, match="integer sample indices"):
-        train_local(bb, head, idx.float(), y_m, cfg, device="cpu")
+        train_local(bb, head, idx.float(), y_m, *cfg, device="cpu")
     with pytest.raises(TrainInputError, match=r"indices must lie in \[0, 16\)"):
-        train_local(bb, head, idx + 1, y_m, cfg, device="cpu")
+        train_local(bb, head, idx + 1, y_m, *cfg, device="cpu")
+    with pytest.raises(TrainInputError, match="problem must be a LocalProblem, got TrainConfig"):
+        train_local(bb, head, idx, y_m, cfg[0], cfg[0], device="cpu")
+    with pytest.raises(TrainInputError, match="seed must be a non-negative integer, got -1"):
+        train_local(bb, head, idx, y_m, *cfg, device="cpu", seed=-1)
     with pytest.raises(TrainInputError, match="broadcast_weight is required"):
-        train_local(bb, head, idx, y_m, ufm_config(epochs=1, rho=0.1), device="cpu")
+        train_local(bb, head, idx, y_m, *ufm_config(epochs=1, rho=0.1), device="cpu")
     with pytest.raises(TrainInputError, match=r"broadcast_weight must have shape \(2, 4\)"):
-        train_local(bb, head, idx, y_m, ufm_config(epochs=1, rho=0.1), broadcast_weight=np.zeros((4, 2)), device="cpu")
+        train_local(bb, head, idx, y_m, *ufm_config(epochs=1, rho=0.1), broadcast_weight=np.zeros((4, 2)), device="cpu")
     with pytest.raises(TrainInputError, match="sigma_cen is required"):
-        train_local(bb, head, idx, y_m, ufm_config(epochs=1, gamma=1.0), device="cpu")
+        train_local(bb, head, idx, y_m, *ufm_config(epochs=1, gamma=1.0), device="cpu")
     with pytest.raises(TrainInputError, match="sigma_cen must be symmetric"):
-        train_local(bb, head, idx, y_m, ufm_config(epochs=1, gamma=1.0), sigma_cen=np.array([[1.0, 0.2], [0.0, 1.0]]),
+        train_local(bb, head, idx, y_m, *ufm_config(epochs=1, gamma=1.0), sigma_cen=np.array([[1.0, 0.2], [0.0, 1.0]]),
                     device="cpu")
     mlp = build_backbone(ResMLPConfig(width=8, feature_dim=P), (5,), N, seed=0)
     with pytest.raises(TrainInputError, match=r"per-sample shape \(6,\) but the backbone was built for \(5,\)"):
-        train_local(mlp, head, torch.zeros(N, 6), y_m, cfg, device="cpu")
+        train_local(mlp, head, torch.zeros(N, 6), y_m, *cfg, device="cpu")
     x_nan = torch.zeros(N, 5)
     x_nan[0, 0] = float("inf")
     with pytest.raises(TrainInputError, match="non-finite input"):
-        train_local(mlp, head, x_nan, y_m, cfg, device="cpu")
+        train_local(mlp, head, x_nan, y_m, *cfg, device="cpu")
     with pytest.raises(TrainInputError, match="takes P = 3 features but the backbone produces 4"):
-        train_local(bb, build_head(3, C, seed=0), idx, y_m, cfg, device="cpu")
+        train_local(bb, build_head(3, C, seed=0), idx, y_m, *cfg, device="cpu")
 
 
 @pytest.mark.parametrize("field,value,msg", [
@@ -367,8 +383,9 @@ def test_bad_inputs_raise_clear_errors(y_m):
     ("last_layer_ridge", -1e-4, "must be >= 0"),
 ])
 def test_bad_config_raises(field, value, msg):
-    with pytest.raises(TrainInputError, match=f"TrainConfig.{field} {msg}"):
-        TrainConfig(**{field: value})
+    cls = LocalProblem if field in PROBLEM_FIELDS else TrainConfig
+    with pytest.raises(TrainInputError, match=f"{cls.__name__}.{field} {msg}"):
+        cls(**{field: value})
 
 
 def test_select_device():
@@ -420,12 +437,12 @@ def test_recipe_matches_textbook_loop_over_two_calls():
     w_t = np.random.default_rng(7).standard_normal((2, 8))
     kw = dict(epochs=3, batch=16, lr=3e-3, lr_min=1e-4, clip=0.5, lam_h=0.05, lam_w=0.02, rho=0.3, gamma=0.8,
               center=True)
-    cfg = TrainConfig(epochs=3, batch_size=16, lr=3e-3, lr_min=1e-4, clip_norm=0.5, lambda_h=0.05, lambda_w=0.02,
+    cfg = setup(epochs=3, batch_size=16, lr=3e-3, lr_min=1e-4, clip_norm=0.5, lambda_h=0.05, lambda_w=0.02,
                       rho=0.3, gamma=0.8, center_targets=True, **LITERAL)
     models = [(build_backbone(ResMLPConfig(width=16, feature_dim=8), (5,), 40, seed=3), build_head(8, 2, seed=4))
               for _ in range(2)]
     for call, seed in enumerate((11, 12)):
-        res = train_local(*models[0], x, y, cfg, broadcast_weight=w_t, sigma_cen=SIGMA_CEN, device="cpu", seed=seed)
+        res = train_local(*models[0], x, y, *cfg, broadcast_weight=w_t, sigma_cen=SIGMA_CEN, device="cpu", seed=seed)
         _textbook_round(*models[1], x, y, w_t=w_t, sigma_cen=SIGMA_CEN, seed=seed, **kw)
         ours, ref = models[0][1].weight.detach().double().numpy(), models[1][1].weight.detach().double().numpy()
         assert rel(ours, ref) < 1e-5, f"call {call}"
@@ -435,10 +452,10 @@ def test_recipe_matches_textbook_loop_over_two_calls():
     assert res.metrics.n_steps == 3 * 3
     # clipping was active (an unclipped run ends elsewhere)
     bb, head = build_backbone(ResMLPConfig(width=16, feature_dim=8), (5,), 40, seed=3), build_head(8, 2, seed=4)
-    unclipped = train_local(bb, head, x, y, TrainConfig(**{**cfg.__dict__, "clip_norm": None}),
+    unclipped = train_local(bb, head, x, y, dataclasses.replace(cfg[0], clip_norm=None), cfg[1],
                             broadcast_weight=w_t, sigma_cen=SIGMA_CEN, device="cpu", seed=11)
     first_ours = build_head(8, 2, seed=4)
-    train_local(build_backbone(ResMLPConfig(width=16, feature_dim=8), (5,), 40, seed=3), first_ours, x, y, cfg,
+    train_local(build_backbone(ResMLPConfig(width=16, feature_dim=8), (5,), 40, seed=3), first_ours, x, y, *cfg,
                 broadcast_weight=w_t, sigma_cen=SIGMA_CEN, device="cpu", seed=11)
     assert rel(unclipped.weight, first_ours.weight.detach().double().numpy()) > 1e-3
 
@@ -452,8 +469,8 @@ def test_metrics_are_plain_objective_in_eval_mode():
     bb = build_backbone(ResNetConfig(depth=18, feature_dim=8), (1, 16, 16), 12, seed=0)
     head = build_head(8, 2, seed=1)
     w_t = np.ones((2, 8))
-    cfg = TrainConfig(epochs=2, batch_size=8, rho=0.5, gamma=1.0, lambda_h=0.03, lambda_w=0.02)
-    res = train_local(bb, head, x, y, cfg, broadcast_weight=w_t, sigma_cen=SIGMA_CEN, device="cpu")
+    cfg = setup(epochs=2, batch_size=8, rho=0.5, gamma=1.0, lambda_h=0.03, lambda_w=0.02)
+    res = train_local(bb, head, x, y, *cfg, broadcast_weight=w_t, sigma_cen=SIGMA_CEN, device="cpu")
     assert bb.training  # left in training mode, BatchNorm statistics updated by the 4 steps
     assert int(bb.net.bn1.num_batches_tracked) == 4
     bb.eval()
@@ -475,7 +492,7 @@ def test_sigma_m_must_be_the_targets_covariance(y_m):
     bb, head = free_model()
     cfg = ufm_config(epochs=1, gamma=1.0)
     cov = np.cov(y_m.double().numpy().T, bias=True)
-    res = train_local(bb, head, torch.arange(N), y_m, cfg, sigma_cen=SIGMA_CEN, sigma_m=cov, device="cpu")
+    res = train_local(bb, head, torch.arange(N), y_m, *cfg, sigma_cen=SIGMA_CEN, sigma_m=cov, device="cpu")
     assert np.isfinite(res.metrics.objective)
     with pytest.raises(TrainInputError, match="sigma_m differs from the covariance of the targets"):
-        train_local(bb, head, torch.arange(N), y_m, cfg, sigma_cen=SIGMA_CEN, sigma_m=4 * cov, device="cpu")
+        train_local(bb, head, torch.arange(N), y_m, *cfg, sigma_cen=SIGMA_CEN, sigma_m=4 * cov, device="cpu")

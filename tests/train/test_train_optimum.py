@@ -7,13 +7,15 @@ fixed points where they are, that they reach them, and that the tolerance stop a
 gaps say the truth.
 """
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
 
 from fedhead import ufm
 from fedhead.models import FreeFeatureConfig, ResMLPConfig, build_backbone, build_head
-from fedhead.train import TrainConfig, evaluate_local, train_local
+from fedhead.train import LocalProblem, TrainConfig, evaluate_local, train_local
 from fedhead.train.last_layer import solve_output_layer
 from fedhead.train.trainer import feature_projection
 
@@ -30,10 +32,15 @@ def rel(a, b):
     return float(np.linalg.norm(a - b) / np.linalg.norm(b))
 
 
-def cfg(n, **kw) -> TrainConfig:
+PROBLEM_FIELDS = {f.name for f in dataclasses.fields(LocalProblem)}
+
+
+def cfg(n, **kw) -> tuple[TrainConfig, LocalProblem]:
+    """Full-batch recipe for ``n`` samples and the problem (``train_local``'s two arguments)."""
     base = dict(epochs=2000, batch_size=n, lr=1e-2, lr_min=1e-5, lambda_h=LAM, lambda_w=LAM, clip_norm=None)
     base.update(kw)
-    return TrainConfig(**base)
+    problem = LocalProblem(**{k: v for k, v in base.items() if k in PROBLEM_FIELDS})
+    return TrainConfig(**{k: v for k, v in base.items() if k not in PROBLEM_FIELDS}), problem
 
 
 @pytest.fixture
@@ -117,9 +124,9 @@ def test_bias_fix_changes_no_optimum_and_reaches_it_faster(clients):
     n = y.shape[0]
     sigma = np.cov(y.double().numpy().T, bias=True)
     g_m = ufm.optimal_gram(sigma, LAM, LAM)
-    fixed = train_local(free(n), head_at(W0), torch.arange(n), y, cfg(n, epochs=1500), device="cpu")
-    literal = train_local(free(n), head_at(W0), torch.arange(n), y, cfg(n, epochs=8000, **LITERAL), device="cpu")
-    short = train_local(free(n), head_at(W0), torch.arange(n), y, cfg(n, epochs=1500, **LITERAL), device="cpu")
+    fixed = train_local(free(n), head_at(W0), torch.arange(n), y, *cfg(n, epochs=1500), device="cpu")
+    literal = train_local(free(n), head_at(W0), torch.arange(n), y, *cfg(n, epochs=8000, **LITERAL), device="cpu")
+    short = train_local(free(n), head_at(W0), torch.arange(n), y, *cfg(n, epochs=1500, **LITERAL), device="cpu")
     for r in (fixed, literal):
         assert r.metrics.relative_gap < 1e-6
         assert rel(r.weight @ r.weight.T, g_m) < 1e-4
@@ -137,7 +144,7 @@ def _federate(clients, rounds, *, rho, gamma, **kw):
     grams = [w @ w.T]
     for _ in range(rounds):
         outs = [train_local(bb, head_at(w, b), torch.arange(y.shape[0]), y,
-                            cfg(y.shape[0], rho=rho, gamma=gamma, **kw), broadcast_weight=w,
+                            *cfg(y.shape[0], rho=rho, gamma=gamma, **kw), broadcast_weight=w,
                             sigma_cen=sigma_cen if gamma > 0 else None, device="cpu", seed=0)
                 for bb, y in zip(backbones, clients)]
         w = sum(p * o.weight for p, o in zip(weights, outs))
@@ -182,7 +189,7 @@ def test_distance_to_the_selected_head_shrinks_with_rho(clients):
     pi = ufm.closest_head(W0, ufm.optimal_gram(np.cov(y.double().numpy().T, bias=True), LAM, LAM))
     dist = {}
     for rho in (1e-2, 1e-3, 1e-4):
-        r = train_local(free(n), head_at(W0), torch.arange(n), y, cfg(n, epochs=1500, rho=rho),
+        r = train_local(free(n), head_at(W0), torch.arange(n), y, *cfg(n, epochs=1500, rho=rho),
                         broadcast_weight=W0, device="cpu")
         dist[rho] = rel(r.weight, pi)
     assert dist[1e-3] < 0.2 * dist[1e-2] and dist[1e-4] < 0.2 * dist[1e-3]
@@ -193,16 +200,16 @@ def test_distance_to_the_selected_head_shrinks_with_rho(clients):
 def test_local_tol_stops_once_the_gap_is_reached(clients):
     y = clients[1]
     n = y.shape[0]
-    r = train_local(free(n), head_at(W0), torch.arange(n), y, cfg(n, epochs=3000, local_tol=1e-4, check_every=10),
+    r = train_local(free(n), head_at(W0), torch.arange(n), y, *cfg(n, epochs=3000, local_tol=1e-4, check_every=10),
                     device="cpu")
     m = r.metrics
     assert m.converged and m.trained_gap <= 1e-4 and m.epochs < 3000 and m.n_steps == m.epochs
     epochs = [e for e, _ in m.gap_trace]
     assert epochs == list(range(10, m.epochs + 1, 10)) and m.gap_trace[-1][1] <= 1e-4
     assert all(g > 1e-4 for _, g in m.gap_trace[:-1])  # it stopped at the first check below the tolerance
-    r = train_local(free(n), head_at(W0), torch.arange(n), y, cfg(n, epochs=20, local_tol=1e-12), device="cpu")
+    r = train_local(free(n), head_at(W0), torch.arange(n), y, *cfg(n, epochs=20, local_tol=1e-12), device="cpu")
     assert r.metrics.converged is False and r.metrics.epochs == 20
-    r = train_local(free(n), head_at(W0), torch.arange(n), y, cfg(n, epochs=20), device="cpu")
+    r = train_local(free(n), head_at(W0), torch.arange(n), y, *cfg(n, epochs=20), device="cpu")
     assert r.metrics.converged is None and r.metrics.gap_trace == ()
 
 

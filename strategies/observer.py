@@ -1,0 +1,32 @@
+"""What a strategy reports: the observer protocol the run layer implements (results, TensorBoard,
+progress), and the observer that ignores everything (the default). The strategies do no I/O."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol
+
+from fedhead.tracking import RoundRecord
+
+if TYPE_CHECKING:
+    from strategies.exchange import MomentExchange
+
+
+class RunObserver(Protocol):
+    """Receives what the strategy measures (implemented by the run layer, :mod:`fedhead.recorder`).
+
+    An observer may also have ``on_resume(records)``: the restored round records of a resumed run.
+    """
+
+    def on_exchange(self, exchange: MomentExchange) -> None: ...
+
+    def on_round(self, record: RoundRecord) -> None: ...
+
+
+class NullObserver:
+    """The observer of a strategy built without one: ignores every report."""
+
+    def on_exchange(self, exchange: MomentExchange) -> None:  # noqa: D102
+        pass
+
+    def on_round(self, record: RoundRecord) -> None:  # noqa: D102
+        pass
