@@ -68,7 +68,10 @@ class RunEntry:
     reason : str or None
         Why a run does not count (the manifest's ``error``/``needs``, or the results problem).
     results : dict or None
-        The run's results.json (counted runs only).
+        The run's results.json (counted runs only), without the entries the report never reads
+        (see :func:`slim`).
+    wall_seconds : float or None
+        The manifest's wall time of the run.
     """
 
     ref: RunRef
@@ -84,6 +87,7 @@ class RunEntry:
     status: str = "completed"
     reason: str | None = None
     results: dict[str, Any] | None = None
+    wall_seconds: float | None = None
 
     @property
     def counted(self) -> bool:
@@ -100,6 +104,7 @@ class SweepInfo:
     scale: str
     created: str
     counts: dict[str, int]
+    wall_seconds: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -155,7 +160,8 @@ def load_manifest(path: Path) -> tuple[SweepInfo, list[RunEntry]]:
     for e in entries:
         counts[e.status] = counts.get(e.status, 0) + 1
     info = SweepInfo(sweep_dir=sweep_dir, sweep=str(data.get("sweep", "")), scale=str(data.get("scale", "")),
-                     created=str(data.get("created", "")), counts=counts)
+                     created=str(data.get("created", "")), counts=counts,
+                     wall_seconds=float(sum(e.wall_seconds or 0.0 for e in entries)))
     return info, entries
 
 
@@ -179,6 +185,7 @@ def _entry(path: Path, sweep_dir: str, manifest: Mapping[str, Any], i: int, run:
         procedure=str(run.get("procedure", "")), seed=int(run.get("seed", 0) or 0),
         params=dict(run.get("params") or {}), status=status,
         reason=None if reason is None else str(reason), results=results,
+        wall_seconds=run.get("wall_seconds") if isinstance(run.get("wall_seconds"), (int, float)) else None,
     )
 
 
@@ -194,7 +201,26 @@ def _read_results(path: Path) -> tuple[dict[str, Any] | None, str | None]:
         return None, f"{path} has no rounds"
     if data.get("status") != "completed":
         return None, f"{path} has status {data.get('status')!r}"
-    return data, None
+    return slim(data), None
+
+
+#: per-round entries the report never reads (dropped on reading: a paper-scale sweep has
+#: thousands of runs); the head Gram is kept for the last round only
+_UNUSED_ROUND_KEYS = ("client_metrics", "recursion_gram", "predicted_gram", "bias")
+_UNUSED_KEYS = ("moments", "provenance", "timing")
+
+
+def slim(results: dict[str, Any]) -> dict[str, Any]:
+    """``results`` without what the report never reads: per-round client metrics, recursion and
+    predicted Grams, biases, the Grams of all but the last round, moments, provenance, timing."""
+    rounds = []
+    last = len(results["rounds"]) - 1
+    for i, r in enumerate(results["rounds"]):
+        keep = {k: v for k, v in r.items() if k not in _UNUSED_ROUND_KEYS and (k != "gram" or i == last)}
+        rounds.append(keep)
+    out = {k: v for k, v in results.items() if k not in _UNUSED_KEYS}
+    out["rounds"] = rounds
+    return out
 
 
 def collect(dirs: Iterable[str | Path]) -> Collection:

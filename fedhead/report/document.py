@@ -18,14 +18,22 @@ def _escape(text: object) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
+def duration(seconds: float) -> str:
+    """``12 s``, ``3.4 min`` or ``2.1 h``."""
+    if seconds < 60:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.1f} min" if seconds < 3600 else f"{seconds / 3600:.1f} h"
+
+
 def sweeps_section(report: Report) -> list[str]:
     """The sweep folders: name, scale, creation time and runs per status."""
     lines = ["## Sweeps found", "",
-             "| sweep | scale | folder | " + " | ".join(STATUSES) + " | created |",
-             "|:--|:--|:--|" + "--:|" * len(STATUSES) + ":--|"]
+             "| sweep | scale | folder | " + " | ".join(STATUSES) + " | run time | created |",
+             "|:--|:--|:--|" + "--:|" * (len(STATUSES) + 1) + ":--|"]
     for s in report.collection.sweeps:
         counts = " | ".join(str(s.counts.get(k, 0)) for k in STATUSES)
-        lines.append(f"| {s.sweep} | {s.scale} | `{s.sweep_dir}` | {counts} | {s.created} |")
+        lines.append(f"| {s.sweep} | {s.scale} | `{s.sweep_dir}` | {counts} | {duration(s.wall_seconds)} | "
+                     f"{s.created} |")
     lines += ["", "Only completed runs with a readable, completed results.json count "
                   "(unreadable: marked completed in the manifest, but its results.json is missing or bad).", ""]
     return lines
@@ -44,9 +52,9 @@ def tables_section(report: Report) -> list[str]:
         lines += ["### Tables not filled", ""]
         for spec in report.missing:
             sweeps = " or ".join(f"`{s}`" for s in spec.sweeps)
-            cmd = " / ".join(f"`fedhead-sweep sweep={s}`" for s in spec.sweeps)
+            cmd = " / ".join(f"`fedhead-sweep sweep={s} scale=smoke|paper out=DIR`" for s in spec.sweeps)
             lines.append(f"- Table {spec.number} ({spec.title}): no completed run of sweep {sweeps}; "
-                         f"run {cmd} and pass its folder.")
+                         f"run {cmd} and pass DIR to fedhead-report.")
         lines.append("")
     return lines
 

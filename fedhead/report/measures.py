@@ -120,7 +120,7 @@ def mismatch(results: Results) -> dict[str, float | None]:
     rec = next((r for r in results.get("rounds") or [] if r.get("mismatch_objective_local") is not None), {})
     local, trained, aligned = (num(rec.get(k)) for k in MISMATCH_KEYS[:3])
     removed = num(rec.get("mismatch_removed"))
-    if removed is None and None not in (local, trained, aligned) and trained != local:
+    if "mismatch_removed" not in rec and None not in (local, trained, aligned) and trained != local:
         removed = (trained - aligned) / (trained - local)
     return {
         "trained_minus_local": None if None in (trained, local) else trained - local,
