@@ -22,7 +22,7 @@ def _jobs(root: Path, cache: Path):
         cfg = load_config(compose_config([
             "model=free", "model.feature_dim=12", "dataset.n_train=300", f"dataset.cache_dir={cache}",
             "num_clients=3", "experiment=single", f"experiment.procedures=[{','.join(PROCEDURES)}]",
-            "rounds=2", "local_epochs=300", "train.lr=3e-3", "local_tol=1e-4", f"seed={seed}",
+            "rounds=2", "local_epochs=150", "train.lr=3e-3", "local_tol=1e-4", f"seed={seed}",
             "output.figures=false", "output.tensorboard=false", "resources.client_cpus=1",
         ]))
         for job in cfg.jobs(root / "unused"):
@@ -42,7 +42,7 @@ def _manifest_run(rid: str, procedure: str, seed: int, status: str, config_hash:
     return run
 
 
-def _write_manifest(folder: Path, sweep: str, runs: list[dict]) -> None:
+def write_manifest(folder: Path, sweep: str, runs: list[dict]) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     manifest = {"schema_version": 1, "sweep": sweep, "scale": "smoke", "created": "2026-12-01T00:00:00+00:00",
                 "runs": runs}
@@ -61,11 +61,11 @@ def build_sweeps(root: Path) -> Path:
                               setting="shapes3d", needs="data/shapes3d/3dshapes.h5"))
     runs.append(_manifest_run("main/beijing/proximal/s0", "proximal", 0, "failed",
                               setting="beijing", error="RuntimeError: the simulation engine crashed"))
-    _write_manifest(main, "main", runs)
+    write_manifest(main, "main", runs)
     pred_runs = []
     for run in runs[: len(PROCEDURES) * len(SEEDS)]:
         rid = run["id"].replace("main/", "prediction/", 1)
         shutil.copytree(main / run["dir"], root / "prediction" / "runs" / rid)
         pred_runs.append(dict(run, id=rid, sweep="prediction", dir=f"runs/{rid}"))
-    _write_manifest(root / "prediction", "prediction", pred_runs)
+    write_manifest(root / "prediction", "prediction", pred_runs)
     return root
