@@ -129,7 +129,8 @@ def figure_jobs(collection: Collection) -> Iterable[tuple[str, str, Callable[[],
                       "dotted axis break.", lambda: F.rho_figure(collection.of_sweep("rho")))
     yield ("centering_gap.png", B.CENTERING_NOTE, lambda: B.centering_figure(collection.of_sweep("centering")))
     yield ("mse_change.png", "Paired change of the final MSE against ordinary on the same setting and seed "
-                             "(sweep prediction).", lambda: B.mse_figure(collection.of_sweep("prediction"), "prediction"))
+                             "(sweep prediction).",
+           lambda: B.mse_figure(collection.of_sweep("prediction"), "prediction"))
 
 
 def write_figures(collection: Collection, folder: Path) -> tuple[list[FigureInfo], list[str]]:

@@ -55,7 +55,8 @@ def _quiet_curves(ax, x, curves, **kw) -> None:
         plot_error_curves(ax, x, curves, center="mean", band="sd", floor=_floor(curves), **kw)
 
 
-def _matrix(runs: Sequence[RunEntry], xs: Sequence[float], point: Callable[[RunEntry], dict[float, float]]) -> np.ndarray:
+def _matrix(runs: Sequence[RunEntry], xs: Sequence[float],
+            point: Callable[[RunEntry], dict[float, float]]) -> np.ndarray:
     """``(seeds, len(xs))``: one row per seed, ``point(run)`` maps x -> value (NaN elsewhere)."""
     by_seed = group(runs, lambda r: r.seed)
     pos = {x: i for i, x in enumerate(xs)}

@@ -64,8 +64,8 @@ def centering_figure(runs: Sequence[RunEntry]) -> Figure | None:
         return None
     fig, (ax,) = new_figure(1, panel_size=(max(5.0, 1.1 * len(bars) + 2.0), 4.4))
     fig.set_layout_engine("constrained")
-    x = np.arange(len(bars), dtype=float) + np.array([0.3 * list(dict.fromkeys(b["setting"] for b in bars)).index(
-        b["setting"]) for b in bars])
+    settings = list(dict.fromkeys(b["setting"] for b in bars))
+    x = np.arange(len(bars), dtype=float) + 0.3 * np.array([settings.index(b["setting"]) for b in bars])
     bottom = np.zeros(len(bars))
     for key, lab, col in GAP_TERMS:
         h = np.array([b["terms"][key] for b in bars])
@@ -74,7 +74,8 @@ def centering_figure(runs: Sequence[RunEntry]) -> Figure | None:
     for xi, b in zip(x, bars):
         if b["measured"] is not None:
             ax.plot([xi], [b["measured"]], marker="D", color="k", markersize=6, linestyle="none")
-    ref = {"ordinary": "ordinary\nTr($G_{\\mathrm{cen}} - G_\\ast$)", "centered": "centered\nTr($G_{\\mathrm{within}} - G_\\ast$)"}
+    ref = {"ordinary": "ordinary\nTr($G_{\\mathrm{cen}} - G_\\ast$)",
+           "centered": "centered\nTr($G_{\\mathrm{within}} - G_\\ast$)"}
     ax.set_xticks(x, [f"{b['setting']}\n{ref[b['procedure']]}" for b in bars], fontsize="x-small")
     ax.axhline(0.0, color="0.6", linewidth=0.8)
     ax.set_ylabel("trace of the gap (squared target units)")

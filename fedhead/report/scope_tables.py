@@ -45,7 +45,8 @@ def table7(runs: Sequence[RunEntry]) -> list[Table]:
         for key in ("trained_minus_local", "aligned_minus_local", "removed"):
             row[key] = median_cell((measures.mismatch(r.results)[key], r.ref) for r in members)
         rows.append(row)
-    return [Table("table7", "Table 7: mismatch cost of the initialisation (sweep mismatch, round 1), medians over seeds",
+    return [Table("table7",
+                  "Table 7: mismatch cost of the initialisation (sweep mismatch, round 1), medians over seeds",
                   [("setting", "setting"), ("init", "init")],
                   [("runs", "runs"), ("trained_minus_local", "L_trained − L_local"),
                    ("aligned_minus_local", "L_aligned − L_local"), ("removed", "removed fraction")], rows,

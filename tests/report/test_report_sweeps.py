@@ -33,7 +33,8 @@ def _copy(sweeps: Path, root: Path, sweep: str, procedure: str, seed: int, varia
 
 def _mismatch(init: str, seed: int):
     def edit(res):
-        res["rounds"][1].update(mismatch_objective_local=1.0, mismatch_objective_trained=2.0 + seed + (init == "independent"),
+        trained = 2.0 + seed + (init == "independent")
+        res["rounds"][1].update(mismatch_objective_local=1.0, mismatch_objective_trained=trained,
                                 mismatch_objective_aligned=1.25)
         res["rounds"][1]["mismatch_removed"] = (res["rounds"][1]["mismatch_objective_trained"] - 1.25) / (
             res["rounds"][1]["mismatch_objective_trained"] - 1.0)
