@@ -150,6 +150,17 @@ def write_figures(collection: Collection, folder: Path) -> tuple[list[FigureInfo
     return written, errors
 
 
+def remove_stale(folder: Path, pattern: str, written: Sequence[Path]) -> list[Path]:
+    """Remove the files of an earlier report in ``folder`` (``pattern``) that this one did not
+    write, so the folder matches report.md (a table no longer filled leaves no old file)."""
+    keep = {Path(p).resolve() for p in written}
+    stale = [p for p in sorted(folder.glob(pattern)) if p.is_file() and p.resolve() not in keep]
+    for p in stale:
+        log.info("removing %s of an earlier report", p)
+        p.unlink()
+    return stale
+
+
 def build_report(sweep_dirs: Sequence[str | Path], out: str | Path, *, figures: bool = True) -> Report:
     """Collect the runs of ``sweep_dirs``, write the tables, figures and ``report.md`` into ``out``.
 
@@ -177,10 +188,11 @@ def build_report(sweep_dirs: Sequence[str | Path], out: str | Path, *, figures: 
     out = Path(out)
     report = Report(out=out, collection=collection)
     report.tables, report.missing = compute_tables(collection)
-    for table in report.tables.values():
-        write_table(table, out / "tables")
+    written = [p for table in report.tables.values() for p in write_table(table, out / "tables").values()]
+    remove_stale(out / "tables", "table*", written)
     if figures:
         report.figures, report.figure_errors = write_figures(collection, out / "figures")
+        remove_stale(out / "figures", "*.png", [f.path for f in report.figures])
     write_bytes_atomic(report.markdown, report_markdown(report).encode("utf-8"), sync=False)
     log.info("report: %d tables, %d figures -> %s", len(report.tables), len(report.figures), report.markdown)
     return report

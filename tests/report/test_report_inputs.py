@@ -59,3 +59,13 @@ def test_mismatch_costs_from_the_round_keys():
     m = measures.mismatch(res)
     assert m == {"trained_minus_local": 2.0, "aligned_minus_local": 0.5, "removed": 0.75}
     assert measures.mismatch({"rounds": [{"round": 1}]})["removed"] is None
+
+
+def test_a_second_report_removes_the_files_the_first_wrote_and_it_does_not(tmp_path):
+    from fedhead.report.build import remove_stale
+
+    (tmp_path / "table5.md").write_text("old")
+    (tmp_path / "table4.md").write_text("new")
+    (tmp_path / "notes.txt").write_text("mine")
+    assert remove_stale(tmp_path, "table*", [tmp_path / "table4.md"]) == [tmp_path / "table5.md"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt", "table4.md"]
