@@ -1,0 +1,198 @@
+"""``build_report``: sweep folders in, ``OUT/tables``, ``OUT/figures`` and ``OUT/report.md`` out.
+
+The pipeline is collect (:mod:`fedhead.report.collect`) -> tables (pure builders of
+:mod:`fedhead.report.selection_tables` and :mod:`fedhead.report.scope_tables`) -> rendering
+(:mod:`fedhead.report.render`, :mod:`fedhead.report.figures`, :mod:`fedhead.report.document`).
+The returned :class:`Report` keeps every table with its cells, so callers (tests, notebooks)
+read the numbers without parsing files.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from fedhead.io import write_bytes_atomic
+from fedhead.report import figures as F
+from fedhead.report import figures_bars as B
+from fedhead.report import scope_tables, selection_tables
+from fedhead.report.collect import Collection, RunEntry, collect
+from fedhead.report.render import write_table
+from fedhead.report.tables import Table
+
+log = logging.getLogger("fedhead.report")
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    """A paper table: its number, what it shows, the sweeps that fill it and its builder."""
+
+    number: int
+    title: str
+    sweeps: tuple[str, ...]
+    build: Callable[[Sequence[RunEntry]], list[Table]]
+    all_runs: bool = False  # the builder picks its runs from every counted run
+
+
+TABLES = (
+    TableSpec(4, "selection and correction", ("main",), selection_tables.table4),
+    TableSpec(5, "proximal weight ρ", ("rho",), selection_tables.table5),
+    TableSpec(6, "alignment", ("alignment",), selection_tables.table6),
+    TableSpec(7, "mismatch cost of the initialisation", ("mismatch",), scope_tables.table7),
+    TableSpec(8, "direction errors across architectures, data sizes and full-model averaging",
+              scope_tables.TABLE8_SWEEPS, scope_tables.table8),
+    TableSpec(9, "prediction (test MSE)", ("prediction",), scope_tables.table9, all_runs=True),
+)
+
+
+@dataclass(frozen=True)
+class FigureInfo:
+    """A written figure: file name (under ``OUT/figures``), caption and path."""
+
+    name: str
+    caption: str
+    path: Path
+
+
+@dataclass
+class Report:
+    """What :func:`build_report` produced.
+
+    Attributes
+    ----------
+    out : Path
+        The output folder.
+    collection : Collection
+        The sweeps and runs found (counted and excluded).
+    tables : dict
+        Table key (``table4``, ``table4_wins``, ...) -> :class:`fedhead.report.tables.Table`.
+    missing : list of TableSpec
+        The paper tables no counted run could fill.
+    figures : list of FigureInfo
+    figure_errors : list of str
+        Figures that failed to draw (one line each; the report goes on without them).
+    """
+
+    out: Path
+    collection: Collection
+    tables: dict[str, Table] = field(default_factory=dict)
+    missing: list[TableSpec] = field(default_factory=list)
+    figures: list[FigureInfo] = field(default_factory=list)
+    figure_errors: list[str] = field(default_factory=list)
+
+    @property
+    def markdown(self) -> Path:
+        """``OUT/report.md``."""
+        return self.out / "report.md"
+
+
+def compute_tables(collection: Collection) -> tuple[dict[str, Table], list[TableSpec]]:
+    """Every table the counted runs fill, and the specs of those they cannot fill (pure)."""
+    tables: dict[str, Table] = {}
+    missing = []
+    for spec in TABLES:
+        runs = collection.runs if spec.all_runs else collection.of_sweep(*spec.sweeps)
+        built = spec.build(runs)
+        if not built:
+            missing.append(spec)
+        for t in built:
+            tables[t.key] = t
+    return tables, missing
+
+
+def slug(text: str) -> str:
+    """A file-name-safe version of ``text``."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_") or "x"
+
+
+def figure_jobs(collection: Collection) -> Iterable[tuple[str, str, Callable[[], object]]]:
+    """``(file name, caption, draw)`` of every figure the runs may fill (draw returns None when not)."""
+    for sweep in ("main", "alignment", "centering"):
+        runs = collection.of_sweep(sweep)
+        if runs:
+            yield (f"curves_{sweep}.png",
+                   f"Error of the head Gram to each procedure's own reference per round, sweep {sweep} "
+                   "(one panel per setting, mean ± 1 sd over seeds, log scale).",
+                   lambda runs=runs, sweep=sweep: F.error_curves_figure(runs, sweep))
+    main = collection.of_sweep("main")
+    for setting in sorted({r.setting for r in main}):
+        yield (f"ellipses_{slug(setting)}.png",
+               f"Final head Gram of each procedure against G_star and G_cen on {setting} (smallest seed; "
+               "first three targets when there are more).",
+               lambda setting=setting: F.ellipses_figure(main, setting))
+    yield ("epochs.png", "Endpoint e_F against the local epochs E (sweep epochs, log-log).",
+           lambda: F.epochs_figure(collection.of_sweep("epochs")))
+    yield ("rho.png", "δ_last and endpoint e_F against ρ (sweep rho); ρ = 0 at the tick labelled 0 left of the "
+                      "dotted axis break.", lambda: F.rho_figure(collection.of_sweep("rho")))
+    yield ("centering_gap.png", B.CENTERING_NOTE, lambda: B.centering_figure(collection.of_sweep("centering")))
+    yield ("mse_change.png", "Paired change of the final MSE against ordinary on the same setting and seed "
+                             "(sweep prediction).",
+           lambda: B.mse_figure(collection.of_sweep("prediction"), "prediction"))
+
+
+def write_figures(collection: Collection, folder: Path) -> tuple[list[FigureInfo], list[str]]:
+    """Draw and write every figure the runs fill; a figure that fails is logged and skipped."""
+    from fedhead.plotting.canvas import save_figure
+
+    written, errors = [], []
+    for name, caption, draw in figure_jobs(collection):
+        try:
+            fig = draw()
+            if fig is None:
+                continue
+            written.append(FigureInfo(name, caption, save_figure(fig, folder / name)))
+        except Exception as exc:  # noqa: BLE001 - one broken figure must not cost the tables
+            log.warning("figure %s not drawn: %s: %s", name, type(exc).__name__, exc)
+            errors.append(f"{name}: {type(exc).__name__}: {exc}")
+    return written, errors
+
+
+def remove_stale(folder: Path, pattern: str, written: Sequence[Path]) -> list[Path]:
+    """Remove the files of an earlier report in ``folder`` (``pattern``) that this one did not
+    write, so the folder matches report.md (a table no longer filled leaves no old file)."""
+    keep = {Path(p).resolve() for p in written}
+    stale = [p for p in sorted(folder.glob(pattern)) if p.is_file() and p.resolve() not in keep]
+    for p in stale:
+        log.info("removing %s of an earlier report", p)
+        p.unlink()
+    return stale
+
+
+def build_report(sweep_dirs: Sequence[str | Path], out: str | Path, *, figures: bool = True) -> Report:
+    """Collect the runs of ``sweep_dirs``, write the tables, figures and ``report.md`` into ``out``.
+
+    Parameters
+    ----------
+    sweep_dirs : sequence of path-like
+        Sweep folders (with ``manifest.json``) or folders holding several.
+    out : path-like
+        Output folder (created).
+    figures : bool
+        Draw the figures (False: tables and report.md only).
+
+    Returns
+    -------
+    Report
+
+    Raises
+    ------
+    fedhead.report.collect.ReportInputError
+        No manifest found, or a manifest that is not readable JSON.
+    """
+    from fedhead.report.document import report_markdown
+
+    collection = collect(sweep_dirs)
+    out = Path(out)
+    report = Report(out=out, collection=collection)
+    report.tables, report.missing = compute_tables(collection)
+    written = [p for table in report.tables.values() for p in write_table(table, out / "tables").values()]
+    remove_stale(out / "tables", "table*", written)
+    if figures:
+        report.figures, report.figure_errors = write_figures(collection, out / "figures")
+        remove_stale(out / "figures", "*.png", [f.path for f in report.figures])
+    write_bytes_atomic(report.markdown, report_markdown(report).encode("utf-8"), sync=False)
+    log.info("report: %d tables, %d figures -> %s", len(report.tables), len(report.figures), report.markdown)
+    return report

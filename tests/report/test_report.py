@@ -1,0 +1,124 @@
+"""fedhead-report on real runs: the numbers of the tables equal values recomputed directly from
+the runs' results.json, every cell lists its run folders, figures and report.md are written."""
+
+from __future__ import annotations
+
+import csv
+import json
+import statistics
+from pathlib import Path
+
+import pytest
+from report_helpers import PROCEDURES, SEEDS, SETTING
+
+from fedhead.report.cli import main
+
+pytestmark = pytest.mark.timeout(600)  # the session fixture runs six federations (one Ray start)
+
+
+@pytest.fixture(scope="module")
+def report_dir(sweeps, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("report")
+    assert main([str(sweeps), "--out", str(out)]) == 0  # the parent folder: both manifests are found
+    return out
+
+
+def _results(sweep: Path, procedure: str) -> dict[str, dict]:
+    """results.json of each seed's run of ``procedure``, keyed by run folder (plain json)."""
+    out = {}
+    for seed in SEEDS:
+        rel = f"runs/{sweep.name}/{SETTING}/{procedure}/s{seed}"
+        out[rel] = json.loads((sweep / rel / "results.json").read_text())
+    return out
+
+
+def _csv(path: Path) -> list[dict[str, str]]:
+    with path.open(newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+def _expected_table4(res: dict) -> dict[str, float | None]:
+    """Independent recomputation: the endpoint error is to G_cen for a corrected procedure, to
+    G_star otherwise; trajectory for uncorrected, round-1 d(G_1, G_cen) for corrected runs."""
+    corrected = res["procedure"]["gamma"] > 0
+    last, first = res["rounds"][-1], res["rounds"][1]
+    return {"endpoint": last["e_f_cen"] if corrected else last["e_f_star"], "delta_last": last["delta"],
+            "trajectory": None if corrected else last["trajectory_error"],
+            "d_cen_1": first["d_cen"] if corrected else None, "e_cen_1": first["e_f_cen"] if corrected else None}
+
+
+def test_table4_equals_the_runs_and_lists_its_sources(sweeps, report_dir):
+    rows = {r["procedure"]: r for r in _csv(report_dir / "tables" / "table4.csv")}
+    sources = _csv(report_dir / "tables" / "table4_sources.csv")
+    assert set(rows) == set(PROCEDURES)
+    for proc in PROCEDURES:
+        runs = _results(sweeps / "main", proc)
+        assert int(rows[proc]["runs"]) == len(SEEDS)
+        expected = [_expected_table4(r) for r in runs.values()]
+        for col in ("endpoint", "delta_last", "trajectory", "d_cen_1", "e_cen_1"):
+            vals = [e[col] for e in expected if e[col] is not None]
+            if not vals:
+                assert rows[proc][col] == "" and int(rows[proc][f"{col}_n"]) == 0
+                continue
+            assert float(rows[proc][col]) == pytest.approx(statistics.median(vals), rel=1e-12, abs=0)
+            assert int(rows[proc][f"{col}_n"]) == len(vals)
+            cell = [s for s in sources if s["row"] == proc and s["column"] == col]
+            assert {s["run_dir"] for s in cell} == set(runs)
+            assert {s["sweep_dir"] for s in cell} == {str((sweeps / "main").resolve())}
+
+
+def test_wins_and_per_setting_breakdown(sweeps, report_dir):
+    prox, ordi = _results(sweeps / "main", "proximal"), _results(sweeps / "main", "ordinary")
+    wins = sum(p["rounds"][-1]["e_f_star"] < o["rounds"][-1]["e_f_star"]
+               for p, o in zip(prox.values(), ordi.values()))
+    row = next(r for r in _csv(report_dir / "tables" / "table4_wins.csv")
+               if (r["challenger"], r["baseline"]) == ("proximal", "ordinary"))
+    assert (int(row["wins"]), int(row["wins_n"])) == (wins, len(SEEDS))
+    by_setting = {r["procedure"]: r for r in _csv(report_dir / "tables" / "table4_by_setting.csv")}
+    assert by_setting["proximal"]["setting"] == SETTING
+    assert float(by_setting["proximal"]["endpoint"]) == pytest.approx(
+        statistics.median(r["rounds"][-1]["e_f_star"] for r in prox.values()), rel=1e-12)
+
+
+def test_table9_pairs_the_mse_with_ordinary(sweeps, report_dir):
+    """The prediction sweep (copies of the runs): final MSE (train split: hopper has no test
+    split) and the median paired change against ordinary on the same seed."""
+    pred = sweeps / "prediction"
+    ordi = list(_results(pred, "ordinary").values())
+    rows = {(r["sweep"], r["procedure"]): r for r in _csv(report_dir / "tables" / "table9.csv")}
+    for proc in ("proximal", "corrected_proximal"):
+        runs = list(_results(pred, proc).values())
+        row = rows[("prediction", proc)]
+        assert row["split"] == "train"
+        mse = [r["rounds"][-1]["train_mse"] for r in runs]
+        assert float(row["mse"]) == pytest.approx(statistics.median(mse), rel=1e-12)
+        changes = [100 * (r["rounds"][-1]["train_mse"] - o["rounds"][-1]["train_mse"]) / o["rounds"][-1]["train_mse"]
+                   for r, o in zip(runs, ordi)]
+        assert float(row["change"]) == pytest.approx(statistics.median(changes), rel=1e-9)
+        assert (int(row["improved"]), int(row["improved_n"])) == (sum(c < 0 for c in changes), len(SEEDS))
+
+
+def test_report_md_figures_missing_tables_and_excluded_runs(report_dir):
+    text = (report_dir / "report.md").read_text()
+    for name in ("curves_main.png", "ellipses_hopper.png", "mse_change.png"):
+        path = report_dir / "figures" / name
+        assert path.stat().st_size > 10_000, name
+        assert f"(figures/{name})" in text
+    assert "### Tables not filled" in text
+    for number, sweep in ((5, "rho"), (6, "alignment"), (7, "mismatch"), (8, "architectures")):
+        line = next(ln for ln in text.splitlines() if ln.startswith(f"- Table {number} "))
+        assert f"`{sweep}`" in line
+    assert "- Table 4 " not in text and "- Table 9 " not in text
+    assert "data/shapes3d/3dshapes.h5" in text and "RuntimeError: the simulation engine crashed" in text
+    assert "](tables/table4_sources.csv)" in text and "| main | smoke |" in text
+
+
+def test_build_report_api_gives_the_rows(sweeps, tmp_path):
+    from fedhead.report import build_report
+
+    rep = build_report([sweeps / "main"], tmp_path / "out", figures=False)
+    t4 = rep.tables["table4"]
+    assert t4.value("runs", procedure="proximal") == len(SEEDS)
+    assert {s.number for s in rep.missing} == {5, 6, 7, 8, 9}  # prediction sweep not given: no test MSE
+    assert {e.status for e in rep.collection.excluded} == {"skipped", "failed"}
+    assert not (tmp_path / "out" / "figures").exists()
