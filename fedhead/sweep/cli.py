@@ -16,6 +16,9 @@ from fedhead.procedure import ConfigError
 from fedhead.sweep.presets import PRESETS, SCALES, SETTINGS
 from fedhead.sweep.runner import SweepConfig, run_sweep
 
+#: ``data_roots`` keys that differ from the data set name (Hydra keys cannot start with a digit)
+ROOT_KEYS = {"w300lp": "300w_lp"}
+
 
 def _str_list(value: Any, key: str) -> tuple[str, ...] | None:
     if value is None:
@@ -39,6 +42,7 @@ def typed_config(cfg: Any) -> SweepConfig:
     roots = raw.get("data_roots") or {}
     if not isinstance(roots, dict):
         raise ConfigError(f"data_roots must be a mapping data set -> folder, got {roots!r}")
+    roots = {ROOT_KEYS.get(k, k): v for k, v in roots.items()}
     unknown = sorted(set(roots) - set(SETTINGS))
     if unknown:
         raise ConfigError(f"data_roots: unknown data sets {unknown}; choose from {list(SETTINGS)}")

@@ -1,0 +1,77 @@
+"""The sweep presets: unique runs, the swept knobs as asked, and every run's config composes and
+validates exactly as ``fedhead-run`` would build it (no Ray, no data)."""
+
+from __future__ import annotations
+
+import pytest
+
+from fedhead.config import compose_config, load_config
+from fedhead.procedure import ConfigError
+from fedhead.sweep import PRESETS, plan
+from fedhead.sweep.presets import FILE_ONLY, MAIN_PROCEDURES, PAPER_EPOCHS, RHOS, SETTINGS
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_every_smoke_run_composes_and_validates(name, tmp_path):
+    runs = plan(name, "smoke")
+    assert runs and len({r.id for r in runs}) == len(runs)
+    for spec in runs:
+        cfg = load_config(compose_config(list(spec.overrides)))
+        job = cfg.jobs(tmp_path)[0]
+        assert job.procedure.name == spec.procedure
+        assert job.settings.seed == spec.seed
+        assert getattr(job.dataset, "name") == spec.dataset
+        assert job.settings.rounds == (1 if name == "mismatch" else 3)
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_paper_runs_compose_first_and_last(name, tmp_path):
+    runs = plan(name, "paper")
+    for spec in (runs[0], runs[-1]):
+        cfg = load_config(compose_config(list(spec.overrides)))
+        job = cfg.jobs(tmp_path)[0]
+        assert job.settings.rounds == (1 if name == "mismatch" else 8)
+        assert getattr(job.model, "width") in (64, 1024)  # the paper's networks, not the smoke ones
+        assert getattr(job.dataset, "image_size", None) is None
+
+
+def test_paper_main_grid_is_the_protocol():
+    runs = plan("main", "paper")
+    assert len(runs) == len(SETTINGS) * len(MAIN_PROCEDURES) * 5
+    assert {r.seed for r in runs} == {0, 1, 2, 3, 4}
+    hopper = [r for r in runs if r.setting == "hopper" and r.procedure == "proximal" and r.seed == 0][0]
+    job = load_config(compose_config(list(hopper.overrides))).jobs("/tmp/x")[0]
+    assert (job.settings.rounds, job.settings.local_epochs, job.procedure.rho) == (8, 4000, 1e-3)
+    assert job.train.local_tol is None and job.model.name == "resmlp" and job.model.width == 1024
+    image = [r for r in runs if r.setting == "dsprites"][0]
+    assert load_config(compose_config(list(image.overrides))).model.name == "resnet18"
+
+
+def test_swept_knobs_reach_the_run_config(tmp_path):
+    rho_runs = plan("rho", "paper")
+    assert sorted({r.params["rho"] for r in rho_runs}) == sorted(RHOS)
+    spec = [r for r in rho_runs if r.params["rho"] == 1e-2][0]
+    job = load_config(compose_config(list(spec.overrides))).jobs(tmp_path)[0]
+    assert job.procedure.rho == 1e-2 and job.train.finish_rotation is False
+    e_runs = plan("epochs", "paper")
+    assert sorted({r.params["local_epochs"] for r in e_runs}) == list(PAPER_EPOCHS)
+    spec = [r for r in e_runs if r.params["local_epochs"] == 200][0]
+    job = load_config(compose_config(list(spec.overrides))).jobs(tmp_path)[0]
+    assert job.settings.local_epochs == 200 and job.train.local_tol is None
+    fm = [r for r in plan("full_model", "paper") if r.params["gamma"] == 1.0][0]
+    job = load_config(compose_config(list(fm.overrides))).jobs(tmp_path)[0]
+    assert job.procedure.full_model and job.procedure.gamma == 1.0 and job.procedure.reference == "cen"
+    big = plan("data_size", "paper")[0]
+    assert load_config(compose_config(list(big.overrides))).dataset.n_train == 48000
+
+
+def test_narrowing_and_bad_names():
+    runs = plan("main", "smoke", seeds=[3, 4], settings=["hopper"])
+    assert {(r.setting, r.seed) for r in runs} == {("hopper", 3), ("hopper", 4)}
+    assert all(s in SETTINGS for s in FILE_ONLY)
+    with pytest.raises(ConfigError, match="not a preset"):
+        plan("nope", "smoke")
+    with pytest.raises(ConfigError, match="smoke or paper"):
+        plan("main", "huge")
+    with pytest.raises(ConfigError, match="unknown data sets"):
+        plan("main", "smoke", settings=["mnist"])
