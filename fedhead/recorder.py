@@ -353,6 +353,13 @@ def final_summary(results: dict[str, Any]) -> str:
 def write_figures(rec: RunRecorder) -> list[Path]:
     """PNG figures of a finished federation: error curves (:func:`fedhead.plots.run_error_figure`)
     and the final Gram ellipses with the data set's target names and unit."""
+    from fedhead.plotting.canvas import FIGURE_LOCK
+
+    with FIGURE_LOCK:
+        return _write_figures(rec)
+
+
+def _write_figures(rec: RunRecorder) -> list[Path]:
     from fedhead import plots
     from fedhead.tb import ellipse_figure
 

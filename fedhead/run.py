@@ -145,7 +145,8 @@ def run_federation(job: JobConfig, *, show_progress: bool = True, verbose: bool 
 
 def run_federations(jobs: list[JobConfig], *, show_progress: bool = True, verbose: bool = False,
                     client_app: Any = None, keep_going: bool = False,
-                    on_job_end: Callable[[int, dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
+                    on_job_end: Callable[[int, dict[str, Any]], None] | None = None,
+                    parallel: int = 1) -> list[dict[str, Any]]:
     """Run procedures one after another in one Flower simulation (Ray backend).
 
     Builds the ServerApp (:func:`fedhead.server_app.serve` for every job in turn, each message
@@ -164,7 +165,10 @@ def run_federations(jobs: list[JobConfig], *, show_progress: bool = True, verbos
     ``failed`` with the reason and the error is raised. With ``keep_going=True`` (sweeps) a job
     that fails while the engine is alive is marked failed and the next job runs; the results are
     returned with their ``status`` and nothing is raised for them. ``on_job_end(i, results)`` is
-    called from the ServerApp thread as each job ends (completed or failed).
+    called from the ServerApp thread as each job ends (completed or failed). ``parallel > 1``
+    serves that many jobs at once (one server thread each, messages of all of them in flight):
+    the clients of concurrent jobs share the Ray actors, so on a GPU node with fractional
+    ``resources.client_gpus`` several runs share a GPU.
 
     Inside :func:`shared_ray_session` the simulation reuses the running Ray instance and leaves
     it running (one Ray start for many simulations).
@@ -195,7 +199,10 @@ def run_federations(jobs: list[JobConfig], *, show_progress: bool = True, verbos
     recorders[0].t_start = t_begin  # the first federation's wall time includes data + Ray start
     for rec in recorders:
         rec.base_timing["ray_init_seconds"] = t_ray
-    sim = _Simulation(jobs, recorders, show_progress, resumes, keep_going=keep_going, on_job_end=on_job_end)
+    if not isinstance(parallel, int) or parallel < 1:
+        raise ValueError(f"parallel must be an integer >= 1, got {parallel!r}")
+    sim = _Simulation(jobs, recorders, show_progress and parallel == 1, resumes, keep_going=keep_going,
+                      on_job_end=on_job_end, parallel=parallel)
     try:
         run_simulation(
             server_app=sim.server_app(), client_app=client_app or make_client_app(list(jobs)),
@@ -299,9 +306,9 @@ class _Simulation:
 
     def __init__(self, jobs: list[JobConfig], recorders: list[RunRecorder], show_progress: bool,
                  resumes: list[Checkpoint | None] | None = None, *, keep_going: bool = False,
-                 on_job_end: Callable[[int, dict[str, Any]], None] | None = None):
+                 on_job_end: Callable[[int, dict[str, Any]], None] | None = None, parallel: int = 1):
         self.jobs, self.recorders, self.show_progress = jobs, recorders, show_progress
-        self.keep_going, self.on_job_end = keep_going, on_job_end
+        self.keep_going, self.on_job_end, self.parallel = keep_going, on_job_end, parallel
         self.resumes = resumes or [None] * len(jobs)
         self.grids: dict[int, ProgressGrid] = {}
         self.sim_start: dict[int, float] = {}
@@ -320,27 +327,43 @@ class _Simulation:
         return app
 
     def serve_all(self, grid: Grid) -> None:
-        for i, (job, rec) in enumerate(zip(self.jobs, self.recorders)):
-            self.sim_start[i] = time.perf_counter()
-            if i:
-                rec.t_start = self.sim_start[i]
-            log.info("running procedure %s (%d rounds x %d local epochs, %d clients, data %s, model %s)",
-                     job.name, job.settings.rounds, job.settings.local_epochs, job.settings.num_clients,
-                     getattr(job.dataset, "name", "?"), getattr(job.model, "name", "?"))
-            try:
-                self.grids[i] = serve(grid, job, rec, show_progress=self.show_progress,
-                                      message_config={JOB: i}, watch=self.watch, resume=self.resumes[i])
-                finish_job(job, rec, self.grids[i], self.sim_start[i] if i else self.t_sim, time.perf_counter())
-            except Exception as exc:  # noqa: BLE001 - recorded; re-raised unless the sweep keeps going
-                if not self.keep_going or self.watch.tripped:
-                    raise
-                log.error("%s failed: %s", job.output_dir, one_line(exc))
-                if rec.results["status"] == "running":
-                    rec.finish("failed", error=one_line(exc),
-                               timing=timing_summary(rec, self.grids.get(i), self.sim_start[i], time.perf_counter()))
-            if self.on_job_end is not None:
-                self.on_job_end(i, rec.results)
+        if self.parallel == 1:
+            for i in range(len(self.jobs)):
+                self.serve_one(grid, i)
+        else:
+            from concurrent.futures import ThreadPoolExecutor
+
+            with ThreadPoolExecutor(self.parallel, thread_name_prefix="fedhead-job") as pool:
+                futures = [pool.submit(self.serve_one, grid, i) for i in range(len(self.jobs))]
+                for fut in futures:
+                    fut.result()  # the first error, once every job ended
         self.served.append(time.perf_counter())
+
+    def serve_one(self, grid: Grid, i: int) -> None:
+        job, rec = self.jobs[i], self.recorders[i]
+        if self.watch.tripped:
+            return  # the engine died while this job waited for a thread
+        self.sim_start[i] = time.perf_counter()
+        if i:
+            rec.t_start = self.sim_start[i]
+        log.info("running procedure %s (%d rounds x %d local epochs, %d clients, data %s, model %s)",
+                 job.name, job.settings.rounds, job.settings.local_epochs, job.settings.num_clients,
+                 getattr(job.dataset, "name", "?"), getattr(job.model, "name", "?"))
+        try:
+            self.grids[i] = serve(grid, job, rec, show_progress=self.show_progress,
+                                  message_config={JOB: i}, watch=self.watch, resume=self.resumes[i])
+            finish_job(job, rec, self.grids[i], self.sim_start[i] if i else self.t_sim, time.perf_counter())
+        except Exception as exc:  # noqa: BLE001 - recorded; re-raised unless the sweep keeps going
+            if not self.keep_going or self.watch.tripped:
+                if self.parallel > 1:
+                    self.watch.trip(f"{job.name}: {one_line(exc)}")  # the other jobs stop waiting
+                raise
+            log.error("%s failed: %s", job.output_dir, one_line(exc))
+            if rec.results["status"] == "running":
+                rec.finish("failed", error=one_line(exc),
+                           timing=timing_summary(rec, self.grids.get(i), self.sim_start[i], time.perf_counter()))
+        if self.on_job_end is not None:
+            self.on_job_end(i, rec.results)
 
     def fail_running(self, exc: BaseException) -> None:
         for i, rec in enumerate(self.recorders):

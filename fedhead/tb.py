@@ -106,9 +106,12 @@ class TensorBoardLogger:
         if t == 0:
             self._gram0 = np.asarray(record.gram)
         if ellipses and targets is not None and record.gram.shape[0] >= 2:
-            fig = ellipse_figure(record.gram, targets, round_=t, gram0=self._gram0,
-                                 target_names=self.target_names, unit=self.unit, procedure=self.procedure)
-            self.writer.add_figure("gram/ellipses", fig, global_step=t, close=True)
+            from fedhead.plotting.canvas import FIGURE_LOCK
+
+            with FIGURE_LOCK:  # concurrent jobs of a sweep draw from several threads
+                fig = ellipse_figure(record.gram, targets, round_=t, gram0=self._gram0,
+                                     target_names=self.target_names, unit=self.unit, procedure=self.procedure)
+                self.writer.add_figure("gram/ellipses", fig, global_step=t, close=True)
         self.writer.flush()
 
     def hparams(self, values: dict[str, Any], metrics: Sequence[str] = HPARAM_METRICS) -> None:

@@ -4,15 +4,31 @@ from __future__ import annotations
 
 import io
 import os
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 
-import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from fedhead.io import write_bytes_atomic
+
+
+#: Held while a figure is built and drawn by code that may run in several threads (the jobs a
+#: sweep serves at once): matplotlib's text layout (its mathtext parser) is not thread-safe.
+FIGURE_LOCK = threading.RLock()
+
+
+def blank_figure(**kwargs) -> Figure:
+    """A :class:`~matplotlib.figure.Figure` with its own Agg canvas, outside pyplot's global
+    figure manager: safe to build from several threads at once (the jobs of a sweep that run
+    concurrently write their figures in parallel)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    fig = Figure(**kwargs)
+    FigureCanvasAgg(fig)
+    return fig
 
 
 def new_figure(
@@ -43,7 +59,7 @@ def new_figure(
         raise ValueError(f"new_figure: n_panels must be >= 1, got {n_panels}")
     ncols = ncols or min(n_panels, 3)
     nrows = int(np.ceil(n_panels / ncols))
-    fig = plt.figure(figsize=(panel_size[0] * ncols, panel_size[1] * nrows))
+    fig = blank_figure(figsize=(panel_size[0] * ncols, panel_size[1] * nrows))
     if projection is None or isinstance(projection, str):
         projs = [projection] * n_panels
     else:
@@ -73,5 +89,4 @@ def save_figure(fig: Figure, path: str | os.PathLike, *, dpi: int = 130) -> Path
     if fig.get_layout_engine() is None:
         fig.tight_layout()
     fig.savefig(buf, format="png", dpi=dpi, metadata={"Software": None})
-    plt.close(fig)
     return write_bytes_atomic(path, buf.getvalue())

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Literal
 
-import matplotlib.pyplot as plt
+import matplotlib
 import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.ticker import MaxNLocator
@@ -163,7 +163,7 @@ def _draw_curves(
 ) -> bool:
     """Draw each curve's centre line and band in order; return whether a value was raised to
     ``floor`` on the log y axis."""
-    cycle = plt.rcParams["axes.prop_cycle"].by_key().get("color", ["C0"])
+    cycle = matplotlib.rcParams["axes.prop_cycle"].by_key().get("color", ["C0"])
     colors = list(colors) if colors is not None else cycle
     linestyles = list(linestyles) if linestyles is not None else _CYCLE_STYLES
     markers = list(markers) if markers is not None else _CYCLE_MARKERS

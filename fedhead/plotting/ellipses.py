@@ -9,11 +9,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Literal
 
-import matplotlib.pyplot as plt
+import matplotlib
 import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
+from fedhead.plotting.canvas import blank_figure
 from fedhead.plotting.style import _CYCLE_MARKERS, _CYCLE_STYLES, _gram_key, gram_label, gram_style
 
 
@@ -167,7 +168,7 @@ def _draw_ellipses(
 ) -> float:
     """Draw every ellipse of ``items`` in order; return the axis half-width that shows them all
     (8 % beyond the largest coordinate, 1 when every Gram is zero)."""
-    cycle = plt.rcParams["axes.prop_cycle"].by_key().get("color", ["C0"])
+    cycle = matplotlib.rcParams["axes.prop_cycle"].by_key().get("color", ["C0"])
     widths = None if linewidths is None else (
         [float(linewidths)] if np.isscalar(linewidths) else [float(w) for w in linewidths])
     extent = 0.0
@@ -337,7 +338,7 @@ def gram_ellipse_figure(
     groups = coordinate_groups(c, 2 if view == "pairs" else 3)
     ncols = min(len(groups), 3)
     nrows = int(np.ceil(len(groups) / ncols))
-    fig = plt.figure(figsize=(panel_size[0] * ncols + 1.8, panel_size[1] * nrows + 0.9), layout="constrained")
+    fig = blank_figure(figsize=(panel_size[0] * ncols + 1.8, panel_size[1] * nrows + 0.9), layout="constrained")
     proj = "3d" if view == "3d" else None
     axes = [fig.add_subplot(nrows, ncols, i + 1, projection=proj) for i in range(len(groups))]
     for ax, grp in zip(axes, groups):

@@ -10,12 +10,11 @@ from __future__ import annotations
 import warnings
 from collections.abc import Mapping, Sequence
 
-import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from fedhead.plotting.canvas import new_figure
+from fedhead.plotting.canvas import blank_figure, new_figure
 from fedhead.plotting.curves import plot_error_curves
 from fedhead.plotting.style import _CYCLE_COLORS, PALETTE, PROCEDURE_COLORS, error_label, gram_label, gram_style
 
@@ -136,7 +135,7 @@ def procedures_figure(results_list: Sequence[Mapping], *, title: str | None = No
     if not all_rounds:
         raise ValueError("procedures_figure: the results have no rounds")
     x = np.asarray(all_rounds, dtype=float)
-    fig = plt.figure(figsize=(11.0, 4.4), layout="constrained")
+    fig = blank_figure(figsize=(11.0, 4.4), layout="constrained")
     axes = [fig.add_subplot(1, 2, i + 1) for i in range(2)]
     gaps_cen, gaps_star = [], []
     for res in results_list:

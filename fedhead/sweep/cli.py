@@ -57,7 +57,7 @@ def typed_config(cfg: Any) -> SweepConfig:
         sweep=raw["sweep"], scale=raw["scale"], out=Path(raw["out"]).expanduser(), data_roots=roots,
         run_overrides=_str_list(raw.get("run_overrides"), "run_overrides") or (),
         seeds=None if seeds is None else tuple(seeds), settings=_str_list(raw.get("settings"), "settings"),
-        show_progress=bool(raw.get("progress", True)),
+        show_progress=bool(raw.get("progress", True)), parallel_runs=raw.get("parallel_runs", 1),
     )
 
 

@@ -8,7 +8,9 @@
   ``skipped`` with the file it needs, and the sweep goes on.
 * Runs sharing a client count and resources are packed into one Flower simulation, and every
   simulation of the sweep shares one Ray session (:func:`fedhead.run.shared_ray_session`): the
-  start-up cost is paid once per sweep. A run that fails is recorded with its error and the
+  start-up cost is paid once per sweep. ``parallel_runs`` runs of a simulation are served at once
+  (their clients share the Ray actors: with fractional ``resources.client_gpus`` a GPU node runs
+  several runs on one GPU). A run that fails is recorded with its error and the
   next one runs; if the engine itself dies, the runs not yet finished go to a new simulation once.
 """
 
@@ -49,6 +51,13 @@ class SweepConfig:
     seeds: tuple[int, ...] | None = None
     settings: tuple[str, ...] | None = None
     show_progress: bool = True
+    parallel_runs: int = 1
+
+    def __post_init__(self) -> None:
+        from fedhead.procedure import ConfigError
+
+        if not isinstance(self.parallel_runs, int) or self.parallel_runs < 1:
+            raise ConfigError(f"parallel_runs must be an integer >= 1, got {self.parallel_runs!r}")
 
 
 def build_job(spec: RunSpec, out: Path, data_roots: dict[str, str], run_overrides: Sequence[str] = ()) -> JobConfig:
@@ -132,7 +141,7 @@ def run_sweep(cfg: SweepConfig) -> SweepResult:
     todo = _check_all_data(todo, jobs, manifest)
     ran: list[str] = []
     if todo:
-        _Packer(todo, jobs, manifest, cfg.show_progress).run(ran)
+        _Packer(todo, jobs, manifest, cfg.show_progress, cfg.parallel_runs).run(ran)
     manifest.write()
     res = SweepResult(manifest, ran, time.perf_counter() - t0)
     c = res.counts
@@ -163,8 +172,9 @@ def _check_all_data(todo: list[RunSpec], jobs: dict[str, JobConfig], manifest: M
 class _Packer:
     """Packs the runs to do into simulations (one per client count and resources) in one Ray session."""
 
-    def __init__(self, todo: list[RunSpec], jobs: dict[str, JobConfig], manifest: Manifest, show_progress: bool):
-        self.todo, self.jobs, self.manifest = todo, jobs, manifest
+    def __init__(self, todo: list[RunSpec], jobs: dict[str, JobConfig], manifest: Manifest, show_progress: bool,
+                 parallel: int = 1):
+        self.todo, self.jobs, self.manifest, self.parallel = todo, jobs, manifest, parallel
         self.bar = _progress(len(todo), show_progress)
         self.done = 0
 
@@ -199,7 +209,7 @@ class _Packer:
         for attempt in range(1, ENGINE_ATTEMPTS + 1):
             jobs = [self.jobs[s.id] for s in pending]
             try:
-                run_federations(jobs, show_progress=False, keep_going=True,
+                run_federations(jobs, show_progress=False, keep_going=True, parallel=self.parallel,
                                 on_job_end=lambda i, res, specs=pending: self.job_end(specs[i], res, ran))
             except Exception as exc:  # noqa: BLE001 - the engine died: the unfinished runs go again
                 left = [s for s in pending if self.manifest.entry(s.id)["status"] == "pending"]
