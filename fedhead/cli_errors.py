@@ -111,3 +111,36 @@ def report(prog: str, exc: BaseException, *, unused_dir: str | Path | None = Non
     remove_unused_dir(unused_dir)
     print(f"{prog}: error: {one_line(exc)}", file=sys.stderr, flush=True)
     return exit_code(exc)
+
+
+def check_overrides(prog: str, config_name: str, argv: list[str] | None = None) -> None:
+    """Compose ``conf/<config_name>.yaml`` with the command line's overrides before Hydra runs,
+    so that a mistyped key or value ends with one ``<prog>: error: ...`` line and exit status 2
+    (Hydra itself prints several lines and exits with 1). Command lines with Hydra's own flags
+    (``--help``, ``--cfg``, ``-m`` ...) and debug runs (``FEDHEAD_DEBUG=1``) go to Hydra as they are.
+    """
+    args = list(sys.argv[1:] if argv is None else argv)
+    if any(a.startswith("-") for a in args) or debug_enabled() or any(
+            a.split("=", 1)[0].lstrip("+~") == "debug" and a.split("=", 1)[-1].lower() in ("true", "1") for a in args):
+        return
+    from hydra import compose, initialize_config_dir, initialize_config_module
+    from hydra.core.global_hydra import GlobalHydra
+
+    from fedhead.config import conf_dir
+
+    root = conf_dir()
+    GlobalHydra.instance().clear()
+    ctx = (initialize_config_dir(config_dir=str(root), version_base=None) if isinstance(root, Path)
+           else initialize_config_module(config_module="conf", version_base=None))
+    try:
+        with ctx:
+            compose(config_name=config_name, overrides=args, return_hydra_config=True)
+    except Exception as exc:  # noqa: BLE001 - reported as one line
+        cause = exc.__cause__
+        text = " ".join(str(exc).split("\n")[0].split())
+        if cause is not None:
+            text += " " + " ".join(str(cause).split("\n")[0].split())
+        print(f"{prog}: error: {text}", file=sys.stderr, flush=True)
+        sys.exit(EXIT_USAGE)
+    finally:
+        GlobalHydra.instance().clear()

@@ -427,6 +427,10 @@ def main() -> None:
     import hydra
 
     logging.getLogger("alembic").setLevel(logging.WARNING)  # flwr's link state: plugin set-up chatter
+    from fedhead.cli_errors import check_overrides
+
+    check_overrides("fedhead-run", "config")
+
     @hydra.main(config_path=hydra_config_path(), config_name="config", version_base=None)
     def _app(cfg) -> None:
         from hydra.core.hydra_config import HydraConfig

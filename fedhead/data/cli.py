@@ -224,6 +224,9 @@ def _hydra_main():
 
 def main() -> None:
     """Console entry point ``fedhead-data`` (Hydra parses ``sys.argv``)."""
+    from fedhead.cli_errors import check_overrides
+
+    check_overrides("fedhead-data", "data")
     _hydra_main()()
 
 

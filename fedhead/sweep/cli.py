@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from fedhead.procedure import ConfigError
-from fedhead.sweep.presets import PRESETS, SCALES, SETTINGS
+from fedhead.sweep.presets import PRESETS, SCALES, SETTINGS, plan
 from fedhead.sweep.runner import SweepConfig, run_sweep
 
 #: ``data_roots`` keys that differ from the data set name (Hydra keys cannot start with a digit)
@@ -53,12 +53,14 @@ def typed_config(cfg: Any) -> SweepConfig:
     seeds = raw.get("seeds")
     if seeds is not None and (not isinstance(seeds, list) or not all(isinstance(s, int) and s >= 0 for s in seeds)):
         raise ConfigError(f"seeds must be a list of non-negative integers (seeds=[0,1]) or null, got {seeds!r}")
-    return SweepConfig(
+    cfg = SweepConfig(
         sweep=raw["sweep"], scale=raw["scale"], out=Path(raw["out"]).expanduser(), data_roots=roots,
         run_overrides=_str_list(raw.get("run_overrides"), "run_overrides") or (),
         seeds=None if seeds is None else tuple(seeds), settings=_str_list(raw.get("settings"), "settings"),
         show_progress=bool(raw.get("progress", True)), parallel_runs=raw.get("parallel_runs", 1),
     )
+    plan(cfg.sweep, cfg.scale, seeds=cfg.seeds, settings=cfg.settings)  # its errors before any output
+    return cfg
 
 
 def main() -> None:
@@ -69,6 +71,10 @@ def main() -> None:
     from fedhead.config import hydra_config_path
 
     logging.getLogger("alembic").setLevel(logging.WARNING)
+
+    from fedhead.cli_errors import check_overrides
+
+    check_overrides("fedhead-sweep", "sweep")
 
     @hydra.main(config_path=hydra_config_path(), config_name="sweep", version_base=None)
     def _app(cfg) -> None:
