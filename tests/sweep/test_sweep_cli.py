@@ -37,3 +37,12 @@ def test_an_out_folder_of_another_sweep_is_refused(tmp_path):
     Manifest(tmp_path, "main", "smoke").write()
     with pytest.raises(ConfigError, match="belongs to sweep=main scale=smoke"):
         Manifest(tmp_path, "rho", "smoke")
+
+
+@pytest.mark.parametrize("module, prog", [("fedhead.run", "fedhead-run"), ("fedhead.data.cli", "fedhead-data")])
+def test_a_mistyped_override_of_the_other_hydra_clis_is_one_line(tmp_path, module, prog):
+    proc = subprocess.run([sys.executable, "-m", module, "foo.bar=1"], capture_output=True, text=True,
+                          timeout=120, cwd=tmp_path)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == f"{prog}: error: Could not override 'foo.bar'. Key 'foo' is not in struct"
+    assert list(tmp_path.iterdir()) == []
