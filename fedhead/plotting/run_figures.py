@@ -159,7 +159,7 @@ def procedures_figure(results_list: Sequence[Mapping], *, title: str | None = No
     if gaps_star:
         axes[0].axhline(float(np.mean(gaps_star)), color="0.35", linestyle=(0, (3, 2)), linewidth=1.2, zorder=1.5,
                         label=r"predicted gap: $e_F(G_{\mathrm{cen}}, G_\ast)$")
-    _shared_legend(fig, axes)
+    shared_legend(fig, axes)
     fig.suptitle(_procedures_title(results_list, groups) if title is None else title)
     return fig
 
@@ -185,15 +185,18 @@ def _procedure_curves(
     return curves, styles
 
 
-def _shared_legend(fig: Figure, axes: Sequence[Axes]) -> None:
-    """One legend right of the panels, each label once, in the order the panels first show it."""
+def shared_legend(fig: Figure, axes: Sequence[Axes], loc: str = "outside right upper") -> None:
+    """One figure legend for ``axes`` (each label once, in the order the panels first show it) at
+    ``loc``; below the panels (``"outside lower center"``) its columns fill the figure's width."""
     handles, labels = [], []
     for ax in axes:
         for h, lab in zip(*ax.get_legend_handles_labels()):
             if lab not in labels:
                 handles.append(h)
                 labels.append(lab)
-    fig.legend(handles, labels, loc="outside right upper", fontsize="small", handlelength=3.0)
+    if handles:
+        ncols = 1 if "right" in loc else max(1, min(len(labels), int(fig.get_figwidth() // 3.2)))
+        fig.legend(handles, labels, loc=loc, fontsize="small", handlelength=3.0, ncols=ncols)
 
 
 def _procedures_title(results_list: Sequence[Mapping], groups: Mapping[str, Sequence[Mapping]]) -> str:

@@ -20,6 +20,7 @@ from matplotlib.ticker import NullLocator
 from fedhead.plotting.canvas import new_figure
 from fedhead.plotting.curves import plot_error_curves
 from fedhead.plotting.ellipses import coordinate_groups, plot_ellipses
+from fedhead.plotting.run_figures import shared_legend
 from fedhead.plotting.style import _CYCLE_COLORS, PROCEDURE_COLORS, gram_label, tex_number
 from fedhead.report import measures
 from fedhead.report.collect import RunEntry
@@ -69,19 +70,6 @@ def _matrix(runs: Sequence[RunEntry], xs: Sequence[float],
     return arr
 
 
-def shared_legend(fig: Figure, axes, loc: str = "outside lower center") -> None:
-    """One legend below the panels (or at ``loc``), each label once (the panels' own legends are off)."""
-    handles, labels = [], []
-    for ax in axes:
-        for h, lab in zip(*ax.get_legend_handles_labels()):
-            if lab not in labels:
-                handles.append(h)
-                labels.append(lab)
-    if handles:
-        ncols = 1 if "right" in loc else max(1, min(len(labels), int(fig.get_figwidth() // 3.2)))
-        fig.legend(handles, labels, loc=loc, fontsize="small", handlelength=3.0, ncols=ncols)
-
-
 def suptitle(fig: Figure, text: str) -> None:
     """A figure title wrapped to the figure's width."""
     width = max(40, int(fig.get_figwidth() * 11))
@@ -115,7 +103,7 @@ def error_curves_figure(runs: Sequence[RunEntry], sweep: str) -> Figure | None:
     seeds = len({r.seed for r in runs})
     suptitle(fig, f"sweep {sweep}: head Gram error to each procedure's reference per round "
                  f"(mean ± 1 sd over {seeds} seed{'s' if seeds != 1 else ''})")
-    shared_legend(fig, axes)
+    shared_legend(fig, axes, loc="outside lower center")
     return fig
 
 
@@ -182,7 +170,7 @@ def epochs_figure(runs: Sequence[RunEntry]) -> Figure | None:
         _quiet_curves(ax, xs, curves, styles=styles, legend=False, logx=True, xlabel="local epochs $E$ per round",
                       ylabel="endpoint " + E_F_REF, title=setting)
     suptitle(fig, "sweep epochs: endpoint error against the local epochs E (mean ± 1 sd over seeds)")
-    shared_legend(fig, axes)
+    shared_legend(fig, axes, loc="outside lower center")
     return fig
 
 
@@ -219,7 +207,7 @@ def rho_figure(runs: Sequence[RunEntry]) -> Figure | None:
                       title=title)
         _rho_ticks(ax, positions, zero)
     suptitle(fig, "sweep rho: selection distance and endpoint error against ρ (mean ± 1 sd over seeds)")
-    shared_legend(fig, axes)
+    shared_legend(fig, axes, loc="outside lower center")
     return fig
 
 
