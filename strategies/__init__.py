@@ -2,6 +2,7 @@
 (:mod:`fedhead.aggregation`, :mod:`fedhead.diagnosis`, :mod:`fedhead.tracking`)."""
 
 from strategies.head_averaging import FederationError, HeadAveraging, MomentExchange, RunObserver
+from strategies.mismatch import MismatchHeadAveraging
 from strategies.variants import AlignedHeadAveraging, FullModelAveraging, make_strategy
 
 __all__ = [
@@ -9,6 +10,7 @@ __all__ = [
     "FederationError",
     "FullModelAveraging",
     "HeadAveraging",
+    "MismatchHeadAveraging",
     "MomentExchange",
     "RunObserver",
     "make_strategy",
