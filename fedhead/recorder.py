@@ -291,6 +291,7 @@ def job_hparams(job: JobConfig) -> dict[str, Any]:
         "rho": float(proc.rho), "gamma": float(proc.gamma), "lambda_h": float(st.lambda_h),
         "lambda_w": float(st.lambda_w), "lr": float(tr.lr),
         "local_tol": -1.0 if tr.local_tol is None else float(tr.local_tol),
+        "init": str(getattr(st, "init", "common")),
     }
 
 
