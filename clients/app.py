@@ -7,12 +7,15 @@
   (plus the backbone for full-model averaging). The ``exact`` procedure returns
   ``Pi_m(W_t)`` in closed form (:func:`fedhead.train.exact_head`) instead of training.
 * ``evaluate``: MSE of the broadcast (shared) head with the client's own backbone.
+* ``query`` with ``stage="mismatch"`` (``measure_mismatch=true``, after round 1): the client's
+  objectives of the mismatch measurement (:func:`handle_mismatch`, docs/theory.md §13).
 
 Record names and keys come from the neutral :mod:`fedhead.protocol` (the server imports it too).
 The private backbone persists across rounds in a :class:`clients.store.BackboneStore` under the
-job's state folder, keyed by run and partition; every client starts from the same seeded random
-backbone and the broadcast head. :func:`make_client_app` builds the app from a
-:class:`fedhead.config.JobConfig` (or a function ``Context -> JobConfig``).
+job's state folder, keyed by run and partition; every client starts from the broadcast head and
+the same seeded random backbone (``init=common``) or its own (``init=independent``).
+:func:`make_client_app` builds the app from a :class:`fedhead.config.JobConfig` (or a function
+``Context -> JobConfig``).
 """
 
 from __future__ import annotations
@@ -146,7 +149,8 @@ def store_of(job: Any, context: Context) -> BackboneStore:
 
 def load_backbone(job: Any, context: Context, pid: int, data: Any, cd: Any, *, required: bool,
                   expected_round: int | None = None):
-    """The client's private backbone: the stored one, or the common seeded initial backbone.
+    """The client's private backbone: the stored one, or the seeded initial backbone
+    (:func:`initial_backbone_seed`: common to all clients unless ``init=independent``).
 
     ``expected_round`` is the round whose state should be the newest (the previous round when
     training, the current one when evaluating; 0 means nothing can be stored yet). A CPU
@@ -167,10 +171,18 @@ def load_backbone(job: Any, context: Context, pid: int, data: Any, cd: Any, *, r
         hit = _BACKBONES.get((str(store.root), pid))
         if hit is not None and hit[0] == stored[0] and hit[1] is stored[1]:
             return hit[2]
-    backbone = build_backbone(job.model, data.input_shape, cd.n_train, job.settings.seed)
+    backbone = build_backbone(job.model, data.input_shape, cd.n_train, initial_backbone_seed(job, pid))
     if stored is not None:
         backbone.load_state_dict(stored[1])
     return backbone
+
+
+def initial_backbone_seed(job: Any, pid: int) -> int:
+    """Seed of partition ``pid``'s initial backbone: the run seed (``init=common``) or its own
+    (``init=independent``), :func:`fedhead.seeds.backbone_seed`."""
+    from fedhead.seeds import backbone_seed
+
+    return backbone_seed(job.settings.seed, pid, getattr(job.settings, "init", "common"))
 
 
 def save_backbone(job: Any, context: Context, pid: int, rnd: int, backbone: torch.nn.Module) -> None:
@@ -232,7 +244,11 @@ def _round_of(msg: Message) -> int:
 
 # -------------------------------------------------------------------------------- handlers
 def handle_query(job: Any, msg: Message, context: Context) -> Message:
-    """Reply with ``(N_m, mu_m, Sigma_m)`` of the client's training targets (theory.md §3)."""
+    """Reply with ``(N_m, mu_m, Sigma_m)`` of the client's training targets (theory.md §3), or,
+    for ``stage="mismatch"``, with the mismatch objectives (:func:`handle_mismatch`)."""
+    cfg = msg.content.config_records.get(P.CONFIG)
+    if cfg is not None and cfg.get(P.STAGE) == P.STAGE_MISMATCH:
+        return handle_mismatch(job, msg, context)
     pid = partition_of(context, job)
     _, cd = client_data(job, pid)
     y, mu, sigma = client_moments(job, pid, cd)
@@ -243,6 +259,39 @@ def handle_query(job: Any, msg: Message, context: Context) -> Message:
         }
     )
     return Message(content, reply_to=msg)
+
+
+def handle_mismatch(job: Any, msg: Message, context: Context) -> Message:
+    """The client's three objectives of the mismatch measurement (docs/theory.md §13): its own
+    trained local model, the trained heads' average with its backbone, the aligned average with
+    its aligned backbone (:func:`fedhead.train.mismatch_objectives`; the stored backbone of the
+    message's round is only read)."""
+    from fedhead.train import mismatch_objectives, select_device
+
+    _limit_threads(job)
+    pid = partition_of(context, job)
+    data, cd = client_data(job, pid)
+    if P.MISMATCH not in msg.content.array_records:
+        raise ClientError(f"partition {pid}: mismatch query without the '{P.MISMATCH}' record")
+    rec = msg.content.array_records[P.MISMATCH]
+    missing = [k for k in (P.OWN_WEIGHT, P.OWN_BIAS, P.TRAINED_WEIGHT, P.ALIGNED_WEIGHT, P.AVERAGE_BIAS, P.ROTATION)
+               if k not in rec]
+    if missing:
+        raise ClientError(f"partition {pid}: mismatch record lacks {missing}")
+    arr = {k: rec[k].numpy().astype(np.float64) for k in rec.keys()}
+    backbone = load_backbone(job, context, pid, data, cd, required=True, expected_round=_round_of(msg))
+    device = select_device(job.settings.device)
+    backbone.to(device)
+    offset = cd.y_train.detach().cpu().double().mean(0).numpy() if job.procedure.centered else None
+    ev = mismatch_objectives(
+        backbone, train_inputs(job, cd), cd.y_train,
+        own_head=(arr[P.OWN_WEIGHT], arr[P.OWN_BIAS]), trained_head=(arr[P.TRAINED_WEIGHT], arr[P.AVERAGE_BIAS]),
+        aligned_head=(arr[P.ALIGNED_WEIGHT], arr[P.AVERAGE_BIAS]), rotation=arr[P.ROTATION],
+        lambda_h=job.settings.lambda_h, lambda_w=job.settings.lambda_w, target_offset=offset, device=device,
+    )
+    metrics = {P.NUM_EXAMPLES: int(cd.n_train), P.PARTITION_ID: pid, P.MISMATCH_LOCAL: ev.local,
+               P.MISMATCH_TRAINED: ev.trained, P.MISMATCH_ALIGNED: ev.aligned}
+    return Message(RecordDict({P.METRICS: MetricRecord(metrics)}), reply_to=msg)
 
 
 def handle_train(job: Any, msg: Message, context: Context) -> Message:

@@ -16,9 +16,10 @@ from typing import Any
 
 from fedhead.limits import FailurePolicy, Timeouts
 from fedhead.procedure import PROCEDURES, ConfigError, ProcedureConfig, penalty_problem, rho_problem
+from fedhead.seeds import INIT_MODES
 
 __all__ = [
-    "DEVICES", "PROCEDURES", "ConfigError", "ExperimentConfig", "FedheadConfig", "JobConfig", "OutputConfig",
+    "DEVICES", "INIT_MODES", "PROCEDURES", "ConfigError", "ExperimentConfig", "FedheadConfig", "JobConfig", "OutputConfig",
     "ProcedureConfig", "ResourcesConfig", "RunSettings", "compose_config", "conf_dir", "hydra_config_path",
     "job_from_context", "load_config", "load_procedure",
 ]
@@ -105,6 +106,11 @@ class RunSettings:
     num_clients: int
     device: str
     diagnose_only: bool
+    #: ``common``: every client's backbone from the run seed; ``independent``: each from its own
+    #: seed (:func:`fedhead.seeds.backbone_seed`)
+    init: str = "common"
+    #: round 1: measure the cost of mismatched coordinates (:mod:`fedhead.mismatch`)
+    measure_mismatch: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.rounds, int) or self.rounds < 1:
@@ -123,6 +129,10 @@ class RunSettings:
             raise ConfigError(f"num_clients must be an integer >= 2, got {self.num_clients!r}")
         if self.device not in DEVICES:
             raise ConfigError(f"device must be one of {DEVICES}, got {self.device!r}")
+        if self.init not in INIT_MODES:
+            raise ConfigError(f"init must be one of {INIT_MODES}, got {self.init!r}")
+        if not isinstance(self.measure_mismatch, bool):
+            raise ConfigError(f"measure_mismatch must be true or false, got {self.measure_mismatch!r}")
 
 
 @dataclass(frozen=True)
@@ -322,7 +332,8 @@ def load_config(cfg: Any) -> FedheadConfig:
         rounds=cfg.rounds, local_epochs=cfg.local_epochs, seed=cfg.seed,
         rho=None if rho is None else float(rho), lambda_h=float(cfg.lambda_h),
         lambda_w=float(cfg.lambda_w), num_clients=int(num_clients), device=str(cfg.device),
-        diagnose_only=bool(cfg.diagnose_only),
+        diagnose_only=bool(cfg.diagnose_only), init=str(cfg.get("init", "common")),
+        measure_mismatch=cfg.get("measure_mismatch", False),
     )
     if cfg.get("procedure") is not None:
         procedures: tuple[ProcedureConfig, ...] = (

@@ -6,7 +6,11 @@ the private-state rule, and converts records to and from plain numpy, so that th
 neutral module; neither imports the other.
 
 Server -> client
-    ``query``  : ``config`` ConfigRecord (``stage="moments"``).
+    ``query``  : ``config`` ConfigRecord (``stage="moments"``); with ``measure_mismatch=true``, once
+                 after round 1, ``stage="mismatch"`` (+ ``server-round``) and a ``mismatch``
+                 ArrayRecord (the client's own trained head ``own_weight``/``own_bias``, the
+                 trained average ``trained_weight``, the aligned average ``aligned_weight``, their
+                 bias ``average_bias`` and the client's rotation ``rotation (P,P)``).
     ``train``  : ``head`` ArrayRecord (``weight (C,P)``, ``bias (C,)``, float64), ``config``
                  ConfigRecord (``server-round``), optional ``sigma_cen`` ArrayRecord
                  (``sigma_cen (C,C)``, corrected procedures), optional ``backbone`` ArrayRecord
@@ -15,7 +19,9 @@ Server -> client
 
 Client -> server
     ``query``  : ``moments`` ArrayRecord (``mean (C,)``, ``cov (C,C)``), ``metrics``
-                 MetricRecord (``num-examples``, ``partition-id``).
+                 MetricRecord (``num-examples``, ``partition-id``); the mismatch query's reply:
+                 ``metrics`` with ``mismatch_local``, ``mismatch_trained``, ``mismatch_aligned``
+                 (the client's objectives, :mod:`fedhead.mismatch`).
     ``train``  : ``head`` ArrayRecord, ``metrics`` MetricRecord (``num-examples``,
                  ``partition-id``, ``objective_gap``, local metrics), optional ``checks``
                  ArrayRecord (``trained_gram (C,C)`` before alignment), optional ``backbone``.
@@ -41,6 +47,7 @@ MOMENTS = "moments"
 CHECKS = "checks"
 CONFIG = "config"
 METRICS = "metrics"
+MISMATCH = "mismatch"  # the mismatch query's heads and rotation (measure_mismatch=true, round 1)
 
 # array keys
 WEIGHT = "weight"  # in HEAD: W (C, P)
@@ -49,10 +56,17 @@ MEAN = "mean"  # in MOMENTS: mu_m (C,)
 COV = "cov"  # in MOMENTS: Sigma_m (C, C)
 SIGMA_CEN_ARRAY = "sigma_cen"  # in SIGMA_CEN: Sigma_cen (C, C)
 TRAINED_GRAM = "trained_gram"  # in CHECKS: W^ W^^T before alignment (C, C)
+OWN_WEIGHT = "own_weight"  # in MISMATCH: the client's trained head W~_m (C, P)
+OWN_BIAS = "own_bias"  # in MISMATCH: its bias b~_m (C,)
+TRAINED_WEIGHT = "trained_weight"  # in MISMATCH: sum_m p_m W~_m (C, P)
+ALIGNED_WEIGHT = "aligned_weight"  # in MISMATCH: sum_m p_m W~_m Q_m (C, P)
+AVERAGE_BIAS = "average_bias"  # in MISMATCH: sum_m p_m b~_m (C,)
+ROTATION = "rotation"  # in MISMATCH: the client's Q_m (P, P); its aligned features are Q_m^T h
 
 # config keys
 STAGE = "stage"
 STAGE_MOMENTS = "moments"
+STAGE_MISMATCH = "mismatch"
 SERVER_ROUND = "server-round"
 JOB = "job"  # index of the job when one simulation serves several procedures
 
@@ -76,6 +90,9 @@ RELATIVE_DISTANCE_TO_SELECTION = "relative_distance_to_selection"
 TRAIN_MSE = "train_mse"
 TEST_MSE = "test_mse"
 SHARED_OBJECTIVE = "shared_objective"
+MISMATCH_LOCAL = "mismatch_local"  # L_m of the client's own trained local model
+MISMATCH_TRAINED = "mismatch_trained"  # L_m of the trained average with its trained backbone
+MISMATCH_ALIGNED = "mismatch_aligned"  # L_m of the aligned average with its aligned backbone
 
 #: Suffixes of BatchNorm buffers: client-private, never averaged nor sent (theory.md §1, full-model variant).
 PRIVATE_STATE_SUFFIXES = ("running_mean", "running_var", "num_batches_tracked")

@@ -126,7 +126,8 @@ class RunRecorder:
         self.show_progress = show_progress
         self.base_timing: dict[str, Any] = {}  # merged into results["timing"] by finish()
         self._bar = None
-        seeds = {"seed": job.settings.seed, "dataset_seed": int(getattr(job.dataset, "seed", 0))}
+        seeds = {"seed": job.settings.seed, "dataset_seed": int(getattr(job.dataset, "seed", 0)),
+                 **init_seeds(job)}
         prov = provenance(seeds)
         self.results: dict[str, Any] = {
             "schema_version": SCHEMA_VERSION,
@@ -271,6 +272,15 @@ def target_axes(job: JobConfig) -> tuple[list[str] | None, str]:
     return names, "standardised"
 
 
+def init_seeds(job: JobConfig) -> dict[str, Any]:
+    """``init`` and each partition's initial-backbone seed (:func:`fedhead.seeds.backbone_seed`)."""
+    from fedhead.seeds import backbone_seed
+
+    init = getattr(job.settings, "init", "common")
+    return {"init": init,
+            "backbone_seeds": [backbone_seed(job.settings.seed, m, init) for m in range(job.settings.num_clients)]}
+
+
 def job_hparams(job: JobConfig) -> dict[str, Any]:
     """The hyperparameters a sweep varies (TensorBoard's hparams plugin filters runs by them)."""
     st, tr, proc = job.settings, job.train, job.procedure
@@ -281,6 +291,7 @@ def job_hparams(job: JobConfig) -> dict[str, Any]:
         "rho": float(proc.rho), "gamma": float(proc.gamma), "lambda_h": float(st.lambda_h),
         "lambda_w": float(st.lambda_w), "lr": float(tr.lr),
         "local_tol": -1.0 if tr.local_tol is None else float(tr.local_tol),
+        "init": str(getattr(st, "init", "common")),
     }
 
 

@@ -36,11 +36,22 @@ def initial_head(job: JobConfig, n_targets: int) -> tuple[np.ndarray, np.ndarray
     return (head.weight.detach().double().numpy().copy(), head.bias.detach().double().numpy().copy())
 
 
+def measures_mismatch(job: JobConfig) -> bool:
+    """Whether the job takes the round-1 mismatch measurement (``measure_mismatch=true``): head
+    averaging of trained clients without alignment (not ``aligned*``, ``full_model``, ``exact``,
+    whose heads are aligned, averaged with their backbones, or not trained)."""
+    proc = job.procedure
+    return bool(getattr(job.settings, "measure_mismatch", False)) and proc.strategy_kind == "head" and not proc.exact
+
+
 def make_job_strategy(job: JobConfig, observer: Any, message_config: dict[str, Any] | None = None):
     from strategies import make_strategy
 
+    if getattr(job.settings, "measure_mismatch", False) and not measures_mismatch(job):
+        log.info("%s: measure_mismatch=true applies to trained head averaging without alignment; "
+                 "not measured for this procedure", job.name)
     return make_strategy(
-        job.procedure.strategy_kind,
+        job.procedure.strategy_kind, measure_mismatch=measures_mismatch(job),
         lambda_h=job.settings.lambda_h, lambda_w=job.settings.lambda_w,
         min_nodes=job.settings.num_clients, gamma=job.procedure.gamma,
         centered=job.procedure.centered, observer=observer,

@@ -160,7 +160,7 @@ class RoundRecord:
     train_mse: float | None = field(default=None, metadata=_scalar())
     test_mse: float | None = field(default=None, metadata=_scalar())
     client_metrics: list[dict[str, float]] = field(default_factory=list)
-    extra: dict[str, float] = field(default_factory=dict)
+    extra: dict[str, float | None] = field(default_factory=dict)  # None: an undefined measurement (null)
     dropped: list[dict[str, Any]] = field(default_factory=list)  # clients left out (failure policy)
 
     def scalars(self) -> dict[str, float]:
@@ -170,13 +170,13 @@ class RoundRecord:
         if self.objective_gaps:
             for i, g in enumerate(self.objective_gaps):
                 out[f"objective_gap/client_{i}"] = float(g)
-        out.update({k: float(v) for k, v in self.extra.items()})
+        out.update({k: float(v) for k, v in self.extra.items() if v is not None})
         return out
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict: every field (arrays as lists), ``extra`` flattened in."""
         out = {f.name: _json(getattr(self, f.name)) for f in fields(self) if f.name != "extra"}
-        out.update({k: float(v) for k, v in self.extra.items()})
+        out.update({k: None if v is None else float(v) for k, v in self.extra.items()})
         return out
 
     @classmethod
@@ -187,7 +187,7 @@ class RoundRecord:
         arrays = ("gram", "bias", "recursion_gram", "predicted_gram")
         kw = {k: (None if v is None else np.asarray(v, dtype=np.float64)) if k in arrays else v
               for k, v in d.items() if k in names and k != "extra"}
-        kw["extra"] = {k: float(v) for k, v in d.items() if k not in names}
+        kw["extra"] = {k: None if v is None else float(v) for k, v in d.items() if k not in names}
         return cls(**kw)
 
 

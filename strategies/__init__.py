@@ -5,6 +5,7 @@ from strategies.exchange import MomentExchange
 from strategies.head_averaging import HeadAveraging
 from strategies.observer import RunObserver
 from strategies.replies import FederationError
+from strategies.mismatch import MismatchHeadAveraging
 from strategies.variants import AlignedHeadAveraging, FullModelAveraging, make_strategy
 
 __all__ = [
@@ -12,6 +13,7 @@ __all__ = [
     "FederationError",
     "FullModelAveraging",
     "HeadAveraging",
+    "MismatchHeadAveraging",
     "MomentExchange",
     "RunObserver",
     "make_strategy",

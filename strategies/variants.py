@@ -18,6 +18,7 @@ from fedhead import aggregation as agg
 from fedhead import protocol as P
 from fedhead.metrics import relative_error
 from strategies.head_averaging import HeadAveraging
+from strategies.mismatch import MismatchHeadAveraging
 
 
 class AlignedHeadAveraging(HeadAveraging):
@@ -92,12 +93,20 @@ class FullModelAveraging(HeadAveraging):
 
 
 def make_strategy(
-    kind: str, **kwargs: Any
+    kind: str, *, measure_mismatch: bool = False, **kwargs: Any
 ) -> HeadAveraging:
-    """Build the strategy a procedure needs: ``"head"``, ``"aligned"`` or ``"full_model"``."""
+    """Build the strategy a procedure needs: ``"head"``, ``"aligned"`` or ``"full_model"``.
+
+    ``measure_mismatch`` (``"head"`` only): :class:`strategies.mismatch.MismatchHeadAveraging`,
+    which measures the cost of mismatched coordinates in round 1 (docs/theory.md §13).
+    """
     classes: dict[str, Callable[..., HeadAveraging]] = {
         "head": HeadAveraging, "aligned": AlignedHeadAveraging, "full_model": FullModelAveraging,
     }
     if kind not in classes:
         raise ValueError(f"unknown strategy kind {kind!r}; expected one of {sorted(classes)}")
+    if measure_mismatch:
+        if kind != "head":
+            raise ValueError(f"the mismatch measurement needs head averaging without alignment, not {kind!r}")
+        return MismatchHeadAveraging(**kwargs)
     return classes[kind](**kwargs)

@@ -5,10 +5,12 @@ See ``docs/architecture.md``. The Flower client calls :func:`train_local` with t
 :func:`evaluate_local`; :func:`select_device` picks the device at run time.
 """
 
+from fedhead.seeds import backbone_seed
 from fedhead.train.align import AlignResult, align, procrustes_rotation
 from fedhead.train.client_math import HeadDistances, exact_head, head_distances, round_seed, target_moments
 from fedhead.train.config import TrainConfig, TrainDivergedError, TrainInputError
 from fedhead.train.problem import LocalProblem
+from fedhead.train.mismatch import MismatchObjectives, mismatch_objectives
 from fedhead.train.objective import (
     LocalEvaluation,
     add_head_penalty_grads,
@@ -35,11 +37,13 @@ __all__ = [
     "LocalMetrics",
     "LocalProblem",
     "LocalResult",
+    "MismatchObjectives",
     "TrainConfig",
     "TrainDivergedError",
     "TrainInputError",
     "add_head_penalty_grads",
     "align",
+    "backbone_seed",
     "clip_gradients",
     "compute_features",
     "cosine_schedule",
@@ -47,6 +51,7 @@ __all__ = [
     "exact_head",
     "head_distances",
     "minibatch_loss",
+    "mismatch_objectives",
     "moment_correction_grad",
     "moment_correction_torch",
     "objective_from_features",

@@ -27,21 +27,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from fedhead.mismatch import procrustes_rotation as _procrustes
 from fedhead.train.config import TrainInputError
-
-
-def _row_space(w: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Thin SVD restricted to the numerical rank: ``U (C, r)``, ``s (r,)``, ``V (P, r)``."""
-    u, s, vt = np.linalg.svd(w, full_matrices=False)
-    tol = (s[0] if s.size else 0.0) * max(w.shape) * np.finfo(np.float64).eps
-    r = int(np.sum(s > tol))
-    return u[:, :r], s[:r], vt[:r].T
-
-
-def _complement(basis: np.ndarray) -> np.ndarray:
-    """Orthonormal basis ``(P, P - r)`` of the orthogonal complement of the columns of ``basis`` ``(P, r)``."""
-    q, _ = np.linalg.qr(basis, mode="complete")
-    return q[:, basis.shape[1]:]
 
 
 def procrustes_rotation(weight: np.ndarray, target: np.ndarray) -> np.ndarray:
@@ -66,27 +53,7 @@ def procrustes_rotation(weight: np.ndarray, target: np.ndarray) -> np.ndarray:
         raise TrainInputError(f"procrustes_rotation: weight and target must both be (C, P), got {w.shape} and {t.shape}")
     if not (np.all(np.isfinite(w)) and np.all(np.isfinite(t))):
         raise TrainInputError("procrustes_rotation: non-finite head entries")
-    p = w.shape[1]
-    u1, s1, v1 = _row_space(w)
-    u2, s2, v2 = _row_space(t)
-    k = (s1[:, None] * (u1.T @ u2)) * s2[None, :]          # (r1, r2) = V1^T W^T T V2
-    r = min(k.shape)
-    if r == 0:                                             # a zero head: any rotation is optimal
-        return np.eye(p)
-    a, _, bt = np.linalg.svd(k)
-    ua = v1 @ a[:, :r]                                     # (P, r)
-    vb = v2 @ bt[:r].T                                     # (P, r)
-    # Everything happens in the joint span S (P, k <= 2r) of the two row spaces: outside it both
-    # completions contain the whole complement, on which the closest-to-identity factor is I.
-    # So Q = I + S (Q_s - I) S^T with the (k, k) solution Q_s of the problem in S-coordinates.
-    span = _row_space(np.concatenate([ua, vb], axis=1).T)[2]  # (P, k) orthonormal
-    ua_s, vb_s = span.T @ ua, span.T @ vb                   # (k, r)
-    q_s = ua_s @ vb_s.T
-    if r < span.shape[1]:
-        u_perp, v_perp = _complement(ua_s), _complement(vb_s)
-        ux, _, vxt = np.linalg.svd(u_perp.T @ v_perp)
-        q_s += u_perp @ (ux @ vxt) @ v_perp.T
-    return np.eye(p) + span @ (q_s - np.eye(span.shape[1])) @ span.T
+    return _procrustes(w, t)
 
 
 @dataclass(frozen=True)
