@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
