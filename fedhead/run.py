@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import shutil
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -41,7 +42,7 @@ from fedhead.recorder import (
     write_procedures_figure,
 )
 from fedhead.server_app import finish_job, serve
-from fedhead.watchdog import EngineDied, EngineWatch
+from fedhead.watchdog import EngineDied, EngineWatch, end_hung_clients
 
 log = logging.getLogger("fedhead.run")
 
@@ -196,6 +197,7 @@ def run_federations(jobs: list[JobConfig], *, show_progress: bool = True, verbos
             raise EngineDied(f"the simulation engine crashed: {one_line(exc)}") from exc
         raise
     finally:
+        sim.engine_done.set()
         sim.watch.trip("the simulation ended")
         stop_ray()  # flwr shuts Ray down itself on success; this covers early failures
     if sim.served:
@@ -252,13 +254,18 @@ class _Simulation:
         self.served: list[float] = []
         self.t_sim = time.perf_counter()
         self.watch = EngineWatch()
+        self.engine_done = threading.Event()  # run_simulation returned
 
     def server_app(self) -> ServerApp:
         app = ServerApp()
 
         @app.main()
         def _main(grid: Grid, context: Context) -> None:
-            self.serve_all(grid)
+            try:
+                self.serve_all(grid)
+            finally:  # a ClientApp still running (hung) must not keep the engine, hence the run, waiting
+                threading.Thread(target=end_hung_clients, args=(self.engine_done,), daemon=True,
+                                 name="fedhead-end-hung-clients").start()
 
         self.t_sim = time.perf_counter()
         return app
