@@ -20,7 +20,8 @@ import pytest
 from fedhead.checkpoint import checkpoint_path, read_checkpoint
 from fedhead.config import compose_config, load_config
 
-GRACE = 5  # timeouts.straggler of these tests (default 60)
+GRACE = 5  # timeouts.straggler of these tests (default 45); straggler_factor stays 2: the query
+# phase's replies come as each Ray actor has started (tens of seconds apart on a busy machine)
 HUNG = 1  # the partition whose ClientApp never answers a training message
 
 
@@ -29,7 +30,7 @@ def _jobs(tmp_path: Path, *overrides: str):
         "model=free", "dataset.n_train=240", f"dataset.cache_dir={tmp_path / 'cache'}", "num_clients=3",
         "procedure=proximal", "rounds=1", "local_epochs=5", "resources.client_cpus=1", "resources.ray_num_cpus=3",
         "output.tensorboard=false", "output.figures=false", f"timeouts.straggler={GRACE}",
-        "timeouts.straggler_factor=0", "timeouts.round=600", "timeouts.exchange=600", *overrides,
+        "timeouts.round=600", "timeouts.exchange=600", *overrides,
     ]))
     return cfg.jobs(tmp_path / "out")
 
@@ -89,11 +90,12 @@ def test_a_silent_client_stops_the_run_soon_after_the_others_replied(tmp_path):
     assert "\n" not in message
     assert f"(partition {HUNG}): no reply" in message and "straggler rule" in message, message
     assert message.startswith("training: 2 valid of 3 clients, 3 required (failure.min_clients)"), message
-    # the others replied, then GRACE seconds, then the engine's teardown (a hung actor ended)
+    # the others replied, then max(GRACE, 2 T) seconds (T: a few seconds of training), then the
+    # engine's teardown (the hung actor ended 2 s after the server)
     after = ended - _others_replied(stamps)
-    assert GRACE <= after < GRACE + 60, after
+    assert GRACE <= after < 90, after
     res = json.loads((jobs[0].output_dir / "results.json").read_text())
-    assert res["status"] == "failed" and res["error"] == f"TooFewReplies: {message}" or res["error"] == message
+    assert res["status"] == "failed" and res["error"] == message
     assert read_checkpoint(checkpoint_path(jobs[0].output_dir)).round == 0  # kept for resume=
     _no_engine_threads_left()
 
