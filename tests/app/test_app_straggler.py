@@ -90,6 +90,9 @@ def test_a_silent_client_stops_the_run_soon_after_the_others_replied(tmp_path):
     assert "\n" not in message
     assert f"(partition {HUNG}): no reply" in message and "straggler rule" in message, message
     assert message.startswith("training: 2 valid of 3 clients, 3 required (failure.min_clients)"), message
+    from fedhead.cli_errors import exit_code, one_line
+
+    assert one_line(err.value) == message and exit_code(err.value) == 1  # fedhead-run: that line, exit 1
     # the others replied, then max(GRACE, 2 T) seconds (T: a few seconds of training), then the
     # engine's teardown (the hung actor ended 2 s after the server)
     after = ended - _others_replied(stamps)
