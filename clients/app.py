@@ -134,15 +134,29 @@ def simulation_state_dir(job: Any, run_id: int):
     return job.state_dir / f"run_{key}"
 
 
+def deployment_run_key(job: Any, run_id: int) -> str:
+    """The run key of a deployed client's node-local store: from the config hash and the run's
+    output folder (what a resumed ``flwr run`` repeats, unlike flwr's run id); the run id when
+    the job has no hash."""
+    if not getattr(job, "config_hash", ""):
+        return str(run_id)
+    import hashlib
+
+    from fedhead.checkpoint import state_key
+
+    return state_key(hashlib.sha256(f"{job.config_hash}|{job.output_dir}".encode()).hexdigest())
+
+
 def store_of(job: Any, context: Context) -> BackboneStore:
-    """The private backbone store of this client: ``<state-dir>/<procedure>/run_<id>`` when the
-    SuperNode's node config names a ``state-dir`` (deployments: a folder local to the client),
-    else :func:`simulation_state_dir` (simulation, single machine)."""
+    """The private backbone store of this client: ``<state-dir>/<procedure>/run_<key>``
+    (:func:`deployment_run_key`) when the SuperNode's node config names a ``state-dir``
+    (deployments: a folder local to the client), else :func:`simulation_state_dir`
+    (simulation, single machine)."""
     node_dir = context.node_config.get(STATE_DIR_KEY)
     if node_dir:
         from pathlib import Path
 
-        return BackboneStore(Path(str(node_dir)) / job.name / f"run_{context.run_id}")
+        return BackboneStore(Path(str(node_dir)) / job.name / f"run_{deployment_run_key(job, context.run_id)}")
     # the simulation's temporary state folder: atomic files, no fsync (a per-round cost per client)
     return BackboneStore(simulation_state_dir(job, context.run_id), sync=False)
 

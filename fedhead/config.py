@@ -389,24 +389,44 @@ def _plain_section(cfg: Any, key: str, cls: type):
 RUN_CONFIG_OVERRIDES = "overrides"
 RUN_CONFIG_PROCEDURE_INDEX = "procedure-index"
 RUN_CONFIG_OUTPUT_DIR = "output-dir"
+#: ``true``: continue the run whose ``<output-dir>/<procedure>/checkpoint.npz`` is there
+RUN_CONFIG_RESUME = "resume"
 
-_JOBS: dict[tuple[str, str, int], JobConfig] = {}
+_JOBS: dict[tuple[str, str, int, bool], JobConfig] = {}
+
+
+def run_config_flag(value: Any, key: str) -> bool:
+    """A boolean run-config value (TOML ``true``/``false``; the strings too, as ``--run-config`` may pass them)."""
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("true", "1", "yes"):
+        return True
+    if text in ("false", "0", "no", ""):
+        return False
+    raise ConfigError(f"run config {key}={value!r}: expected true or false")
 
 
 def job_from_context(context: Any) -> JobConfig:
-    """The job named by a deployment's run config (``overrides``, ``procedure-index``, ``output-dir``).
+    """The job named by a deployment's run config (``overrides``, ``procedure-index``,
+    ``output-dir``, ``resume``).
 
-    ``context`` is the :class:`flwr.app.Context` of the ServerApp or ClientApp; jobs are built
-    once per process and run config.
+    ``resume = true`` continues from ``<output-dir>/<procedure>/checkpoint.npz`` (the ServerApp
+    refuses a folder written with another config, as ``fedhead-run resume=`` does);
+    ``resume=<folder>`` among the overrides works as in ``fedhead-run`` (the folder replaces
+    ``output-dir``). ``context`` is the :class:`flwr.app.Context` of the ServerApp or
+    ClientApp; jobs are built once per process and run config.
     """
     rc = context.run_config
     overrides = str(rc.get(RUN_CONFIG_OVERRIDES, ""))
     out = str(rc.get(RUN_CONFIG_OUTPUT_DIR, "outputs/flwr"))
     idx = int(rc.get(RUN_CONFIG_PROCEDURE_INDEX, 0))
-    key = (overrides, out, idx)
+    resume = run_config_flag(rc.get(RUN_CONFIG_RESUME, False), RUN_CONFIG_RESUME)
+    key = (overrides, out, idx, resume)
     if key not in _JOBS:
         jobs = load_config(compose_config(overrides.split())).jobs(out)
         if not 0 <= idx < len(jobs):
             raise ValueError(f"procedure-index {idx} outside 0..{len(jobs) - 1} ({[j.name for j in jobs]})")
-        _JOBS[key] = jobs[idx]
+        job = jobs[idx]
+        _JOBS[key] = dataclasses.replace(job, resume=True) if resume and not job.resume else job
     return _JOBS[key]

@@ -40,6 +40,12 @@ class ProgressGrid(Grid):
 
     Delegates to the real grid; ``send_and_receive`` pushes, then pulls replies as they arrive
     (a tqdm bar counts clients), and records ``(message type, seconds)`` in :attr:`phases`.
+
+    Every wait ends: at the phase's ``timeout``, when the engine dies (:attr:`watch`), or, with
+    :attr:`timeouts` set, by the straggler rule (:meth:`fedhead.limits.Timeouts.straggler_deadline`):
+    the clients still outstanding then get an error reply made up here (code
+    :data:`fedhead.limits.STRAGGLER_ERROR_CODE`, the reason says which rule and how long), which
+    the failure policy treats as a missing client (dropped, or the run stops naming it).
     """
 
     def __init__(self, grid: Grid, *, label: str = "", show: bool = True, poll: float = 0.02):
@@ -49,6 +55,8 @@ class ProgressGrid(Grid):
         self.poll = poll
         self.phases: list[tuple[str, float, float]] = []  # (type, start, seconds)
         self.watch = None  # fedhead.watchdog.EngineWatch: a dead engine ends every wait
+        self.timeouts = None  # fedhead.limits.Timeouts: the straggler rule (None: off)
+        self.stragglers: list[tuple[str, int]] = []  # (message type, node) given up on, in order
 
     def check_alive(self) -> None:
         """Raise :class:`fedhead.watchdog.EngineDied` when the engine serving the grid died."""
@@ -81,11 +89,14 @@ class ProgressGrid(Grid):
             return []
         kind = messages[0].metadata.message_type
         ids = set(self._grid.push_messages(messages))
+        sent = {m.metadata.message_id: m for m in messages}
+        n_sent = len(ids)
         from tqdm.auto import tqdm
 
         bar = tqdm(total=len(ids), desc=f"{self.label} {kind}".strip(), unit="client", leave=False,
                    disable=not self.show, file=sys.stderr)
         out: list[Message] = []
+        arrived: list[float] = []  # seconds since t0 of every reply
         end = None if timeout is None else t0 + timeout
         try:
             while ids and (end is None or time.perf_counter() < end):
@@ -94,7 +105,11 @@ class ProgressGrid(Grid):
                 if got:
                     out.extend(got)
                     ids.difference_update(m.metadata.reply_to_message_id for m in got)
+                    arrived.extend([time.perf_counter() - t0] * len(got))
                     bar.update(len(got))
+                elif self._stragglers_due(n_sent, arrived, t0):
+                    out.extend(self._give_up(kind, [sent[i] for i in ids if i in sent], arrived, n_sent, t0))
+                    ids.clear()
                 else:
                     # each pull looks up every outstanding reply: poll less often when many are
                     # outstanding (server CPU competes with the clients), at most flwr's 0.1 s
@@ -103,6 +118,27 @@ class ProgressGrid(Grid):
             bar.close()
         self.phases.append((kind, t0, time.perf_counter() - t0))
         return out
+
+    def _stragglers_due(self, n_sent: int, arrived: list[float], t0: float) -> bool:
+        if self.timeouts is None:
+            return False
+        due = self.timeouts.straggler_deadline(n_sent, arrived)
+        return due is not None and time.perf_counter() - t0 >= due
+
+    def _give_up(self, kind: str, pending: list[Message], arrived: list[float], n_sent: int,
+                 t0: float) -> list[Message]:
+        """Error replies for the clients the straggler rule gives up on (one line each in the log)."""
+        from flwr.app import Error
+
+        from fedhead.limits import STRAGGLER_ERROR_CODE, straggler_reason
+
+        reason = straggler_reason(self.timeouts, waited=time.perf_counter() - t0, latest=max(arrived),
+                                  replied=len(arrived), n_clients=n_sent)
+        nodes = sorted(int(m.metadata.dst_node_id) for m in pending)
+        log.warning("%s%s: giving up on node(s) %s: %s", f"[{self.label}] " if self.label else "", kind,
+                    ", ".join(map(str, nodes)), reason)
+        self.stragglers.extend((kind, n) for n in nodes)
+        return [Message(Error(code=STRAGGLER_ERROR_CODE, reason=reason), reply_to=m) for m in pending]
 
 
 # ------------------------------------------------------------------------------ the recorder

@@ -19,6 +19,7 @@ import contextlib
 import logging
 import shutil
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -43,7 +44,7 @@ from fedhead.recorder import (
     write_procedures_figure,
 )
 from fedhead.server_app import finish_job, serve
-from fedhead.watchdog import EngineDied, EngineWatch
+from fedhead.watchdog import EngineDied, EngineWatch, end_hung_clients
 
 log = logging.getLogger("fedhead.run")
 
@@ -216,6 +217,7 @@ def run_federations(jobs: list[JobConfig], *, show_progress: bool = True, verbos
             raise EngineDied(f"the simulation engine crashed: {one_line(exc)}") from exc
         raise
     finally:
+        sim.engine_done.set()
         sim.watch.trip("the simulation ended")
         if not _SHARED_RAY:
             stop_ray()  # flwr shuts Ray down itself on success; this covers early failures
@@ -315,13 +317,18 @@ class _Simulation:
         self.served: list[float] = []
         self.t_sim = time.perf_counter()
         self.watch = EngineWatch()
+        self.engine_done = threading.Event()  # run_simulation returned
 
     def server_app(self) -> ServerApp:
         app = ServerApp()
 
         @app.main()
         def _main(grid: Grid, context: Context) -> None:
-            self.serve_all(grid)
+            try:
+                self.serve_all(grid)
+            finally:  # a ClientApp still running (hung) must not keep the engine, hence the run, waiting
+                threading.Thread(target=end_hung_clients, args=(self.engine_done,), daemon=True,
+                                 name="fedhead-end-hung-clients").start()
 
         self.t_sim = time.perf_counter()
         return app

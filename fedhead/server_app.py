@@ -3,7 +3,9 @@
 * :func:`serve` is the ServerApp body (moment exchange, diagnosis, rounds) used by the
   simulation driver (:mod:`fedhead.run`) and by :data:`app`, the ServerApp of ``flwr run .``
   (``[tool.flwr.app.components] serverapp``), which reads the job from the run config
-  (``overrides``, ``procedure-index``, ``output-dir``; :func:`fedhead.config.job_from_context`).
+  (``overrides``, ``procedure-index``, ``output-dir``, ``resume``;
+  :func:`fedhead.config.job_from_context`); with ``resume = true`` it continues from the
+  checkpoint in its output folder (:func:`deployment_resume`).
 * :func:`make_job_strategy` builds the procedure's strategy; :func:`initial_head` the common
   seeded initial head.
 """
@@ -21,7 +23,14 @@ import numpy as np
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
-from fedhead.checkpoint import Checkpoint, ServerState, checkpoint_path, write_checkpoint
+from fedhead.checkpoint import (
+    Checkpoint,
+    ResumeError,
+    ServerState,
+    checkpoint_path,
+    load_for_resume,
+    write_checkpoint,
+)
 from fedhead.config import JobConfig, job_from_context
 from fedhead.recorder import ProgressGrid, RunRecorder, diagnosis_lines, error_table, timing_summary
 
@@ -68,13 +77,16 @@ def serve(grid: Grid, job: JobConfig, recorder: RunRecorder, *, show_progress: b
     """The ServerApp body: moment exchange, diagnosis, then the rounds of the job's procedure.
 
     ``watch`` (:class:`fedhead.watchdog.EngineWatch`): every wait for replies ends with
-    :class:`fedhead.watchdog.EngineDied` once it trips (the simulation engine died). After every
+    :class:`fedhead.watchdog.EngineDied` once it trips (the simulation engine died). The job's
+    ``timeouts`` bound every wait, the straggler rule included (a client that never answers is
+    given up on once the others have replied; :meth:`fedhead.limits.Timeouts.straggler_deadline`). After every
     complete round the server state is checkpointed into ``<job.output_dir>/checkpoint.npz``
     (:mod:`fedhead.checkpoint`); ``resume`` (a checkpoint read by
     :func:`fedhead.checkpoint.load_for_resume`) continues after its round.
     """
     pgrid = ProgressGrid(grid, label=job.name, show=show_progress)
     pgrid.watch = watch
+    pgrid.timeouts = job.timeouts  # the straggler rule ends the wait for a client that never answers
     strategy = make_job_strategy(job, recorder, message_config)
     strategy.run(
         pgrid, lambda c: initial_head(job, c), job.settings.rounds,
@@ -126,10 +138,32 @@ def deployment_logging(job: JobConfig) -> None:
         logger.propagate = False
 
 
+def deployment_resume(job: JobConfig) -> Checkpoint | None:
+    """The checkpoint a deployed ServerApp continues from (``resume`` in the run config), read
+    before anything is written: :class:`fedhead.checkpoint.ResumeError` when there is none or it
+    was written with another config or procedure (the rule of ``fedhead-run resume=``)."""
+    if not job.resume:
+        return None
+    ckpt = load_for_resume(job.output_dir, config_hash=job.config_hash, procedure=job.name,
+                           rounds=job.settings.rounds)
+    if ckpt is None:
+        raise ResumeError(f"cannot resume {job.output_dir}: no {checkpoint_path(job.output_dir).name} there "
+                          f"(resume=true continues the run of the same output-dir; is it the folder of a "
+                          f"fedhead ServerApp run?)")
+    log.info("%s: resuming after round %d of %d (%s); the clients continue from their node-local state",
+             job.name, ckpt.round, job.settings.rounds, ckpt.path)
+    return ckpt
+
+
 @app.main()
 def _deployment_main(grid: Grid, context: Context) -> None:
     job = job_from_context(context)
     deployment_logging(job)
+    try:
+        resume = deployment_resume(job)
+    except ResumeError as exc:
+        log.error("%s", exc)  # one line in the streamed log; results.json stays as it was
+        raise
     recorder = RunRecorder(job)
     run = getattr(grid, "run", None)
     if run is not None:  # the FAB identifies the code when no git checkout is at hand
@@ -144,7 +178,7 @@ def _deployment_main(grid: Grid, context: Context) -> None:
     t0 = time.perf_counter()
     pgrid = None
     try:
-        pgrid = serve(grid, job, recorder)
+        pgrid = serve(grid, job, recorder, resume=resume)
     except BaseException as exc:
         recorder.finish("failed", error=f"{type(exc).__name__}: {exc}",
                         timing=timing_summary(recorder, pgrid, t0, time.perf_counter()))

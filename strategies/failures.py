@@ -1,7 +1,9 @@
 """The failure policy on the server: screening one phase's replies (no torch, no data layer).
 
 :func:`screen` sorts the replies of one message phase into valid ones and dropped clients
-(an error reply, a reply that fails validation, no reply before the deadline). With at least
+(an error reply, a reply that fails validation, no reply before the deadline or the straggler
+rule of :class:`fedhead.limits.Timeouts`; a SuperNode that stopped sending heartbeats comes back
+from flwr as an error reply "Node Unavailable"). With at least
 ``required`` valid replies the phase continues over the survivors (the caller renormalises the
 weights over them) and every dropped client is logged with its node and reason and returned as
 a :class:`Dropped` (recorded per round in results.json); with fewer it raises
@@ -13,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, TypeVar
 
@@ -21,6 +23,7 @@ from flwr.app import Message
 
 from fedhead import aggregation as agg
 from fedhead.deploy_checks import FederationMismatch
+from fedhead.limits import STRAGGLER_ERROR_CODE
 from strategies.replies import FederationError
 
 log = logging.getLogger(__name__)
@@ -92,31 +95,39 @@ def screen(
     expected_nodes: Sequence[int] | None = None,
     expected_count: int | None = None,
     timeout: float | None = None,
+    partitions: Mapping[int, int] | None = None,
 ) -> tuple[list[tuple[Message, T]], list[Dropped]]:
     """Valid ``(reply, parse(reply))`` pairs and the dropped clients of one phase.
 
     ``parse`` raises :class:`fedhead.aggregation.ReplyError` for an invalid reply. Missing
     replies are the ``expected_nodes`` that did not answer (or, without them, the shortfall
-    against ``expected_count``).
+    against ``expected_count``). ``partitions`` (node -> partition id, known after the moment
+    exchange) names the partition of a dropped client that did not say it.
     """
+    part = dict(partitions or {})
     replies = list(replies)
     kept: list[tuple[Message, T]] = []
     dropped: list[Dropped] = []
     for msg in replies:
         node = int(msg.metadata.src_node_id)
         if msg.has_error():
+            if msg.error.code == STRAGGLER_ERROR_CODE:  # made up by the server's straggler rule
+                dropped.append(Dropped(stage, node, "missing", str(msg.error.reason), part.get(node)))
+                continue
             log.debug("%s: node %s replied with an error:\n%s", stage, node, msg.error.reason)
-            dropped.append(Dropped(stage, node, "error", condense_reason(msg.error.reason)))
+            dropped.append(Dropped(stage, node, "error", condense_reason(msg.error.reason), part.get(node)))
             continue
         try:
             kept.append((msg, parse(msg)))
         except agg.ReplyError as exc:
-            dropped.append(Dropped(stage, node, "invalid", str(exc), _partition(msg)))
+            pid = _partition(msg)
+            dropped.append(Dropped(stage, node, "invalid", str(exc), part.get(node) if pid is None else pid))
     waited = "" if timeout is None else f" within {timeout:g} s"
     if expected_nodes is not None:
         answered = {int(m.metadata.src_node_id) for m in replies}
         for node in sorted(set(int(n) for n in expected_nodes) - answered):
-            dropped.append(Dropped(stage, node, "missing", f"no reply{waited} (timeout or lost client)"))
+            dropped.append(Dropped(stage, node, "missing", f"no reply{waited} (timeout or lost client)",
+                                   part.get(node)))
         n_expected = len(set(expected_nodes))
     else:
         n_expected = expected_count if expected_count is not None else len(replies)

@@ -272,7 +272,8 @@ class HeadAveraging(Checkpointing, FedAvg):
         sent = self._sent.pop(kind, None)
         return screen(replies, parse, stage=stage, required=self.required, expected_nodes=sent,
                       expected_count=len(self.exchange.partition_ids),
-                      timeout=self.timeouts.round if sent is not None else None)
+                      timeout=self.timeouts.round if sent is not None else None,
+                      partitions=dict(zip(self.exchange.node_ids, self.exchange.partition_ids)))
 
     def parse_train_replies(
         self, replies: Iterable[Message]

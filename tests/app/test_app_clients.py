@@ -177,8 +177,12 @@ def test_node_config_state_dir_and_partition_count(tmp_path, task_identity):
     recorder = RunRecorder(job, show_progress=False)
     serve(grid, job, recorder, show_progress=False)
     assert recorder.finish("completed")["status"] == "completed"
+    from clients.app import deployment_run_key
+
+    key = deployment_run_key(job, 5)  # not flwr's run id: a resumed deployment repeats the key
+    assert key != "5" and key == deployment_run_key(job, 6)
     for pid, n in enumerate(grid.contexts):
-        assert BackboneStore(tmp_path / f"node{n}" / "proximal" / "run_5").latest_round(pid) == 1
+        assert BackboneStore(tmp_path / f"node{n}" / "proximal" / f"run_{key}").latest_round(pid) == 1
     assert not job.state_dir.exists()
     bad = InProcessGrid(make_client_app(job), 3)
     for ctx in bad.contexts.values():

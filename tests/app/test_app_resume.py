@@ -235,3 +235,64 @@ def test_fedhead_run_killed_and_resumed_matches_an_uninterrupted_run(tmp_path):
         np.testing.assert_allclose(a["gram"], b["gram"], rtol=0, atol=1e-10)
         assert a["gram"] == b["gram"] and a["train_mse"] == b["train_mse"]  # bit-identical on CPU
     assert not (killed / "proximal" / "client_state").exists()  # removed after the completed run
+
+
+# ------------------------------------------------------------------ flwr run . (deployments)
+def _deployment(tmp_path: Path, out: str, *, resume: bool = False, extra: str = "") -> dict:
+    return {
+        "overrides": f"procedure=proximal {' '.join(BASE)} dataset.cache_dir={tmp_path / 'cache'} {extra}".strip(),
+        "procedure-index": 0, "output-dir": str(tmp_path / out), "resume": resume,
+    }
+
+
+def _node_local(grid: InProcessGrid, tmp_path: Path) -> InProcessGrid:
+    """Each SuperNode keeps its private backbones in its own ``state-dir`` (as deployed)."""
+    for n, ctx in grid.contexts.items():
+        ctx.node_config["state-dir"] = str(tmp_path / f"node{n}")
+    return grid
+
+
+def test_a_deployed_serverapp_resumes_from_its_checkpoint(tmp_path, task_identity):
+    """``flwr run . --run-config 'resume=true ...'``: the ServerApp of fedhead.server_app continues
+    after the checkpointed round of its output-dir, the ClientApps from their node-local stores
+    (another flwr run id), bit-identical to an uninterrupted deployment; another config or a
+    folder without a checkpoint is refused before anything is written."""
+    from fedhead import client_app, server_app
+
+    def serve_app(grid):
+        server_app.app(grid, next(iter(grid.contexts.values())))
+
+    ref_grid = _node_local(InProcessGrid(client_app.app, 3, run_id=11, run_config=_deployment(tmp_path, "ref")),
+                           tmp_path / "ref_nodes")
+    serve_app(ref_grid)
+    reference = json.loads((tmp_path / "ref" / "proximal" / "results.json").read_text())
+
+    _fresh_process_caches()
+    crashing = _node_local(CrashingGrid(client_app.app, 3, run_id=21, run_config=_deployment(tmp_path, "dep"),
+                                        crash_round=3), tmp_path / "nodes")
+    with pytest.raises(_Crash):
+        serve_app(crashing)
+    job_dir = tmp_path / "dep" / "proximal"
+    assert json.loads((job_dir / "results.json").read_text())["status"] == "failed"
+    assert read_checkpoint(checkpoint_path(job_dir)).round == 2
+
+    # refused: another config, or nothing to resume; results.json is left as it was
+    for cfg, match in ((_deployment(tmp_path, "dep", resume=True, extra="local_epochs=21"), "another config"),
+                       (_deployment(tmp_path, "empty", resume=True), "no checkpoint.npz")):
+        grid = _node_local(InProcessGrid(client_app.app, 3, run_id=98, run_config=cfg), tmp_path / "nodes")
+        with pytest.raises(ResumeError, match=match):
+            serve_app(grid)
+        assert not grid.sent  # before any message
+    assert json.loads((job_dir / "results.json").read_text())["status"] == "failed"
+
+    _fresh_process_caches()  # new processes and a new run id; the SuperNodes keep their state-dir
+    grid = _node_local(RecordingGrid(client_app.app, 3, run_id=99, run_config=_deployment(tmp_path, "dep", resume=True)),
+                       tmp_path / "nodes")
+    serve_app(grid)
+    assert [k for k in grid.log if k[0] != "query"] == (
+        [("train", 3)] * 3 + [("evaluate", 3)] * 3 + [("train", 4)] * 3 + [("evaluate", 4)] * 3)
+    res = json.loads((job_dir / "results.json").read_text())
+    assert res["status"] == "completed" and res["resumed_after_round"] == 2
+    assert [r["round"] for r in res["rounds"]] == [0, 1, 2, 3, 4]
+    assert _strip(res["rounds"]) == _strip(reference["rounds"])
+    assert res["provenance"]["run_config"]["resume"] is True

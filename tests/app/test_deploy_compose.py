@@ -126,15 +126,33 @@ def test_gpu_overlay_reserves_nvidia_devices_for_clientapps():
         assert device["driver"] == "nvidia" and device["capabilities"] == ["gpu"]
 
 
-@pytest.mark.skipif(shutil.which("docker-compose") is None, reason="docker-compose not installed")
-def test_docker_compose_config_validates():
-    res = subprocess.run(
-        ["docker-compose", "-f", "docker-compose.yml", "-f", "with-tls.yml", "-f", "with-state.yml",
-         "-f", "with-gpu.yml", "config", "-q"], cwd=REPO, capture_output=True, text=True, timeout=60,
+def _compose_config(*files: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["docker-compose", *(a for f in files for a in ("-f", f)), "config"], cwd=REPO, capture_output=True,
+        text=True, timeout=60,
         # Debian's docker-compose runs on the system python: keep the test session's python
         # settings (PYTHONPATH and the like, set by other tests or the venv) away from it
         env={k: v for k, v in os.environ.items() if not k.startswith("PYTHON")})
+
+
+@pytest.mark.skipif(shutil.which("docker-compose") is None, reason="docker-compose not installed")
+@pytest.mark.parametrize("files", [
+    ("docker-compose.yml", "with-gpu.yml"),  # the GPU overlay (never run on a GPU here) on the base
+    ("docker-compose.yml", "with-tls.yml", "with-state.yml", "with-gpu.yml"),
+], ids=["base+gpu", "tls+state+gpu"])
+def test_docker_compose_config_validates(files):
+    """``docker-compose ... config`` accepts the files, and the merged GPU overlay reserves an
+    NVIDIA GPU for exactly the clientapp services (the only check of with-gpu.yml: no GPU here)."""
+    res = _compose_config(*files)
     assert res.returncode == 0, res.stderr
+    services = yaml.safe_load(res.stdout)["services"]
+    with_gpu = sorted(name for name, spec in services.items()
+                      if spec.get("deploy", {}).get("resources", {}).get("reservations", {}).get("devices"))
+    assert with_gpu == [f"clientapp-{k}" for k in range(1, N_NODES + 1)]
+    for name in with_gpu:
+        (device,) = services[name]["deploy"]["resources"]["reservations"]["devices"]
+        assert device["driver"] == "nvidia" and device["capabilities"] == ["gpu"] and device["device_ids"] == ["0"]
+        assert services[name]["entrypoint"] == ["flower-superexec"]  # the base service, merged
 
 
 DOC = REPO / "docs" / "deployment.md"

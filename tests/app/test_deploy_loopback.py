@@ -170,8 +170,8 @@ def loopback(tmp_path):
         procs.stop()
 
 
-def test_loopback_deployment_tls_auth(loopback):
-    work, certs, link_port, node_ports, env, procs = loopback
+def _start_federation(work, certs, link_port, node_ports, env, procs) -> None:
+    """The SuperLink (TLS, SuperNode authentication), the keys registered, the SuperNodes online."""
     tls = ServerTls(ca=str(certs / "ca.crt"), cert=str(certs / "superlink.crt"), key=str(certs / "superlink.key"))
     procs.start("superlink", superlink_command(host="127.0.0.1", port=link_port, tls=tls, supernode_auth=True,
                                                database=str(work / "superlink.db")), env)
@@ -187,6 +187,11 @@ def test_loopback_deployment_tls_auth(loopback):
             num_partitions=N_CLIENTS, state_dir=str(work / f"node{k}"), root_ca=str(certs / "ca.crt"),
             auth_key=str(certs / f"supernode-{k}.auth")), env)
     _wait(f"{N_CLIENTS} authenticated SuperNodes online", lambda: _online(env) == N_CLIENTS, procs)
+
+
+def test_loopback_deployment_tls_auth(loopback):
+    work, certs, link_port, node_ports, env, procs = loopback
+    _start_federation(work, certs, link_port, node_ports, env, procs)
 
     out = work / "out"
     overrides = (f"procedure=proximal model=free num_clients={N_CLIENTS} rounds={ROUNDS} local_epochs=2 "
@@ -212,3 +217,43 @@ def test_loopback_deployment_tls_auth(loopback):
         assert list((work / f"node{k}").rglob("*.pt")), f"no private state under node{k}"
     assert not list(out.rglob("*.pt"))
     print(f"loopback deployment ok: {sys.argv[0]} rounds {[r['round'] for r in rounds]}")
+
+
+def test_loopback_deployment_stopped_and_resumed(loopback):
+    """``flwr stop`` once round 1 is checkpointed, then ``flwr run ... resume=true`` with the same
+    overrides and output-dir: the ServerApp continues after round 1 and the clients from their
+    SuperNodes' state-dir (another run id); another config is refused with one line."""
+    from fedhead.checkpoint import checkpoint_path, read_checkpoint
+
+    work, certs, link_port, node_ports, env, procs = loopback
+    _start_federation(work, certs, link_port, node_ports, env, procs)
+    out = work / "out"
+    overrides = (f"procedure=proximal model=free num_clients={N_CLIENTS} rounds=2 local_epochs=2 "
+                 f"dataset.n_train=40 dataset.cache_dir={work / 'cache'}")
+    started = _flwr(["run", ".", "loopback", "--format", "json", "--run-config",
+                     f'overrides="{overrides}" output-dir="{out}"'], env, limit=120)
+    assert started.returncode == 0, started.stdout + started.stderr
+    run_id = json.loads(started.stdout)["run-id"]
+    ckpt = checkpoint_path(out / "proximal")
+    _wait("round 1 checkpointed", lambda: ckpt.is_file() and read_checkpoint(ckpt).round >= 1, procs,
+          limit=RUN_LIMIT_S)
+    stop = _flwr(["stop", str(run_id), "loopback"], env)
+    at = read_checkpoint(ckpt).round
+    assert stop.returncode == 0 and at == 1, (at, stop.stdout + stop.stderr)
+    _wait("the run stopped", lambda: "finished" in _flwr(
+        ["ls", "loopback", "--run-id", str(run_id), "--format", "json"], env).stdout, procs)
+
+    other = _flwr(["run", ".", "loopback", "--stream", "--run-config",
+                   f'overrides="{overrides} seed=1" output-dir="{out}" resume=true'], env, limit=RUN_LIMIT_S)
+    assert "ResumeError: cannot resume" in other.stdout + other.stderr or \
+        "cannot resume" in (out / "proximal" / "run.log").read_text(), other.stdout[-3000:]
+
+    resumed = _flwr(["run", ".", "loopback", "--stream", "--run-config",
+                     f'overrides="{overrides}" output-dir="{out}" resume=true'], env, limit=RUN_LIMIT_S)
+    (work / "logs" / "flwr-resume.log").write_text(resumed.stdout + resumed.stderr)
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    results = json.loads((out / "proximal" / "results.json").read_text())
+    assert results["status"] == "completed" and results["resumed_after_round"] == 1
+    assert [r["round"] for r in results["rounds"]] == [0, 1, 2]
+    assert results["provenance"]["fab"]["run_id"] != run_id
+    assert read_checkpoint(ckpt).round == 2

@@ -114,6 +114,7 @@ def _run(handlers, *, min_clients=None, rounds=2, timeouts=FAST, watch=None):
                              timeouts=timeouts, min_clients=min_clients)
     grid = ProgressGrid(FakeGrid(handlers), show=False, poll=0.005)
     grid.watch = watch
+    grid.timeouts = timeouts  # as fedhead.server_app.serve: the straggler rule
     w0 = np.random.default_rng(0).standard_normal((2, 4))
     strategy.run(grid, (w0, np.zeros(2)), rounds)
     return strategy, obs
@@ -229,3 +230,101 @@ def test_client_error_reasons_are_condensed_to_the_raised_line():
            "following exception:\n\nflwr.clientapp.exception.ClientAppException: ClientApp raised\n")
     assert condense_reason(ray) == "RuntimeError: client exploded on purpose"
     assert condense_reason("disk full") == "disk full"
+
+
+# ------------------------------------------------------------------ the straggler rule
+STRAGGLER = Timeouts(nodes=5, exchange=600, round=600, straggler=0.3, straggler_factor=0.0)
+
+
+def test_the_straggler_rule_drops_a_silent_client_long_before_the_phase_deadline(task_identity, fig2_targets):
+    handlers = _clients(fig2_targets)
+    handlers[57] = Faulty(handlers[57], "train", "silent")
+    t0 = time.perf_counter()
+    strategy, obs = _run(handlers, min_clients=2, timeouts=STRAGGLER)
+    assert time.perf_counter() - t0 < 10  # not the 600 s of timeouts.round
+    last = [r for r in obs.records if r.round >= 1][-1]
+    (d,) = [d for d in last.dropped if d["stage"] == "training"]
+    assert d["node"] == 57 and d["kind"] == "missing"
+    assert "after the other 2 of 3 clients had replied" in d["reason"] and "timeouts.straggler=0.3 s" in d["reason"]
+    counts = np.asarray(strategy.exchange.moments.counts)
+    p = counts[[0, 2]] / counts[[0, 2]].sum()  # weights renormalised over the survivors
+    np.testing.assert_allclose(last.bias, p @ np.asarray(strategy.exchange.moments.means)[[0, 2]], atol=1e-12)
+
+
+def test_the_straggler_rule_stops_the_run_naming_the_node_when_too_few_remain(task_identity, fig2_targets):
+    handlers = _clients(fig2_targets)
+    handlers[33] = Faulty(handlers[33], "query", "silent")
+    t0 = time.perf_counter()
+    with pytest.raises(TooFewReplies, match=r"moment exchange: .*node 33: no reply .*straggler rule") as err:
+        _run(handlers, timeouts=STRAGGLER)
+    assert time.perf_counter() - t0 < 5
+    assert "\n" not in str(err.value)  # one line
+
+
+def test_the_straggler_rule_waits_for_half_the_clients_and_scales_with_the_phase():
+    t = Timeouts(straggler=60, straggler_factor=2)
+    assert t.straggler_deadline(4, []) is None
+    assert t.straggler_deadline(4, [1.0]) is None  # fewer than half replied: no straggler yet
+    assert t.straggler_deadline(4, [1.0, 5.0]) == 5.0 + 60  # short phase: the floor
+    assert t.straggler_deadline(4, [1000.0, 1800.0, 1900.0]) == 1900.0 + 3800  # long training: 2 x T
+    assert t.straggler_deadline(2, [3.0]) == 63.0
+    assert t.straggler_deadline(3, [1.0, 2.0, 3.0]) is None  # everyone replied
+    assert Timeouts(straggler=None).straggler_deadline(3, [1.0, 2.0]) is None  # off
+    from fedhead.config import ConfigError
+
+    with pytest.raises(ConfigError, match="timeouts.straggler_factor"):
+        Timeouts(straggler_factor=-1)
+    with pytest.raises(ConfigError, match="timeouts.straggler "):
+        Timeouts(straggler=0)
+
+
+def test_a_late_but_legitimate_client_is_not_a_straggler(task_identity, fig2_targets):
+    """Replies that keep coming keep the clock going: a client slower than the others by less
+    than the grace is waited for."""
+    handlers = _clients(fig2_targets)
+    slow = handlers[57]
+
+    class Late:
+        def __init__(self):
+            self.pending = []
+
+        def __call__(self, msg):
+            if msg.metadata.message_type != "train":
+                return slow(msg)
+            self.pending.append(msg)
+            return None
+
+    late = Late()
+    handlers[57] = late
+    grid = ProgressGrid(FakeGrid(handlers), show=False, poll=0.005)
+    grid.timeouts = Timeouts(straggler=1.0, straggler_factor=0.0)
+    import threading
+
+    def answer_later():  # the reply arrives 0.4 s after the others, within the 1 s grace
+        time.sleep(0.4)
+        msg = late.pending.pop()
+        grid._grid._replies[msg.metadata.message_id] = slow(msg)
+
+    w0 = np.random.default_rng(0).standard_normal((2, 4))
+    msgs = [Message(RecordDict({P.HEAD: P.head_record(w0, np.zeros(2))}), dst_node_id=n, message_type="train")
+            for n in NODES]
+    threading.Timer(0.0, answer_later).start()
+    replies = grid.send_and_receive(msgs, timeout=30)
+    assert sorted(m.metadata.src_node_id for m in replies) == sorted(NODES)
+    assert not any(m.has_error() for m in replies) and grid.stragglers == []
+
+
+def test_a_node_without_heartbeat_is_an_error_reply_with_flwrs_reason(task_identity, fig2_targets):
+    """flwr's SuperLink answers for a SuperNode whose heartbeats stopped (2 x 30 s) with a
+    NODE_UNAVAILABLE error reply; the failure policy drops it like any error, reason kept."""
+    from flwr.app import Error
+    from flwr.common.constant import ErrorCode
+    from flwr.server.superlink.linkstate.utils import NODE_UNAVAILABLE_ERROR_REASON
+
+    handlers = _clients(fig2_targets)
+    ok = handlers[57]
+    handlers[57] = lambda m: (Message(Error(code=ErrorCode.NODE_UNAVAILABLE, reason=NODE_UNAVAILABLE_ERROR_REASON),
+                                      reply_to=m) if m.metadata.message_type == "train" else ok(m))
+    _, obs = _run(handlers, min_clients=2, timeouts=STRAGGLER)
+    (d,) = [d for d in obs.records[-1].dropped if d["stage"] == "training"]
+    assert d["node"] == 57 and d["kind"] == "error" and "Node Unavailable" in d["reason"]
