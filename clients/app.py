@@ -20,8 +20,11 @@ the same seeded random backbone (``init=common``) or its own (``init=independent
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import pickle
 import threading
+import time
 from typing import Any
 
 import numpy as np
@@ -326,10 +329,11 @@ def handle_train(job: Any, msg: Message, context: Context) -> Message:
     _, mu, sigma = client_moments(job, pid, cd)
 
     if proc.exact:
+        t0 = time.perf_counter()
         weight, bias, gap, trained_gap = exact_head(mu, sigma, w_t, sigma_cen, gamma=proc.gamma,
                                                     centered=proc.centered, lambda_h=lh, lambda_w=lw)
         metrics.update({P.OBJECTIVE_GAP: float(gap), P.TRAINED_GAP: float(trained_gap), P.N_STEPS: 0,
-                        P.LOCAL_EPOCHS: 0})
+                        P.LOCAL_EPOCHS: 0, P.LOCAL_SECONDS: time.perf_counter() - t0})
     else:
         device = select_device(job.settings.device)
         backbone = load_backbone(job, context, pid, data, cd, required=False, expected_round=rnd - 1)
@@ -339,18 +343,20 @@ def handle_train(job: Any, msg: Message, context: Context) -> Message:
         with torch.no_grad():
             head.weight.copy_(torch.as_tensor(w_t, dtype=torch.float32))
             head.bias.copy_(torch.as_tensor(b_t, dtype=torch.float32))
+        t0 = time.perf_counter()
         result = train_local(
             backbone, head, train_inputs(job, cd), y, job.train, job.local_problem(),
             broadcast_weight=w_t, sigma_cen=sigma_cen, device=device,
             seed=round_seed(job.settings.seed, rnd, pid),
         )
+        local_seconds = time.perf_counter() - t0
         weight, bias = result.weight, result.bias
         lm = result.metrics
         metrics.update({
             P.OBJECTIVE_GAP: float(lm.relative_gap), P.TRAINED_GAP: float(lm.trained_gap),
             P.OBJECTIVE: float(lm.objective), P.OPTIMAL_OBJECTIVE: float(lm.optimal_objective),
             P.LOCAL_TRAIN_MSE: float(lm.train_mse), P.TRAIN_SECONDS: float(lm.seconds), P.N_STEPS: int(lm.n_steps),
-            P.LOCAL_EPOCHS: int(lm.epochs),
+            P.LOCAL_EPOCHS: int(lm.epochs), P.LOCAL_SECONDS: local_seconds,
         })
         if job.procedure.align:
             trained_gram = weight @ weight.T
@@ -403,14 +409,46 @@ def handle_evaluate(job: Any, msg: Message, context: Context) -> Message:
 
 
 # -------------------------------------------------------------------------------- the app
+#: Apps this process rebuilt from pickled jobs, by the pickle's digest (see :class:`JobsClientApp`).
+_APPS: dict[str, ClientApp] = {}
+
+
+class JobsClientApp(ClientApp):
+    """The ClientApp of fixed jobs: it pickles as the jobs' pickle and unpickles into the app this
+    process already built from them. flwr's Ray simulation sends the app with every message;
+    this makes that a few kB of bytes instead of the handlers' code and the configs, rebuilt
+    once per worker process instead of once per message."""
+
+    def __init__(self, jobs: Any):
+        super().__init__()
+        self._blob = pickle.dumps(jobs, protocol=pickle.HIGHEST_PROTOCOL)
+        self._digest = hashlib.sha256(self._blob).hexdigest()
+
+    def __reduce__(self):
+        return _app_from_pickle, (self._digest, self._blob)
+
+
+def _app_from_pickle(digest: str, blob: bytes) -> ClientApp:
+    app = _APPS.get(digest)
+    if app is None:
+        app = _APPS[digest] = make_client_app(pickle.loads(blob))
+    return app
+
+
 def make_client_app(job: Any) -> ClientApp:
     """Build the ClientApp.
 
     ``job`` is a :class:`fedhead.config.JobConfig`, a sequence of them (one simulation serving
     several procedures one after another: each message's ``config["job"]`` picks the job), or a
     function ``Context -> JobConfig`` (deployments, where the run config names the job). The
-    jobs travel with the app (closure) in a Ray simulation.
+    jobs travel with the app in a Ray simulation (as their pickle: :class:`JobsClientApp`).
     """
+    app: ClientApp = ClientApp()
+    if isinstance(job, (list, tuple)) or not callable(job):
+        try:
+            app = JobsClientApp(job)
+        except (pickle.PicklingError, TypeError, AttributeError):  # e.g. a test's local class: by value
+            log.debug("jobs not picklable by reference; the ClientApp travels by value", exc_info=True)
     if isinstance(job, (list, tuple)):
         jobs = tuple(job)
 
@@ -426,8 +464,6 @@ def make_client_app(job: Any) -> ClientApp:
     else:
         def resolve(msg: Message, ctx: Context) -> Any:
             return job
-
-    app = ClientApp()
 
     @app.query()
     def query(msg: Message, context: Context) -> Message:

@@ -81,6 +81,7 @@ OBJECTIVE = "objective"
 OPTIMAL_OBJECTIVE = "optimal_objective"
 LOCAL_TRAIN_MSE = "local_train_mse"
 TRAIN_SECONDS = "train_seconds"
+LOCAL_SECONDS = "local_seconds"  # the whole local computation (train_local: set-up, epochs, finishing step)
 N_STEPS = "n_steps"
 ALIGN_DISTANCE_BEFORE = "align_distance_before"
 ALIGN_DISTANCE_AFTER = "align_distance_after"

@@ -2,7 +2,10 @@
 
 * :class:`RunRecorder` implements :class:`strategies.RunObserver`: it writes results.json
   atomically after the exchange and every round, TensorBoard events, PNG figures at the end,
-  and a tqdm progress bar over rounds.
+  and a tqdm progress bar over rounds. With ``background=True`` (the simulation driver) the
+  figures (TensorBoard's per-round ellipses, the PNGs at the end) are drawn by one background
+  thread while the clients train, off the server's critical path; :meth:`RunRecorder.wait`
+  waits for them.
 * :class:`ProgressGrid` wraps a Flower Grid to show per-client progress of every message phase
   and to time the phases (:func:`timing_summary` splits a run's wall time with them).
 * :func:`error_table` and :func:`diagnosis_lines` format results for the console and the log.
@@ -12,9 +15,12 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import queue
 import sys
+import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +32,7 @@ from fedhead.aggregation import LOCAL_GAP_THRESHOLD
 from fedhead.config import JobConfig
 from fedhead.io import provenance, write_json_atomic
 from fedhead.logs import console
-from fedhead.protocol import TRAIN_SECONDS
+from fedhead.protocol import LOCAL_SECONDS, TRAIN_SECONDS
 from fedhead.tracking import RoundRecord, Targets
 
 log = logging.getLogger("fedhead.run")
@@ -46,6 +52,13 @@ class ProgressGrid(Grid):
     the clients still outstanding then get an error reply made up here (code
     :data:`fedhead.limits.STRAGGLER_ERROR_CODE`, the reason says which rule and how long), which
     the failure policy treats as a missing client (dropped, or the run stops naming it).
+    ``window`` (the simulation driver sets it): at most this many messages of a phase are
+    pushed and unanswered at once, the next ones pushed in order as replies arrive. flwr's
+    simulation engine scans every stored message for every node on each 0.1 s tick, a cost of
+    ``M`` x the number stored; with everything pushed at once that is ``M^2`` per tick and eats
+    the CPU the clients train on. A window that drains completely between two polls (fast
+    replies, e.g. evaluation) is doubled, so short phases are not held to one window per tick.
+    None (deployments, where every node pulls its own): push all.
     """
 
     def __init__(self, grid: Grid, *, label: str = "", show: bool = True, poll: float = 0.02):
@@ -57,6 +70,7 @@ class ProgressGrid(Grid):
         self.watch = None  # fedhead.watchdog.EngineWatch: a dead engine ends every wait
         self.timeouts = None  # fedhead.limits.Timeouts: the straggler rule (None: off)
         self.stragglers: list[tuple[str, int]] = []  # (message type, node) given up on, in order
+        self.window: int | None = None
 
     def check_alive(self) -> None:
         """Raise :class:`fedhead.watchdog.EngineDied` when the engine serving the grid died."""
@@ -88,12 +102,14 @@ class ProgressGrid(Grid):
         if not messages:
             return []
         kind = messages[0].metadata.message_type
-        ids = set(self._grid.push_messages(messages))
-        sent = {m.metadata.message_id: m for m in messages}
-        n_sent = len(ids)
+        window = max(1, self.window) if self.window else len(messages)
+        ids = set(self._grid.push_messages(messages[:window]))
+        rest = messages[window:]
+        sent = {m.metadata.message_id: m for m in messages[:window]}
+        n_sent = len(messages)
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=len(ids), desc=f"{self.label} {kind}".strip(), unit="client", leave=False,
+        bar = tqdm(total=len(ids) + len(rest), desc=f"{self.label} {kind}".strip(), unit="client", leave=False,
                    disable=not self.show, file=sys.stderr)
         out: list[Message] = []
         arrived: list[float] = []  # seconds since t0 of every reply
@@ -107,7 +123,13 @@ class ProgressGrid(Grid):
                     ids.difference_update(m.metadata.reply_to_message_id for m in got)
                     arrived.extend([time.perf_counter() - t0] * len(got))
                     bar.update(len(got))
-                elif self._stragglers_due(n_sent, arrived, t0):
+                    if rest:  # top up to `window` outstanding, in order
+                        if not ids:  # the window drained between two polls: fast replies, widen it
+                            window = min(2 * window, len(messages))
+                        more, rest = rest[:window - len(ids)], rest[window - len(ids):]
+                        ids.update(self._grid.push_messages(more))
+                        sent.update((m.metadata.message_id, m) for m in more)
+                elif not rest and self._stragglers_due(n_sent, arrived, t0):
                     out.extend(self._give_up(kind, [sent[i] for i in ids if i in sent], arrived, n_sent, t0))
                     ids.clear()
                 else:
@@ -141,11 +163,50 @@ class ProgressGrid(Grid):
         return [Message(Error(code=STRAGGLER_ERROR_CODE, reason=reason), reply_to=m) for m in pending]
 
 
+# ------------------------------------------------------------------------------ background drawing
+class _Drawer:
+    """The process's one figure thread (matplotlib is not thread-safe: every figure of a
+    background recorder is drawn there, in submission order). A daemon thread: it never keeps
+    the process alive; :meth:`RunRecorder.wait` is what makes sure the work is done."""
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Future:
+        fut: Future = Future()
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._loop, name="fedhead-figures", daemon=True)
+                self._thread.start()
+            self._jobs.put((fut, fn, args))
+        return fut
+
+    def _loop(self) -> None:
+        while True:
+            fut, fn, args = self._jobs.get()
+            if not fut.set_running_or_notify_cancel():
+                continue
+            try:
+                fut.set_result(fn(*args))
+            except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread
+                fut.set_exception(exc)
+
+
+_DRAWER = _Drawer()
+
+
 # ------------------------------------------------------------------------------ the recorder
 class RunRecorder:
-    """Observer of one federation: results.json (atomic, every round), TensorBoard, progress."""
+    """Observer of one federation: results.json (atomic, every round), TensorBoard, progress.
 
-    def __init__(self, job: JobConfig, *, show_progress: bool = True):
+    ``background=True``: figures are drawn by a background thread (see the module docstring);
+    results.json's final write (with the figure names) follows them; :meth:`wait` blocks until
+    everything is written.
+    """
+
+    def __init__(self, job: JobConfig, *, show_progress: bool = True, background: bool = False):
         from fedhead.tb import TensorBoardLogger
 
         self.job = job
@@ -162,6 +223,8 @@ class RunRecorder:
         self.show_progress = show_progress
         self.base_timing: dict[str, Any] = {}  # merged into results["timing"] by finish()
         self._bar = None
+        self.background = bool(background)
+        self._pending: list[Future] = []
         seeds = {"seed": job.settings.seed, "dataset_seed": int(getattr(job.dataset, "seed", 0)),
                  **init_seeds(job)}
         prov = provenance(seeds)
@@ -237,7 +300,9 @@ class RunRecorder:
         if t >= 1:
             self.round_times.append(time.perf_counter())
         if self.tb is not None:
-            self.tb.round(record, self.targets)
+            self.tb.round(record, self.targets, ellipses=not self.background)
+            if self.background:
+                self._later(self.tb.ellipses, record, self.targets)
         self.write()
         log.info(
             "[%s] round %d: e_F(G_star)=%s e_F(G_cen)=%s e_F(G_within)=%s recursion=%s delta=%s train_mse=%s "
@@ -263,6 +328,14 @@ class RunRecorder:
         self.results["timing"] = dict(self.base_timing, **(timing or {}),
                                       total_seconds=time.perf_counter() - self.t_start)
         self.results["local_optimality"] = local_optimality([self.records[t] for t in sorted(self.records)])
+        if self.background and status == "completed":
+            self._later(self._write_outputs, status)  # figures, then results.json and the events
+        else:
+            self.wait(raise_errors=status in ("completed", "diagnosed"))  # the writer closes below
+            self._write_outputs(status)
+        return self.results
+
+    def _write_outputs(self, status: str) -> None:
         if status == "completed" and self.job.output.figures and len(self.records) > 1:
             self.results["figures"] = [str(p.name) for p in write_figures(self)]
         self.write()
@@ -271,7 +344,32 @@ class RunRecorder:
                 self.tb.text("summary", final_summary(self.results))
             self.tb.finish(status)
             self.tb.close()
-        return self.results
+
+    def _later(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Run ``fn(*args)`` on the figure thread (in order), or now without ``background``."""
+        if self.background:
+            self._pending.append(_DRAWER.submit(fn, *args))
+        else:
+            fn(*args)
+
+    def wait(self, *, raise_errors: bool = True) -> float:
+        """Block until this recorder's background work is written; return the seconds waited.
+
+        The first error of that work is raised (``raise_errors``) or logged."""
+        t0 = time.perf_counter()
+        pending, self._pending = self._pending, []
+        first: BaseException | None = None
+        for fut in pending:
+            try:
+                fut.result()
+            except Exception as exc:  # noqa: BLE001 - re-raised below or logged
+                if first is None:
+                    first = exc
+                if not raise_errors:
+                    log.error("[%s] writing figures failed: %s", self.job.name, exc, exc_info=exc)
+        if first is not None and raise_errors:
+            raise first
+        return time.perf_counter() - t0
 
 
 #: (experiment folder, diagnosis text) already shown on the console in this process
@@ -435,10 +533,12 @@ def timing_summary(recorder: RunRecorder, pgrid: ProgressGrid | None, t_sim: flo
 
     ``phase_seconds`` sums the message phases by type; ``phases`` lists every phase in order as
     ``[type, seconds]``; ``round_train_seconds[t - 1]`` is the clients' summed training-loop time
-    of round ``t``.
+    of round ``t``, ``round_local_seconds[t - 1]`` their summed local computation (the whole
+    ``train_local``: set-up, epochs and finishing step).
     """
     rounds = [recorder.records[t] for t in sorted(recorder.records) if t >= 1]
     per_round = [sum(float(cm.get(TRAIN_SECONDS, 0.0)) for cm in rec.client_metrics) for rec in rounds]
+    per_round_local = [sum(float(cm.get(LOCAL_SECONDS, 0.0)) for cm in rec.client_metrics) for rec in rounds]
     phases: dict[str, float] = {}
     first_phase = None
     if pgrid is not None:
@@ -452,6 +552,8 @@ def timing_summary(recorder: RunRecorder, pgrid: ProgressGrid | None, t_sim: flo
         "phases": [[kind, secs] for kind, _, secs in (pgrid.phases if pgrid is not None else [])],
         "client_train_seconds": sum(per_round),
         "round_train_seconds": per_round,
+        "client_local_seconds": sum(per_round_local),
+        "round_local_seconds": per_round_local,
     }
 
 # ------------------------------------------------------------------------------ experiments

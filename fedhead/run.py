@@ -196,7 +196,8 @@ def run_federations(jobs: list[JobConfig], *, show_progress: bool = True, verbos
     for job, ckpt in zip(jobs, resumes):
         if ckpt is None and job.state_dir.exists():
             shutil.rmtree(job.state_dir)
-    recorders = [RunRecorder(job, show_progress=show_progress) for job in jobs]
+    # figures are drawn on a background thread while the clients train (waited for below)
+    recorders = [RunRecorder(job, show_progress=show_progress, background=True) for job in jobs]
     recorders[0].t_start = t_begin  # the first federation's wall time includes data + Ray start
     for rec in recorders:
         rec.base_timing["ray_init_seconds"] = t_ray
@@ -213,6 +214,8 @@ def run_federations(jobs: list[JobConfig], *, show_progress: bool = True, verbos
     except BaseException as exc:
         sim.watch.trip(one_line(exc))  # the ServerApp thread stops waiting (no hang)
         sim.fail_running(exc)
+        for rec in recorders:
+            rec.wait(raise_errors=False)
         if is_flwr_wrapper(exc):
             raise EngineDied(f"the simulation engine crashed: {one_line(exc)}") from exc
         raise
@@ -223,6 +226,7 @@ def run_federations(jobs: list[JobConfig], *, show_progress: bool = True, verbos
             stop_ray()  # flwr shuts Ray down itself on success; this covers early failures
     if sim.served:
         log.info("simulation teardown (actors, Ray shutdown): %.2f s", time.perf_counter() - sim.served[-1])
+    _wait_for_outputs(recorders)
     _check_finished(recorders, raise_error=not keep_going)
     for job, rec in zip(jobs, recorders):  # only after a complete run: an interrupted one keeps it for resume=
         if rec.results["status"] in ("completed", "diagnosed") and not job.output.keep_client_state \
@@ -303,6 +307,18 @@ def _prepare_and_start_ray(jobs: list[JobConfig], init_args: dict[str, Any]) -> 
     return time.perf_counter() - t_ray
 
 
+def message_window(job: JobConfig) -> int:
+    """Messages in flight in a simulation phase (:class:`fedhead.recorder.ProgressGrid`):
+    twice the clients Ray runs at once (so a free actor always finds a queued message), at
+    least 8."""
+    import math
+    import os
+
+    cpus = job.resources.ray_num_cpus or os.cpu_count() or 1
+    slots = max(1, math.floor(cpus / job.resources.client_cpus)) if job.resources.client_cpus > 0 else 1
+    return max(8, 2 * slots)
+
+
 class _Simulation:
     """The driver's ServerApp over several jobs, with their recorders, grids and clocks."""
 
@@ -358,7 +374,8 @@ class _Simulation:
                  getattr(job.dataset, "name", "?"), getattr(job.model, "name", "?"))
         try:
             self.grids[i] = serve(grid, job, rec, show_progress=self.show_progress,
-                                  message_config={JOB: i}, watch=self.watch, resume=self.resumes[i])
+                                  message_config={JOB: i}, watch=self.watch, resume=self.resumes[i],
+                                  window=message_window(job))
             finish_job(job, rec, self.grids[i], self.sim_start[i] if i else self.t_sim, time.perf_counter())
         except Exception as exc:  # noqa: BLE001 - recorded; re-raised unless the sweep keeps going
             if not self.keep_going or self.watch.tripped:
@@ -378,6 +395,18 @@ class _Simulation:
                 rec.finish("failed", error=one_line(exc),
                            timing=timing_summary(rec, self.grids.get(i), self.sim_start.get(i, self.t_sim),
                                                  time.perf_counter()))
+
+
+def _wait_for_outputs(recorders: list[RunRecorder]) -> None:
+    """Wait for the figures drawn in the background (mostly done during the engine's teardown);
+    the wait is recorded with the last procedure as ``timing.figures_wait_seconds``."""
+    t0 = time.perf_counter()
+    for rec in recorders:
+        rec.wait()
+    if recorders and recorders[-1].results.get("status") == "completed":
+        last = recorders[-1]
+        last.results["timing"]["figures_wait_seconds"] = time.perf_counter() - t0
+        last.write()
 
 
 def _check_finished(recorders: list[RunRecorder], *, raise_error: bool = True) -> None:

@@ -73,7 +73,7 @@ def make_job_strategy(job: JobConfig, observer: Any, message_config: dict[str, A
 
 def serve(grid: Grid, job: JobConfig, recorder: RunRecorder, *, show_progress: bool = True,
           message_config: dict[str, Any] | None = None, watch: Any = None,
-          resume: Checkpoint | None = None) -> ProgressGrid:
+          resume: Checkpoint | None = None, window: int | None = None) -> ProgressGrid:
     """The ServerApp body: moment exchange, diagnosis, then the rounds of the job's procedure.
 
     ``watch`` (:class:`fedhead.watchdog.EngineWatch`): every wait for replies ends with
@@ -82,11 +82,13 @@ def serve(grid: Grid, job: JobConfig, recorder: RunRecorder, *, show_progress: b
     given up on once the others have replied; :meth:`fedhead.limits.Timeouts.straggler_deadline`). After every
     complete round the server state is checkpointed into ``<job.output_dir>/checkpoint.npz``
     (:mod:`fedhead.checkpoint`); ``resume`` (a checkpoint read by
-    :func:`fedhead.checkpoint.load_for_resume`) continues after its round.
+    :func:`fedhead.checkpoint.load_for_resume`) continues after its round. ``window``: see
+    :class:`fedhead.recorder.ProgressGrid` (the simulation's messages in flight).
     """
     pgrid = ProgressGrid(grid, label=job.name, show=show_progress)
     pgrid.watch = watch
     pgrid.timeouts = job.timeouts  # the straggler rule ends the wait for a client that never answers
+    pgrid.window = window
     strategy = make_job_strategy(job, recorder, message_config)
     strategy.run(
         pgrid, lambda c: initial_head(job, c), job.settings.rounds,

@@ -98,20 +98,31 @@ class TensorBoardLogger:
         self.writer.flush()
 
     def round(self, record: Any, targets: Any, *, ellipses: bool = True) -> None:
-        """Every scalar of a :class:`fedhead.tracking.RoundRecord` and the ellipse picture."""
+        """Every scalar of a :class:`fedhead.tracking.RoundRecord` and (``ellipses``) the ellipse
+        picture; with ``ellipses=False`` draw it later with :meth:`ellipses` (the recorder does,
+        off the server's critical path)."""
         t = int(record.round)
         for key, value in record.scalars().items():
             if value is not None and np.isfinite(value):
                 self.writer.add_scalar(scalar_tag(key), float(value), t)
         if t == 0:
             self._gram0 = np.asarray(record.gram)
-        if ellipses and targets is not None and record.gram.shape[0] >= 2:
-            from fedhead.plotting.canvas import FIGURE_LOCK
+        if ellipses:
+            self.ellipses(record, targets, gram0=self._gram0)
+        self.writer.flush()
 
-            with FIGURE_LOCK:  # concurrent jobs of a sweep draw from several threads
-                fig = ellipse_figure(record.gram, targets, round_=t, gram0=self._gram0,
-                                     target_names=self.target_names, unit=self.unit, procedure=self.procedure)
-                self.writer.add_figure("gram/ellipses", fig, global_step=t, close=True)
+    def ellipses(self, record: Any, targets: Any, *, gram0: np.ndarray | None = None) -> None:
+        """The ``gram/ellipses`` image of round ``record.round`` (``gram0``: the round-0 Gram drawn
+        beside it; the one :meth:`round` kept by default)."""
+        if targets is None or record.gram.shape[0] < 2:
+            return
+        from fedhead.plotting.canvas import FIGURE_LOCK
+
+        t = int(record.round)
+        with FIGURE_LOCK:  # figures are drawn from several threads (background drawing, concurrent jobs)
+            fig = ellipse_figure(record.gram, targets, round_=t, gram0=self._gram0 if gram0 is None else gram0,
+                                 target_names=self.target_names, unit=self.unit, procedure=self.procedure)
+            self.writer.add_figure("gram/ellipses", fig, global_step=t, close=True)
         self.writer.flush()
 
     def hparams(self, values: dict[str, Any], metrics: Sequence[str] = HPARAM_METRICS) -> None:

@@ -108,7 +108,7 @@ def reference_targets(
 def selected_heads(broadcast: np.ndarray, client_grams: np.ndarray) -> np.ndarray:
     """``Pi_m(W_t)`` for every client, shape ``(M, C, P)`` (theory.md §5)."""
     w = np.asarray(broadcast, dtype=np.float64)
-    return np.stack([ufm.closest_head(w, g) for g in np.asarray(client_grams)])
+    return ufm.closest_head(w, np.asarray(client_grams, dtype=np.float64))  # one batched call for all M
 
 
 def selection_distance(heads: np.ndarray, broadcast: np.ndarray, client_grams: np.ndarray,

@@ -190,3 +190,58 @@ def test_node_config_state_dir_and_partition_count(tmp_path, task_identity):
     node = next(iter(bad.contexts))
     with pytest.raises(Exception, match="num-partitions=4 but the run has num_clients=3"):
         bad.handlers[node](instruction(node, "query"))
+
+
+def test_client_app_pickles_as_its_jobs_and_is_rebuilt_once_per_process(tmp_path):
+    """flwr's Ray simulation pickles the ClientApp with every message: it travels as the jobs'
+    pickle and unpickles into one cached app (the same handlers, the same jobs)."""
+    import pickle
+
+    import cloudpickle
+
+    from clients import app as client_module
+
+    job = _job(tmp_path, "procedure=exact", "model=free")
+    app = make_client_app([job])
+    assert isinstance(app, client_module.JobsClientApp)
+    first = pickle.loads(cloudpickle.dumps(app))
+    second = pickle.loads(cloudpickle.dumps(app))
+    assert first is second and first is not app
+    assert set(first._registered_funcs) == set(app._registered_funcs)
+    assert len(cloudpickle.dumps(app)) < len(pickle.dumps([job])) + 1024  # the jobs, not the handlers' code
+
+
+def test_background_recorder_writes_the_same_outputs_after_wait(tmp_path, task_identity):
+    """RunRecorder(background=True) draws the figures on its thread; after wait() results.json,
+    TensorBoard events and the PNGs are what a foreground recorder writes."""
+    outputs = {}
+    for background in (False, True):
+        job = _job(tmp_path / str(background), "procedure=exact", "model=free", "rounds=2",
+                   "output.tensorboard=true", "output.figures=true")
+        recorder = RunRecorder(job, show_progress=False, background=background)
+        serve(InProcessGrid(make_client_app(job), job.settings.num_clients, run_id=11), job, recorder,
+              show_progress=False)
+        recorder.finish("completed")
+        recorder.wait()
+        res = json.loads((Path(job.output_dir) / "results.json").read_text())
+        pngs = sorted(p.name for p in Path(job.output_dir).glob("*.png"))
+        events = list((Path(job.output_dir) / "tensorboard").glob("events.out.tfevents.*"))
+        outputs[background] = (res["status"], res["figures"], [r["gram"] for r in res["rounds"]], pngs,
+                               len(events), sum(p.stat().st_size for p in events) > 0)
+    assert outputs[True] == outputs[False]
+    assert outputs[True][1] == ["error_curves.png", "ellipses.png"]
+
+
+def test_a_message_window_gives_the_same_run(tmp_path, task_identity):
+    """ProgressGrid(window=1): one message in flight at a time, pushed in order as replies come;
+    the run is the one with every message pushed at once."""
+    rounds = {}
+    for window in (None, 1):
+        job = _job(tmp_path / str(window), "procedure=exact", "model=free", "rounds=2")
+        grid = InProcessGrid(make_client_app(job), job.settings.num_clients, run_id=11)
+        recorder = RunRecorder(job, show_progress=False)
+        pgrid = serve(grid, job, recorder, show_progress=False, window=window)
+        res = recorder.finish("completed")
+        assert [kind for kind, _, _ in pgrid.phases].count("train") == 2
+        rounds[window] = [{k: v for k, v in r.items() if k != "client_metrics"} for r in res["rounds"]]
+    assert rounds[1] == rounds[None]

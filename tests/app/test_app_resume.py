@@ -79,7 +79,7 @@ def _fresh_process_caches():
 
 
 def _strip(rounds):  # wall times differ between runs
-    return [{**r, "client_metrics": [{k: v for k, v in m.items() if k != "train_seconds"}
+    return [{**r, "client_metrics": [{k: v for k, v in m.items() if k not in ("train_seconds", "local_seconds")}
                                      for m in r["client_metrics"]]} for r in rounds]
 
 
