@@ -20,7 +20,7 @@ old share is still printed.)
 The one-time start is dominated by ``ray.init`` (GCS, raylet, agents: 3-4 s on 2 busy cores)
 and by every Ray actor importing flwr and torch for its first message and ``torch._dynamo``
 (2.5-5 s, which ``torch.optim.Optimizer`` imports on first use) for its first training message;
-``fedhead.run.start_ray`` starts Ray without the ``runtime_env`` flwr would use (saves ~2.5 s per
+``fedhead.ray_session.start_ray`` starts Ray without the ``runtime_env`` flwr would use (saves ~2.5 s per
 actor start) while the driver prepares the data.
 
 With ``--clients`` it instead measures the fixed cost per client and round at several client

@@ -6,8 +6,8 @@
   figures (TensorBoard's per-round ellipses, the PNGs at the end) are drawn by one background
   thread while the clients train, off the server's critical path; :meth:`RunRecorder.wait`
   waits for them.
-* :class:`ProgressGrid` wraps a Flower Grid to show per-client progress of every message phase
-  and to time the phases (:func:`timing_summary` splits a run's wall time with them).
+* :func:`timing_summary` splits a run's wall time with the phases timed by
+  :class:`fedhead.progress_grid.ProgressGrid`.
 * :func:`error_table` and :func:`diagnosis_lines` format results for the console and the log.
 """
 
@@ -15,21 +15,19 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import queue
 import sys
-import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from flwr.app import Message
-from flwr.serverapp import Grid
 
 from fedhead.aggregation import LOCAL_GAP_THRESHOLD
 from fedhead.config import JobConfig
+from fedhead.plotting.canvas import DRAWER
+from fedhead.progress_grid import ProgressGrid
 from fedhead.io import provenance, write_json_atomic
 from fedhead.logs import console
 from fedhead.protocol import LOCAL_SECONDS, TRAIN_SECONDS
@@ -40,161 +38,6 @@ log = logging.getLogger("fedhead.run")
 SCHEMA_VERSION = 1
 
 
-# ------------------------------------------------------------------------------ progress grid
-class ProgressGrid(Grid):
-    """A Grid that shows per-client progress of every message phase and times the phases.
-
-    Delegates to the real grid; ``send_and_receive`` pushes, then pulls replies as they arrive
-    (a tqdm bar counts clients), and records ``(message type, seconds)`` in :attr:`phases`.
-
-    Every wait ends: at the phase's ``timeout``, when the engine dies (:attr:`watch`), or, with
-    :attr:`timeouts` set, by the straggler rule (:meth:`fedhead.limits.Timeouts.straggler_deadline`):
-    the clients still outstanding then get an error reply made up here (code
-    :data:`fedhead.limits.STRAGGLER_ERROR_CODE`, the reason says which rule and how long), which
-    the failure policy treats as a missing client (dropped, or the run stops naming it).
-    ``window`` (the simulation driver sets it): at most this many messages of a phase are
-    pushed and unanswered at once, the next ones pushed in order as replies arrive. flwr's
-    simulation engine scans every stored message for every node on each 0.1 s tick, a cost of
-    ``M`` x the number stored; with everything pushed at once that is ``M^2`` per tick and eats
-    the CPU the clients train on. A window that drains completely between two polls (fast
-    replies, e.g. evaluation) is doubled, so short phases are not held to one window per tick.
-    None (deployments, where every node pulls its own): push all.
-    """
-
-    def __init__(self, grid: Grid, *, label: str = "", show: bool = True, poll: float = 0.02):
-        self._grid = grid
-        self.label = label
-        self.show = show
-        self.poll = poll
-        self.phases: list[tuple[str, float, float]] = []  # (type, start, seconds)
-        self.watch = None  # fedhead.watchdog.EngineWatch: a dead engine ends every wait
-        self.timeouts = None  # fedhead.limits.Timeouts: the straggler rule (None: off)
-        self.stragglers: list[tuple[str, int]] = []  # (message type, node) given up on, in order
-        self.window: int | None = None
-
-    def check_alive(self) -> None:
-        """Raise :class:`fedhead.watchdog.EngineDied` when the engine serving the grid died."""
-        if self.watch is not None:
-            self.watch.check()
-
-    def set_run(self, run) -> None:  # noqa: D102
-        self._grid.set_run(run)
-
-    @property
-    def run(self):  # noqa: D102
-        return self._grid.run
-
-    def create_message(self, content, message_type, dst_node_id, group_id, ttl=None):  # noqa: D102
-        return self._grid.create_message(content, message_type, dst_node_id, group_id, ttl)
-
-    def get_node_ids(self) -> Iterable[int]:  # noqa: D102
-        return self._grid.get_node_ids()
-
-    def push_messages(self, messages):  # noqa: D102
-        return self._grid.push_messages(messages)
-
-    def pull_messages(self, message_ids):  # noqa: D102
-        return self._grid.pull_messages(message_ids)
-
-    def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None):
-        messages = list(messages)
-        t0 = time.perf_counter()
-        if not messages:
-            return []
-        kind = messages[0].metadata.message_type
-        window = max(1, self.window) if self.window else len(messages)
-        ids = set(self._grid.push_messages(messages[:window]))
-        rest = messages[window:]
-        sent = {m.metadata.message_id: m for m in messages[:window]}
-        n_sent = len(messages)
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=len(ids) + len(rest), desc=f"{self.label} {kind}".strip(), unit="client", leave=False,
-                   disable=not self.show, file=sys.stderr)
-        out: list[Message] = []
-        arrived: list[float] = []  # seconds since t0 of every reply
-        end = None if timeout is None else t0 + timeout
-        try:
-            while ids and (end is None or time.perf_counter() < end):
-                self.check_alive()
-                got = list(self._grid.pull_messages(ids))
-                if got:
-                    out.extend(got)
-                    ids.difference_update(m.metadata.reply_to_message_id for m in got)
-                    arrived.extend([time.perf_counter() - t0] * len(got))
-                    bar.update(len(got))
-                    if rest:  # top up to `window` outstanding, in order
-                        if not ids:  # the window drained between two polls: fast replies, widen it
-                            window = min(2 * window, len(messages))
-                        more, rest = rest[:window - len(ids)], rest[window - len(ids):]
-                        ids.update(self._grid.push_messages(more))
-                        sent.update((m.metadata.message_id, m) for m in more)
-                elif not rest and self._stragglers_due(n_sent, arrived, t0):
-                    out.extend(self._give_up(kind, [sent[i] for i in ids if i in sent], arrived, n_sent, t0))
-                    ids.clear()
-                else:
-                    # each pull looks up every outstanding reply: poll less often when many are
-                    # outstanding (server CPU competes with the clients), at most flwr's 0.1 s
-                    time.sleep(min(0.1, max(self.poll, 4e-4 * len(ids))))
-        finally:
-            bar.close()
-        self.phases.append((kind, t0, time.perf_counter() - t0))
-        return out
-
-    def _stragglers_due(self, n_sent: int, arrived: list[float], t0: float) -> bool:
-        if self.timeouts is None:
-            return False
-        due = self.timeouts.straggler_deadline(n_sent, arrived)
-        return due is not None and time.perf_counter() - t0 >= due
-
-    def _give_up(self, kind: str, pending: list[Message], arrived: list[float], n_sent: int,
-                 t0: float) -> list[Message]:
-        """Error replies for the clients the straggler rule gives up on (one line each in the log)."""
-        from flwr.app import Error
-
-        from fedhead.limits import STRAGGLER_ERROR_CODE, straggler_reason
-
-        reason = straggler_reason(self.timeouts, waited=time.perf_counter() - t0, latest=max(arrived),
-                                  replied=len(arrived), n_clients=n_sent)
-        nodes = sorted(int(m.metadata.dst_node_id) for m in pending)
-        log.warning("%s%s: giving up on node(s) %s: %s", f"[{self.label}] " if self.label else "", kind,
-                    ", ".join(map(str, nodes)), reason)
-        self.stragglers.extend((kind, n) for n in nodes)
-        return [Message(Error(code=STRAGGLER_ERROR_CODE, reason=reason), reply_to=m) for m in pending]
-
-
-# ------------------------------------------------------------------------------ background drawing
-class _Drawer:
-    """The process's one figure thread (matplotlib is not thread-safe: every figure of a
-    background recorder is drawn there, in submission order). A daemon thread: it never keeps
-    the process alive; :meth:`RunRecorder.wait` is what makes sure the work is done."""
-
-    def __init__(self) -> None:
-        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
-        self._thread: threading.Thread | None = None
-        self._lock = threading.Lock()
-
-    def submit(self, fn: Callable[..., Any], *args: Any) -> Future:
-        fut: Future = Future()
-        with self._lock:
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._loop, name="fedhead-figures", daemon=True)
-                self._thread.start()
-            self._jobs.put((fut, fn, args))
-        return fut
-
-    def _loop(self) -> None:
-        while True:
-            fut, fn, args = self._jobs.get()
-            if not fut.set_running_or_notify_cancel():
-                continue
-            try:
-                fut.set_result(fn(*args))
-            except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread
-                fut.set_exception(exc)
-
-
-_DRAWER = _Drawer()
 
 
 # ------------------------------------------------------------------------------ the recorder
@@ -348,7 +191,7 @@ class RunRecorder:
     def _later(self, fn: Callable[..., Any], *args: Any) -> None:
         """Run ``fn(*args)`` on the figure thread (in order), or now without ``background``."""
         if self.background:
-            self._pending.append(_DRAWER.submit(fn, *args))
+            self._pending.append(DRAWER.submit(fn, *args))
         else:
             fn(*args)
 

@@ -15,13 +15,12 @@ The ServerApp body is :func:`fedhead.server_app.serve`; the ClientApp is
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import shutil
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +32,9 @@ from fedhead.cli_errors import debug_enabled, is_flwr_wrapper, one_line, report
 from fedhead.config import JobConfig, hydra_config_path, load_config
 from fedhead.io import write_json_atomic
 from fedhead.logs import configure_run_logging, console, run_logging_active, simulation_logging
+from fedhead import ray_session
 from fedhead.protocol import JOB
+from fedhead.ray_session import start_ray, stop_ray
 from fedhead.recorder import (
     SCHEMA_VERSION,
     ProgressGrid,
@@ -103,39 +104,6 @@ def prepare_data(job: JobConfig):
     return data
 
 
-def start_ray(init_args: dict[str, Any]) -> bool:
-    """Start Ray for a simulation unless it is running; return whether this call started it.
-
-    flwr's Ray backend would start it with a ``runtime_env`` (only to pass ``PYTHONPATH``),
-    which makes Ray set up a runtime environment before every actor (~2.5 s of the start on 2
-    cores, see benchmarks/bench_overhead.py). Starting it here without one, with the same
-    ``PYTHONPATH`` exported to the worker processes, no dashboard and ``init_args`` from the
-    resources config, lets flwr reuse the running instance (it shuts Ray down at the end).
-    """
-    import os
-
-    import ray
-
-    if ray.is_initialized():
-        return False
-    paths = [p for p in sys.path if p]
-    if os.environ.get("PYTHONPATH"):
-        paths.append(os.environ["PYTHONPATH"])
-    os.environ["PYTHONPATH"] = os.pathsep.join(paths)
-    args = dict(init_args)
-    args.setdefault("include_dashboard", False)
-    ray.init(**args)
-    return True
-
-
-def stop_ray() -> None:
-    """Shut Ray down if it is still running (idempotent)."""
-    import ray
-
-    if ray.is_initialized():
-        ray.shutdown()
-
-
 def run_federation(job: JobConfig, *, show_progress: bool = True, verbose: bool = False) -> dict[str, Any]:
     """Run one procedure as a Flower simulation on the Ray backend; return its results.
 
@@ -171,7 +139,7 @@ def run_federations(jobs: list[JobConfig], *, show_progress: bool = True, verbos
     the clients of concurrent jobs share the Ray actors, so on a GPU node with fractional
     ``resources.client_gpus`` several runs share a GPU.
 
-    Inside :func:`shared_ray_session` the simulation reuses the running Ray instance and leaves
+    Inside :func:`fedhead.ray_session.shared_ray_session` the simulation reuses the running Ray instance and leaves
     it running (one Ray start for many simulations).
     """
     from flwr.simulation import run_simulation
@@ -180,29 +148,10 @@ def run_federations(jobs: list[JobConfig], *, show_progress: bool = True, verbos
 
     if not jobs:
         return []
-    preflight(jobs)
-    t_begin = time.perf_counter()
-    first = jobs[0]
-    for job in jobs[1:]:
-        if (job.settings.num_clients, job.resources) != (first.settings.num_clients, first.resources):
-            raise ValueError("jobs of one simulation must share the client count and the resources")
-    backend = first.resources.backend_config(first.settings.num_clients, _use_cuda(first))
-    simulation_logging(backend["init_args"], verbose=verbose)
-    if not verbose and not debug_enabled() and not run_logging_active():
-        # flwr logs an engine crash's traceback (twice); the error says it once
-        logging.getLogger("flwr").setLevel(logging.CRITICAL)
-    resumes = prepare_resume(jobs)
-    t_ray = _prepare_and_start_ray(jobs, backend["init_args"])
-    for job, ckpt in zip(jobs, resumes):
-        if ckpt is None and job.state_dir.exists():
-            shutil.rmtree(job.state_dir)
-    # figures are drawn on a background thread while the clients train (waited for below)
-    recorders = [RunRecorder(job, show_progress=show_progress, background=True) for job in jobs]
-    recorders[0].t_start = t_begin  # the first federation's wall time includes data + Ray start
-    for rec in recorders:
-        rec.base_timing["ray_init_seconds"] = t_ray
     if not isinstance(parallel, int) or parallel < 1:
         raise ValueError(f"parallel must be an integer >= 1, got {parallel!r}")
+    first = jobs[0]
+    backend, resumes, recorders = _set_up(jobs, show_progress=show_progress, verbose=verbose)
     sim = _Simulation(jobs, recorders, show_progress and parallel == 1, resumes, keep_going=keep_going,
                       on_job_end=on_job_end, parallel=parallel)
     try:
@@ -222,7 +171,7 @@ def run_federations(jobs: list[JobConfig], *, show_progress: bool = True, verbos
     finally:
         sim.engine_done.set()
         sim.watch.trip("the simulation ended")
-        if not _SHARED_RAY:
+        if not ray_session.shared():
             stop_ray()  # flwr shuts Ray down itself on success; this covers early failures
     if sim.served:
         log.info("simulation teardown (actors, Ray shutdown): %.2f s", time.perf_counter() - sim.served[-1])
@@ -235,43 +184,38 @@ def run_federations(jobs: list[JobConfig], *, show_progress: bool = True, verbos
     return [r.results for r in recorders]
 
 
-#: True inside :func:`shared_ray_session`: simulations leave Ray running for the next one.
-_SHARED_RAY = False
+def _set_up(jobs: list[JobConfig], *, show_progress: bool, verbose: bool):
+    """Before the engine starts: checks, logging, resume points, data, Ray, the recorders.
 
-
-@contextlib.contextmanager
-def shared_ray_session(init_args: dict[str, Any]) -> Iterator[None]:
-    """One Ray session for several :func:`run_federations` calls (``fedhead-sweep``).
-
-    flwr's Ray backend shuts Ray down when a simulation ends (``RayBackend.terminate``); inside
-    this context its actors are still terminated but Ray keeps running, so the ~5-10 s start of
-    Ray (GCS, raylet, workers) is paid once per sweep, not once per simulation. Ray is shut down
-    when the context exits, also on errors.
-    """
-    global _SHARED_RAY
-    from flwr.server.superlink.fleet.vce.backend import raybackend
-
-    original = raybackend.RayBackend.terminate
-
-    def terminate_actors_only(self) -> None:
-        if self.pool:
-            self.pool.terminate_all_actors()
-
-    raybackend.RayBackend.terminate = terminate_actors_only
-    _SHARED_RAY = True
-    try:
-        start_ray(init_args)
-        yield
-    finally:
-        _SHARED_RAY = False
-        raybackend.RayBackend.terminate = original
-        stop_ray()
+    Returns ``(backend_config, resumes, recorders)``."""
+    preflight(jobs)
+    t_begin = time.perf_counter()
+    first = jobs[0]
+    for job in jobs[1:]:
+        if (job.settings.num_clients, job.resources) != (first.settings.num_clients, first.resources):
+            raise ValueError("jobs of one simulation must share the client count and the resources")
+    backend = first.resources.backend_config(first.settings.num_clients, _use_cuda(first))
+    simulation_logging(backend["init_args"], verbose=verbose)
+    if not verbose and not debug_enabled() and not run_logging_active():
+        # flwr logs an engine crash's traceback (twice); the error says it once
+        logging.getLogger("flwr").setLevel(logging.CRITICAL)
+    resumes = prepare_resume(jobs)
+    t_ray = _prepare_and_start_ray(jobs, backend["init_args"])
+    for job, ckpt in zip(jobs, resumes):
+        if ckpt is None and job.state_dir.exists():
+            shutil.rmtree(job.state_dir)
+    # figures are drawn on a background thread while the clients train (waited for later)
+    recorders = [RunRecorder(job, show_progress=show_progress, background=True) for job in jobs]
+    recorders[0].t_start = t_begin  # the first federation's wall time includes data + Ray start
+    for rec in recorders:
+        rec.base_timing["ray_init_seconds"] = t_ray
+    return backend, resumes, recorders
 
 
 def prepare_resume(jobs: list[JobConfig]) -> list[Checkpoint | None]:
     """The checkpoint every job continues from (all None unless ``resume=``); checks that the
     interrupted run's client state (the private backbones of the checkpointed round) is there."""
-    from clients.app import simulation_state_dir
+    from clients.state import simulation_state_dir
     from clients.store import BackboneStore
 
     if not any(job.resume for job in jobs):

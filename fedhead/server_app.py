@@ -32,7 +32,8 @@ from fedhead.checkpoint import (
     write_checkpoint,
 )
 from fedhead.config import JobConfig, job_from_context
-from fedhead.recorder import ProgressGrid, RunRecorder, diagnosis_lines, error_table, timing_summary
+from fedhead.progress_grid import ProgressGrid
+from fedhead.recorder import RunRecorder, diagnosis_lines, error_table, timing_summary
 
 log = logging.getLogger("fedhead.run")
 

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import io
 import os
+import queue
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from matplotlib.axes import Axes
@@ -90,3 +93,37 @@ def save_figure(fig: Figure, path: str | os.PathLike, *, dpi: int = 130) -> Path
         fig.tight_layout()
     fig.savefig(buf, format="png", dpi=dpi, metadata={"Software": None})
     return write_bytes_atomic(path, buf.getvalue())
+
+
+class Drawer:
+    """The process's one figure thread (matplotlib is not thread-safe: every figure of a
+    background recorder is drawn there, in submission order). A daemon thread: it never keeps
+    the process alive; :meth:`fedhead.recorder.RunRecorder.wait` is what makes sure the work is done."""
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Future:
+        fut: Future = Future()
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._loop, name="fedhead-figures", daemon=True)
+                self._thread.start()
+            self._jobs.put((fut, fn, args))
+        return fut
+
+    def _loop(self) -> None:
+        while True:
+            fut, fn, args = self._jobs.get()
+            if not fut.set_running_or_notify_cancel():
+                continue
+            try:
+                fut.set_result(fn(*args))
+            except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread
+                fut.set_exception(exc)
+
+
+#: The process's figure thread (:class:`fedhead.recorder.RunRecorder` with ``background=True``).
+DRAWER = Drawer()

@@ -7,7 +7,7 @@
 * Data are checked in the driver before Ray starts; a setting whose files are missing is
   ``skipped`` with the file it needs, and the sweep goes on.
 * Runs sharing a client count and resources are packed into one Flower simulation, and every
-  simulation of the sweep shares one Ray session (:func:`fedhead.run.shared_ray_session`): the
+  simulation of the sweep shares one Ray session (:func:`fedhead.ray_session.shared_ray_session`): the
   start-up cost is paid once per sweep. ``parallel_runs`` runs of a simulation are served at once
   (their clients share the Ray actors: with fractional ``resources.client_gpus`` a GPU node runs
   several runs on one GPU). A run that fails is recorded with its error and the
@@ -188,7 +188,7 @@ class _Packer:
 
     def run(self, ran: list[str]) -> None:
         from fedhead.logs import simulation_logging
-        from fedhead.run import shared_ray_session
+        from fedhead.ray_session import shared_ray_session
 
         first = self.jobs[self.todo[0].id]
         import torch

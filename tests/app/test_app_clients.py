@@ -11,7 +11,7 @@ import torch
 from app_helpers import InProcessGrid, instruction
 
 from clients import BackboneStore, make_client_app
-from clients.app import federated_data, simulation_state_dir
+from clients.state import federated_data, simulation_state_dir
 from fedhead import ufm
 from fedhead.config import ConfigError, compose_config, load_config
 from fedhead.recorder import RunRecorder
@@ -177,7 +177,7 @@ def test_node_config_state_dir_and_partition_count(tmp_path, task_identity):
     recorder = RunRecorder(job, show_progress=False)
     serve(grid, job, recorder, show_progress=False)
     assert recorder.finish("completed")["status"] == "completed"
-    from clients.app import deployment_run_key
+    from clients.state import deployment_run_key
 
     key = deployment_run_key(job, 5)  # not flwr's run id: a resumed deployment repeats the key
     assert key != "5" and key == deployment_run_key(job, 6)

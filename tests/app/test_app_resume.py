@@ -17,8 +17,8 @@ import pytest
 from app_helpers import InProcessGrid
 
 from clients import BackboneStore, make_client_app
-from clients import app as client_module
-from clients.app import simulation_state_dir
+from clients import state as client_module
+from clients.state import simulation_state_dir
 from fedhead.checkpoint import ResumeError, checkpoint_path, config_hash, read_checkpoint
 from fedhead.config import compose_config, load_config
 from fedhead.recorder import RunRecorder

@@ -19,7 +19,7 @@ from fedhead import protocol as P
 from fedhead import ufm
 from fedhead.deploy_checks import FederationMismatch
 from fedhead.limits import FailurePolicy, Timeouts
-from fedhead.recorder import ProgressGrid
+from fedhead.progress_grid import ProgressGrid
 from fedhead.watchdog import EngineDied, EngineWatch
 from strategies import FederationError, HeadAveraging
 from strategies.failures import TooFewReplies

@@ -172,7 +172,7 @@ def test_invalid_mismatch_replies_are_refused(tmp_path, task_identity, monkeypat
 
 @pytest.mark.parametrize("init", ["common", "independent"])
 def test_clients_initial_backbones_follow_init(tmp_path, init):
-    from clients.app import federated_data, initial_backbone_seed
+    from clients.state import federated_data, initial_backbone_seed
     from fedhead.models import build_backbone
 
     cfg = load_config(compose_config([

@@ -1,0 +1,79 @@
+"""The Ray session of the simulations: start it without a runtime environment, stop it, and
+keep one session for several simulations (``fedhead-sweep``)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+
+def start_ray(init_args: dict[str, Any]) -> bool:
+    """Start Ray for a simulation unless it is running; return whether this call started it.
+
+    flwr's Ray backend would start it with a ``runtime_env`` (only to pass ``PYTHONPATH``),
+    which makes Ray set up a runtime environment before every actor (~2.5 s of the start on 2
+    cores, see benchmarks/bench_overhead.py). Starting it here without one, with the same
+    ``PYTHONPATH`` exported to the worker processes, no dashboard and ``init_args`` from the
+    resources config, lets flwr reuse the running instance (it shuts Ray down at the end).
+    """
+    import ray
+
+    if ray.is_initialized():
+        return False
+    paths = [p for p in sys.path if p]
+    if os.environ.get("PYTHONPATH"):
+        paths.append(os.environ["PYTHONPATH"])
+    os.environ["PYTHONPATH"] = os.pathsep.join(paths)
+    args = dict(init_args)
+    args.setdefault("include_dashboard", False)
+    ray.init(**args)
+    return True
+
+
+def stop_ray() -> None:
+    """Shut Ray down if it is still running (idempotent)."""
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()
+
+
+#: True inside :func:`shared_ray_session`: simulations leave Ray running for the next one.
+_SHARED_RAY = False
+
+
+@contextlib.contextmanager
+def shared_ray_session(init_args: dict[str, Any]) -> Iterator[None]:
+    """One Ray session for several :func:`run_federations` calls (``fedhead-sweep``).
+
+    flwr's Ray backend shuts Ray down when a simulation ends (``RayBackend.terminate``); inside
+    this context its actors are still terminated but Ray keeps running, so the ~5-10 s start of
+    Ray (GCS, raylet, workers) is paid once per sweep, not once per simulation. Ray is shut down
+    when the context exits, also on errors.
+    """
+    global _SHARED_RAY
+    from flwr.server.superlink.fleet.vce.backend import raybackend
+
+    original = raybackend.RayBackend.terminate
+
+    def terminate_actors_only(self) -> None:
+        if self.pool:
+            self.pool.terminate_all_actors()
+
+    raybackend.RayBackend.terminate = terminate_actors_only
+    _SHARED_RAY = True
+    try:
+        start_ray(init_args)
+        yield
+    finally:
+        _SHARED_RAY = False
+        raybackend.RayBackend.terminate = original
+        stop_ray()
+
+
+def shared() -> bool:
+    """True inside :func:`shared_ray_session` (a simulation then leaves Ray running)."""
+    return _SHARED_RAY
