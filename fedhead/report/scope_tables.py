@@ -50,9 +50,11 @@ def table7(runs: Sequence[RunEntry]) -> list[Table]:
                   [("setting", "setting"), ("init", "init")],
                   [("runs", "runs"), ("trained_minus_local", "L_trained − L_local"),
                    ("aligned_minus_local", "L_aligned − L_local"), ("removed", "removed fraction")], rows,
-                  note="L_local: the clients' local optimum; L_trained: the objective of the averaged head with "
-                       "each client's trained backbone; L_aligned: the same after aligning each client to the "
-                       "average; removed fraction = (L_trained − L_aligned) / (L_trained − L_local)")]
+                  note="weighted training objectives Σ p_m L_m of round 1's local models: L_local, each client's "
+                       "own trained model; L_trained, the average of the trained heads on each client's trained "
+                       "backbone; L_aligned, the average of the heads aligned to the broadcast (W_m Q_m) on each "
+                       "client's aligned backbone (features Q_m^T h); removed fraction = (L_trained − L_aligned) / "
+                       "(L_trained − L_local)")]
 
 
 #: sweeps of Table 8
