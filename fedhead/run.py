@@ -79,7 +79,8 @@ def preflight(jobs: list[JobConfig]) -> None:
             )
 
 
-def _use_cuda(job: JobConfig) -> bool:
+def uses_cuda(job: JobConfig) -> bool:
+    """Whether the job's clients train on CUDA (``device=cuda``, or ``auto`` with a GPU present)."""
     import torch
 
     if job.settings.device == "cuda":
@@ -194,7 +195,7 @@ def _set_up(jobs: list[JobConfig], *, show_progress: bool, verbose: bool):
     for job in jobs[1:]:
         if (job.settings.num_clients, job.resources) != (first.settings.num_clients, first.resources):
             raise ValueError("jobs of one simulation must share the client count and the resources")
-    backend = first.resources.backend_config(first.settings.num_clients, _use_cuda(first))
+    backend = first.resources.backend_config(first.settings.num_clients, uses_cuda(first))
     simulation_logging(backend["init_args"], verbose=verbose)
     if not verbose and not debug_enabled() and not run_logging_active():
         # flwr logs an engine crash's traceback (twice); the error says it once

@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -177,6 +178,7 @@ class _Packer:
         self.todo, self.jobs, self.manifest, self.parallel = todo, jobs, manifest, parallel
         self.bar = _progress(len(todo), show_progress)
         self.done = 0
+        self._lock = threading.Lock()  # parallel_runs: runs end on several server threads
 
     def groups(self, specs: list[RunSpec]) -> list[list[RunSpec]]:
         by: dict[Any, list[RunSpec]] = {}
@@ -189,12 +191,10 @@ class _Packer:
     def run(self, ran: list[str]) -> None:
         from fedhead.logs import simulation_logging
         from fedhead.ray_session import shared_ray_session
+        from fedhead.run import uses_cuda
 
         first = self.jobs[self.todo[0].id]
-        import torch
-
-        use_cuda = first.settings.device == "cuda" or (first.settings.device == "auto" and torch.cuda.is_available())
-        init_args = first.resources.backend_config(first.settings.num_clients, use_cuda)["init_args"]
+        init_args = first.resources.backend_config(first.settings.num_clients, uses_cuda(first))["init_args"]
         simulation_logging(init_args)  # Ray's worker output off the console (before Ray starts)
         with shared_ray_session(init_args):
             for group in self.groups(self.todo):
@@ -229,14 +229,16 @@ class _Packer:
         status = "completed" if results.get("status") == "completed" else "failed"
         wall = (results.get("timing") or {}).get("total_seconds")
         self.manifest.update(spec.id, status=status, error=results.get("error"), wall_seconds=wall)
-        ran.append(spec.id)
-        self.done += 1
-        self.bar.update(1)
+        with self._lock:
+            ran.append(spec.id)
+            self.done += 1
+            done = self.done
+            self.bar.update(1)
         rounds = results.get("rounds") or []
         last = rounds[-1] if rounds else {}
         err = last.get("e_f_reference")
         gap = last.get("max_trained_gap")
-        log.info("[%d/%d] %s %s in %.1f s%s%s", self.done, len(self.todo), spec.id, status, wall or 0.0,
+        log.info("[%d/%d] %s %s in %.1f s%s%s", done, len(self.todo), spec.id, status, wall or 0.0,
                  "" if err is None else f", e_F(G_T, G_{results.get('reference')}) {err:.3g}",
                  "" if gap is None else f", local gap {gap:.2g}")
         if status == "failed":
