@@ -56,7 +56,7 @@ every wall time is stretched and noisy; the two runs of each pair ran back to ba
           256     146.9 / 75.9             62 / 32                    - / 18.0
       At 256 clients flwr's engine scanned every stored message for every node each 0.1 s tick
       (M^2 = 65k checks, a whole core taken from the 2 actors); a window of messages in flight
-      (fedhead.recorder.ProgressGrid) cut the driver's CPU from 26.8 to 8.7 s in a 1-epoch run.
+      (fedhead.progress_grid.ProgressGrid) cut the driver's CPU from 26.8 to 8.7 s in a 1-epoch run.
 """
 
 from __future__ import annotations

@@ -253,7 +253,7 @@ def _prepare_and_start_ray(jobs: list[JobConfig], init_args: dict[str, Any]) -> 
 
 
 def message_window(job: JobConfig) -> int:
-    """Messages in flight in a simulation phase (:class:`fedhead.recorder.ProgressGrid`):
+    """Messages in flight in a simulation phase (:class:`fedhead.progress_grid.ProgressGrid`):
     twice the clients Ray runs at once (so a free actor always finds a queued message), at
     least 8."""
     import math

@@ -84,7 +84,7 @@ def serve(grid: Grid, job: JobConfig, recorder: RunRecorder, *, show_progress: b
     complete round the server state is checkpointed into ``<job.output_dir>/checkpoint.npz``
     (:mod:`fedhead.checkpoint`); ``resume`` (a checkpoint read by
     :func:`fedhead.checkpoint.load_for_resume`) continues after its round. ``window``: see
-    :class:`fedhead.recorder.ProgressGrid` (the simulation's messages in flight).
+    :class:`fedhead.progress_grid.ProgressGrid` (the simulation's messages in flight).
     """
     pgrid = ProgressGrid(grid, label=job.name, show=show_progress)
     pgrid.watch = watch

@@ -4,7 +4,7 @@ flwr's :func:`flwr.simulation.run_simulation` runs the ServerApp in a (non-daemo
 simulation engine (Ray backend) in the calling thread. When the engine crashes, the call raises
 but the ServerApp thread keeps waiting for replies that will never come, and the process never
 exits. The driver trips an :class:`EngineWatch` when the engine call ends (crash or not); every
-wait of the ServerApp (:class:`fedhead.recorder.ProgressGrid`, the strategy's node wait) checks
+wait of the ServerApp (:class:`fedhead.progress_grid.ProgressGrid`, the strategy's node wait) checks
 it and ends with :class:`EngineDied`.
 
 The other way round, flwr's engine waits without a deadline for every ClientApp task it started:
