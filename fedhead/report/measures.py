@@ -98,7 +98,7 @@ def final(results: Results, key: str) -> float | None:
 
 
 def objective_gaps(results: Results) -> list[float]:
-    """The last round's per-client relative gaps of the original (unpenalised) objective."""
+    """The last round's per-client relative gaps of the original objective (without the proximal term)."""
     return [v for v in (num(g) for g in last_round(results).get("objective_gaps") or []) if v is not None]
 
 

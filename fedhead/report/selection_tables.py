@@ -108,7 +108,7 @@ def table5(runs: Sequence[RunEntry]) -> list[Table]:
                                    ("objective_gap", "relative original-objective gap"),
                                    ("endpoint", "endpoint e_F")], rows,
                   note="objective gap: median over clients and runs of the last round's relative gap of each "
-                       "client's original (unpenalised) objective to its optimum; " + ENDPOINT_NOTE)]
+                       "client's original objective (without the proximal term) to its optimum; " + ENDPOINT_NOTE)]
 
 
 #: Table 6's value columns
