@@ -21,7 +21,7 @@ The one-time start is dominated by ``ray.init`` (GCS, raylet, agents: 3-4 s on 2
 and by every Ray actor importing flwr and torch for its first message and ``torch._dynamo``
 (2.5-5 s, which ``torch.optim.Optimizer`` imports on first use) for its first training message;
 ``fedhead.ray_session.start_ray`` starts Ray without the ``runtime_env`` flwr would use (saves ~2.5 s per
-actor start) while the driver prepares the data.
+actor start), after the driver has prepared the data (a data error ends the run before Ray starts).
 
 With ``--clients`` it instead measures the fixed cost per client and round at several client
 counts (same total data, only ``num_clients`` changed): for each count it runs one procedure and
@@ -210,7 +210,7 @@ def overhead(argv: list[str]) -> list[dict]:
     steady = tot[0] - tot[1] - tot[2]
     first = results[0]["timing"] if results else {}
     print(f"\nwall time of the whole call: {wall_all:.1f} s (Ray start {first.get('ray_init_seconds', float('nan')):.1f} s, "
-          f"overlapped with the data preparation; outside the procedures' clocks (importing "
+          f"after the data preparation, inside the first procedure's start; outside the procedures' clocks (importing "
           f"flwr.simulation/Ray, actor and Ray shutdown): {wall_all - tot[0]:.1f} s)")
     print(f"share of wall time outside local training: {100 * (1 - tot[3] / tot[0]):.1f}% (goal < 5%)")
     print(f"  without the one-time start (Ray, workers, data) and moment exchange: "

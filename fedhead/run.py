@@ -105,6 +105,26 @@ def prepare_data(job: JobConfig):
     return data
 
 
+def data_key(job: JobConfig) -> tuple[str, int, float, float, bool]:
+    """What :func:`prepare_data`'s verdict depends on: the data set, the client count, the
+    penalties (the regime check) and ``diagnose_only``."""
+    st = job.settings
+    return repr(job.dataset), st.num_clients, st.lambda_h, st.lambda_w, st.diagnose_only
+
+
+#: :func:`data_key` of every data check that passed in this process
+_DATA_CHECKED: set[tuple[str, int, float, float, bool]] = set()
+
+
+def check_data_once(job: JobConfig) -> None:
+    """:func:`prepare_data` unless the same check already passed in this process (a sweep checks
+    every data set before Ray starts, then runs several simulations over them)."""
+    key = data_key(job)
+    if key not in _DATA_CHECKED:
+        prepare_data(job)
+        _DATA_CHECKED.add(key)
+
+
 def run_federation(job: JobConfig, *, show_progress: bool = True, verbose: bool = False) -> dict[str, Any]:
     """Run one procedure as a Flower simulation on the Ray backend; return its results.
 
@@ -240,13 +260,8 @@ def _prepare_and_start_ray(jobs: list[JobConfig], init_args: dict[str, Any]) -> 
     """Prepare every job's data (cache warm-up, regime check), then start Ray; return Ray's start time.
 
     The data come first so that a data or regime error ends the run before Ray starts."""
-    seen: set[tuple[str, int, float, float, bool]] = set()
     for job in jobs:
-        key = (repr(job.dataset), job.settings.num_clients, job.settings.lambda_h, job.settings.lambda_w,
-               job.settings.diagnose_only)
-        if key not in seen:
-            seen.add(key)
-            prepare_data(job)
+        check_data_once(job)
     t_ray = time.perf_counter()
     start_ray(init_args)
     return time.perf_counter() - t_ray

@@ -92,10 +92,10 @@ def check_data(job: JobConfig) -> tuple[str, str | None, str | None]:
     once in the driver, which warms the cache the Ray workers read."""
     from fedhead.cli_errors import one_line
     from fedhead.data.base import MissingDataError
-    from fedhead.run import prepare_data
+    from fedhead.run import check_data_once
 
     try:
-        prepare_data(job)
+        check_data_once(job)
     except MissingDataError as exc:
         return "skipped", None, f"{exc.what} (looked in {exc.looked_in}; from {exc.where_to_get})"
     except Exception as exc:  # noqa: BLE001 - recorded in the manifest, the sweep goes on
@@ -153,11 +153,13 @@ def run_sweep(cfg: SweepConfig) -> SweepResult:
 
 def _check_all_data(todo: list[RunSpec], jobs: dict[str, JobConfig], manifest: Manifest) -> list[RunSpec]:
     """Check every distinct data set of the runs to do once; drop (and record) those that cannot run."""
-    verdicts: dict[str, tuple[str, str | None, str | None]] = {}
+    from fedhead.run import data_key
+
+    verdicts: dict[tuple, tuple[str, str | None, str | None]] = {}
     keep = []
     for spec in todo:
         job = jobs[spec.id]
-        key = repr((job.dataset, job.settings.num_clients, job.settings.lambda_h, job.settings.lambda_w))
+        key = data_key(job)
         if key not in verdicts:
             verdicts[key] = check_data(job)
             if verdicts[key][0] != "ok":
