@@ -127,8 +127,9 @@ def ensure_fully_active(
         return rep
     bad = rep.violating
     worst = int(bad[int(np.argmin(rep.margins[bad]))])
+    what = f"data set {rep.name}" if rep.name else "the federation"
     msg = (
-        f"data set {rep.name or '?'} with {rep.counts.size} clients is outside the theory's fully "
+        f"{what} with {rep.counts.size} clients is outside the theory's fully "
         f"active regime: {len(bad)} client(s) {bad} have lambda_min(Sigma_m) <= lambda_H * "
         f"lambda_W = {rep.threshold:.4e} (worst: client {worst}, lambda_min = "
         f"{rep.min_eigs[worst]:.4e}, margin {rep.margins[worst]:.3e}). The closed forms and "

@@ -143,7 +143,8 @@ def enforce_regime(exchange: MomentExchange, lambda_h: float, lambda_w: float, a
     """Refuse to train outside the fully active regime unless explicitly allowed.
 
     Raises :class:`fedhead.regime.OutsideRegimeError` naming the clients and margins; with
-    ``allow_outside_regime`` emits :class:`fedhead.regime.OutsideRegimeWarning` (and logs it).
+    ``allow_outside_regime`` logs the :class:`fedhead.regime.OutsideRegimeWarning`'s text once, with
+    what it means for the results (the console's one line; a deployment's run.log).
     """
     if exchange.diagnosis.fully_active:
         return
@@ -153,4 +154,3 @@ def enforce_regime(exchange: MomentExchange, lambda_h: float, lambda_w: float, a
     for w in caught:
         log.warning("%s G_star, the exact recursion, predicted_gram, trajectory_error and delta "
                     "are recorded as null.", w.message)
-        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import logging
+
 import numpy as np
 
 
@@ -174,3 +177,18 @@ class InProcessGrid(FakeGrid):
             for i in range(num_nodes)
         }
         super().__init__({n: (lambda m, n=n: self.app(m, self.contexts[n])) for n in self.contexts})
+
+
+@contextlib.contextmanager
+def captured_strategies_log(caplog):
+    """caplog's handler on the ``strategies`` logger itself, each record once (a deployed
+    ServerApp's logging, set up earlier in the same process, stops it propagating to the root)."""
+    logger = logging.getLogger("strategies")
+    propagate = logger.propagate
+    logger.addHandler(caplog.handler)
+    logger.propagate = False
+    try:
+        yield
+    finally:
+        logger.removeHandler(caplog.handler)
+        logger.propagate = propagate

@@ -8,11 +8,13 @@ of the three Hopper partitions of 80 samples (smallest action-covariance eigenva
 from __future__ import annotations
 
 import json
+import logging
+import warnings
 from pathlib import Path
 
 import numpy as np
 import pytest
-from app_helpers import InProcessGrid
+from app_helpers import InProcessGrid, captured_strategies_log
 
 from clients import make_client_app
 from fedhead.config import compose_config, load_config
@@ -59,13 +61,17 @@ def test_diagnose_only_works_outside_the_regime(tmp_path, task_identity):
     assert res["diagnosis"]["rel_gap"] is None  # NaN written as null
 
 
-def test_override_trains_and_records_undefined_references_as_null(tmp_path, task_identity):
+def test_override_trains_and_records_undefined_references_as_null(tmp_path, task_identity, caplog):
     job = _job(tmp_path, "dataset.allow_outside_regime=true")
-    with pytest.warns(OutsideRegimeWarning, match="Continuing because dataset.allow_outside_regime=true"):
-        prepare_data(job)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", OutsideRegimeWarning)
+        prepare_data(job)  # allowed: silent here, the server reports it once after the exchange
     recorder = RunRecorder(job, show_progress=False)
-    with pytest.warns(OutsideRegimeWarning):
+    with caplog.at_level(logging.WARNING, logger="strategies"), captured_strategies_log(caplog):
         serve(InProcessGrid(make_client_app(job), 3), job, recorder, show_progress=False)
+    said = [r.getMessage() for r in caplog.records if "fully active regime" in r.getMessage()]
+    assert len(said) == 1 and "Continuing because dataset.allow_outside_regime=true" in said[0]
+    assert "recorded as null" in said[0]
     res = recorder.finish("completed")
     on_disk = json.loads((job.output_dir / "results.json").read_text())
     assert on_disk["status"] == "completed" and [r["round"] for r in on_disk["rounds"]] == [0, 1, 2]

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import pytest
-from app_helpers import FakeGrid, NumpyClient, Recorder, instruction, query_reply, train_reply
+from app_helpers import FakeGrid, NumpyClient, Recorder, captured_strategies_log, instruction, query_reply, train_reply
 from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, MetricRecord, RecordDict
 
 from fedhead import aggregation as agg
@@ -179,16 +181,15 @@ def test_training_outside_regime_fails_after_reporting(task_identity, fig2_targe
     assert obs.records == [] and {m.metadata.message_type for m in grid.sent} == {"query"}
 
 
-def test_training_outside_regime_with_the_override(task_identity, fig2_targets):
+def test_training_outside_regime_with_the_override(task_identity, fig2_targets, caplog):
     """lH lW = 0.5 > lambda_min(Sigma_0) = 0.11: client 0's optimal Gram is the clipped phi
     (rank 1); with the override the exact rule still runs and G_star-based numbers are null."""
-    from fedhead.data import OutsideRegimeWarning
-
     obs = Recorder()
     clients = {n: NumpyClient(y, pid, 1.0, 0.5) for pid, (n, y) in enumerate(zip(NODES, fig2_targets))}
     strategy = _strategy(observer=obs, lambda_h=1.0, lambda_w=0.5, allow_outside_regime=True)
-    with pytest.warns(OutsideRegimeWarning, match="client 0"):
+    with caplog.at_level(logging.WARNING, logger="strategies"), captured_strategies_log(caplog):
         strategy.run(FakeGrid(clients), (np.eye(2), np.zeros(2)), 2)
+    assert any("client 0" in r.getMessage() and "fully active regime" in r.getMessage() for r in caplog.records)
     tg = obs.exchanges[0].targets
     assert tg.g_star is None and not tg.fully_active
     np.testing.assert_allclose(tg.g_cen, ufm.optimal_gram(obs.exchanges[0].moments.sigma_cen, 1.0, 0.5), atol=1e-14)
