@@ -12,6 +12,10 @@ from collections.abc import Iterable
 from flwr.app import Message
 from flwr.serverapp import Grid
 
+#: seconds between two hand-overs of stored messages to the clients in flwr's simulation engine
+#: (``vce_api.add_messages_to_queue``)
+ENGINE_TICK = 0.1
+
 log = logging.getLogger("fedhead.run")
 
 
@@ -30,8 +34,9 @@ class ProgressGrid(Grid):
     pushed and unanswered at once, the next ones pushed in order as replies arrive. flwr's
     simulation engine scans every stored message for every node on each 0.1 s tick, a cost of
     ``M`` x the number stored; with everything pushed at once that is ``M^2`` per tick and eats
-    the CPU the clients train on. A window that drains completely between two polls (fast
-    replies, e.g. evaluation) is doubled, so short phases are not held to one window per tick.
+    the CPU the clients train on. A window that drains completely between two polls, or of which
+    half is answered within one engine tick (fast replies, e.g. evaluation), is doubled, so short
+    phases are not held to one window per tick.
     None (deployments, where every node pulls its own): push all.
     """
 
@@ -98,8 +103,8 @@ class ProgressGrid(Grid):
                     arrived.extend([time.perf_counter() - t0] * len(got))
                     bar.update(len(got))
                     if rest:  # top up to `window` outstanding, in order
-                        if not ids:  # the window drained between two polls: fast replies, widen it
-                            window = min(2 * window, len(messages))
+                        if not ids or self._tick_bound(arrived, window, time.perf_counter() - t0):
+                            window = min(2 * window, len(messages))  # fast replies: widen the window
                         more, rest = rest[:window - len(ids)], rest[window - len(ids):]
                         ids.update(self._grid.push_messages(more))
                         sent.update((m.metadata.message_id, m) for m in more)
@@ -114,6 +119,13 @@ class ProgressGrid(Grid):
             bar.close()
         self.phases.append((kind, t0, time.perf_counter() - t0))
         return out
+
+    @staticmethod
+    def _tick_bound(arrived: list[float], window: int, now: float) -> bool:
+        """Whether half the window was answered within the engine's last tick: the clients then
+        wait for the engine's 0.1 s hand-over of new messages, not the other way round."""
+        recent = sum(1 for a in arrived[-window:] if a >= now - ENGINE_TICK)
+        return 2 * recent >= window
 
     def _stragglers_due(self, n_sent: int, arrived: list[float], t0: float) -> bool:
         if self.timeouts is None:

@@ -245,3 +245,14 @@ def test_a_message_window_gives_the_same_run(tmp_path, task_identity):
         assert [kind for kind, _, _ in pgrid.phases].count("train") == 2
         rounds[window] = [{k: v for k, v in r.items() if k != "client_metrics"} for r in res["rounds"]]
     assert rounds[1] == rounds[None]
+
+
+def test_the_window_widens_when_half_of_it_is_answered_within_one_engine_tick():
+    """Fast replies (evaluation) would otherwise wait for flwr's 0.1 s hand-over a window at a time."""
+    from fedhead.progress_grid import ENGINE_TICK, ProgressGrid
+
+    now = 10.0
+    fast = [now - ENGINE_TICK / 2] * 4  # 4 of a window of 8 answered within the last tick
+    assert ProgressGrid._tick_bound([1.0, 2.0, *fast], 8, now)
+    assert not ProgressGrid._tick_bound([1.0, 2.0, *fast[:3]], 8, now)
+    assert not ProgressGrid._tick_bound([now - 3 * ENGINE_TICK + 0.01 * i for i in range(8)], 8, now)
