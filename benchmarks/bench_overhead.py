@@ -92,6 +92,21 @@ above, so the one-time costs are larger too):
       exchange 9.7 -> 6.9 s. local_epochs=1 at 256 clients, old / new rule back to back:
       sim 37.8 / 30.7 s, evaluate 8.2 / 4.7 s, 23.3 / 17.8 ms per client-round, driver CPU
       20.4 / 20.3 s (the wider window costs the driver nothing measurable).
+
+Measured on 2026-12-02 (another idle 2-core machine, at 58609a6):
+
+    default run: whole call 248.2 s, local training 228.5 s; outside local training 7.9 % of the
+      whole call (goal < 5 %: not met), 6.3 % of the procedures' clocks, 1.4 % without the
+      one-time costs; one-time: start 6.2 s (Ray 5.9 s), exchange 5.9 s, outside the
+      procedures' clocks 4.4 s. Training was faster than on 2026-12-01, so the same one-time
+      seconds weigh more. Ray 2.55's ray.init starts five Python helper processes whatever
+      ``include_dashboard`` says (dashboard API server, dashboard agent, runtime-env agent, log
+      monitor, autoscaler monitor: 1.0-1.3 s of CPU each, read off psutil after a start);
+      ``ray.init`` offers no switch for them, and not prestarting workers
+      (``prestart_worker_first_driver=False``) changed nothing beyond noise (start and two
+      actors importing flwr and torch: 11.4 / 12.0 s against 11.1 / 11.6 s, and 18.1 s cold).
+    --clients 4 64 256: sim 23.9 / 34.1 / 87.2 s; ms per client-round 137.0 / 20.8 / 19.6 (last
+      round 107.1 / 19.2 / 20.2): at the 20 ms goal, not clearly under it on this machine.
 """
 
 from __future__ import annotations
