@@ -21,7 +21,7 @@ The headline share is of the whole call's wall time: it also counts what runs ou
 procedures' clocks (importing ``flwr.simulation`` in the driver, and the engine's end: flwr's
 worker threads polling their queues once more, actor termination, ``ray.shutdown``). The
 one-time costs are process starts that the Ray backend (flwr 1.42's only simulation backend)
-imposes on every run: ``ray.init`` (GCS, raylet, six Python helper processes: 5-8 s on 2 cores),
+imposes on every run: ``ray.init`` (GCS, raylet, five Python helper processes: 5-8 s on 2 cores),
 each Ray actor importing flwr (~2 s) and torch (~3 s) for its first message, the moment
 exchange, and at the end ~2.5 s of teardown. ``fedhead.ray_session.start_ray`` starts Ray
 without the ``runtime_env`` flwr would use (saves ~2.5 s per actor start), after the driver has
