@@ -53,15 +53,15 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 from torch import nn
 
-from fedhead.io import provenance, write_json_atomic
 from fedhead.models import FreeFeatureConfig, build_backbone, build_head
 from fedhead.models.backbones import ImageBackbone
+from fedhead.results.io import provenance, write_json_atomic
 from fedhead.train import LocalProblem, TrainConfig, train_local
 
 log = logging.getLogger("bench_local_optimum")
@@ -95,12 +95,19 @@ class SmallResCNN(nn.Module):
         super().__init__()
         half = max(groups, width // 2)
         self.body = nn.Sequential(
-            nn.Conv2d(in_channels, half, 4, stride=4, bias=False), nn.GroupNorm(groups, half), nn.ReLU(),
-            nn.Conv2d(half, width, 3, stride=2, padding=1, bias=False), nn.GroupNorm(groups, width), nn.ReLU(),
+            nn.Conv2d(in_channels, half, 4, stride=4, bias=False),
+            nn.GroupNorm(groups, half),
+            nn.ReLU(),
+            nn.Conv2d(half, width, 3, stride=2, padding=1, bias=False),
+            nn.GroupNorm(groups, width),
+            nn.ReLU(),
             _ResBlock(width, groups),
-            nn.Conv2d(width, width, 3, stride=2, padding=1, bias=False), nn.GroupNorm(groups, width), nn.ReLU(),
+            nn.Conv2d(width, width, 3, stride=2, padding=1, bias=False),
+            nn.GroupNorm(groups, width),
+            nn.ReLU(),
             _ResBlock(width, groups),
-            nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+            nn.AdaptiveAvgPool2d(1),
+            nn.Flatten(),
         )
         self.fc = nn.Linear(width, feature_dim)
 
@@ -144,8 +151,8 @@ def _round_seed(seed: int, rnd: int, pid: int) -> int:
 
 
 def quickstart_setting(n_clients: int, cap: int, literal_cap: int, outdir: str) -> Setting:
-    from fedhead.config import compose_config, load_config
     from fedhead.data.registry import load_federated
+    from fedhead.federation.config import compose_config, load_config
 
     job = load_config(compose_config([])).jobs(outdir)[0]
     data = load_federated(job.dataset, num_clients=job.settings.num_clients)
@@ -155,45 +162,69 @@ def quickstart_setting(n_clients: int, cap: int, literal_cap: int, outdir: str) 
     clients = []
     for pid, cd in enumerate(data.clients[:n_clients]):
         x = torch.arange(cd.n_train) if free else cd.x_train
-        clients.append(Client(
-            pid, x, cd.y_train,
-            (lambda cd=cd: build_backbone(model, data.input_shape, cd.n_train, seed)),
-            (lambda: build_head(model.feature_dim, n_targets, seed)),
-            _round_seed(seed, 1, pid)))
+        clients.append(
+            Client(
+                pid,
+                x,
+                cd.y_train,
+                (lambda cd=cd: build_backbone(model, data.input_shape, cd.n_train, seed)),
+                (lambda: build_head(model.feature_dim, n_targets, seed)),
+                _round_seed(seed, 1, pid),
+            )
+        )
     t, problem = job.train, job.local_problem()
     n_max = max(c.y.shape[0] for c in clients)
-    desc = (f"{data.name}, {len(clients)} of {data.n_clients} clients x N={[c.y.shape[0] for c in clients]}, "
-            f"model={model.name} (width {getattr(model, 'width', '-')}, P={model.feature_dim}), C={n_targets}, "
-            f"lr {t.lr:g}, batch {min(t.batch_size, n_max)}{' (full batch)' if t.batch_size >= n_max else ''}, "
-            f"lambda_H={problem.lambda_h:g}, lambda_W={problem.lambda_w:g}; round 1 (head = broadcast = initial head)")
+    desc = (
+        f"{data.name}, {len(clients)} of {data.n_clients} clients x N={[c.y.shape[0] for c in clients]}, "
+        f"model={model.name} (width {getattr(model, 'width', '-')}, P={model.feature_dim}), C={n_targets}, "
+        f"lr {t.lr:g}, batch {min(t.batch_size, n_max)}{' (full batch)' if t.batch_size >= n_max else ''}, "
+        f"lambda_H={problem.lambda_h:g}, lambda_W={problem.lambda_w:g}; round 1 (head = broadcast = initial head)"
+    )
     return Setting("quickstart", desc, clients, t, problem, sorted({0.0, float(problem.rho)}), cap, literal_cap)
 
 
-def dsprites_setting(n_images: int, n_clients: int, width: int, feature_dim: int, batch_size: int, lr: float,
-                     cap: int, literal_cap: int, outdir: str) -> Setting:
-    from fedhead.config import compose_config, load_config
+def dsprites_setting(
+    n_images: int,
+    n_clients: int,
+    width: int,
+    feature_dim: int,
+    batch_size: int,
+    lr: float,
+    cap: int,
+    literal_cap: int,
+    outdir: str,
+) -> Setting:
     from fedhead.data.registry import load_federated
+    from fedhead.federation.config import compose_config, load_config
 
-    job = load_config(compose_config(["dataset=dsprites", f"dataset.n_train={n_images}", "dataset.n_test=0",
-                                      "num_clients=2"])).jobs(outdir)[0]
+    job = load_config(
+        compose_config(["dataset=dsprites", f"dataset.n_train={n_images}", "dataset.n_test=0", "num_clients=2"])
+    ).jobs(outdir)[0]
     data = load_federated(job.dataset, num_clients=job.settings.num_clients)
     seed, n_targets = job.settings.seed, data.n_targets
     shape = tuple(data.input_shape)
     clients = []
     for pid, cd in enumerate(data.clients[:n_clients]):
-        clients.append(Client(
-            pid, cd.x_train, cd.y_train,
-            (lambda: small_cnn_backbone(shape, width, feature_dim, seed)),
-            (lambda: build_head(feature_dim, n_targets, seed)),
-            _round_seed(seed, 1, pid)))
+        clients.append(
+            Client(
+                pid,
+                cd.x_train,
+                cd.y_train,
+                (lambda: small_cnn_backbone(shape, width, feature_dim, seed)),
+                (lambda: build_head(feature_dim, n_targets, seed)),
+                _round_seed(seed, 1, pid),
+            )
+        )
     train = dataclasses.replace(job.train, lr=lr, batch_size=batch_size)
     problem = job.local_problem()
     n_max = max(c.y.shape[0] for c in clients)
-    desc = (f"{data.name} (offline renderer) {n_images} images over {data.n_clients} clients, {len(clients)} used "
-            f"x N={[c.y.shape[0] for c in clients]}, input {shape}, small residual CNN (GroupNorm, width {width}, "
-            f"global avg pool, fc {width}->{feature_dim}), C={n_targets}, lr {lr:g}, batch {min(batch_size, n_max)}"
-            f"{' (full batch)' if batch_size >= n_max else ''}, lambda_H={problem.lambda_h:g}, "
-            f"lambda_W={problem.lambda_w:g}")
+    desc = (
+        f"{data.name} (offline renderer) {n_images} images over {data.n_clients} clients, {len(clients)} used "
+        f"x N={[c.y.shape[0] for c in clients]}, input {shape}, small residual CNN (GroupNorm, width {width}, "
+        f"global avg pool, fc {width}->{feature_dim}), C={n_targets}, lr {lr:g}, batch {min(batch_size, n_max)}"
+        f"{' (full batch)' if batch_size >= n_max else ''}, lambda_H={problem.lambda_h:g}, "
+        f"lambda_W={problem.lambda_w:g}"
+    )
     return Setting("dsprites", desc, clients, train, problem, [0.0], cap, literal_cap)
 
 
@@ -203,12 +234,26 @@ def run_one(setting: Setting, client: Client, recipe: str, rho: float, check_eve
     backbone, head = client.make_backbone(), client.make_head()
     w0 = head.weight.detach().double().numpy().copy()
     cap = setting.literal_cap if recipe == "literal" else setting.cap
-    cfg = dataclasses.replace(setting.train, local_tol=min(GAPS), check_every=check_every, progress=False,
-                              **(LITERAL if recipe == "literal" else {}))
+    cfg = dataclasses.replace(
+        setting.train,
+        local_tol=min(GAPS),
+        check_every=check_every,
+        progress=False,
+        **(LITERAL if recipe == "literal" else {}),
+    )
     problem = dataclasses.replace(setting.problem, rho=float(rho), gamma=0.0, center_targets=False, epochs=cap)
     t0 = time.perf_counter()
-    res = train_local(backbone, head, client.x, client.y, cfg, problem, broadcast_weight=w0 if rho > 0 else None,
-                      device="cpu", seed=client.seed)
+    res = train_local(
+        backbone,
+        head,
+        client.x,
+        client.y,
+        cfg,
+        problem,
+        broadcast_weight=w0 if rho > 0 else None,
+        device="cpu",
+        seed=client.seed,
+    )
     wall = time.perf_counter() - t0
     m = res.metrics
     n = int(client.y.shape[0])
@@ -219,19 +264,40 @@ def run_one(setting: Setting, client: Client, recipe: str, rho: float, check_eve
     for gap in GAPS:
         e = next((ep for ep, g in m.gap_trace if g <= gap), None)
         to_gap[f"{gap:g}"] = {
-            "epochs": e, "steps": None if e is None else e * spe,
+            "epochs": e,
+            "steps": None if e is None else e * spe,
             "seconds_est": None if e is None else setup + per_epoch * e,
         }
-    log.info("%s rho=%g client %d %-7s: %d epochs (%.1f s), final gap %.3g; steps to %s", setting.name, rho,
-             client.pid, recipe, m.epochs, wall, m.trained_gap,
-             ", ".join(f"{k}: {v['steps'] if v['steps'] is not None else '>' + str(cap * spe)}"
-                       for k, v in to_gap.items()))
+    log.info(
+        "%s rho=%g client %d %-7s: %d epochs (%.1f s), final gap %.3g; steps to %s",
+        setting.name,
+        rho,
+        client.pid,
+        recipe,
+        m.epochs,
+        wall,
+        m.trained_gap,
+        ", ".join(f"{k}: {v['steps'] if v['steps'] is not None else '>' + str(cap * spe)}" for k, v in to_gap.items()),
+    )
     return {
-        "setting": setting.name, "rho": rho, "client": client.pid, "recipe": recipe, "n": n,
-        "cap_epochs": cap, "steps_per_epoch": spe, "cap_steps": cap * spe, "check_every": check_every,
-        "epochs": m.epochs, "n_steps": m.n_steps, "final_trained_gap": m.trained_gap,
-        "final_relative_gap": m.relative_gap, "converged": m.converged, "call_seconds": wall,
-        "loop_seconds": m.seconds, "setup_and_final_seconds": setup, "to_gap": to_gap,
+        "setting": setting.name,
+        "rho": rho,
+        "client": client.pid,
+        "recipe": recipe,
+        "n": n,
+        "cap_epochs": cap,
+        "steps_per_epoch": spe,
+        "cap_steps": cap * spe,
+        "check_every": check_every,
+        "epochs": m.epochs,
+        "n_steps": m.n_steps,
+        "final_trained_gap": m.trained_gap,
+        "final_relative_gap": m.relative_gap,
+        "converged": m.converged,
+        "call_seconds": wall,
+        "loop_seconds": m.seconds,
+        "setup_and_final_seconds": setup,
+        "to_gap": to_gap,
         "gap_trace": [list(p) for p in m.gap_trace],
     }
 
@@ -272,12 +338,14 @@ def print_block(setting: Setting, rho: float, runs: list[dict]) -> None:
     lit0, fix0 = by[(pids[0], "literal")], by[(pids[0], "fixed")]
     spe = fix0["steps_per_epoch"]
     print(f"\n## {setting.name}, rho = {rho:g}: {setting.description}")
-    print(f"# steps/epoch {spe} (epochs = steps / {spe}); cap: fixed {fix0['cap_steps']} steps, literal "
-          f"{lit0['cap_steps']} steps; gap checked every {fix0['check_every']} epochs")
+    print(
+        f"# steps/epoch {spe} (epochs = steps / {spe}); cap: fixed {fix0['cap_steps']} steps, literal "
+        f"{lit0['cap_steps']} steps; gap checked every {fix0['check_every']} epochs"
+    )
     gap_hdr = "".join(f"{'gap<=' + format(g, 'g') + ': lit':>17}{'fixed':>7}{'ratio':>8}" for g in GAPS)
-    rows = [(str(p), [by[(p, 'literal')]], [by[(p, 'fixed')]]) for p in pids]
+    rows = [(str(p), [by[(p, "literal")]], [by[(p, "fixed")]]) for p in pids]
     if len(pids) > 1:
-        rows.append(("median", [by[(p, 'literal')] for p in pids], [by[(p, 'fixed')] for p in pids]))
+        rows.append(("median", [by[(p, "literal")] for p in pids], [by[(p, "fixed")] for p in pids]))
     # steps
     print(f"{'steps':<8}{gap_hdr}{'final gap: lit':>18}{'fixed':>10}")
     for label, lits, fixs in rows:
@@ -309,19 +377,29 @@ def print_block(setting: Setting, rho: float, runs: list[dict]) -> None:
 # ------------------------------------------------------------------------------------------ main
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line, with ``--quick`` applied and the literal caps defaulted to the fixed ones."""
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     ap.add_argument("--settings", nargs="+", default=["quickstart", "dsprites"], choices=["quickstart", "dsprites"])
-    ap.add_argument("--quick", action="store_true",
-                    help="smoke run: 1 client per setting, cap 1000 epochs (quickstart) / 250 (dsprites), "
-                         "100 dSprites images, rho = 0 only")
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="smoke run: 1 client per setting, cap 1000 epochs (quickstart) / 250 (dsprites), "
+        "100 dSprites images, rho = 0 only",
+    )
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: leave torch's default)")
     ap.add_argument("--clients", type=int, default=4, help="quickstart clients to train (of 4)")
     ap.add_argument("--cap", type=int, default=2000, help="epoch cap E of the fixed recipe (quickstart)")
-    ap.add_argument("--literal-cap", type=int, default=None,
-                    help="epoch cap of the literal recipe (quickstart); default: --cap")
-    ap.add_argument("--rhos", type=float, nargs="+", default=None,
-                    help="proximal weights of the quickstart rows; default: 0 and the quickstart's rho")
+    ap.add_argument(
+        "--literal-cap", type=int, default=None, help="epoch cap of the literal recipe (quickstart); default: --cap"
+    )
+    ap.add_argument(
+        "--rhos",
+        type=float,
+        nargs="+",
+        default=None,
+        help="proximal weights of the quickstart rows; default: 0 and the quickstart's rho",
+    )
     ap.add_argument("--check-every", type=int, default=10, help="epochs between two gap checks")
     ap.add_argument("--image-clients", type=int, default=2, help="dSprites clients to train (of 2)")
     ap.add_argument("--image-n", type=int, default=400, help="dSprites training images, over 2 clients")
@@ -330,8 +408,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--image-batch", type=int, default=256, help="dSprites batch size (>= N_m: full batch)")
     ap.add_argument("--image-lr", type=float, default=3e-3, help="dSprites peak learning rate")
     ap.add_argument("--image-cap", type=int, default=1000, help="epoch cap of the fixed recipe (dSprites)")
-    ap.add_argument("--image-literal-cap", type=int, default=None,
-                    help="epoch cap of the literal recipe (dSprites); default: --image-cap")
+    ap.add_argument(
+        "--image-literal-cap",
+        type=int,
+        default=None,
+        help="epoch cap of the literal recipe (dSprites); default: --image-cap",
+    )
     ap.add_argument("--out", default=None, help="write every run (gap traces included) as JSON here")
     ap.add_argument("-v", "--verbose", action="store_true", help="log every run")
     args = ap.parse_args(argv)
@@ -351,15 +433,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def print_header(machine: str) -> None:
     """What the tables below mean."""
-    print(f"# bench_local_optimum: torch {torch.__version__}, {machine}, load average "
-          f"{' '.join(f'{v:.2f}' for v in os.getloadavg())}")
-    print("# steps (epochs x steps/epoch) of one local training call to reach a relative gap of the trained "
-          "objective to its closed-form optimum <= 1e-2/1e-3/1e-4;\n# lit = literal recipe (optimal_bias, "
-          "solve_last_layer, finish_features off, warmup_steps 0), fixed = TrainConfig defaults; ratio = lit / "
-          "fixed;\n# '>N' = not reached within the cap of N steps (ratios then bounds); median row: medians over "
-          "clients (ratio of the medians);\n# ~seconds: set-up + training loop prorated to the epochs reached; "
-          "both include the gap checks every check_every epochs\n# (a full-data forward pass each); 'call s' = "
-          "wall time of the whole train_local call. One run per recipe and client, no repeats.")
+    print(
+        f"# bench_local_optimum: torch {torch.__version__}, {machine}, load average "
+        f"{' '.join(f'{v:.2f}' for v in os.getloadavg())}"
+    )
+    print(
+        "# steps (epochs x steps/epoch) of one local training call to reach a relative gap of the trained "
+        "objective to its closed-form optimum <= 1e-2/1e-3/1e-4;\n# lit = literal recipe (optimal_bias, "
+        "solve_last_layer, finish_features off, warmup_steps 0), fixed = TrainConfig defaults; ratio = lit / "
+        "fixed;\n# '>N' = not reached within the cap of N steps (ratios then bounds); median row: medians over "
+        "clients (ratio of the medians);\n# ~seconds: set-up + training loop prorated to the epochs reached; "
+        "both include the gap checks every check_every epochs\n# (a full-data forward pass each); 'call s' = "
+        "wall time of the whole train_local call. One run per recipe and client, no repeats."
+    )
 
 
 def build_setting(name: str, args: argparse.Namespace, outdir: str) -> tuple[Setting, list[float]]:
@@ -367,8 +453,17 @@ def build_setting(name: str, args: argparse.Namespace, outdir: str) -> tuple[Set
     if name == "quickstart":
         setting = quickstart_setting(args.clients, args.cap, args.literal_cap, outdir)
     else:
-        setting = dsprites_setting(args.image_n, args.image_clients, args.image_width, args.image_p,
-                                   args.image_batch, args.image_lr, args.image_cap, args.image_literal_cap, outdir)
+        setting = dsprites_setting(
+            args.image_n,
+            args.image_clients,
+            args.image_width,
+            args.image_p,
+            args.image_batch,
+            args.image_lr,
+            args.image_cap,
+            args.image_literal_cap,
+            outdir,
+        )
     rhos = setting.rhos
     if setting.name == "quickstart" and args.rhos is not None:
         rhos = sorted(set(args.rhos))
@@ -394,8 +489,9 @@ def run_setting(setting: Setting, rhos: list[float], check_every: int) -> list[d
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
-                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s"
+    )
     if args.threads > 0:
         torch.set_num_threads(args.threads)
     machine = f"CPU, {os.cpu_count()} cores, torch threads {torch.get_num_threads()}"
@@ -407,20 +503,36 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="bench_local_optimum_") as outdir:
         for name in args.settings:
             setting, rhos = build_setting(name, args, outdir)
-            settings_meta.append({"name": setting.name, "description": setting.description, "rhos": rhos,
-                                  "cap": setting.cap, "literal_cap": setting.literal_cap,
-                                  "train": dataclasses.asdict(setting.train),
-                                  "problem": dataclasses.asdict(setting.problem)})
+            settings_meta.append(
+                {
+                    "name": setting.name,
+                    "description": setting.description,
+                    "rhos": rhos,
+                    "cap": setting.cap,
+                    "literal_cap": setting.literal_cap,
+                    "train": dataclasses.asdict(setting.train),
+                    "problem": dataclasses.asdict(setting.problem),
+                }
+            )
             all_runs.extend(run_setting(setting, rhos, args.check_every))
     total = time.perf_counter() - t_start
     print(f"\n# total wall time {total:.0f} s")
     if args.out:
-        write_json_atomic(args.out, {
-            "gaps": list(GAPS), "literal_overrides": LITERAL, "machine": machine, "torch": torch.__version__,
-            "settings": settings_meta, "runs": all_runs, "wall_seconds": total,
-            "provenance": provenance({"model": 0, "data": 0}),
-        })
+        write_json_atomic(
+            args.out,
+            {
+                "gaps": list(GAPS),
+                "literal_overrides": LITERAL,
+                "machine": machine,
+                "torch": torch.__version__,
+                "settings": settings_meta,
+                "runs": all_runs,
+                "wall_seconds": total,
+                "provenance": provenance({"model": 0, "data": 0}),
+            },
+        )
     return 0
+
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -23,7 +23,7 @@ worker threads polling their queues once more, actor termination, ``ray.shutdown
 one-time costs are process starts that the Ray backend (flwr 1.42's only simulation backend)
 imposes on every run: ``ray.init`` (GCS, raylet, five Python helper processes: 5-8 s on 2 cores),
 each Ray actor importing flwr (~2 s) and torch (~3 s) for its first message, the moment
-exchange, and at the end ~2.5 s of teardown. ``fedhead.ray_session.start_ray`` starts Ray
+exchange, and at the end ~2.5 s of teardown. ``fedhead.driver.ray_session.start_ray`` starts Ray
 without the ``runtime_env`` flwr would use (saves ~2.5 s per actor start), after the driver has
 prepared the data (a data error ends the run before Ray starts). Each actor's first
 ``torch.optim`` use also imports ``torch._dynamo`` (~2.4 s, ``Optimizer.add_param_group`` is
@@ -65,7 +65,7 @@ every wall time is stretched and noisy; the two runs of each pair ran back to ba
           256     146.9 / 75.9             62 / 32                    - / 18.0
       At 256 clients flwr's engine scanned every stored message for every node each 0.1 s tick
       (M^2 = 65k checks, a whole core taken from the 2 actors); a window of messages in flight
-      (fedhead.progress_grid.ProgressGrid) cut the driver's CPU from 26.8 to 8.7 s in a 1-epoch run.
+      (fedhead.federation.progress_grid.ProgressGrid) cut the driver's CPU from 26.8 to 8.7 s in a 1-epoch run.
 
 Measured on 2026-12-01 (another 2-core machine, idle, load 1.4-1.7; training ~3x slower than
 above, so the one-time costs are larger too):
@@ -118,9 +118,17 @@ import os
 import tempfile
 import time
 
-SCALING = ("model=free", "rounds=2", "local_epochs=200", "dataset.n_train=4000", "experiment=single",
-           "procedure=proximal", "output.tensorboard=false", "output.figures=false",
-           "dataset.allow_outside_regime=true")  # 256 clients of ~16 samples leave the regime
+SCALING = (
+    "model=free",
+    "rounds=2",
+    "local_epochs=200",
+    "dataset.n_train=4000",
+    "experiment=single",
+    "procedure=proximal",
+    "output.tensorboard=false",
+    "output.figures=false",
+    "dataset.allow_outside_regime=true",
+)  # 256 clients of ~16 samples leave the regime
 
 
 def _concurrency(job) -> int:
@@ -158,8 +166,8 @@ def local_training(res: dict, slots: int) -> tuple[float, float]:
 
 def scaling(counts: list[int], overrides: list[str]) -> list[dict]:
     """Fixed cost per client-round at each client count (one simulation per count)."""
-    from fedhead.config import compose_config, load_config
-    from fedhead.run import run_federations
+    from fedhead.driver.simulation import run_federations
+    from fedhead.federation.config import compose_config, load_config
 
     rows = []
     for m in counts:
@@ -175,41 +183,61 @@ def scaling(counts: list[int], overrides: list[str]) -> list[dict]:
         local = tm[local_key] / conc
         rounds = job.settings.rounds
         both = phases.get("train", 0.0) + phases.get("evaluate", 0.0)
-        row = {"num_clients": m, "simulation_s": tm["simulation_seconds"],
-               "startup_s": tm["startup_seconds"], "exchange_s": phases.get("query", 0.0),
-               "local_train_s": local, "train_phase_s": phases.get("train", 0.0),
-               "evaluate_phase_s": phases.get("evaluate", 0.0),
-               "ms_per_client_round": 1000 * (both - local) / (m * rounds), "ms_per_client_round_steady": None,
-               "ms_per_client_round_epochs_only": 1000 * (both - tm["client_train_seconds"] / conc) / (m * rounds)}
-        per_round = tm.get("round_local_seconds") if local_key == "client_local_seconds" else tm.get("round_train_seconds")
+        row = {
+            "num_clients": m,
+            "simulation_s": tm["simulation_seconds"],
+            "startup_s": tm["startup_seconds"],
+            "exchange_s": phases.get("query", 0.0),
+            "local_train_s": local,
+            "train_phase_s": phases.get("train", 0.0),
+            "evaluate_phase_s": phases.get("evaluate", 0.0),
+            "ms_per_client_round": 1000 * (both - local) / (m * rounds),
+            "ms_per_client_round_steady": None,
+            "ms_per_client_round_epochs_only": 1000 * (both - tm["client_train_seconds"] / conc) / (m * rounds),
+        }
+        per_round = (
+            tm.get("round_local_seconds") if local_key == "client_local_seconds" else tm.get("round_train_seconds")
+        )
         if "phases" in tm and per_round and rounds >= 2:
             # the last round only: no per-process first-use costs (imports, first allocations)
             last = [secs for kind, secs in tm["phases"] if kind in ("train", "evaluate")][-2:]
             steady = sum(last) - per_round[-1] / conc
             row["ms_per_client_round_steady"] = 1000 * steady / m
         rows.append(row)
-    print(f"{'clients':>8} {'sim s':>8} {'start s':>8} {'exch s':>8} {'local s':>8} {'train s':>8} "
-          f"{'eval s':>8} {'ms/client-round':>16} {'last round':>11} {'epochs only':>12}")
+    print(
+        f"{'clients':>8} {'sim s':>8} {'start s':>8} {'exch s':>8} {'local s':>8} {'train s':>8} "
+        f"{'eval s':>8} {'ms/client-round':>16} {'last round':>11} {'epochs only':>12}"
+    )
     for r in rows:
         last = r["ms_per_client_round_steady"]
-        print(f"{r['num_clients']:>8} {r['simulation_s']:8.2f} {r['startup_s'] or 0:8.2f} {r['exchange_s']:8.2f} "
-              f"{r['local_train_s']:8.2f} {r['train_phase_s']:8.2f} {r['evaluate_phase_s']:8.2f} "
-              f"{r['ms_per_client_round']:16.1f} {'-' if last is None else format(last, '11.1f')} "
-              f"{r['ms_per_client_round_epochs_only']:12.1f}")
-    print("(fixed cost = train + evaluate phases - local computation (train_local: set-up, epochs, finishing step) / "
-          "clients at once, per client and round, over all rounds and over the last round alone; goal <= 20 ms. "
-          "'epochs only': the old accounting, which subtracts only the epoch loops and so counts the finishing "
-          "step as overhead)")
+        print(
+            f"{r['num_clients']:>8} {r['simulation_s']:8.2f} {r['startup_s'] or 0:8.2f} {r['exchange_s']:8.2f} "
+            f"{r['local_train_s']:8.2f} {r['train_phase_s']:8.2f} {r['evaluate_phase_s']:8.2f} "
+            f"{r['ms_per_client_round']:16.1f} {'-' if last is None else format(last, '11.1f')} "
+            f"{r['ms_per_client_round_epochs_only']:12.1f}"
+        )
+    print(
+        "(fixed cost = train + evaluate phases - local computation (train_local: set-up, epochs, finishing step) / "
+        "clients at once, per client and round, over all rounds and over the last round alone; goal <= 20 ms. "
+        "'epochs only': the old accounting, which subtracts only the epoch loops and so counts the finishing "
+        "step as overhead)"
+    )
     return rows
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description="Share of a fedhead-run's wall time outside local training, or (--clients) the fixed "
-                    "cost per client-round at several client counts.")
+        "cost per client-round at several client counts."
+    )
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. rounds=2 local_epochs=20")
-    parser.add_argument("--clients", type=int, nargs="+", metavar="M",
-                        help="measure the fixed cost per client-round at these client counts")
+    parser.add_argument(
+        "--clients",
+        type=int,
+        nargs="+",
+        metavar="M",
+        help="measure the fixed cost per client-round at these client counts",
+    )
     parser.add_argument("--json", metavar="PATH", help="also write the measured rows as JSON")
     args = parser.parse_args(argv)
     if args.clients:
@@ -223,8 +251,8 @@ def main(argv: list[str] | None = None) -> None:
 
 def overhead(argv: list[str]) -> list[dict]:
     """The default run's wall-time split (see the module docstring)."""
-    from fedhead.config import compose_config, load_config
-    from fedhead.run import run_federations
+    from fedhead.driver.simulation import run_federations
+    from fedhead.federation.config import compose_config, load_config
 
     cfg = load_config(compose_config(argv))
     out = tempfile.mkdtemp(prefix="fedhead-bench-")
@@ -249,8 +277,17 @@ def overhead(argv: list[str]) -> list[dict]:
         evaluate = phases.get("evaluate", 0.0)
         server = max(0.0, wall - start - query - phases.get("train", 0.0) - evaluate)
         rows.append((job.name, wall, start, query, local, train_other, evaluate, server))
-    head = ("procedure", "wall s", "start s", "exchange s", "local train s", "train msg s",
-            "evaluate s", "server s", "outside training")
+    head = (
+        "procedure",
+        "wall s",
+        "start s",
+        "exchange s",
+        "local train s",
+        "train msg s",
+        "evaluate s",
+        "server s",
+        "outside training",
+    )
     print("  ".join(f"{h:>14}" for h in head))
     tot = [0.0] * 7
     for name, *vals in rows:
@@ -260,25 +297,50 @@ def overhead(argv: list[str]) -> list[dict]:
     steady = tot[0] - tot[1] - tot[2]
     first = results[0]["timing"] if results else {}
     outside = wall_all - tot[0]
-    print(f"\nwall time of the whole call: {wall_all:.1f} s, of which outside the procedures' clocks (importing "
-          f"flwr.simulation, the engine's end: actors, Ray shutdown) {outside:.1f} s; Ray start "
-          f"{first.get('ray_init_seconds', float('nan')):.1f} s (after the data preparation, inside the first "
-          f"procedure's start)")
-    print(f"share of the whole call's wall time outside local training: {100 * (1 - tot[3] / wall_all):.1f}% "
-          f"(goal < 5%)")
+    print(
+        f"\nwall time of the whole call: {wall_all:.1f} s, of which outside the procedures' clocks (importing "
+        f"flwr.simulation, the engine's end: actors, Ray shutdown) {outside:.1f} s; Ray start "
+        f"{first.get('ray_init_seconds', float('nan')):.1f} s (after the data preparation, inside the first "
+        f"procedure's start)"
+    )
+    print(
+        f"share of the whole call's wall time outside local training: {100 * (1 - tot[3] / wall_all):.1f}% (goal < 5%)"
+    )
     print(f"  of the procedures' clocks alone: {100 * (1 - tot[3] / tot[0]):.1f}%")
-    print(f"  without the one-time costs (data, Ray start, worker start and imports in the moment exchange, engine "
-          f"import and end): {100 * (1 - tot[3] / steady):.1f}% of {steady:.1f} s")
-    print(f"  old accounting (local training = sum of the loops / clients at once, so an idle actor waiting "
-          f"for a straggler counted as overhead; procedures' clocks): {100 * (1 - old_local / tot[0]):.1f}%")
-    print(f"(local training = per training phase, the first-come-first-served makespan of the clients' training "
-          f"loops on the clients running at once; outputs in {out})")
-    return [{"procedure": r[0], "wall_s": r[1], "start_s": r[2], "exchange_s": r[3], "local_train_s": r[4],
-             "train_msg_s": r[5], "evaluate_s": r[6], "server_s": r[7]} for r in rows] + [
-        {"total_wall_s": tot[0], "call_wall_s": wall_all, "outside_training_pct": 100 * (1 - tot[3] / wall_all),
-         "outside_training_procedure_clocks_pct": 100 * (1 - tot[3] / tot[0]),
-         "outside_training_steady_pct": 100 * (1 - tot[3] / steady),
-         "outside_training_old_accounting_pct": 100 * (1 - old_local / tot[0])}]
+    print(
+        f"  without the one-time costs (data, Ray start, worker start and imports in the moment exchange, engine "
+        f"import and end): {100 * (1 - tot[3] / steady):.1f}% of {steady:.1f} s"
+    )
+    print(
+        f"  old accounting (local training = sum of the loops / clients at once, so an idle actor waiting "
+        f"for a straggler counted as overhead; procedures' clocks): {100 * (1 - old_local / tot[0]):.1f}%"
+    )
+    print(
+        f"(local training = per training phase, the first-come-first-served makespan of the clients' training "
+        f"loops on the clients running at once; outputs in {out})"
+    )
+    return [
+        {
+            "procedure": r[0],
+            "wall_s": r[1],
+            "start_s": r[2],
+            "exchange_s": r[3],
+            "local_train_s": r[4],
+            "train_msg_s": r[5],
+            "evaluate_s": r[6],
+            "server_s": r[7],
+        }
+        for r in rows
+    ] + [
+        {
+            "total_wall_s": tot[0],
+            "call_wall_s": wall_all,
+            "outside_training_pct": 100 * (1 - tot[3] / wall_all),
+            "outside_training_procedure_clocks_pct": 100 * (1 - tot[3] / tot[0]),
+            "outside_training_steady_pct": 100 * (1 - tot[3] / steady),
+            "outside_training_old_accounting_pct": 100 * (1 - old_local / tot[0]),
+        }
+    ]
 
 
 if __name__ == "__main__":

@@ -48,8 +48,8 @@ from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.flop_counter import FlopCounterMode
 
 from fedhead.data.base import batch_to_float
-from fedhead.io import provenance, write_json_atomic
 from fedhead.models import FreeFeatureConfig, ModelConfig, ResMLPConfig, ResNetConfig, build_backbone, build_head
+from fedhead.results.io import provenance, write_json_atomic
 from fedhead.train import LocalProblem, TrainConfig, select_device, train_local
 
 LAMBDA = 0.01
@@ -99,8 +99,7 @@ def reference_loop(case: Case, x: torch.Tensor, y: torch.Tensor, device: torch.d
     bb, head = build(case, device)
     bb.train()
     params = list(bb.parameters()) + list(head.parameters())
-    loader = DataLoader(TensorDataset(x, y), batch_size=BATCH, shuffle=True,
-                        generator=torch.Generator().manual_seed(0))
+    loader = DataLoader(TensorDataset(x, y), batch_size=BATCH, shuffle=True, generator=torch.Generator().manual_seed(0))
     n_steps = case.epochs * len(loader)
     opt = torch.optim.AdamW(params, lr=1e-3, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=n_steps, eta_min=1e-5)
@@ -111,8 +110,11 @@ def reference_loop(case: Case, x: torch.Tensor, y: torch.Tensor, device: torch.d
             opt.zero_grad()
             h = bb(xb)
             pred = head(h)
-            loss = (0.5 * ((pred - yb) ** 2).sum(dim=1).mean() + 0.5 * LAMBDA * (h**2).sum(dim=1).mean()
-                    + 0.5 * LAMBDA * (head.weight**2).sum())
+            loss = (
+                0.5 * ((pred - yb) ** 2).sum(dim=1).mean()
+                + 0.5 * LAMBDA * (h**2).sum(dim=1).mean()
+                + 0.5 * LAMBDA * (head.weight**2).sum()
+            )
             loss.backward()
             torch.nn.utils.clip_grad_norm_(params, 5.0)
             opt.step()
@@ -191,17 +193,30 @@ def run_case(case: Case, device: torch.device, repeats: int, fast: bool) -> dict
     ref_fractions = [flops * r / m for r, m in zip(r_rates, m_rates)]
     med = statistics.median
     return {
-        "case": case.name, "n": case.n, "epochs": case.epochs, "steps": steps,
-        "trainer_steps_per_s": med(t_rates), "reference_steps_per_s": med(r_rates),
-        "ratio_median_of_pairs": med(pair_ratios), "ratio_min": min(pair_ratios), "ratio_max": max(pair_ratios),
-        "ratio_best_of_each": max(t_rates) / max(r_rates), "ratios_each_pair": pair_ratios,
-        "trainer_steps_per_s_each": t_rates, "reference_steps_per_s_each": r_rates, "matmul_flops_each": m_rates,
-        "step_gflop": flops / 1e9, "trainer_gflops": flops * med(t_rates) / 1e9,
+        "case": case.name,
+        "n": case.n,
+        "epochs": case.epochs,
+        "steps": steps,
+        "trainer_steps_per_s": med(t_rates),
+        "reference_steps_per_s": med(r_rates),
+        "ratio_median_of_pairs": med(pair_ratios),
+        "ratio_min": min(pair_ratios),
+        "ratio_max": max(pair_ratios),
+        "ratio_best_of_each": max(t_rates) / max(r_rates),
+        "ratios_each_pair": pair_ratios,
+        "trainer_steps_per_s_each": t_rates,
+        "reference_steps_per_s_each": r_rates,
+        "matmul_flops_each": m_rates,
+        "step_gflop": flops / 1e9,
+        "trainer_gflops": flops * med(t_rates) / 1e9,
         "reference_gflops": flops * med(r_rates) / 1e9,
-        "gemm_mkn": case.gemm, "matmul_gflops": med(m_rates) / 1e9 if m_rates else None,
-        "fraction_of_matmul": med(fractions) if fractions else None, "fractions_each_pair": fractions,
+        "gemm_mkn": case.gemm,
+        "matmul_gflops": med(m_rates) / 1e9 if m_rates else None,
+        "fraction_of_matmul": med(fractions) if fractions else None,
+        "fractions_each_pair": fractions,
         "reference_fraction_of_matmul": med(ref_fractions) if ref_fractions else None,
-        "goal_ratio": case.goal_ratio, "goal_fraction_of_matmul": case.goal_flops,
+        "goal_ratio": case.goal_ratio,
+        "goal_fraction_of_matmul": case.goal_flops,
     }
 
 
@@ -212,23 +227,35 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=7, help="interleaved trainer/reference pairs per case")
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: leave torch's default)")
     ap.add_argument("--epoch-scale", type=float, default=1.0, help="multiply every case's epochs")
-    ap.add_argument("--fast", action="store_true",
-                    help="trainer with torch.compile (CUDA and CPU) + bf16 autocast and CUDA graphs (CUDA only)")
+    ap.add_argument(
+        "--fast",
+        action="store_true",
+        help="trainer with torch.compile (CUDA and CPU) + bf16 autocast and CUDA graphs (CUDA only)",
+    )
     ap.add_argument("--out", default=None, help="write the results as JSON here")
     args = ap.parse_args(argv)
     if args.threads > 0:
         torch.set_num_threads(args.threads)
     device = select_device(args.device)
-    machine = (torch.cuda.get_device_name(device) if device.type == "cuda"
-               else f"CPU, {os.cpu_count()} cores, torch threads {torch.get_num_threads()}")
-    print(f"# bench_trainer: torch {torch.__version__}, device {device} ({machine}), {args.repeats} interleaved "
-          f"pairs per case, load average {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
-    print("# it/s: median steps/s of the trainer and of the DataLoader reference loop; ratio: median of the pairwise"
-          " trainer/reference ratios [min-max]; GF/s: trainer FLOP/s (torch flop counter x median it/s);"
-          " GEMM GF/s: fwd+dgrad+wgrad GEMMs of the dominant Linear (M x K -> N) timed after each pair;"
-          " % GEMM: median of trainer FLOP/s / GEMM FLOP/s (reference loop's in brackets)")
-    print(f"{'case':<11}{'steps':>6}{'trainer it/s':>13}{'ref it/s':>10}{'ratio':>7}{'[min-max]':>13}"
-          f"{'GFLOP/step':>11}{'trainer GF/s':>13}{'GEMM (M,K,N)':>18}{'GEMM GF/s':>10}{'% GEMM':>12}  goal")
+    machine = (
+        torch.cuda.get_device_name(device)
+        if device.type == "cuda"
+        else f"CPU, {os.cpu_count()} cores, torch threads {torch.get_num_threads()}"
+    )
+    print(
+        f"# bench_trainer: torch {torch.__version__}, device {device} ({machine}), {args.repeats} interleaved "
+        f"pairs per case, load average {' '.join(f'{v:.2f}' for v in os.getloadavg())}"
+    )
+    print(
+        "# it/s: median steps/s of the trainer and of the DataLoader reference loop; ratio: median of the pairwise"
+        " trainer/reference ratios [min-max]; GF/s: trainer FLOP/s (torch flop counter x median it/s);"
+        " GEMM GF/s: fwd+dgrad+wgrad GEMMs of the dominant Linear (M x K -> N) timed after each pair;"
+        " % GEMM: median of trainer FLOP/s / GEMM FLOP/s (reference loop's in brackets)"
+    )
+    print(
+        f"{'case':<11}{'steps':>6}{'trainer it/s':>13}{'ref it/s':>10}{'ratio':>7}{'[min-max]':>13}"
+        f"{'GFLOP/step':>11}{'trainer GF/s':>13}{'GEMM (M,K,N)':>18}{'GEMM GF/s':>10}{'% GEMM':>12}  goal"
+    )
     rows = []
     for name in args.cases:
         case = CASES[name]
@@ -249,12 +276,22 @@ def main(argv: list[str] | None = None) -> int:
         else:
             gemm, frac, mm = "-", "-", "-"
         span = f"[{r['ratio_min']:.2f}-{r['ratio_max']:.2f}]"
-        print(f"{name:<11}{r['steps']:>6}{r['trainer_steps_per_s']:>13.2f}{r['reference_steps_per_s']:>10.2f}"
-              f"{r['ratio_median_of_pairs']:>7.2f}{span:>13}{r['step_gflop']:>11.3f}{r['trainer_gflops']:>13.1f}"
-              f"{gemm:>18}{mm:>10}{frac:>12}  {'; '.join(goals)}", flush=True)
+        print(
+            f"{name:<11}{r['steps']:>6}{r['trainer_steps_per_s']:>13.2f}{r['reference_steps_per_s']:>10.2f}"
+            f"{r['ratio_median_of_pairs']:>7.2f}{span:>13}{r['step_gflop']:>11.3f}{r['trainer_gflops']:>13.1f}"
+            f"{gemm:>18}{mm:>10}{frac:>12}  {'; '.join(goals)}",
+            flush=True,
+        )
     if args.out:
-        write_json_atomic(args.out, {"device": str(device), "machine": machine, "results": rows,
-                                     "provenance": provenance({"data": 0, "model": 0})})
+        write_json_atomic(
+            args.out,
+            {
+                "device": str(device),
+                "machine": machine,
+                "results": rows,
+                "provenance": provenance({"data": 0, "model": 0}),
+            },
+        )
     return 0
 
 

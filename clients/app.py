@@ -10,11 +10,11 @@
 * ``query`` with ``stage="mismatch"`` (``measure_mismatch=true``, after round 1): the client's
   objectives of the mismatch measurement (:func:`handle_mismatch`, docs/theory.md §13).
 
-Record names and keys come from the neutral :mod:`fedhead.protocol` (the server imports it too).
-The private backbone persists across rounds in a :class:`clients.store.BackboneStore` under the
+Record names and keys come from the neutral :mod:`fedhead.federation.protocol` (the server imports it too).
+The private backbone persists across rounds in a :class:`fedhead.clients.store.BackboneStore` under the
 job's state folder, keyed by run and partition; every client starts from the broadcast head and
 the same seeded random backbone (``init=common``) or its own (``init=independent``).
-:func:`make_client_app` builds the app from a :class:`fedhead.config.JobConfig` (or a function
+:func:`make_client_app` builds the app from a :class:`fedhead.federation.config.JobConfig` (or a function
 ``Context -> JobConfig``).
 """
 
@@ -31,7 +31,7 @@ import torch
 from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from clients.state import (  # noqa: F401 - the names tests and the deployment app import from here
+from fedhead.clients.state import (
     ClientError,
     _limit_threads,
     _round_of,
@@ -46,9 +46,10 @@ from clients.state import (  # noqa: F401 - the names tests and the deployment a
     shared_state,
     train_inputs,
 )
-from fedhead import protocol as P
+from fedhead.federation import protocol as P
 
 log = logging.getLogger(__name__)
+
 
 # -------------------------------------------------------------------------------- handlers
 def handle_query(job: Any, msg: Message, context: Context) -> Message:
@@ -82,23 +83,38 @@ def handle_mismatch(job: Any, msg: Message, context: Context) -> Message:
     if P.MISMATCH not in msg.content.array_records:
         raise ClientError(f"partition {pid}: mismatch query without the '{P.MISMATCH}' record")
     rec = msg.content.array_records[P.MISMATCH]
-    missing = [k for k in (P.OWN_WEIGHT, P.OWN_BIAS, P.TRAINED_WEIGHT, P.ALIGNED_WEIGHT, P.AVERAGE_BIAS, P.ROTATION)
-               if k not in rec]
+    missing = [
+        k
+        for k in (P.OWN_WEIGHT, P.OWN_BIAS, P.TRAINED_WEIGHT, P.ALIGNED_WEIGHT, P.AVERAGE_BIAS, P.ROTATION)
+        if k not in rec
+    ]
     if missing:
         raise ClientError(f"partition {pid}: mismatch record lacks {missing}")
-    arr = {k: rec[k].numpy().astype(np.float64) for k in rec.keys()}
+    arr = {k: rec[k].numpy().astype(np.float64) for k in rec}
     backbone = load_backbone(job, context, pid, data, cd, required=True, expected_round=_round_of(msg))
     device = select_device(job.settings.device)
     backbone.to(device)
     offset = cd.y_train.detach().cpu().double().mean(0).numpy() if job.procedure.centered else None
     ev = mismatch_objectives(
-        backbone, train_inputs(job, cd), cd.y_train,
-        own_head=(arr[P.OWN_WEIGHT], arr[P.OWN_BIAS]), trained_head=(arr[P.TRAINED_WEIGHT], arr[P.AVERAGE_BIAS]),
-        aligned_head=(arr[P.ALIGNED_WEIGHT], arr[P.AVERAGE_BIAS]), rotation=arr[P.ROTATION],
-        lambda_h=job.settings.lambda_h, lambda_w=job.settings.lambda_w, target_offset=offset, device=device,
+        backbone,
+        train_inputs(job, cd),
+        cd.y_train,
+        own_head=(arr[P.OWN_WEIGHT], arr[P.OWN_BIAS]),
+        trained_head=(arr[P.TRAINED_WEIGHT], arr[P.AVERAGE_BIAS]),
+        aligned_head=(arr[P.ALIGNED_WEIGHT], arr[P.AVERAGE_BIAS]),
+        rotation=arr[P.ROTATION],
+        lambda_h=job.settings.lambda_h,
+        lambda_w=job.settings.lambda_w,
+        target_offset=offset,
+        device=device,
     )
-    metrics = {P.NUM_EXAMPLES: int(cd.n_train), P.PARTITION_ID: pid, P.MISMATCH_LOCAL: ev.local,
-               P.MISMATCH_TRAINED: ev.trained, P.MISMATCH_ALIGNED: ev.aligned}
+    metrics = {
+        P.NUM_EXAMPLES: int(cd.n_train),
+        P.PARTITION_ID: pid,
+        P.MISMATCH_LOCAL: ev.local,
+        P.MISMATCH_TRAINED: ev.trained,
+        P.MISMATCH_ALIGNED: ev.aligned,
+    }
     return Message(RecordDict({P.METRICS: MetricRecord(metrics)}), reply_to=msg)
 
 
@@ -121,10 +137,18 @@ def handle_train(job: Any, msg: Message, context: Context) -> Message:
 
     if proc.exact:
         t0 = time.perf_counter()
-        weight, bias, gap, trained_gap = exact_head(mu, sigma, w_t, sigma_cen, gamma=proc.gamma,
-                                                    centered=proc.centered, lambda_h=lh, lambda_w=lw)
-        metrics.update({P.OBJECTIVE_GAP: float(gap), P.TRAINED_GAP: float(trained_gap), P.N_STEPS: 0,
-                        P.LOCAL_EPOCHS: 0, P.LOCAL_SECONDS: time.perf_counter() - t0})
+        weight, bias, gap, trained_gap = exact_head(
+            mu, sigma, w_t, sigma_cen, gamma=proc.gamma, centered=proc.centered, lambda_h=lh, lambda_w=lw
+        )
+        metrics.update(
+            {
+                P.OBJECTIVE_GAP: float(gap),
+                P.TRAINED_GAP: float(trained_gap),
+                P.N_STEPS: 0,
+                P.LOCAL_EPOCHS: 0,
+                P.LOCAL_SECONDS: time.perf_counter() - t0,
+            }
+        )
     else:
         device = select_device(job.settings.device)
         backbone = load_backbone(job, context, pid, data, cd, required=False, expected_round=rnd - 1)
@@ -136,19 +160,33 @@ def handle_train(job: Any, msg: Message, context: Context) -> Message:
             head.bias.copy_(torch.as_tensor(b_t, dtype=torch.float32))
         t0 = time.perf_counter()
         result = train_local(
-            backbone, head, train_inputs(job, cd), y, job.train, job.local_problem(),
-            broadcast_weight=w_t, sigma_cen=sigma_cen, device=device,
+            backbone,
+            head,
+            train_inputs(job, cd),
+            y,
+            job.train,
+            job.local_problem(),
+            broadcast_weight=w_t,
+            sigma_cen=sigma_cen,
+            device=device,
             seed=round_seed(job.settings.seed, rnd, pid),
         )
         local_seconds = time.perf_counter() - t0
         weight, bias = result.weight, result.bias
         lm = result.metrics
-        metrics.update({
-            P.OBJECTIVE_GAP: float(lm.relative_gap), P.TRAINED_GAP: float(lm.trained_gap),
-            P.OBJECTIVE: float(lm.objective), P.OPTIMAL_OBJECTIVE: float(lm.optimal_objective),
-            P.LOCAL_TRAIN_MSE: float(lm.train_mse), P.TRAIN_SECONDS: float(lm.seconds), P.N_STEPS: int(lm.n_steps),
-            P.LOCAL_EPOCHS: int(lm.epochs), P.LOCAL_SECONDS: local_seconds,
-        })
+        metrics.update(
+            {
+                P.OBJECTIVE_GAP: float(lm.relative_gap),
+                P.TRAINED_GAP: float(lm.trained_gap),
+                P.OBJECTIVE: float(lm.objective),
+                P.OPTIMAL_OBJECTIVE: float(lm.optimal_objective),
+                P.LOCAL_TRAIN_MSE: float(lm.train_mse),
+                P.TRAIN_SECONDS: float(lm.seconds),
+                P.N_STEPS: int(lm.n_steps),
+                P.LOCAL_EPOCHS: int(lm.epochs),
+                P.LOCAL_SECONDS: local_seconds,
+            }
+        )
         if job.procedure.align:
             trained_gram = weight @ weight.T
             aligned = align(head, backbone, w_t)
@@ -185,15 +223,26 @@ def handle_evaluate(job: Any, msg: Message, context: Context) -> Message:
     if job.procedure.centered:
         offset = cd.y_train.detach().cpu().double().mean(0).numpy()
     lh, lw = job.settings.lambda_h, job.settings.lambda_w
-    ev = evaluate_local(backbone, (w, b), train_inputs(job, cd), cd.y_train, lambda_h=lh, lambda_w=lw,
-                        target_offset=offset, device=device)
+    ev = evaluate_local(
+        backbone,
+        (w, b),
+        train_inputs(job, cd),
+        cd.y_train,
+        lambda_h=lh,
+        lambda_w=lw,
+        target_offset=offset,
+        device=device,
+    )
     metrics: dict[str, float | int] = {
-        P.NUM_EXAMPLES: int(cd.n_train), P.PARTITION_ID: pid, P.TRAIN_MSE: float(ev.mse),
+        P.NUM_EXAMPLES: int(cd.n_train),
+        P.PARTITION_ID: pid,
+        P.TRAIN_MSE: float(ev.mse),
         P.SHARED_OBJECTIVE: float(ev.objective),
     }
     if cd.x_test is not None and cd.y_test is not None and cd.y_test.shape[0] > 0 and not is_free(job):
-        et = evaluate_local(backbone, (w, b), cd.x_test, cd.y_test, lambda_h=lh, lambda_w=lw,
-                            target_offset=offset, device=device)
+        et = evaluate_local(
+            backbone, (w, b), cd.x_test, cd.y_test, lambda_h=lh, lambda_w=lw, target_offset=offset, device=device
+        )
         metrics[P.TEST_MSE] = float(et.mse)
         metrics[P.NUM_TEST_EXAMPLES] = int(cd.y_test.shape[0])
     return Message(RecordDict({P.METRICS: MetricRecord(metrics)}), reply_to=msg)
@@ -229,7 +278,7 @@ def _app_from_pickle(digest: str, blob: bytes) -> ClientApp:
 def make_client_app(job: Any) -> ClientApp:
     """Build the ClientApp.
 
-    ``job`` is a :class:`fedhead.config.JobConfig`, a sequence of them (one simulation serving
+    ``job`` is a :class:`fedhead.federation.config.JobConfig`, a sequence of them (one simulation serving
     several procedures one after another: each message's ``config["job"]`` picks the job), or a
     function ``Context -> JobConfig`` (deployments, where the run config names the job). The
     jobs travel with the app in a Ray simulation (as their pickle: :class:`JobsClientApp`).
@@ -250,9 +299,11 @@ def make_client_app(job: Any) -> ClientApp:
                 raise ClientError(f"message names job {idx}, but this app serves {len(jobs)} job(s)")
             return jobs[idx]
     elif callable(job):
+
         def resolve(msg: Message, ctx: Context) -> Any:
             return job(ctx)
     else:
+
         def resolve(msg: Message, ctx: Context) -> Any:
             return job
 

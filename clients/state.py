@@ -1,6 +1,6 @@
 """The client's local state: its partition, its data (cached per process), its target moments
-and its private backbone (:class:`clients.store.BackboneStore` on local disk, the last trained
-module kept in memory), used by the handlers of :mod:`clients.app`.
+and its private backbone (:class:`fedhead.clients.store.BackboneStore` on local disk, the last trained
+module kept in memory), used by the handlers of :mod:`fedhead.clients.app`.
 
 Nothing here leaves the client but what a handler puts in its reply.
 """
@@ -15,10 +15,10 @@ import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord, Context, Message
 
-from clients.store import BackboneStore
-from fedhead import protocol as P
+from fedhead.clients.store import BackboneStore
+from fedhead.federation import protocol as P
 
-log = logging.getLogger("clients.app")
+log = logging.getLogger(__name__)
 
 PARTITION_ID_KEY = "partition-id"
 NUM_PARTITIONS_KEY = "num-partitions"
@@ -112,9 +112,9 @@ def _limit_threads(job: Any) -> None:
 
 def simulation_state_dir(job: Any, run_id: int):
     """``<output>/<procedure>/client_state/run_<key>`` of a simulation (single machine): the key
-    is :func:`fedhead.checkpoint.state_key` of the config hash, so a resumed run (a new flwr run
+    is :func:`fedhead.federation.checkpoint.state_key` of the config hash, so a resumed run (a new flwr run
     id) finds the interrupted run's backbones; flwr's run id when the job has no hash."""
-    from fedhead.checkpoint import state_key
+    from fedhead.federation.checkpoint import state_key
 
     key = state_key(job.config_hash) if getattr(job, "config_hash", "") else str(run_id)
     return job.state_dir / f"run_{key}"
@@ -128,7 +128,7 @@ def deployment_run_key(job: Any, run_id: int) -> str:
         return str(run_id)
     import hashlib
 
-    from fedhead.checkpoint import state_key
+    from fedhead.federation.checkpoint import state_key
 
     return state_key(hashlib.sha256(f"{job.config_hash}|{job.output_dir}".encode()).hexdigest())
 
@@ -147,8 +147,9 @@ def store_of(job: Any, context: Context) -> BackboneStore:
     return BackboneStore(simulation_state_dir(job, context.run_id), sync=False)
 
 
-def load_backbone(job: Any, context: Context, pid: int, data: Any, cd: Any, *, required: bool,
-                  expected_round: int | None = None):
+def load_backbone(
+    job: Any, context: Context, pid: int, data: Any, cd: Any, *, required: bool, expected_round: int | None = None
+):
     """The client's private backbone: the stored one, or the seeded initial backbone
     (:func:`initial_backbone_seed`: common to all clients unless ``init=independent``).
 
@@ -165,8 +166,10 @@ def load_backbone(job: Any, context: Context, pid: int, data: Any, cd: Any, *, r
         raise ClientError(f"partition {pid}: no stored private backbone (evaluate before any training?)")
     if expected_round is not None and expected_round >= 1 and (stored is None or stored[0] != expected_round):
         found = "none" if stored is None else f"round {stored[0]}"
-        raise ClientError(f"partition {pid}: the private backbone of round {expected_round} is not under "
-                          f"{store.root} (found {found}); a resumed run needs the interrupted run's client state")
+        raise ClientError(
+            f"partition {pid}: the private backbone of round {expected_round} is not under "
+            f"{store.root} (found {found}); a resumed run needs the interrupted run's client state"
+        )
     if stored is not None and not job.procedure.full_model:
         hit = _BACKBONES.get((str(store.root), pid))
         if hit is not None and hit[0] == stored[0] and hit[1] is stored[1]:
@@ -179,8 +182,8 @@ def load_backbone(job: Any, context: Context, pid: int, data: Any, cd: Any, *, r
 
 def initial_backbone_seed(job: Any, pid: int) -> int:
     """Seed of partition ``pid``'s initial backbone: the run seed (``init=common``) or its own
-    (``init=independent``), :func:`fedhead.seeds.backbone_seed`."""
-    from fedhead.seeds import backbone_seed
+    (``init=independent``), :func:`fedhead.analysis.seeds.backbone_seed`."""
+    from fedhead.analysis.seeds import backbone_seed
 
     return backbone_seed(job.settings.seed, pid, getattr(job.settings, "init", "common"))
 

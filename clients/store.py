@@ -1,7 +1,7 @@
 """Client-side store of private backbones (they never travel in a message).
 
 A state is kept per ``(run key, partition)`` on local disk under a state folder, written
-atomically (``torch.save`` into memory, then :func:`fedhead.io.write_bytes_atomic`), with an
+atomically (``torch.save`` into memory, then :func:`fedhead.results.io.write_bytes_atomic`), with an
 in-process cache in front. The file name carries the round that wrote it
 (``partition_<pid>.r<round>.pt``) so a worker process can tell, without reading the file,
 whether its cached copy is still the newest (in a Ray simulation several worker processes may
@@ -9,7 +9,7 @@ serve the same partition in different rounds).
 
 Saving round ``t`` removes the states before round ``t - 1``: the previous round's state is kept
 because the server checkpoints round ``t`` only once it is complete, and a run killed in between
-resumes (``resume=``) from round ``t - 1`` (:mod:`fedhead.checkpoint`); a load with
+resumes (``resume=``) from round ``t - 1`` (:mod:`fedhead.federation.checkpoint`); a load with
 ``expected_round`` returns exactly that round's state when it is stored, even when a later one
 (of an interrupted round) is.
 """
@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from fedhead.io import write_bytes_atomic
+from fedhead.results.io import write_bytes_atomic
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +108,7 @@ class BackboneStore:
             return cached
         try:
             payload = torch.load(path, map_location="cpu", weights_only=True)
-        except Exception as exc:  # noqa: BLE001 - re-raised with the file named
+        except Exception as exc:
             raise StoreError(f"cannot read the private state of partition {partition} from {path}: {exc}") from exc
         if not isinstance(payload, dict) or payload.get("round") != rnd or "state" not in payload:
             raise StoreError(f"private state file {path} is inconsistent (expected round {rnd})")

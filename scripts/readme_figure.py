@@ -4,7 +4,7 @@
     python scripts/readme_figure.py RUN_DIR         # reads RUN_DIR/summary.json of a finished run
 
 The figure is the run's ``procedures.png``: per procedure, e_F(G_t, G_star) and e_F(G_t, G_cen)
-per round with the diagnosis's predicted gap (:func:`fedhead.plots.procedures_figure`). It also
+per round with the diagnosis's predicted gap (:func:`fedhead.plotting.procedures_figure`). It also
 prints the numbers the README's "Reading the output" section quotes.
 """
 
@@ -27,7 +27,7 @@ DEFAULT_OUT = REPO / "docs" / "quickstart_procedures.png"
 def run_default(run_dir: Path) -> None:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
-    subprocess.run([sys.executable, "-m", "fedhead.run", f"hydra.run.dir={run_dir}"], check=True, env=env, cwd=REPO)
+    subprocess.run([sys.executable, "-m", "fedhead.cli.run", f"hydra.run.dir={run_dir}"], check=True, env=env, cwd=REPO)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     import matplotlib
 
     matplotlib.use("Agg")
-    from fedhead.plots import procedures_figure, save_figure
+    from fedhead.plotting import procedures_figure, save_figure
 
     run_dir = args.run_dir
     if run_dir is None:
@@ -53,8 +53,10 @@ def main(argv: list[str] | None = None) -> int:
     for res in results:
         name = res["procedure"]["name"]
         for r in res["rounds"]:
-            print(f"{name:20s} round {r['round']}: e_F(G_t, G_star) = {r['e_f_star']:.3g}  "
-                  f"e_F(G_t, G_cen) = {r['e_f_cen']:.3g}")
+            print(
+                f"{name:20s} round {r['round']}: e_F(G_t, G_star) = {r['e_f_star']:.3g}  "
+                f"e_F(G_t, G_cen) = {r['e_f_cen']:.3g}"
+            )
     return 0
 
 

@@ -1,12 +1,12 @@
 """Flower strategies of fedhead (Message API, flwr 1.42), thin over the numpy modules
-(:mod:`fedhead.aggregation`, :mod:`fedhead.diagnosis`, :mod:`fedhead.tracking`)."""
+(:mod:`fedhead.federation.aggregation`, :mod:`fedhead.analysis.diagnosis`, :mod:`fedhead.federation.tracking`)."""
 
-from strategies.exchange import MomentExchange
-from strategies.head_averaging import HeadAveraging
-from strategies.observer import RunObserver
-from strategies.replies import FederationError
-from strategies.mismatch import MismatchHeadAveraging
-from strategies.variants import AlignedHeadAveraging, FullModelAveraging, make_strategy
+from fedhead.strategies.exchange import MomentExchange
+from fedhead.strategies.head_averaging import HeadAveraging
+from fedhead.strategies.mismatch_heads import MismatchHeadAveraging
+from fedhead.strategies.observer import RunObserver
+from fedhead.strategies.replies import FederationError
+from fedhead.strategies.variants import AlignedHeadAveraging, FullModelAveraging, make_strategy
 
 __all__ = [
     "AlignedHeadAveraging",

@@ -1,9 +1,9 @@
 """Checkpoint and resume on the server: the state a strategy hands over after every complete round,
-and its restoration (the format and the files are :mod:`fedhead.checkpoint`'s).
+and its restoration (the format and the files are :mod:`fedhead.federation.checkpoint`'s).
 
-:class:`Checkpointing` is a mixin of :class:`strategies.head_averaging.HeadAveraging`; it reads
-and sets the strategy's ``exchange`` (:class:`strategies.exchange.MomentExchange`), ``tracker``
-(:class:`fedhead.tracking.RoundTracker`), ``_head``, ``_head_shape``, ``_round_offset``,
+:class:`Checkpointing` is a mixin of :class:`fedhead.strategies.head_averaging.HeadAveraging`; it reads
+and sets the strategy's ``exchange`` (:class:`fedhead.strategies.exchange.MomentExchange`), ``tracker``
+(:class:`fedhead.federation.tracking.RoundTracker`), ``_head``, ``_head_shape``, ``_round_offset``,
 ``observer`` and ``_on_round_end``, and calls its ``check_regime``. Subclasses with state beyond
 the head (full-model averaging: the averaged backbone) override :meth:`Checkpointing._extra_state`
 and :meth:`Checkpointing._restore_extra`.
@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from fedhead.checkpoint import ServerState, check_moments
-from fedhead.tracking import RoundRecord, RoundTracker
+from fedhead.federation.checkpoint import ServerState, check_moments
+from fedhead.federation.tracking import RoundRecord, RoundTracker
 
 
 class Checkpointing:
@@ -27,14 +27,19 @@ class Checkpointing:
             self._on_round_end(self.server_state())
 
     def server_state(self) -> ServerState:
-        """Everything needed to continue after the last complete round (see fedhead.checkpoint)."""
+        """Everything needed to continue after the last complete round (see fedhead.federation.checkpoint)."""
         if self.tracker is None or self._head is None or self.exchange is None:
             raise RuntimeError("no round has been recorded yet")
         m = self.exchange.moments
         return ServerState(
-            round=self.tracker.records[-1].round, weight=self._head[0], bias=self._head[1],
-            records=[r.to_dict() for r in self.tracker.records], recursion=self.tracker.recursion,
-            counts=np.asarray(m.counts, dtype=np.float64), means=np.asarray(m.means), covs=np.asarray(m.covs),
+            round=self.tracker.records[-1].round,
+            weight=self._head[0],
+            bias=self._head[1],
+            records=[r.to_dict() for r in self.tracker.records],
+            recursion=self.tracker.recursion,
+            counts=np.asarray(m.counts, dtype=np.float64),
+            means=np.asarray(m.means),
+            covs=np.asarray(m.covs),
             extra=self._extra_state(),
         )
 

@@ -6,8 +6,8 @@ asks each for its ``(N_m, mu_m, Sigma_m)`` (:func:`query_messages`), reads the r
 (:func:`build_exchange`): the :class:`fedhead.ufm.TargetMoments`, the diagnosis and the
 reference Grams every round is measured against; :func:`enforce_regime` then refuses to train
 outside the fully active regime unless allowed. Every number comes from
-:mod:`fedhead.aggregation`, :mod:`fedhead.diagnosis` and :mod:`fedhead.tracking`;
-:class:`strategies.head_averaging.HeadAveraging` drives these steps.
+:mod:`fedhead.federation.aggregation`, :mod:`fedhead.analysis.diagnosis` and :mod:`fedhead.federation.tracking`;
+:class:`fedhead.strategies.head_averaging.HeadAveraging` drives these steps.
 """
 
 from __future__ import annotations
@@ -23,15 +23,15 @@ import numpy as np
 from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 from flwr.serverapp import Grid
 
-from fedhead import aggregation as agg
-from fedhead import protocol as P
 from fedhead import ufm
-from fedhead.deploy_checks import FederationMismatch, check_node_count, check_partitions
-from fedhead.diagnosis import Diagnosis, diagnose
-from fedhead.regime import OutsideRegimeWarning, ensure_fully_active
-from fedhead.tracking import Targets, reference_targets
-from strategies.failures import Dropped, check_partition_subset
-from strategies.replies import metrics_of, partition_of
+from fedhead.analysis.diagnosis import Diagnosis, diagnose
+from fedhead.analysis.regime import OutsideRegimeWarning, ensure_fully_active
+from fedhead.federation import aggregation as agg
+from fedhead.federation import protocol as P
+from fedhead.federation.deploy_checks import FederationMismatch, check_node_count, check_partitions
+from fedhead.federation.tracking import Targets, reference_targets
+from fedhead.strategies.failures import Dropped, check_partition_subset
+from fedhead.strategies.replies import metrics_of, partition_of
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ def wait_for_nodes(grid: Grid, min_nodes: int, timeout: float) -> list[int]:
 
     Polls ``grid.get_node_ids()`` (and ``grid.check_alive()`` where the grid has it: a dead
     simulation engine ends the wait); after ``timeout`` (``timeouts.nodes``), or with too many
-    nodes, :class:`fedhead.deploy_checks.FederationMismatch` names the nodes and the remedy.
+    nodes, :class:`fedhead.federation.deploy_checks.FederationMismatch` names the nodes and the remedy.
     """
     t0 = time.monotonic()
     next_log = t0 + 5.0
@@ -72,8 +72,7 @@ def wait_for_nodes(grid: Grid, min_nodes: int, timeout: float) -> list[int]:
             except FederationMismatch as exc:
                 raise FederationMismatch(f"after waiting {timeout:g} s (timeouts.nodes): {exc}") from None
         if now >= next_log:
-            log.info("waiting for SuperNodes: %d connected of %d (timeouts.nodes=%g s)",
-                     len(nodes), min_nodes, timeout)
+            log.info("waiting for SuperNodes: %d connected of %d (timeouts.nodes=%g s)", len(nodes), min_nodes, timeout)
             next_log = now + 5.0
         time.sleep(0.2)
     return check_node_count(grid.get_node_ids(), min_nodes)
@@ -82,14 +81,11 @@ def wait_for_nodes(grid: Grid, min_nodes: int, timeout: float) -> list[int]:
 def query_messages(node_ids: Iterable[int], message_config: dict[str, Any]) -> list[Message]:
     """One ``query`` message per node asking for ``(N_m, mu_m, Sigma_m)``."""
     record = RecordDict({P.CONFIG: ConfigRecord({P.STAGE: P.STAGE_MOMENTS, **message_config})})
-    return [
-        Message(content=record, dst_node_id=int(n), message_type=MessageType.QUERY)
-        for n in node_ids
-    ]
+    return [Message(content=record, dst_node_id=int(n), message_type=MessageType.QUERY) for n in node_ids]
 
 
 def parse_moment_reply(msg: Message) -> MomentRow:
-    """The validated moments of one query reply; :class:`fedhead.aggregation.ReplyError` otherwise
+    """The validated moments of one query reply; :class:`fedhead.federation.aggregation.ReplyError` otherwise
     (a missing record, array or count; non-finite, asymmetric or non-PSD moments)."""
     node = P.node_of(msg)
     if P.MOMENTS not in msg.content.array_records:
@@ -102,18 +98,27 @@ def parse_moment_reply(msg: Message) -> MomentRow:
     for key in (P.MEAN, P.COV):
         if key not in arrays:
             raise agg.ReplyError(node, f"query reply lacks the array '{key}'")
-    n, mu, cov = agg.validate_moments(metrics[P.NUM_EXAMPLES], arrays[P.MEAN].numpy(),
-                                      arrays[P.COV].numpy(), node_id=f"{node} (partition {pid})")
+    n, mu, cov = agg.validate_moments(
+        metrics[P.NUM_EXAMPLES], arrays[P.MEAN].numpy(), arrays[P.COV].numpy(), node_id=f"{node} (partition {pid})"
+    )
     return pid, node, n, mu, cov
 
 
-def build_exchange(rows: Sequence[MomentRow], dropped: Sequence[Dropped], *, num_clients: int,
-                   lambda_h: float, lambda_w: float, gamma: float, centered: bool) -> MomentExchange:
+def build_exchange(
+    rows: Sequence[MomentRow],
+    dropped: Sequence[Dropped],
+    *,
+    num_clients: int,
+    lambda_h: float,
+    lambda_w: float,
+    gamma: float,
+    centered: bool,
+) -> MomentExchange:
     """Moments, diagnosis and reference Grams of the valid replies ``rows`` (any order).
 
     The partitions must be distinct and, without ``dropped`` clients, exactly ``0..num_clients-1``
-    (:func:`fedhead.deploy_checks.check_partitions`). The targets are those of a procedure with
-    correction ``gamma`` and centring ``centered`` (:func:`fedhead.tracking.reference_targets`).
+    (:func:`fedhead.federation.deploy_checks.check_partitions`). The targets are those of a procedure with
+    correction ``gamma`` and centring ``centered`` (:func:`fedhead.federation.tracking.reference_targets`).
     """
     rows = sorted(rows, key=lambda r: (r[0], r[1]))
     pairs = [(r[0], r[1]) for r in rows]
@@ -122,28 +127,38 @@ def build_exchange(rows: Sequence[MomentRow], dropped: Sequence[Dropped], *, num
     else:
         check_partitions(pairs, num_clients)
     moments = agg.aggregate_moments(
-        [r[2] for r in rows], [r[3] for r in rows], [r[4] for r in rows],
+        [r[2] for r in rows],
+        [r[3] for r in rows],
+        [r[4] for r in rows],
         node_ids=[f"{r[1]} (partition {r[0]})" for r in rows],
     )
     # the regime is reported by the strategy's check_regime (refusal or OutsideRegimeWarning); a
     # barycenter that does not converge keeps its ConvergenceWarning and is flagged in the diagnosis
     diagnosis, gap = diagnose(moments, lambda_h, lambda_w, warn_outside_regime=False)
     if diagnosis.barycenter_converged is False:
-        log.warning("the barycenter G_star did not converge (residual %.3g after %d iterations): G_star, "
-                    "the gap terms and every error against G_star are approximate",
-                    diagnosis.barycenter_residual, diagnosis.barycenter_iters)
+        log.warning(
+            "the barycenter G_star did not converge (residual %.3g after %d iterations): G_star, "
+            "the gap terms and every error against G_star are approximate",
+            diagnosis.barycenter_residual,
+            diagnosis.barycenter_iters,
+        )
     targets = reference_targets(moments, gap, lambda_h, lambda_w, gamma=gamma, centered=centered)
     return MomentExchange(
-        moments=moments, diagnosis=diagnosis, gap=gap, targets=targets,
-        node_ids=tuple(r[1] for r in rows), partition_ids=tuple(r[0] for r in rows), dropped=tuple(dropped),
+        moments=moments,
+        diagnosis=diagnosis,
+        gap=gap,
+        targets=targets,
+        node_ids=tuple(r[1] for r in rows),
+        partition_ids=tuple(r[0] for r in rows),
+        dropped=tuple(dropped),
     )
 
 
 def enforce_regime(exchange: MomentExchange, lambda_h: float, lambda_w: float, allow_outside_regime: bool) -> None:
     """Refuse to train outside the fully active regime unless explicitly allowed.
 
-    Raises :class:`fedhead.regime.OutsideRegimeError` naming the clients and margins; with
-    ``allow_outside_regime`` logs the :class:`fedhead.regime.OutsideRegimeWarning`'s text once, with
+    Raises :class:`fedhead.analysis.regime.OutsideRegimeError` naming the clients and margins; with
+    ``allow_outside_regime`` logs the :class:`fedhead.analysis.regime.OutsideRegimeWarning`'s text once, with
     what it means for the results (the console's one line; a deployment's run.log).
     """
     if exchange.diagnosis.fully_active:
@@ -152,5 +167,7 @@ def enforce_regime(exchange: MomentExchange, lambda_h: float, lambda_w: float, a
         warnings.simplefilter("always", OutsideRegimeWarning)
         ensure_fully_active(exchange.moments, lambda_h, lambda_w, allow_outside_regime=allow_outside_regime)
     for w in caught:
-        log.warning("%s G_star, the exact recursion, predicted_gram, trajectory_error and delta "
-                    "are recorded as null.", w.message)
+        log.warning(
+            "%s G_star, the exact recursion, predicted_gram, trajectory_error and delta are recorded as null.",
+            w.message,
+        )

@@ -2,12 +2,12 @@
 
 :func:`screen` sorts the replies of one message phase into valid ones and dropped clients
 (an error reply, a reply that fails validation, no reply before the deadline or the straggler
-rule of :class:`fedhead.limits.Timeouts`; a SuperNode that stopped sending heartbeats comes back
+rule of :class:`fedhead.federation.limits.Timeouts`; a SuperNode that stopped sending heartbeats comes back
 from flwr as an error reply "Node Unavailable"). With at least
 ``required`` valid replies the phase continues over the survivors (the caller renormalises the
 weights over them) and every dropped client is logged with its node and reason and returned as
 a :class:`Dropped` (recorded per round in results.json); with fewer it raises
-:class:`TooFewReplies`, a :class:`strategies.replies.FederationError` whose message names every
+:class:`TooFewReplies`, a :class:`fedhead.strategies.replies.FederationError` whose message names every
 failed node and its reason.
 """
 
@@ -21,10 +21,10 @@ from typing import Any, TypeVar
 
 from flwr.app import Message
 
-from fedhead import aggregation as agg
-from fedhead.deploy_checks import FederationMismatch
-from fedhead.limits import STRAGGLER_ERROR_CODE
-from strategies.replies import FederationError
+from fedhead.federation import aggregation as agg
+from fedhead.federation.deploy_checks import FederationMismatch
+from fedhead.federation.limits import STRAGGLER_ERROR_CODE
+from fedhead.strategies.replies import FederationError
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +34,7 @@ T = TypeVar("T")
 class TooFewReplies(FederationError, agg.ReplyError):
     """Fewer valid replies than the failure policy requires (names every failed node)."""
 
-    def __init__(self, message: str, dropped: Sequence["Dropped"] = ()):
+    def __init__(self, message: str, dropped: Sequence[Dropped] = ()):
         Exception.__init__(self, message)
         self.node_id = dropped[0].node if dropped else None
         self.dropped = list(dropped)
@@ -77,7 +77,7 @@ def condense_reason(reason: str, limit: int = 400) -> str:
 
 
 def _partition(msg: Message) -> int | None:
-    from fedhead import protocol as P
+    from fedhead.federation import protocol as P
 
     try:
         metrics = msg.content.metric_records.get(P.METRICS)
@@ -99,7 +99,7 @@ def screen(
 ) -> tuple[list[tuple[Message, T]], list[Dropped]]:
     """Valid ``(reply, parse(reply))`` pairs and the dropped clients of one phase.
 
-    ``parse`` raises :class:`fedhead.aggregation.ReplyError` for an invalid reply. Missing
+    ``parse`` raises :class:`fedhead.federation.aggregation.ReplyError` for an invalid reply. Missing
     replies are the ``expected_nodes`` that did not answer (or, without them, the shortfall
     against ``expected_count``). ``partitions`` (node -> partition id, known after the moment
     exchange) names the partition of a dropped client that did not say it.
@@ -126,8 +126,9 @@ def screen(
     if expected_nodes is not None:
         answered = {int(m.metadata.src_node_id) for m in replies}
         for node in sorted(set(int(n) for n in expected_nodes) - answered):
-            dropped.append(Dropped(stage, node, "missing", f"no reply{waited} (timeout or lost client)",
-                                   part.get(node)))
+            dropped.append(
+                Dropped(stage, node, "missing", f"no reply{waited} (timeout or lost client)", part.get(node))
+            )
         n_expected = len(set(expected_nodes))
     else:
         n_expected = expected_count if expected_count is not None else len(replies)
@@ -138,11 +139,18 @@ def screen(
         short = f"expected {n_expected} replies, received {len(replies)}; " if len(replies) < n_expected else ""
         raise TooFewReplies(
             f"{stage}: {short}{len(kept)} valid of {n_expected} clients, {required} required "
-            f"(failure.min_clients): {detail}", dropped,
+            f"(failure.min_clients): {detail}",
+            dropped,
         )
     for d in dropped:
-        log.warning("%s: dropping %s; continuing with %d of %d clients (failure.min_clients=%d)",
-                    stage, d.describe(), len(kept), n_expected, required)
+        log.warning(
+            "%s: dropping %s; continuing with %d of %d clients (failure.min_clients=%d)",
+            stage,
+            d.describe(),
+            len(kept),
+            n_expected,
+            required,
+        )
     return kept, dropped
 
 
@@ -155,5 +163,6 @@ def check_partition_subset(pairs: Sequence[tuple[int, int]], num_clients: int, s
         if int(pid) in seen:
             raise FederationMismatch(
                 f"{stage}: partition {pid} served by nodes {seen[int(pid)]} and {node} (duplicate partition; "
-                f"check each SuperNode's --node-config partition-id=K num-partitions={num_clients})")
+                f"check each SuperNode's --node-config partition-id=K num-partitions={num_clients})"
+            )
         seen[int(pid)] = int(node)

@@ -1,8 +1,8 @@
 """fedhead strategies on flwr's Message API: head averaging, moment exchange, alignment check,
 full-model averaging.
 
-The strategies are thin: every number they compute comes from :mod:`fedhead.aggregation`,
-:mod:`fedhead.diagnosis` and :mod:`fedhead.tracking` (numpy only; no torch, no data layer).
+The strategies are thin: every number they compute comes from :mod:`fedhead.federation.aggregation`,
+:mod:`fedhead.analysis.diagnosis` and :mod:`fedhead.federation.tracking` (numpy only; no torch, no data layer).
 
 * :class:`HeadAveraging` (a :class:`flwr.serverapp.strategy.FedAvg` subclass): before round 1 a
   ``query`` message asks every client for ``(N_m, mu_m, Sigma_m)``; the server builds
@@ -11,12 +11,12 @@ The strategies are thin: every number they compute comes from :mod:`fedhead.aggr
   (and ``Sigma_cen`` to corrected clients), averages the returned heads with weights
   ``N_m / N`` and measures the round (theory.md §11); an ``evaluate`` message then collects the MSE
   of the shared head on each client's own backbone.
-* :class:`strategies.variants.AlignedHeadAveraging` and
-  :class:`strategies.variants.FullModelAveraging` extend it (alignment check, backbone averaging).
+* :class:`fedhead.strategies.variants.AlignedHeadAveraging` and
+  :class:`fedhead.strategies.variants.FullModelAveraging` extend it (alignment check, backbone averaging).
 
-The steps of the moment exchange are in :mod:`strategies.exchange`, the reply parsers in
-:mod:`strategies.replies`, the failure policy in :mod:`strategies.failures`. Measurements are
-handed to an observer (:class:`strategies.observer.RunObserver`) that writes results, TensorBoard
+The steps of the moment exchange are in :mod:`fedhead.strategies.exchange`, the reply parsers in
+:mod:`fedhead.strategies.replies`, the failure policy in :mod:`fedhead.strategies.failures`. Measurements are
+handed to an observer (:class:`fedhead.strategies.observer.RunObserver`) that writes results, TensorBoard
 and progress; the strategy itself does no I/O.
 """
 
@@ -38,13 +38,13 @@ from flwr.app import (
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg, Result
 
-from fedhead import aggregation as agg
-from fedhead import protocol as P
-from fedhead.checkpoint import ServerState
-from fedhead.limits import FailurePolicy, Timeouts
-from fedhead.tracking import RoundRecord, RoundTracker
-from strategies.checkpointing import Checkpointing
-from strategies.exchange import (
+from fedhead.federation import aggregation as agg
+from fedhead.federation import protocol as P
+from fedhead.federation.checkpoint import ServerState
+from fedhead.federation.limits import FailurePolicy, Timeouts
+from fedhead.federation.tracking import RoundRecord, RoundTracker
+from fedhead.strategies.checkpointing import Checkpointing
+from fedhead.strategies.exchange import (
     MomentExchange,
     build_exchange,
     enforce_regime,
@@ -52,9 +52,15 @@ from strategies.exchange import (
     query_messages,
     wait_for_nodes,
 )
-from strategies.failures import Dropped, screen
-from strategies.observer import NullObserver, RunObserver
-from strategies.replies import FederationError, metrics_of, parse_evaluate_reply, parse_train_reply, partition_of
+from fedhead.strategies.failures import Dropped, screen
+from fedhead.strategies.observer import NullObserver, RunObserver
+from fedhead.strategies.replies import (
+    FederationError,
+    metrics_of,
+    parse_evaluate_reply,
+    parse_train_reply,
+    partition_of,
+)
 
 __all__ = ["FederationError", "HeadAveraging", "MomentExchange", "RunObserver"]
 
@@ -83,12 +89,12 @@ class HeadAveraging(Checkpointing, FedAvg):
     timeout : float, optional
         Seconds to wait for the replies of one message phase (overrides ``timeouts.exchange``
         and ``timeouts.round``).
-    timeouts : fedhead.limits.Timeouts, optional
+    timeouts : fedhead.federation.limits.Timeouts, optional
         Deadlines of the node wait, the moment exchange and each training/evaluation phase
-        (default :class:`fedhead.limits.Timeouts`); every wait ends.
+        (default :class:`fedhead.federation.limits.Timeouts`); every wait ends.
     min_clients : int, optional
         Failure policy: valid replies a phase needs (None: all ``min_nodes``). With fewer the
-        run stops (:class:`strategies.failures.TooFewReplies`); otherwise failed clients are
+        run stops (:class:`fedhead.strategies.failures.TooFewReplies`); otherwise failed clients are
         dropped (logged, recorded per round) and the weights renormalised over the survivors.
     message_config : dict, optional
         Entries added to the ``config`` record of every message (e.g. the job index when one
@@ -96,7 +102,7 @@ class HeadAveraging(Checkpointing, FedAvg):
     allow_outside_regime : bool
         Outside the fully active regime the run refuses to train (after reporting the
         diagnosis) unless this is True (``dataset.allow_outside_regime=true``); then it trains
-        with the partial targets of :class:`fedhead.aggregation.Targets` (``G_star`` and the
+        with the partial targets of :class:`fedhead.federation.aggregation.Targets` (``G_star`` and the
         recursion recorded as null) and a warning.
     """
 
@@ -156,7 +162,11 @@ class HeadAveraging(Checkpointing, FedAvg):
     def summary(self) -> None:
         log.info(
             "%s: lambda_h=%g lambda_w=%g gamma=%g centered=%s clients=%d",
-            type(self).__name__, self.lambda_h, self.lambda_w, self.gamma, self.centered,
+            type(self).__name__,
+            self.lambda_h,
+            self.lambda_w,
+            self.gamma,
+            self.centered,
             self.min_nodes,
         )
 
@@ -165,23 +175,33 @@ class HeadAveraging(Checkpointing, FedAvg):
         """One ``query`` message per node asking for ``(N_m, mu_m, Sigma_m)``."""
         return query_messages(node_ids, self.message_config)
 
-    def aggregate_moments(self, replies: Iterable[Message], *,
-                          expected_nodes: Sequence[int] | None = None) -> MomentExchange:
+    def aggregate_moments(
+        self, replies: Iterable[Message], *, expected_nodes: Sequence[int] | None = None
+    ) -> MomentExchange:
         """Validate the query replies and compute moments, diagnosis and reference Grams.
 
-        Each reply is screened (:func:`strategies.failures.screen`): error replies, invalid
+        Each reply is screened (:func:`fedhead.strategies.failures.screen`): error replies, invalid
         moments (non-finite, asymmetric, not PSD, non-positive count) and missing replies drop
         the client when at least ``min_clients`` remain; the federation is then the survivors.
-        Sets and returns :attr:`exchange` (:func:`strategies.exchange.build_exchange`).
+        Sets and returns :attr:`exchange` (:func:`fedhead.strategies.exchange.build_exchange`).
         """
         kept, dropped = screen(
-            replies, parse_moment_reply, stage="moment exchange", required=self.required,
-            expected_nodes=expected_nodes, expected_count=self.min_nodes,
+            replies,
+            parse_moment_reply,
+            stage="moment exchange",
+            required=self.required,
+            expected_nodes=expected_nodes,
+            expected_count=self.min_nodes,
             timeout=self.timeouts.exchange if expected_nodes is not None else None,
         )
         self.exchange = build_exchange(
-            [r for _, r in kept], dropped, num_clients=self.min_nodes, lambda_h=self.lambda_h,
-            lambda_w=self.lambda_w, gamma=self.gamma, centered=self.centered,
+            [r for _, r in kept],
+            dropped,
+            num_clients=self.min_nodes,
+            lambda_h=self.lambda_h,
+            lambda_w=self.lambda_w,
+            gamma=self.gamma,
+            centered=self.centered,
         )
         return self.exchange
 
@@ -197,14 +217,14 @@ class HeadAveraging(Checkpointing, FedAvg):
 
     def check_regime(self) -> None:
         """Refuse to train outside the fully active regime unless explicitly allowed
-        (:func:`strategies.exchange.enforce_regime`)."""
+        (:func:`fedhead.strategies.exchange.enforce_regime`)."""
         if self.exchange is None:
             raise RuntimeError("exchange_moments must run before the regime check")
         enforce_regime(self.exchange, self.lambda_h, self.lambda_w, self.allow_outside_regime)
 
     def _wait_for_nodes(self, grid: Grid) -> list[int]:
         """The nodes to message: before the exchange, exactly ``min_nodes`` connected SuperNodes
-        (waiting at most ``timeouts.nodes``; :func:`strategies.exchange.wait_for_nodes`),
+        (waiting at most ``timeouts.nodes``; :func:`fedhead.strategies.exchange.wait_for_nodes`),
         afterwards the clients that took part in the exchange."""
         if self.exchange is not None:
             return sorted(self.exchange.node_ids)
@@ -250,10 +270,7 @@ class HeadAveraging(Checkpointing, FedAvg):
         self._extend_train_content(content, arrays)
         node_ids = self._wait_for_nodes(grid)
         self._sent["train"] = list(node_ids)
-        return [
-            Message(content=content, dst_node_id=n, message_type=MessageType.TRAIN)
-            for n in node_ids
-        ]
+        return [Message(content=content, dst_node_id=n, message_type=MessageType.TRAIN) for n in node_ids]
 
     def _extend_train_content(self, content: RecordDict, arrays: ArrayRecord) -> None:
         """Hook for subclasses that broadcast more than the head."""
@@ -267,13 +284,19 @@ class HeadAveraging(Checkpointing, FedAvg):
             )
 
     def _screen(self, replies: Iterable[Message], parse, stage: str, kind: str):
-        """:func:`strategies.failures.screen` against the nodes the phase was sent to."""
+        """:func:`fedhead.strategies.failures.screen` against the nodes the phase was sent to."""
         assert self.exchange is not None
         sent = self._sent.pop(kind, None)
-        return screen(replies, parse, stage=stage, required=self.required, expected_nodes=sent,
-                      expected_count=len(self.exchange.partition_ids),
-                      timeout=self.timeouts.round if sent is not None else None,
-                      partitions=dict(zip(self.exchange.node_ids, self.exchange.partition_ids)))
+        return screen(
+            replies,
+            parse,
+            stage=stage,
+            required=self.required,
+            expected_nodes=sent,
+            expected_count=len(self.exchange.partition_ids),
+            timeout=self.timeouts.round if sent is not None else None,
+            partitions=dict(zip(self.exchange.node_ids, self.exchange.partition_ids)),
+        )
 
     def parse_train_replies(
         self, replies: Iterable[Message]
@@ -296,8 +319,12 @@ class HeadAveraging(Checkpointing, FedAvg):
         kept.sort(key=lambda mr: mr[1][0])
         self._round_dropped = list(dropped)
         msgs = [m for m, _ in kept]
-        return (msgs, np.stack([r[1] for _, r in kept]), np.stack([r[2] for _, r in kept]),
-                np.asarray([r[3] for _, r in kept]))
+        return (
+            msgs,
+            np.stack([r[1] for _, r in kept]),
+            np.stack([r[2] for _, r in kept]),
+            np.asarray([r[3] for _, r in kept]),
+        )
 
     def verify_replies(self, msgs: Sequence[Message], heads: np.ndarray) -> dict[str, float]:
         """Hook: extra checks on the replies; returns scalars to log with the round."""
@@ -315,14 +342,18 @@ class HeadAveraging(Checkpointing, FedAvg):
         fit = agg.local_fit(metrics, [P.node_of(m) for m in msgs])
         pids = [partition_of(m) for m in msgs]
         present = [self.exchange.partition_ids.index(p) for p in pids]
-        client_metrics = [
-            {k: float(v) for k, v in m.items() if not isinstance(v, list)} for m in metrics
-        ]
+        client_metrics = [{k: float(v) for k, v in m.items() if not isinstance(v, list)} for m in metrics]
         assert self.tracker is not None and self._broadcast is not None
         rec = self.tracker.record(
-            server_round, avg.weight, avg.bias, broadcast=self._broadcast[0],
-            client_heads=heads, fit=fit,
-            client_metrics=client_metrics, extra=extra, present=present,
+            server_round,
+            avg.weight,
+            avg.bias,
+            broadcast=self._broadcast[0],
+            client_heads=heads,
+            fit=fit,
+            client_metrics=client_metrics,
+            extra=extra,
+            present=present,
             dropped=[d.to_dict() for d in self._round_dropped],
         )
         arrays = P.head_record(avg.weight, avg.bias)
@@ -349,14 +380,9 @@ class HeadAveraging(Checkpointing, FedAvg):
         self._extend_train_content(content, arrays)
         node_ids = self._wait_for_nodes(grid)
         self._sent["evaluate"] = list(node_ids)
-        return [
-            Message(content=content, dst_node_id=n, message_type=MessageType.EVALUATE)
-            for n in node_ids
-        ]
+        return [Message(content=content, dst_node_id=n, message_type=MessageType.EVALUATE) for n in node_ids]
 
-    def aggregate_evaluate(
-        self, server_round: int, replies: Iterable[Message]
-    ) -> MetricRecord | None:
+    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
         if not self.evaluate_mse:
             return None
         server_round += self._round_offset
@@ -393,7 +419,7 @@ class HeadAveraging(Checkpointing, FedAvg):
 
         ``initial_head`` is ``(W_0 (C,P), b_0 (C,))`` or a function of ``C`` (known after the
         exchange) returning it; every client starts from this head. ``resume`` (a checkpointed
-        :class:`fedhead.checkpoint.ServerState`) continues after its round instead (the exchange
+        :class:`fedhead.federation.checkpoint.ServerState`) continues after its round instead (the exchange
         is repeated and must give the same moments; the observer's optional ``on_resume``
         receives the restored records). ``on_round_end`` receives the server state after every
         complete round, round 0 included (the checkpointer).
@@ -416,7 +442,9 @@ class HeadAveraging(Checkpointing, FedAvg):
             self.begin(initial_head)
             arrays = P.head_record(*initial_head)
         return self.start(
-            grid=grid, initial_arrays=arrays, num_rounds=num_rounds - self._round_offset,
+            grid=grid,
+            initial_arrays=arrays,
+            num_rounds=num_rounds - self._round_offset,
             timeout=self.timeouts.round,
             train_config=train_config or ConfigRecord(),
         )

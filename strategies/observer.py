@@ -5,14 +5,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Protocol
 
-from fedhead.tracking import RoundRecord
+from fedhead.federation.tracking import RoundRecord
 
 if TYPE_CHECKING:
-    from strategies.exchange import MomentExchange
+    from fedhead.strategies.exchange import MomentExchange
 
 
 class RunObserver(Protocol):
-    """Receives what the strategy measures (implemented by the run layer, :mod:`fedhead.recorder`).
+    """Receives what the strategy measures (implemented by the run layer, :mod:`fedhead.driver.recorder`).
 
     An observer may also have ``on_resume(records)``: the restored round records of a resumed run.
     """
@@ -25,8 +25,8 @@ class RunObserver(Protocol):
 class NullObserver:
     """The observer of a strategy built without one: ignores every report."""
 
-    def on_exchange(self, exchange: MomentExchange) -> None:  # noqa: D102
+    def on_exchange(self, exchange: MomentExchange) -> None:
         pass
 
-    def on_round(self, record: RoundRecord) -> None:  # noqa: D102
+    def on_round(self, record: RoundRecord) -> None:
         pass

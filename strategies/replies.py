@@ -1,7 +1,7 @@
 """Reading client replies on the server: error replies, the metrics record, the partition id, and
 the validated content of a training reply (:func:`parse_train_reply`) and of an evaluation reply
-(:func:`parse_evaluate_reply`). Each parser raises :class:`fedhead.aggregation.ReplyError` naming
-the node, which the failure policy (:func:`strategies.failures.screen`) turns into a dropped client.
+(:func:`parse_evaluate_reply`). Each parser raises :class:`fedhead.federation.aggregation.ReplyError` naming
+the node, which the failure policy (:func:`fedhead.strategies.failures.screen`) turns into a dropped client.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 from flwr.app import Message, MetricRecord
 
-from fedhead import aggregation as agg
-from fedhead import protocol as P
+from fedhead.federation import aggregation as agg
+from fedhead.federation import protocol as P
 
 
 class FederationError(RuntimeError):
@@ -23,19 +23,15 @@ def raise_on_errors(replies: Sequence[Message], stage: str, expected: int) -> li
     """Fail loudly on error replies or missing replies (never continue with partial state)."""
     errors = [m for m in replies if m.has_error()]
     if errors:
-        detail = "; ".join(
-            f"node {m.metadata.src_node_id}: {m.error.reason}" for m in errors
-        )
+        detail = "; ".join(f"node {m.metadata.src_node_id}: {m.error.reason}" for m in errors)
         raise FederationError(f"{stage}: {len(errors)} client(s) failed: {detail}")
     if len(replies) != expected:
-        raise FederationError(
-            f"{stage}: expected {expected} replies, received {len(replies)} (timeout or lost client)"
-        )
+        raise FederationError(f"{stage}: expected {expected} replies, received {len(replies)} (timeout or lost client)")
     return list(replies)
 
 
 def metrics_of(message: Message) -> MetricRecord:
-    """The reply's ``metrics`` record; :class:`fedhead.aggregation.ReplyError` when it is missing."""
+    """The reply's ``metrics`` record; :class:`fedhead.federation.aggregation.ReplyError` when it is missing."""
     content = message.content
     if P.METRICS not in content.metric_records:
         raise agg.ReplyError(P.node_of(message), f"reply lacks the '{P.METRICS}' MetricRecord")
@@ -50,13 +46,14 @@ def partition_of(message: Message) -> int:
     return int(metrics[P.PARTITION_ID])
 
 
-def parse_train_reply(msg: Message, head_shape: tuple[int, int],
-                      expected_n: Mapping[int, object]) -> tuple[int, np.ndarray, np.ndarray, int]:
+def parse_train_reply(
+    msg: Message, head_shape: tuple[int, int], expected_n: Mapping[int, object]
+) -> tuple[int, np.ndarray, np.ndarray, int]:
     """``(partition id, W (C, P), b (C,), N_m)`` of one training reply, validated.
 
     The head must have ``head_shape``, the sample count must be the one of the moment exchange
     (``expected_n``: partition id -> ``N_m``), and the metrics must carry the objective gaps
-    every round record needs (:func:`fedhead.aggregation.local_fit`).
+    every round record needs (:func:`fedhead.federation.aggregation.local_fit`).
     """
     node = P.node_of(msg)
     if P.HEAD not in msg.content.array_records:
@@ -83,9 +80,13 @@ def parse_evaluate_reply(msg: Message) -> tuple[int, list[float]]:
     pid = partition_of(msg)
     if P.TRAIN_MSE not in m:
         raise agg.ReplyError(node, f"evaluation reply lacks '{P.TRAIN_MSE}'")
-    row = [float(agg.validate_array(m[P.TRAIN_MSE], (), node_id=node, name=P.TRAIN_MSE)),
-           agg.validate_count(m.get(P.NUM_EXAMPLES), node_id=node)]
+    row = [
+        float(agg.validate_array(m[P.TRAIN_MSE], (), node_id=node, name=P.TRAIN_MSE)),
+        agg.validate_count(m.get(P.NUM_EXAMPLES), node_id=node),
+    ]
     if P.TEST_MSE in m:
-        row += [float(agg.validate_array(m[P.TEST_MSE], (), node_id=node, name=P.TEST_MSE)),
-                agg.validate_count(m.get(P.NUM_TEST_EXAMPLES), node_id=node)]
+        row += [
+            float(agg.validate_array(m[P.TEST_MSE], (), node_id=node, name=P.TEST_MSE)),
+            agg.validate_count(m.get(P.NUM_TEST_EXAMPLES), node_id=node),
+        ]
     return pid, row

@@ -14,11 +14,11 @@ from typing import Any
 import numpy as np
 from flwr.app import ArrayRecord, Message, RecordDict
 
-from fedhead import aggregation as agg
-from fedhead import protocol as P
-from fedhead.metrics import relative_error
-from strategies.head_averaging import HeadAveraging
-from strategies.mismatch import MismatchHeadAveraging
+from fedhead.analysis.metrics import relative_error
+from fedhead.federation import aggregation as agg
+from fedhead.federation import protocol as P
+from fedhead.strategies.head_averaging import HeadAveraging
+from fedhead.strategies.mismatch_heads import MismatchHeadAveraging
 
 
 class AlignedHeadAveraging(HeadAveraging):
@@ -41,7 +41,9 @@ class AlignedHeadAveraging(HeadAveraging):
                 raise agg.ReplyError(node, f"aligned reply lacks the '{P.CHECKS}' ArrayRecord")
             g_trained = agg.validate_array(
                 msg.content.array_records[P.CHECKS][P.TRAINED_GRAM].numpy(),
-                (w.shape[0], w.shape[0]), node_id=node, name=P.TRAINED_GRAM,
+                (w.shape[0], w.shape[0]),
+                node_id=node,
+                name=P.TRAINED_GRAM,
             )
             err = relative_error(w @ w.T, g_trained)
             if err > self.rtol:
@@ -64,7 +66,8 @@ class FullModelAveraging(HeadAveraging):
     def __init__(self, *, initial_backbone: dict[str, np.ndarray] | None = None, **kwargs: Any):
         super().__init__(**kwargs)
         self._backbone = (
-            None if initial_backbone is None
+            None
+            if initial_backbone is None
             else {k: np.asarray(v) for k, v in initial_backbone.items() if not P.is_private_state(k)}
         )
 
@@ -76,7 +79,7 @@ class FullModelAveraging(HeadAveraging):
         return {f"backbone/{k}": v for k, v in (self._backbone or {}).items()}
 
     def _restore_extra(self, extra: dict[str, np.ndarray]) -> None:
-        state = {k[len("backbone/"):]: np.asarray(v) for k, v in extra.items() if k.startswith("backbone/")}
+        state = {k[len("backbone/") :]: np.asarray(v) for k, v in extra.items() if k.startswith("backbone/")}
         if state:
             self._backbone = state
 
@@ -88,20 +91,21 @@ class FullModelAveraging(HeadAveraging):
             states.append(P.arrays_to_numpy(msg.content.array_records[P.BACKBONE]))
         dtypes = {k: v.dtype for k, v in states[0].items()}
         avg = agg.average_states(states, counts, node_ids=[P.node_of(m) for m in msgs])
-        self._backbone = {k: v.astype(dtypes[k]) if np.issubdtype(dtypes[k], np.floating) else v
-                          for k, v in avg.items()}
+        self._backbone = {
+            k: v.astype(dtypes[k]) if np.issubdtype(dtypes[k], np.floating) else v for k, v in avg.items()
+        }
 
 
-def make_strategy(
-    kind: str, *, measure_mismatch: bool = False, **kwargs: Any
-) -> HeadAveraging:
+def make_strategy(kind: str, *, measure_mismatch: bool = False, **kwargs: Any) -> HeadAveraging:
     """Build the strategy a procedure needs: ``"head"``, ``"aligned"`` or ``"full_model"``.
 
-    ``measure_mismatch`` (``"head"`` only): :class:`strategies.mismatch.MismatchHeadAveraging`,
+    ``measure_mismatch`` (``"head"`` only): :class:`fedhead.strategies.mismatch_heads.MismatchHeadAveraging`,
     which measures the cost of mismatched coordinates in round 1 (docs/theory.md §13).
     """
     classes: dict[str, Callable[..., HeadAveraging]] = {
-        "head": HeadAveraging, "aligned": AlignedHeadAveraging, "full_model": FullModelAveraging,
+        "head": HeadAveraging,
+        "aligned": AlignedHeadAveraging,
+        "full_model": FullModelAveraging,
     }
     if kind not in classes:
         raise ValueError(f"unknown strategy kind {kind!r}; expected one of {sorted(classes)}")

@@ -1,6 +1,20 @@
-"""Fixtures shared across test folders."""
+"""Fixtures shared across test folders (``tests/`` mirrors the source tree: ``tests/<layer>/``).
 
+The helpers of the Flower-facing tests (``app_helpers``, ``report_helpers``) sit beside this
+file and are importable from every folder.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
 import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from app_helpers import rotation, targets_with_moments
 
 
 @pytest.fixture
@@ -12,3 +26,27 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+@pytest.fixture
+def fig2_targets() -> list[np.ndarray]:
+    """theory.md §12 'fig2' instance (C = 2, M = 3), with unequal sample counts."""
+    covs = [
+        rotation(-40) @ np.diag([3.0, 0.11]) @ rotation(-40).T,
+        rotation(10) @ np.diag([1.1, 0.45]) @ rotation(10).T,
+        rotation(55) @ np.diag([2.4, 0.13]) @ rotation(55).T,
+    ]
+    means = [np.array([0.0, -2.2]), np.zeros(2), np.array([0.0, 2.2])]
+    counts = [256, 200, 300]
+    return [targets_with_moments(n, mu, s, seed=i) for i, (n, mu, s) in enumerate(zip(counts, means, covs))]
+
+
+@pytest.fixture
+def task_identity():
+    """flwr needs a task identity to create instruction messages outside a run."""
+    from flwr.supercore.task_identity import TaskIdentity
+
+    saved = (TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id)
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 7, 0, 1
+    yield
+    TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id = saved

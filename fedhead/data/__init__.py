@@ -4,6 +4,13 @@ Entry point: :func:`load_federated` (``cfg`` from ``conf/dataset/<name>.yaml``).
 modules (gymnasium, h5py, scipy.io, ...) are imported only when their data set is loaded.
 """
 
+from fedhead.analysis.regime import (
+    MarginReport,
+    OutsideRegimeError,
+    OutsideRegimeWarning,
+    client_margins,
+    ensure_fully_active,
+)
 from fedhead.data.base import (
     ClientData,
     DataError,
@@ -13,13 +20,6 @@ from fedhead.data.base import (
     batch_to_float,
 )
 from fedhead.data.config import DatasetConfig, default_cache_dir
-from fedhead.regime import (
-    MarginReport,
-    OutsideRegimeError,
-    OutsideRegimeWarning,
-    client_margins,
-    ensure_fully_active,
-)
 from fedhead.data.partition import Partition, designed_partition, eigen_partition, leading_direction
 from fedhead.data.pipeline import (
     build_federated,

@@ -16,9 +16,7 @@ from fedhead.data.config import DatasetConfig
 def check_split_sizes(cfg: DatasetConfig, label: str) -> None:
     """``cfg.n_train > 0`` and ``cfg.n_test >= 0``, else a :class:`DataError` naming ``label``."""
     if cfg.n_train <= 0 or cfg.n_test < 0:
-        raise DataError(
-            f"{label}: n_train must be > 0 and n_test >= 0, got {cfg.n_train}, {cfg.n_test}"
-        )
+        raise DataError(f"{label}: n_train must be > 0 and n_test >= 0, got {cfg.n_train}, {cfg.n_test}")
 
 
 def split_samples(

@@ -71,13 +71,9 @@ class RawDataset:
 
     def __post_init__(self) -> None:
         if self.x.shape[0] != self.y.shape[0]:
-            raise DataError(
-                f"{self.name}: {self.x.shape[0]} inputs but {self.y.shape[0]} targets ({self.source})"
-            )
+            raise DataError(f"{self.name}: {self.x.shape[0]} inputs but {self.y.shape[0]} targets ({self.source})")
         if self.y.ndim != 2 or self.y.shape[1] != len(self.target_names):
-            raise DataError(
-                f"{self.name}: targets must be (N, {len(self.target_names)}), got {self.y.shape}"
-            )
+            raise DataError(f"{self.name}: targets must be (N, {len(self.target_names)}), got {self.y.shape}")
         if not np.all(np.isfinite(self.y)):
             raise DataError(f"{self.name}: non-finite targets ({self.source})")
         if (self.x_test is None) != (self.y_test is None):
@@ -150,9 +146,7 @@ class FederatedData:
         """Training-target moments with weights N_m / N (:class:`fedhead.ufm.TargetMoments`)."""
         from fedhead.ufm import TargetMoments
 
-        return TargetMoments.from_targets(
-            [c.y_train.detach().cpu().numpy().astype(np.float64) for c in self.clients]
-        )
+        return TargetMoments.from_targets([c.y_train.detach().cpu().numpy().astype(np.float64) for c in self.clients])
 
 
 def batch_to_float(xb: torch.Tensor) -> torch.Tensor:

@@ -32,14 +32,40 @@ __all__ = ["BeijingConfig", "load", "read_station_csv", "HEADER", "INPUTS", "TAR
 
 UCI_URL = "https://archive.ics.uci.edu/dataset/501/beijing+multi+site+air+quality+data"
 HEADER = (
-    "No", "year", "month", "day", "hour", "PM2.5", "PM10", "SO2", "NO2", "CO", "O3", "TEMP",
-    "PRES", "DEWP", "RAIN", "wd", "WSPM", "station",
+    "No",
+    "year",
+    "month",
+    "day",
+    "hour",
+    "PM2.5",
+    "PM10",
+    "SO2",
+    "NO2",
+    "CO",
+    "O3",
+    "TEMP",
+    "PRES",
+    "DEWP",
+    "RAIN",
+    "wd",
+    "WSPM",
+    "station",
 )
 INPUTS = ("PM10", "TEMP", "PRES", "DEWP", "RAIN", "WSPM", "month", "hour")
 TARGETS = ("PM2.5", "NO2")
 STATIONS = (
-    "Aotizhongxin", "Changping", "Dingling", "Dongsi", "Guanyuan", "Gucheng", "Huairou",
-    "Nongzhanguan", "Shunyi", "Tiantan", "Wanliu", "Wanshouxigong",
+    "Aotizhongxin",
+    "Changping",
+    "Dingling",
+    "Dongsi",
+    "Guanyuan",
+    "Gucheng",
+    "Huairou",
+    "Nongzhanguan",
+    "Shunyi",
+    "Tiantan",
+    "Wanliu",
+    "Wanshouxigong",
 )
 _PATTERN = "PRSA_Data_{station}_20130301-20170228.csv"
 
@@ -61,9 +87,7 @@ def _find_files(root: Path, stations: list[str] | None) -> list[Path]:
         if not files:
             files = sorted(root.rglob(_PATTERN.format(station="*")))
         if not files:
-            raise MissingDataError(
-                _PATTERN.format(station="<station>"), f"{root} (and its subfolders)", UCI_URL
-            )
+            raise MissingDataError(_PATTERN.format(station="<station>"), f"{root} (and its subfolders)", UCI_URL)
         return files
     files = []
     for st in stations:
@@ -126,9 +150,7 @@ def load(cfg: BeijingConfig) -> RawDataset:
         raise DataError("beijing has no test split in this protocol; set dataset.n_test=0")
     root = Path(cfg.root).expanduser()
     if not root.is_dir():
-        raise MissingDataError(
-            _PATTERN.format(station="<station>"), f"{root} (folder does not exist)", UCI_URL
-        )
+        raise MissingDataError(_PATTERN.format(station="<station>"), f"{root} (folder does not exist)", UCI_URL)
     files = _find_files(root, list(cfg.stations) if cfg.stations is not None else None)
     parts = [read_station_csv(f) for f in files]
     data = np.concatenate(parts) if parts else np.zeros((0, 10))
@@ -144,7 +166,7 @@ def load(cfg: BeijingConfig) -> RawDataset:
     return RawDataset(
         name=cfg.name,
         x=x.astype(np.float32),
-        y=chosen[:, len(INPUTS):],
+        y=chosen[:, len(INPUTS) :],
         target_names=TARGETS,
         standardize=True,
         source=f"{root}: {len(files)} station file(s) "

@@ -65,9 +65,7 @@ log = logging.getLogger(__name__)
 
 TARGET_NAMES = ("shift_x", "shift_y", "log_zoom")
 FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
-CIFAR_PUBLISHED_AT = (
-    "CIFAR-10, python version (cs.toronto.edu/~kriz/cifar.html, cifar-10-python.tar.gz)"
-)
+CIFAR_PUBLISHED_AT = "CIFAR-10, python version (cs.toronto.edu/~kriz/cifar.html, cifar-10-python.tar.gz)"
 FASHION_PUBLISHED_AT = (
     "Fashion-MNIST (github.com/zalandoresearch/fashion-mnist), or Debian/Ubuntu: "
     "apt-get install dataset-fashion-mnist (files in /usr/share/datasets/fashion-mnist)"
@@ -148,14 +146,12 @@ class CifarGeoConfig(DatasetConfig):
     def effective_image_source(self) -> str:
         """The image source that :func:`load` reads (``fashion_mnist`` when generating)."""
         if self.image_source not in ("cifar10", "fashion_mnist"):
-            raise ValueError(
-                "dataset.image_source must be 'cifar10' or 'fashion_mnist', "
-                f"got {self.image_source!r}"
-            )
+            raise ValueError(f"dataset.image_source must be 'cifar10' or 'fashion_mnist', got {self.image_source!r}")
         return self.image_source if self.use_files() else "fashion_mnist"
 
 
 # ------------------------------------------------------------------------------------ readers
+
 
 def _cifar_dir(root: str | None) -> Path:
     if root is None:
@@ -164,9 +160,7 @@ def _cifar_dir(root: str | None) -> Path:
     for cand in (base / "cifar-10-batches-py", base):
         if (cand / CIFAR_TRAIN_FILES[0]).is_file():
             return cand
-    raise MissingDataError(
-        _CIFAR_FIRST, f"{base} and {base / 'cifar-10-batches-py'}", CIFAR_PUBLISHED_AT
-    )
+    raise MissingDataError(_CIFAR_FIRST, f"{base} and {base / 'cifar-10-batches-py'}", CIFAR_PUBLISHED_AT)
 
 
 def _read_cifar_batch(path: Path) -> np.ndarray:
@@ -176,9 +170,7 @@ def _read_cifar_batch(path: Path) -> np.ndarray:
         with path.open("rb") as fh:
             batch = pickle.load(fh, encoding="bytes")
     except Exception as err:  # unpickling raises many types on corrupt input
-        raise DataError(
-            f"{path}: not a CIFAR-10 python pickle batch ({type(err).__name__}: {err})"
-        ) from err
+        raise DataError(f"{path}: not a CIFAR-10 python pickle batch ({type(err).__name__}: {err})") from err
     if not isinstance(batch, dict) or b"data" not in batch or b"labels" not in batch:
         keys = sorted(batch) if isinstance(batch, dict) else type(batch).__name__
         raise DataError(f"{path}: expected a dict with b'data' and b'labels', got {keys}")
@@ -212,9 +204,7 @@ def read_idx_images(path: Path) -> np.ndarray:
     if magic != 0x00000803:
         raise DataError(f"{path}: IDX magic {magic:#010x}, expected 0x00000803 (ubyte, 3 dims)")
     if len(raw) != 16 + int(n) * int(rows) * int(cols):
-        raise DataError(
-            f"{path}: header says {n}x{rows}x{cols} images, file holds {len(raw) - 16} data bytes"
-        )
+        raise DataError(f"{path}: header says {n}x{rows}x{cols} images, file holds {len(raw) - 16} data bytes")
     return np.frombuffer(raw, dtype=np.uint8, offset=16).reshape(int(n), int(rows), int(cols))
 
 
@@ -235,9 +225,8 @@ def read_fashion_mnist(root: str | None) -> tuple[np.ndarray, np.ndarray]:
 
 # ---------------------------------------------------------------------------- construction
 
-def sample_geometry(
-    rng: np.random.Generator, group: GeoGroup, n: int, max_shift: float
-) -> np.ndarray:
+
+def sample_geometry(rng: np.random.Generator, group: GeoGroup, n: int, max_shift: float) -> np.ndarray:
     """``(n, 3)`` draws of ``(dx, dy, log z)`` from ``group``, truncated by redrawing."""
     out = np.empty((n, 3))
     filled = 0
@@ -257,9 +246,7 @@ def sample_geometry(
     return out
 
 
-def place_images(
-    images: np.ndarray, geometry: np.ndarray, frame_size: int = 40, *, chunk: int = 1024
-) -> np.ndarray:
+def place_images(images: np.ndarray, geometry: np.ndarray, frame_size: int = 40, *, chunk: int = 1024) -> np.ndarray:
     """Shift and zoom source images into a black frame (bilinear, zero fill).
 
     Parameters
@@ -280,10 +267,7 @@ def place_images(
 
     n, ch, h, w = images.shape
     if h != w or geometry.shape != (n, 3):
-        raise DataError(
-            "cifar_geo: need square images and (n, 3) geometry, "
-            f"got {images.shape}, {geometry.shape}"
-        )
+        raise DataError(f"cifar_geo: need square images and (n, 3) geometry, got {images.shape}, {geometry.shape}")
     out = np.empty((n, ch, frame_size, frame_size), dtype=np.uint8)
     pix = torch.arange(frame_size, dtype=torch.float64) + 0.5 - frame_size / 2.0
     for lo in range(0, n, chunk):
@@ -324,14 +308,10 @@ def _build(
     rng: np.random.Generator, source: np.ndarray, n: int, cfg: CifarGeoConfig, split: str
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     if n > source.shape[0]:
-        raise DataError(
-            f"cifar_geo: {n} {split} samples asked for, the source has {source.shape[0]}"
-        )
+        raise DataError(f"cifar_geo: {n} {split} samples asked for, the source has {source.shape[0]}")
     pick = rng.choice(source.shape[0], size=n, replace=False)
     sizes = _group_sizes(n, len(GROUPS))
-    geom = np.concatenate(
-        [sample_geometry(rng, grp, k, cfg.max_shift) for grp, k in zip(GROUPS, sizes)]
-    )
+    geom = np.concatenate([sample_geometry(rng, grp, k, cfg.max_shift) for grp, k in zip(GROUPS, sizes)])
     groups = np.repeat(np.arange(len(GROUPS), dtype=np.int64), sizes)
     imgs = place_images(_to_channels(source[pick], cfg.channels), geom, cfg.frame_size)
     return imgs, geom, groups
@@ -341,10 +321,7 @@ def load(cfg: CifarGeoConfig) -> RawDataset:
     """Build CIFAR-geo from the configured image source (see the module docstring)."""
     check_split_sizes(cfg, "cifar_geo")
     if cfg.frame_size <= 0 or cfg.max_shift < 0:
-        raise DataError(
-            "cifar_geo: frame_size must be > 0 and max_shift >= 0, "
-            f"got {cfg.frame_size}, {cfg.max_shift}"
-        )
+        raise DataError(f"cifar_geo: frame_size must be > 0 and max_shift >= 0, got {cfg.frame_size}, {cfg.max_shift}")
     src = cfg.effective_image_source()
     if src == "cifar10":
         train_src, test_src = read_cifar10(cfg.root)

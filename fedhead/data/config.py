@@ -57,16 +57,15 @@ class DatasetConfig:
     image_size: int | None = None
 
     def __post_init__(self) -> None:
-        if self.image_size is not None and (isinstance(self.image_size, bool) or not isinstance(self.image_size, int)
-                                            or self.image_size < 4):
+        if self.image_size is not None and (
+            isinstance(self.image_size, bool) or not isinstance(self.image_size, int) or self.image_size < 4
+        ):
             raise ValueError(f"dataset.image_size must be null or an integer >= 4, got {self.image_size!r}")
 
     def use_files(self) -> bool:
         """True when the published files are to be read, False when the generator runs."""
         if self.source not in ("auto", "files", "generate"):
-            raise ValueError(
-                f"dataset.source must be 'auto', 'files' or 'generate', got {self.source!r}"
-            )
+            raise ValueError(f"dataset.source must be 'auto', 'files' or 'generate', got {self.source!r}")
         if self.source == "auto":
             return self.root is not None
         return self.source == "files"

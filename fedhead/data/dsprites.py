@@ -47,9 +47,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 FILE_NAME = "dsprites_ndarray_co1sh3sc6or40x32y32_64x64.npz"
-PUBLISHED_AT = (
-    "the dSprites repository (github.com/google-deepmind/dsprites-dataset, file " + FILE_NAME + ")"
-)
+PUBLISHED_AT = "the dSprites repository (github.com/google-deepmind/dsprites-dataset, file " + FILE_NAME + ")"
 #: Grid sizes of the latent factors, in the file's order: color, shape, scale, orientation, x, y.
 LATENT_SIZES = (1, 3, 6, 40, 32, 32)
 N_GRID = int(np.prod(LATENT_SIZES))  # 737280
@@ -208,9 +206,7 @@ def _stream_rows(path: Path, key: str, wanted_sorted: np.ndarray, chunk: int) ->
             except ValueError as err:
                 raise DataError(f"{path}: array {key!r} has no valid .npy header ({err})") from err
             if dtype != np.uint8 or len(shape) != 3 or shape[1:] != (IMAGE_SIZE, IMAGE_SIZE):
-                raise DataError(
-                    f"{path}: {key} must be uint8 (N, 64, 64), got {dtype} {shape}"
-                )
+                raise DataError(f"{path}: {key} must be uint8 (N, 64, 64), got {dtype} {shape}")
             if fortran:
                 raise DataError(f"{path}: {key} is stored in Fortran order; expected C order")
             n = shape[0]
@@ -243,9 +239,7 @@ def load_file(cfg: DSpritesConfig) -> RawDataset:
     try:
         with np.load(path, allow_pickle=False) as z:
             if "latents_values" not in z.files or "imgs" not in z.files:
-                raise DataError(
-                    f"{path}: expected arrays imgs and latents_values, found {sorted(z.files)}"
-                )
+                raise DataError(f"{path}: expected arrays imgs and latents_values, found {sorted(z.files)}")
             lat = np.asarray(z["latents_values"], dtype=np.float64)
     except (zipfile.BadZipFile, OSError, ValueError) as err:
         if isinstance(err, DataError):

@@ -108,13 +108,9 @@ def read_day_file(path: Path) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     try:
         mat = scipy.io.loadmat(str(path), struct_as_record=False, squeeze_me=True)
     except NotImplementedError as err:  # MATLAB v7.3 (HDF5)
-        raise DataError(
-            f"{path}: MATLAB v7.3 file; expected the MATLAB v5 files of the release ({err})"
-        ) from err
+        raise DataError(f"{path}: MATLAB v7.3 file; expected the MATLAB v5 files of the release ({err})") from err
     except Exception as err:  # scipy raises ValueError/TypeError/OSError on corrupt files
-        raise DataError(
-            f"{path}: not a readable MATLAB v5 file ({type(err).__name__}: {err})"
-        ) from err
+        raise DataError(f"{path}: not a readable MATLAB v5 file ({type(err).__name__}: {err})") from err
     if "data" not in mat:
         raise DataError(f"{path}: no variable 'data'; expected struct data.left/right.image/gaze")
     out = {}
@@ -126,17 +122,13 @@ def read_day_file(path: Path) -> dict[str, tuple[np.ndarray, np.ndarray]]:
             out[eye] = (np.empty((0, *EYE_SHAPE), np.uint8), np.empty((0, 3)))
             continue
         if img.shape[-2:] != EYE_SHAPE or img.dtype != np.uint8:
-            raise DataError(
-                f"{path}: data.{eye}.image must be uint8 (n, 36, 60), got {img.dtype} {img.shape}"
-            )
+            raise DataError(f"{path}: data.{eye}.image must be uint8 (n, 36, 60), got {img.dtype} {img.shape}")
         img = img.reshape(-1, *EYE_SHAPE)
         if gaze.shape[-1] != 3:
             raise DataError(f"{path}: data.{eye}.gaze must be (n, 3), got {gaze.shape}")
         gaze = gaze.reshape(-1, 3)
         if gaze.shape[0] != img.shape[0]:
-            raise DataError(
-                f"{path}: data.{eye} has {img.shape[0]} images but {gaze.shape[0]} gaze vectors"
-            )
+            raise DataError(f"{path}: data.{eye} has {img.shape[0]} images but {gaze.shape[0]} gaze vectors")
         out[eye] = (img, gaze)
     return out
 

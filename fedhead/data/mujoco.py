@@ -67,17 +67,26 @@ class MujocoTask:
 TASKS: dict[str, MujocoTask] = {
     "swimmer": MujocoTask("Swimmer-v5", "mujoco-swimmer", 8, 2, ("motor1_rot", "motor2_rot")),
     "hopper": MujocoTask(
-        "Hopper-v5", "mujoco-hopper", 11, 3, ("thigh_joint", "leg_joint", "foot_joint"),
+        "Hopper-v5",
+        "mujoco-hopper",
+        11,
+        3,
+        ("thigh_joint", "leg_joint", "foot_joint"),
         (("terminate_when_unhealthy", False),),
     ),
     "halfcheetah": MujocoTask(
-        "HalfCheetah-v5", "mujoco-halfcheetah", 17, 6,
+        "HalfCheetah-v5",
+        "mujoco-halfcheetah",
+        17,
+        6,
         ("bthigh", "bshin", "bfoot", "fthigh", "fshin", "ffoot"),
     ),
     "walker2d": MujocoTask(
-        "Walker2d-v5", "mujoco-walker", 17, 6,
-        ("thigh_joint", "leg_joint", "foot_joint", "thigh_left_joint", "leg_left_joint",
-         "foot_left_joint"),
+        "Walker2d-v5",
+        "mujoco-walker",
+        17,
+        6,
+        ("thigh_joint", "leg_joint", "foot_joint", "thigh_left_joint", "leg_left_joint", "foot_left_joint"),
         (("terminate_when_unhealthy", False),),
     ),
 }
@@ -119,9 +128,7 @@ def _task(cfg: MujocoConfig) -> MujocoTask:
     try:
         return TASKS[cfg.name]
     except KeyError:
-        raise DataError(
-            f"unknown MuJoCo task {cfg.name!r}; expected one of {sorted(TASKS)}"
-        ) from None
+        raise DataError(f"unknown MuJoCo task {cfg.name!r}; expected one of {sorted(TASKS)}") from None
 
 
 def load(cfg: MujocoConfig) -> RawDataset:
@@ -135,8 +142,13 @@ def load(cfg: MujocoConfig) -> RawDataset:
         obs, act, source = load_parquet(cfg.root, task, cfg.n_train, split=cfg.split)
     else:
         obs, act = generate(
-            task, cfg.n_train, seed=cfg.seed, policy_gain=cfg.policy_gain,
-            noise_std=cfg.noise_std, episode_steps=cfg.episode_steps, pilot_steps=cfg.pilot_steps,
+            task,
+            cfg.n_train,
+            seed=cfg.seed,
+            policy_gain=cfg.policy_gain,
+            noise_std=cfg.noise_std,
+            episode_steps=cfg.episode_steps,
+            pilot_steps=cfg.pilot_steps,
         )
         source = (
             f"gymnasium {task.env_id} generator (seed={cfg.seed}, gain={cfg.policy_gain}, "
@@ -173,24 +185,26 @@ def _episodes_to_array(col, path: Path, column: str, dim: int) -> tuple[np.ndarr
     import pyarrow as pa
 
     if not (pa.types.is_list(col.type) or pa.types.is_large_list(col.type)) or not (
-        pa.types.is_list(col.type.value_type) or pa.types.is_large_list(col.type.value_type)
+        pa.types.is_list(col.type.value_type)
+        or pa.types.is_large_list(col.type.value_type)
         or pa.types.is_fixed_size_list(col.type.value_type)
     ):
         raise DataError(
-            f"{path}: column {column!r} has type {col.type}; expected a list (steps) of float "
-            f"lists of length {dim}"
+            f"{path}: column {column!r} has type {col.type}; expected a list (steps) of float lists of length {dim}"
         )
     if col.null_count:
         raise DataError(f"{path}: column {column!r} has {col.null_count} null episodes")
     steps = np.asarray(col.value_lengths(), dtype=np.int64)
     inner = col.flatten()
-    lens = np.asarray(inner.value_lengths(), dtype=np.int64) if hasattr(inner, "value_lengths") \
+    lens = (
+        np.asarray(inner.value_lengths(), dtype=np.int64)
+        if hasattr(inner, "value_lengths")
         else np.full(len(inner), inner.type.list_size)
+    )
     if lens.size and not np.all(lens == dim):
         bad = int(lens[lens != dim][0])
         raise DataError(
-            f"{path}: column {column!r} holds vectors of length {bad}; expected {dim} "
-            "(is this the right MuJoCo task?)"
+            f"{path}: column {column!r} holds vectors of length {bad}; expected {dim} (is this the right MuJoCo task?)"
         )
     values = np.asarray(inner.flatten().to_numpy(zero_copy_only=False), dtype=np.float64)
     return steps, values.reshape(-1, dim)
@@ -222,9 +236,7 @@ def load_parquet(
             s_o, o = _episodes_to_array(batch.column(0), path, need[0], task.obs_dim)
             s_a, a = _episodes_to_array(batch.column(1), path, need[1], task.act_dim)
             if not np.array_equal(s_o, s_a):
-                raise DataError(
-                    f"{path}: episodes have different numbers of observations and actions"
-                )
+                raise DataError(f"{path}: episodes have different numbers of observations and actions")
             obs_parts.append(o)
             act_parts.append(a)
             total += o.shape[0]
@@ -233,10 +245,7 @@ def load_parquet(
         if total >= n:
             break
     if total < n:
-        raise DataError(
-            f"{', '.join(str(s) for s in shards)}: only {total} transitions, but n_train={n} "
-            "are needed"
-        )
+        raise DataError(f"{', '.join(str(s) for s in shards)}: only {total} transitions, but n_train={n} are needed")
     obs = np.concatenate(obs_parts)[:n]
     act = np.concatenate(act_parts)[:n]
     if not (np.all(np.isfinite(obs)) and np.all(np.isfinite(act))):
@@ -291,9 +300,7 @@ def generate(
     try:
         od, ad = env.observation_space.shape[0], env.action_space.shape[0]
         if (od, ad) != (task.obs_dim, task.act_dim):
-            raise DataError(
-                f"{task.env_id} has obs/action dims {(od, ad)}, expected {(task.obs_dim, task.act_dim)}"
-            )
+            raise DataError(f"{task.env_id} has obs/action dims {(od, ad)}, expected {(task.obs_dim, task.act_dim)}")
         rng = np.random.default_rng(seed)
         k_mat = rng.normal(size=(ad, od)) / np.sqrt(od)
         bias = rng.normal(scale=0.5, size=ad)

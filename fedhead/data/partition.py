@@ -73,9 +73,7 @@ def leading_direction(y: np.ndarray) -> np.ndarray:
     return v if v[k] > 0 else -v
 
 
-def eigen_partition(
-    y_train: np.ndarray, num_clients: int, y_test: np.ndarray | None = None
-) -> Partition:
+def eigen_partition(y_train: np.ndarray, num_clients: int, y_test: np.ndarray | None = None) -> Partition:
     """Leading-eigenvector partition (docs/theory.md §10).
 
     Every training target is projected on :func:`leading_direction` ``v``; samples are sorted by
@@ -111,16 +109,12 @@ def eigen_partition(
     assign = np.empty(n, dtype=np.int64)
     for m, chunk in enumerate(np.array_split(order, num_clients)):
         assign[chunk] = m
-    intervals = np.array(
-        [[z[assign == m].min(), z[assign == m].max()] for m in range(num_clients)]
-    )
+    intervals = np.array([[z[assign == m].min(), z[assign == m].max()] for m in range(num_clients)])
     test = None
     if y_test is not None:
         y_test = np.asarray(y_test, dtype=np.float64)
         if y_test.ndim != 2 or y_test.shape[1] != y_train.shape[1]:
-            raise DataError(
-                f"test targets must be (N_test, {y_train.shape[1]}), got shape {y_test.shape}"
-            )
+            raise DataError(f"test targets must be (N_test, {y_train.shape[1]}), got shape {y_test.shape}")
         if not np.all(np.isfinite(y_test)):
             raise DataError("test targets contain non-finite values; cannot assign them to clients")
         zt = y_test @ v
@@ -130,9 +124,7 @@ def eigen_partition(
     return Partition(train=assign, test=test, direction=v, intervals=intervals)
 
 
-def designed_partition(
-    groups: np.ndarray, num_clients: int, groups_test: np.ndarray | None = None
-) -> Partition:
+def designed_partition(groups: np.ndarray, num_clients: int, groups_test: np.ndarray | None = None) -> Partition:
     """Use a data set's designed client groups (CIFAR-geo) as the partition.
 
     Parameters
@@ -154,9 +146,7 @@ def designed_partition(
     test = None
     if groups_test is not None:
         groups_test = np.asarray(groups_test)
-        if groups_test.ndim != 1 or groups_test.size and (
-            groups_test.min() < 0 or groups_test.max() >= num_clients
-        ):
+        if groups_test.ndim != 1 or groups_test.size and (groups_test.min() < 0 or groups_test.max() >= num_clients):
             raise DataError(f"designed test groups must be ids in 0..{num_clients - 1}")
         test = groups_test.astype(np.int64)
     return Partition(train=groups.astype(np.int64), test=test)

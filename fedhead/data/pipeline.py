@@ -30,7 +30,7 @@ import torch
 from fedhead.data.base import ClientData, DataError, FederatedData, RawDataset
 from fedhead.data.config import DatasetConfig
 from fedhead.data.partition import Partition, designed_partition, eigen_partition
-from fedhead.io import atomic_open
+from fedhead.results.io import atomic_open
 
 __all__ = [
     "CACHE_VERSION",
@@ -53,8 +53,14 @@ log = logging.getLogger(__name__)
 CACHE_VERSION = 1
 
 #: Configuration fields that never change the samples (excluded from the cache key).
-_KEY_EXCLUDED = ("cache_dir", "allow_outside_regime", "num_clients", "chunk_images", "read_chunk",
-                 "image_size")  # no effect on the cached samples (image_size resamples after loading)
+_KEY_EXCLUDED = (
+    "cache_dir",
+    "allow_outside_regime",
+    "num_clients",
+    "chunk_images",
+    "read_chunk",
+    "image_size",
+)  # no effect on the cached samples (image_size resamples after loading)
 
 _MEMO: dict[str, RawDataset] = {}
 _MEMO_LOCK = threading.Lock()
@@ -74,9 +80,7 @@ class Standardization:
     scale: np.ndarray
 
 
-def standardize_targets(
-    y: np.ndarray, y_test: np.ndarray | None = None, *, enabled: bool = True
-) -> Standardization:
+def standardize_targets(y: np.ndarray, y_test: np.ndarray | None = None, *, enabled: bool = True) -> Standardization:
     """Centre and scale targets with pooled training statistics (docs/theory.md §10).
 
     Parameters
@@ -113,8 +117,7 @@ def standardize_targets(
 
 
 # --------------------------------------------------------------------------- partition + tensors
-def partition_raw(raw: RawDataset, y_std: np.ndarray, y_test_std: np.ndarray | None,
-                  num_clients: int) -> Partition:
+def partition_raw(raw: RawDataset, y_std: np.ndarray, y_test_std: np.ndarray | None, num_clients: int) -> Partition:
     """Designed groups when the data set has them, else the leading-eigenvector partition."""
     if raw.groups is not None:
         return designed_partition(raw.groups, num_clients, raw.groups_test)
@@ -225,8 +228,9 @@ def load_raw_file(path: str | os.PathLike) -> RawDataset:
     except (OSError, ValueError, KeyError, json.JSONDecodeError) as exc:
         raise DataError(f"cached data set {path} is unreadable ({exc}); delete it to rebuild") from exc
     if meta.get("cache_version") != CACHE_VERSION:
-        raise DataError(f"cached data set {path} has cache version {meta.get('cache_version')}, "
-                        f"expected {CACHE_VERSION}")
+        raise DataError(
+            f"cached data set {path} has cache version {meta.get('cache_version')}, expected {CACHE_VERSION}"
+        )
     return RawDataset(
         name=meta["name"],
         x=arrays["x"],
@@ -251,7 +255,7 @@ def _file_lock(path: Path):
         return
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fh = open(path, "a+b")
+        fh = open(path, "a+b")  # noqa: SIM115 - held by the `with fh:` below, after the error branch
     except OSError as exc:  # read-only cache folder: build without the lock (and the cache)
         warnings.warn(f"cannot create the lock file {path} ({exc})", stacklevel=3)
         yield
@@ -348,5 +352,6 @@ def resize_images(raw: RawDataset, size: int | None) -> RawDataset:
         out = torch.nn.functional.interpolate(t, size=(size, size), mode="area")
         return out.round().clamp(0, 255).to(torch.uint8).numpy() if x.dtype == np.uint8 else out.numpy().astype(x.dtype)
 
-    return dataclasses.replace(raw, x=resample(raw.x), x_test=resample(raw.x_test),
-                               source=f"{raw.source} (resampled to {size}x{size})")
+    return dataclasses.replace(
+        raw, x=resample(raw.x), x_test=resample(raw.x_test), source=f"{raw.source} (resampled to {size}x{size})"
+    )

@@ -64,9 +64,7 @@ def _entry(name: str) -> DatasetEntry:
     try:
         return REGISTRY[name]
     except KeyError:
-        raise DataError(
-            f"unknown data set {name!r}; expected one of {', '.join(REGISTRY)}"
-        ) from None
+        raise DataError(f"unknown data set {name!r}; expected one of {', '.join(REGISTRY)}") from None
 
 
 def _module(entry: DatasetEntry):
@@ -74,9 +72,7 @@ def _module(entry: DatasetEntry):
         return importlib.import_module(entry.module)
     except ModuleNotFoundError as exc:
         if exc.name == entry.module:
-            raise DataError(
-                f"data set {entry.name!r}: its module {entry.module} is not installed"
-            ) from exc
+            raise DataError(f"data set {entry.name!r}: its module {entry.module} is not installed") from exc
         raise
 
 
@@ -88,7 +84,7 @@ def config_class(name: str) -> type[DatasetConfig]:
 
 def get_loader(name: str) -> Callable[[DatasetConfig], RawDataset]:
     """``load(cfg) -> RawDataset`` of data set ``name``."""
-    return getattr(_module(_entry(name)), "load")
+    return _module(_entry(name)).load
 
 
 def make_config(name: str, **overrides) -> DatasetConfig:
@@ -109,9 +105,7 @@ def coerce_config(cfg: DatasetConfig) -> DatasetConfig:
     given = dataclasses.asdict(cfg)
     extra = sorted(set(given) - own)
     if extra:
-        raise DataError(
-            f"data set {cfg.name!r} ({cls.__name__}) has no option(s) {extra}"
-        )
+        raise DataError(f"data set {cfg.name!r} ({cls.__name__}) has no option(s) {extra}")
     return cls(**given)
 
 

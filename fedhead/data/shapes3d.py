@@ -162,9 +162,7 @@ def _gl_context(backend: str, size: int):
             os.environ.setdefault("PYOPENGL_PLATFORM", "osmesa")
             from mujoco.osmesa import GLContext
         else:
-            raise DataError(
-                f"3dshapes: dataset.gl_backend must be 'egl' or 'osmesa', got {backend!r}"
-            )
+            raise DataError(f"3dshapes: dataset.gl_backend must be 'egl' or 'osmesa', got {backend!r}")
         ctx = GLContext(size, size)
         ctx.make_current()
     except DataError:
@@ -182,9 +180,7 @@ def _gl_context(backend: str, size: int):
     return ctx
 
 
-def render_scenes(
-    labels: np.ndarray, *, size: int = IMAGE_SIZE, gl_backend: str = "egl"
-) -> np.ndarray:
+def render_scenes(labels: np.ndarray, *, size: int = IMAGE_SIZE, gl_backend: str = "egl") -> np.ndarray:
     """Render one scene per row of ``labels`` in a child process.
 
     The OpenGL libraries that an offscreen EGL context loads cannot share a process with
@@ -198,14 +194,10 @@ def render_scenes(
 
     labels = np.asarray(labels, dtype=np.float64)
     with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as ex:
-        return ex.submit(
-            render_scenes_in_process, labels, size=size, gl_backend=gl_backend
-        ).result()
+        return ex.submit(render_scenes_in_process, labels, size=size, gl_backend=gl_backend).result()
 
 
-def render_scenes_in_process(
-    labels: np.ndarray, *, size: int = IMAGE_SIZE, gl_backend: str = "egl"
-) -> np.ndarray:
+def render_scenes_in_process(labels: np.ndarray, *, size: int = IMAGE_SIZE, gl_backend: str = "egl") -> np.ndarray:
     """Render one scene per row of ``labels`` in this process (see :func:`render_scenes`).
 
     Parameters
@@ -266,17 +258,12 @@ def _scene_model(mujoco, size: int):
     """The scene's ``MjModel``, ``MjData`` and geom ids (object bounding radius widened to 10)."""
     model = mujoco.MjModel.from_xml_string(_SCENE_XML.format(size=size))
     data = mujoco.MjData(model)
-    gid = {
-        k: mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_GEOM, k)
-        for k in ("floor", "wall_a", "wall_b", "object")
-    }
+    gid = {k: mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_GEOM, k) for k in ("floor", "wall_a", "wall_b", "object")}
     model.geom_rbound[gid["object"]] = 10.0
     return model, data, gid
 
 
-def _render_rows(
-    mujoco, model, data, gid, labels: np.ndarray, shapes: np.ndarray, out: np.ndarray
-) -> None:
+def _render_rows(mujoco, model, data, gid, labels: np.ndarray, shapes: np.ndarray, out: np.ndarray) -> None:
     """Render row ``i`` of ``labels`` into ``out[i]`` offscreen (needs a current GL context)."""
     from tqdm.auto import tqdm
 
@@ -340,12 +327,15 @@ def generate(cfg: Shapes3DConfig) -> RawDataset:
     labels = labels_from_indices(idx)
     imgs = render_scenes(labels, gl_backend=cfg.gl_backend)
     return _split(
-        cfg, imgs, labels[:, TARGET_COLUMNS],
+        cfg,
+        imgs,
+        labels[:, TARGET_COLUMNS],
         source=f"MuJoCo 3D Shapes renderer ({cfg.gl_backend}, seed {cfg.seed})",
     )
 
 
 # -------------------------------------------------------------------------------------- file
+
 
 def load_file(cfg: Shapes3DConfig) -> RawDataset:
     """Read the drawn rows of the official ``3dshapes.h5``."""
@@ -365,9 +355,7 @@ def load_file(cfg: Shapes3DConfig) -> RawDataset:
         images, labels = fh["images"], fh["labels"]
         n_file = images.shape[0]
         if images.shape[1:] != (IMAGE_SIZE, IMAGE_SIZE, 3) or images.dtype != np.uint8:
-            raise DataError(
-                f"{path}: images must be uint8 (N, 64, 64, 3), got {images.dtype} {images.shape}"
-            )
+            raise DataError(f"{path}: images must be uint8 (N, 64, 64, 3), got {images.dtype} {images.shape}")
         if labels.shape != (n_file, 6):
             raise DataError(f"{path}: labels must be ({n_file}, 6), got {labels.shape}")
         if n_file != N_GRID:

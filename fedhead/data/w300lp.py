@@ -80,9 +80,7 @@ def read_pose(path: Path) -> np.ndarray:
     try:
         mat = scipy.io.loadmat(str(path), variable_names=["Pose_Para"])
     except Exception as err:  # scipy raises ValueError/TypeError/OSError on corrupt files
-        raise DataError(
-            f"{path}: not a readable MATLAB v5 file ({type(err).__name__}: {err})"
-        ) from err
+        raise DataError(f"{path}: not a readable MATLAB v5 file ({type(err).__name__}: {err})") from err
     if "Pose_Para" not in mat:
         raise DataError(f"{path}: no variable 'Pose_Para' (expected 1x7: {_POSE_LAYOUT})")
     pose = np.asarray(mat["Pose_Para"], dtype=np.float64)
@@ -124,9 +122,7 @@ def load(cfg: W300LPConfig) -> RawDataset:
     root = Path(cfg.root).expanduser()
     if not root.is_dir():
         raise MissingDataError("300W_LP folder", str(root), PUBLISHED_AT)
-    jpgs = sorted(
-        p for p in root.rglob("*") if p.suffix.lower() in (".jpg", ".jpeg") and p.is_file()
-    )
+    jpgs = sorted(p for p in root.rglob("*") if p.suffix.lower() in (".jpg", ".jpeg") and p.is_file())
     if not jpgs:
         raise MissingDataError("300W_LP/<subset>/*.jpg + .mat", str(root), PUBLISHED_AT)
     n_keep = cfg.n_train + cfg.n_test
@@ -142,9 +138,7 @@ def load(cfg: W300LPConfig) -> RawDataset:
         jpg = jpgs[i]
         mat = jpg.with_suffix(".mat")
         if not mat.is_file():
-            raise DataError(
-                f"{jpg}: no pose file {mat.name} next to it (every 300W-LP .jpg has a .mat)"
-            )
+            raise DataError(f"{jpg}: no pose file {mat.name} next to it (every 300W-LP .jpg has a .mat)")
         angles = read_pose(mat)
         if cfg.max_abs_angle_deg is not None and np.any(np.abs(angles) > cfg.max_abs_angle_deg):
             skipped += 1

@@ -24,8 +24,8 @@ from typing import Any
 import numpy as np
 
 from fedhead import ufm
-from fedhead.io import provenance, write_json_atomic
-from fedhead.metrics import relative_error
+from fedhead.analysis.metrics import relative_error
+from fedhead.results.io import provenance, write_json_atomic
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +67,7 @@ class ExperimentResult:
     out_dir : Path
         Folder holding ``results.json`` and the PNG figures.
     results : dict
-        Every number a figure shows (JSON-serialisable after :func:`fedhead.io.to_jsonable`).
+        Every number a figure shows (JSON-serialisable after :func:`fedhead.results.io.to_jsonable`).
     headline : list of Headline
         The headline numbers, also stored in ``results.json``.
     figures : list of Path
@@ -113,8 +113,7 @@ def finish(
         "provenance": provenance(seeds),
     }
     write_json_atomic(Path(out_dir) / "results.json", payload)
-    return ExperimentResult(name=name, out_dir=Path(out_dir), results=results, headline=headline,
-                            figures=list(figures))
+    return ExperimentResult(name=name, out_dir=Path(out_dir), results=results, headline=headline, figures=list(figures))
 
 
 # ----------------------------------------------------------------------------- generators
@@ -180,7 +179,10 @@ def gram(W: np.ndarray) -> np.ndarray:
 
 
 def rel_err(a: np.ndarray, ref: np.ndarray) -> float:
-    """``e_F = ||a - ref||_F / ||ref||_F`` (docs/theory.md §11) for Grams or heads, via :func:`fedhead.metrics.relative_error`."""
+    """``e_F = ||a - ref||_F / ||ref||_F`` (docs/theory.md §11) for Grams or heads.
+
+    Via :func:`fedhead.analysis.metrics.relative_error`.
+    """
     return float(relative_error(a, ref))
 
 

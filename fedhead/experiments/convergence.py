@@ -22,7 +22,7 @@ from matplotlib.figure import Figure
 from tqdm.auto import tqdm
 
 from fedhead import ufm
-from fedhead.plots import new_figure, plot_error_curves, save_figure, tex_number
+from fedhead.plotting import new_figure, plot_error_curves, save_figure, tex_number
 
 from .common import (
     ExperimentResult,
@@ -82,8 +82,13 @@ def make_instance(C: int, M: int, s: Settings, rng: np.random.Generator) -> dict
     weights = dirichlet_weights(M, s.dirichlet, rng)
     moments = ufm.TargetMoments.from_targets(targets, weights=weights)
     W0 = rng.standard_normal((C, P))
-    return {"moments": moments, "grams": ufm.optimal_gram(np.asarray(moments.covs), s.lam, s.lam),
-            "targets": targets, "W0": W0, "grams_design": grams}
+    return {
+        "moments": moments,
+        "grams": ufm.optimal_gram(np.asarray(moments.covs), s.lam, s.lam),
+        "targets": targets,
+        "W0": W0,
+        "grams_design": grams,
+    }
 
 
 def _run_exact(inst, s, g_star):
@@ -101,8 +106,10 @@ def _run_prox(inst, s, g_star, rho):
     W = inst["W0"]
     errs = [rel_err(gram(W), g_star)]
     for _ in range(s.n_rounds):
-        heads = [prox_profiled_solve(ufm.closest_head(W, grams[m]), W, mom.covs[m], s.lam, s.lam, rho).x
-                 for m in range(len(p))]
+        heads = [
+            prox_profiled_solve(ufm.closest_head(W, grams[m]), W, mom.covs[m], s.lam, s.lam, rho).x
+            for m in range(len(p))
+        ]
         W = np.einsum("m,mij->ij", p, np.stack(heads))
         errs.append(rel_err(gram(W), g_star))
     return errs
@@ -140,16 +147,29 @@ def _figure(s: Settings, arr: dict[str, np.ndarray]) -> Figure:
     final_prox_median = np.array([np.median(final[f"rho={r:g}"]) for r in rhos])
     fig, axes = new_figure(2, panel_size=(5.4, 4.3))
     show = ["exact"] + [f"rho={r:g}" for r in rhos[:: max(1, len(rhos) // 3)]] + ["Adam joint"]
-    plot_error_curves(axes[0], rounds, {_method_label(k): arr[k] for k in dict.fromkeys(show)}, xlabel="round $t$",
-                      ylabel=r"$\|G_t - G_\ast\|_F / \|G_\ast\|_F$", title=r"error to $G_\ast$ (median, IQR)")
-    plot_error_curves(axes[1], rhos, {"proximal, final round": np.stack([final[f"rho={r:g}"] for r in rhos], 1)},
-                      logx=True, markers=["o"], xlabel=r"proximal weight $\rho$",
-                      ylabel=r"$\|G_T - G_\ast\|_F / \|G_\ast\|_F$",
-                      title=f"after $T={s.n_rounds}$ rounds (median, IQR)")
+    plot_error_curves(
+        axes[0],
+        rounds,
+        {_method_label(k): arr[k] for k in dict.fromkeys(show)},
+        xlabel="round $t$",
+        ylabel=r"$\|G_t - G_\ast\|_F / \|G_\ast\|_F$",
+        title=r"error to $G_\ast$ (median, IQR)",
+    )
+    plot_error_curves(
+        axes[1],
+        rhos,
+        {"proximal, final round": np.stack([final[f"rho={r:g}"] for r in rhos], 1)},
+        logx=True,
+        markers=["o"],
+        xlabel=r"proximal weight $\rho$",
+        ylabel=r"$\|G_T - G_\ast\|_F / \|G_\ast\|_F$",
+        title=f"after $T={s.n_rounds}$ rounds (median, IQR)",
+    )
     axes[1].axhline(np.median(final["exact"]), color="C1", linestyle="--", label="exact selection")
     axes[1].axhline(np.median(final["Adam joint"]), color="C2", linestyle="-.", label="Adam joint (no selection)")
-    axes[1].plot(rhos, rhos * final_prox_median[0] / rhos[0], color="0.5", linestyle=":",
-                 label=r"slope 1 ($\propto \rho$)")
+    axes[1].plot(
+        rhos, rhos * final_prox_median[0] / rhos[0], color="0.5", linestyle=":", label=r"slope 1 ($\propto \rho$)"
+    )
     axes[1].legend(fontsize="small")
     return fig
 
@@ -178,8 +198,10 @@ def run(settings: Settings, out_dir: str | Path) -> ExperimentResult:
     final = {k: v[:, -1] for k, v in arr.items()}
     rhos = np.asarray(s.rho_ladder)
     final_prox_median = np.array([np.median(final[f"rho={r:g}"]) for r in rhos])
-    per_size_exact = {k: float(np.median([final["exact"][i] for i in range(len(size_of)) if size_of[i] == k]))
-                      for k in dict.fromkeys(size_of)}
+    per_size_exact = {
+        k: float(np.median([final["exact"][i] for i in range(len(size_of)) if size_of[i] == k]))
+        for k in dict.fromkeys(size_of)
+    }
 
     rounds = np.arange(s.n_rounds + 1)
     figures = [save_figure(_figure(s, arr), out_dir / "convergence.png")]
@@ -192,7 +214,9 @@ def run(settings: Settings, out_dir: str | Path) -> ExperimentResult:
         Headline("median_adam_final_err", float(np.median(final["Adam joint"])), "O(1e-2..1): no selection"),
     ]
     results = {
-        "rounds": rounds, "rho": rhos, "sizes": size_of,
+        "rounds": rounds,
+        "rho": rhos,
+        "sizes": size_of,
         "err_to_g_star": {k: quartiles(v) for k, v in arr.items()},
         "err_to_g_star_all": arr,
         "final_err_median": {k: float(np.median(v)) for k, v in final.items()},

@@ -25,7 +25,7 @@ from matplotlib.figure import Figure
 from tqdm.auto import tqdm
 
 from fedhead import ufm
-from fedhead.plots import new_figure, save_figure, tex_number
+from fedhead.plotting import new_figure, save_figure, tex_number
 
 from .common import ExperimentResult, Headline, dirichlet_weights, finish, quartiles, random_head, random_spd
 
@@ -74,8 +74,9 @@ def _instance(s: Settings, rng: np.random.Generator):
     return sigmas, dirichlet_weights(s.M, 2.0, rng), random_head(s.C, s.C, 0.7, 1.5, rng)
 
 
-def newton_fixed_point(G0, sigmas, weights, lam: float, eta: float, E: int, *, tol: float = 1e-14,
-                       max_iter: int = 50) -> tuple[np.ndarray, int, float]:
+def newton_fixed_point(
+    G0, sigmas, weights, lam: float, eta: float, E: int, *, tol: float = 1e-14, max_iter: int = 50
+) -> tuple[np.ndarray, int, float]:
     """Fixed point of the profiled Gram map by Newton's method on ``g(G) - G``.
 
     Uses :func:`fedhead.ufm.profiled_gram_map` and its exact Jacobian
@@ -115,8 +116,9 @@ def _grid(s: Settings, sigmas, weights, W0, g_within, g_star, bar) -> dict:
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always", ufm.ConvergenceWarning)
                 try:
-                    fp = ufm.finite_step_fixed_point(sigmas, weights, s.lam, s.lam, eta, E, w0=W0, tol=s.tol,
-                                                     max_rounds=s.max_rounds)
+                    fp = ufm.finite_step_fixed_point(
+                        sigmas, weights, s.lam, s.lam, eta, E, w0=W0, tol=s.tol, max_rounds=s.max_rounds
+                    )
                 except ufm.UFMInputError as exc:
                     status[i][j] = f"diverged: {exc}"
                     bar.update()
@@ -126,8 +128,7 @@ def _grid(s: Settings, sigmas, weights, W0, g_within, g_star, bar) -> dict:
             to_star[i, j] = float(ufm.bw_distance(fp.gram, g_star)) / d_ref
             rounds[i, j] = fp.n_rounds
             bar.update()
-    return {"d_within_star": d_ref, "to_within": to_within, "to_star": to_star, "rounds": rounds,
-            "status": status}
+    return {"d_within_star": d_ref, "to_within": to_within, "to_star": to_star, "rounds": rounds, "status": status}
 
 
 def _commuting(s: Settings, rng) -> dict:
@@ -161,9 +162,12 @@ def _jacobian(s: Settings, sigmas, weights, g_within) -> dict:
             one_minus[i, j] = 1.0 - rho
             pred = eta * (E - 1) * delta
             disp_err[i, j] = float(np.linalg.norm(G - g_within - pred) / np.linalg.norm(pred))
-    return {"theta_min": th, "one_minus_radius": one_minus,
-            "ratio_to_2h_theta": one_minus / (2.0 * np.asarray(s.jacobian_h) * th),
-            "displacement_rel_err": disp_err}
+    return {
+        "theta_min": th,
+        "one_minus_radius": one_minus,
+        "ratio_to_2h_theta": one_minus / (2.0 * np.asarray(s.jacobian_h) * th),
+        "displacement_rel_err": disp_err,
+    }
 
 
 def _solve_all(s: Settings, rng: np.random.Generator) -> tuple[list[dict], list[dict], dict]:
@@ -204,8 +208,11 @@ def _plot_grid(axes, s: Settings, a: dict[str, np.ndarray]) -> None:
         axes[2].plot(steps, np.nanmedian(a["rounds"][:, i], 0), marker="o", markersize=3, label=lab)
     norm = r"d_{BW}(G_{\mathrm{within}}, G_\ast)"
     for ax, ylab, title in [
-        (axes[0], rf"$d_{{BW}}(G_{{\eta,E}}, G_{{\mathrm{{within}}}}) \,/\, {norm}$",
-         r"distance to $G_{\mathrm{within}}$"),
+        (
+            axes[0],
+            rf"$d_{{BW}}(G_{{\eta,E}}, G_{{\mathrm{{within}}}}) \,/\, {norm}$",
+            r"distance to $G_{\mathrm{within}}$",
+        ),
         (axes[1], rf"$d_{{BW}}(G_{{\eta,E}}, G_\ast) \,/\, {norm}$", r"distance to $G_\ast$"),
         (axes[2], r"rounds to residual $< 10^{-13}$", "rounds needed"),
     ]:
@@ -283,12 +290,21 @@ def _headline(s: Settings, grids: list[dict], a: dict[str, np.ndarray], comm: di
     e1 = list(s.steps).index(1) if 1 in s.steps else None
     n_bad = sum(st != "converged" for g in grids for row in g["status"] for st in row)
     return [
-        Headline("max_E=1_dist_to_G_within_rel", float(np.nanmax(to_within[:, :, e1])) if e1 is not None else np.nan,
-                 "0 (E = 1 fixed point is G_within)"),
-        Headline(f"median_E={steps[-1]}_dist_to_G_star_rel", float(np.nanmedian(to_star[:, :, -1])),
-                 "< 1 (drifts toward G_star)"),
-        Headline(f"median_E={steps[-1]}_dist_to_G_within_rel", float(np.nanmedian(to_within[:, :, -1])),
-                 "> 0 (leaves G_within)"),
+        Headline(
+            "max_E=1_dist_to_G_within_rel",
+            float(np.nanmax(to_within[:, :, e1])) if e1 is not None else np.nan,
+            "0 (E = 1 fixed point is G_within)",
+        ),
+        Headline(
+            f"median_E={steps[-1]}_dist_to_G_star_rel",
+            float(np.nanmedian(to_star[:, :, -1])),
+            "< 1 (drifts toward G_star)",
+        ),
+        Headline(
+            f"median_E={steps[-1]}_dist_to_G_within_rel",
+            float(np.nanmedian(to_within[:, :, -1])),
+            "> 0 (leaves G_within)",
+        ),
         Headline("runs_not_converged", float(n_bad), "0"),
         Headline("median_displacement_ratio", float(np.median(comm["ratio"])), "1 (eta (E-1) Delta_i)"),
         Headline("max_|displacement_ratio-1|", float(np.max(np.abs(comm["ratio"] - 1.0))), "O(h) small"),
@@ -301,15 +317,23 @@ def _headline(s: Settings, grids: list[dict], a: dict[str, np.ndarray], comm: di
 def _results(s: Settings, grids: list[dict], jacs: list[dict], a: dict[str, np.ndarray], comm: dict) -> dict:
     """The ``results`` block of ``results.json``."""
     return {
-        "etas": list(s.etas), "steps": list(s.steps),
-        "to_within": a["to_within"], "to_star": a["to_star"], "rounds": a["rounds"],
-        "status": [g["status"] for g in grids], "d_within_star": [g["d_within_star"] for g in grids],
+        "etas": list(s.etas),
+        "steps": list(s.steps),
+        "to_within": a["to_within"],
+        "to_star": a["to_star"],
+        "rounds": a["rounds"],
+        "status": [g["status"] for g in grids],
+        "d_within_star": [g["d_within_star"] for g in grids],
         "commuting": comm,
         "commuting_ratio": quartiles(comm["ratio"].ravel()),
-        "jacobian": {"E": list(s.jacobian_steps), "h": np.asarray(s.jacobian_h),
-                     "theta_min": [j["theta_min"] for j in jacs],
-                     "one_minus_radius": np.stack([j["one_minus_radius"] for j in jacs]),
-                     "ratio_to_2h_theta": a["ratio_jac"], "displacement_rel_err": a["disp_err"]},
+        "jacobian": {
+            "E": list(s.jacobian_steps),
+            "h": np.asarray(s.jacobian_h),
+            "theta_min": [j["theta_min"] for j in jacs],
+            "one_minus_radius": np.stack([j["one_minus_radius"] for j in jacs]),
+            "ratio_to_2h_theta": a["ratio_jac"],
+            "displacement_rel_err": a["disp_err"],
+        },
     }
 
 

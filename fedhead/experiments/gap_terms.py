@@ -21,7 +21,7 @@ from matplotlib.figure import Figure
 from tqdm.auto import tqdm
 
 from fedhead import ufm
-from fedhead.plots import new_figure, plot_error_curves, save_figure
+from fedhead.plotting import new_figure, plot_error_curves, save_figure
 
 from .common import ExperimentResult, Headline, dirichlet_weights, finish, quartiles, random_spd
 
@@ -141,9 +141,11 @@ def _sweeps(s: Settings, rng: np.random.Generator, bar) -> dict[str, dict[str, l
     """Records of the sweeps over C (M = 4), over M (C = 3) and over the margin kappa."""
     sweeps: dict[str, dict[str, list[dict]]] = {"C": {}, "M": {}, "kappa": {}}
     thr = s.lam * s.lam
-    grid = ([("C", C, C, 4, s.random_eig_range) for C in s.sweep_dims]
-            + [("M", M, 3, M, s.random_eig_range) for M in s.sweep_clients]
-            + [("kappa", k, 3, 4, (k * thr, 3.0)) for k in s.kappas])
+    grid = (
+        [("C", C, C, 4, s.random_eig_range) for C in s.sweep_dims]
+        + [("M", M, 3, M, s.random_eig_range) for M in s.sweep_clients]
+        + [("kappa", k, 3, 4, (k * thr, 3.0)) for k in s.kappas]
+    )
     for name, value, C, M, eig in grid:
         recs = []
         for _ in range(s.n_sweep):
@@ -155,8 +157,11 @@ def _sweeps(s: Settings, rng: np.random.Generator, bar) -> dict[str, dict[str, l
 
 def _headline(controlled: dict, random_recs: list[dict], sweeps: dict) -> list[Headline]:
     """Headline numbers: PSD terms, decomposition residual, ``D <= Tr M_A <= 2D``, vanishing terms."""
-    every = random_recs + [r for d in controlled.values() for recs in d.values() for r in recs] + [
-        r for d in sweeps.values() for recs in d.values() for r in recs]
+    every = (
+        random_recs
+        + [r for d in controlled.values() for recs in d.values() for r in recs]
+        + [r for d in sweeps.values() for recs in d.values() for r in recs]
+    )
     min_eig = float(min(min(r["min_eig_rel"].values()) for r in every))
     residual = float(max(r["residual_rel"] for r in every))
     tr_vs_var = float(max(abs(r["tr_m_a"] - r["bw_variance"]) / max(r["tr_gap"], 1e-300) for r in every))
@@ -202,21 +207,48 @@ def _figure(s: Settings, controlled: dict, random_recs: list[dict], sweeps: dict
     """The six panels: controlled sweeps, bounds scatter, shares vs C / M / kappa."""
     fig, axes = new_figure(6, ncols=3, panel_size=(4.6, 3.8))
     ms = np.asarray(s.mean_scales)
-    plot_error_curves(axes[0], ms, {TERM_TEX[k]: _trace_matrix(controlled["means"], k) for k in TERMS},
-                      logy=False, markers=["o", "s", "^"], xlabel="mean scale $s$", ylabel="trace of the term",
-                      title="means scaled by $s$ (median, IQR)")
+    plot_error_curves(
+        axes[0],
+        ms,
+        {TERM_TEX[k]: _trace_matrix(controlled["means"], k) for k in TERMS},
+        logy=False,
+        markers=["o", "s", "^"],
+        xlabel="mean scale $s$",
+        ylabel="trace of the term",
+        title="means scaled by $s$ (median, IQR)",
+    )
     cs = np.asarray(s.cov_scales)
-    plot_error_curves(axes[1], cs, {TERM_TEX[k]: _trace_matrix(controlled["covs"], k) for k in TERMS},
-                      logy=False, markers=["o", "s", "^"], xlabel="covariance spread $s$", ylabel="trace of the term",
-                      title=r"$\Sigma_{\mathrm{within}} + s\,(\Sigma_m - \Sigma_{\mathrm{within}})$")
+    plot_error_curves(
+        axes[1],
+        cs,
+        {TERM_TEX[k]: _trace_matrix(controlled["covs"], k) for k in TERMS},
+        logy=False,
+        markers=["o", "s", "^"],
+        xlabel="covariance spread $s$",
+        ylabel="trace of the term",
+        title=r"$\Sigma_{\mathrm{within}} + s\,(\Sigma_m - \Sigma_{\mathrm{within}})$",
+    )
     _plot_bounds(axes[2], s, random_recs)
-    for ax, (name, label, logx) in zip(axes[3:], [("C", "$C$ ($M = 4$)", False), ("M", "$M$ ($C = 3$)", True),
-                                                 ("kappa", r"margin $\kappa$ ($C = 3$, $M = 4$)", True)]):
+    for ax, (name, label, logx) in zip(
+        axes[3:],
+        [
+            ("C", "$C$ ($M = 4$)", False),
+            ("M", "$M$ ($C = 3$)", True),
+            ("kappa", r"margin $\kappa$ ($C = 3$, $M = 4$)", True),
+        ],
+    ):
         xs = np.array([float(k) for k in sweeps[name]])
-        plot_error_curves(ax, xs, {f"{TERM_TEX[k]} share": _share_matrix(sweeps[name], k) for k in TERMS},
-                          logy=False, logx=logx, markers=["o", "s", "^"], xlabel=label,
-                          ylabel=r"$\mathrm{Tr}\,M \,/\, \mathrm{Tr}(G_{\mathrm{cen}} - G_\ast)$",
-                          title=f"share of the gap vs {SWEEP_TEX[name]}")
+        plot_error_curves(
+            ax,
+            xs,
+            {f"{TERM_TEX[k]} share": _share_matrix(sweeps[name], k) for k in TERMS},
+            logy=False,
+            logx=logx,
+            markers=["o", "s", "^"],
+            xlabel=label,
+            ylabel=r"$\mathrm{Tr}\,M \,/\, \mathrm{Tr}(G_{\mathrm{cen}} - G_\ast)$",
+            title=f"share of the gap vs {SWEEP_TEX[name]}",
+        )
         if logx:
             ax.minorticks_off()
             ax.set_xticks(xs, [f"{v:g}" for v in xs])
@@ -232,16 +264,21 @@ def _results(s: Settings, controlled: dict, random_recs: list[dict], sweeps: dic
     """The ``results`` block of ``results.json``: quartiles per grid value plus every record."""
     return {
         "controlled": {
-            "mean_scales": np.asarray(s.mean_scales), "cov_scales": np.asarray(s.cov_scales),
+            "mean_scales": np.asarray(s.mean_scales),
+            "cov_scales": np.asarray(s.cov_scales),
             "means": {k: quartiles(_trace_matrix(controlled["means"], k)) for k in TERMS},
             "covs": {k: quartiles(_trace_matrix(controlled["covs"], k)) for k in TERMS},
             "records": controlled,
         },
         "random": random_recs,
-        "sweeps": {name: {"values": [float(v) for v in recs],
-                          "share": {k: quartiles(_share_matrix(recs, k)) for k in TERMS},
-                          "trace": {k: quartiles(_trace_matrix(recs, k)) for k in TERMS}}
-                   for name, recs in sweeps.items()},
+        "sweeps": {
+            name: {
+                "values": [float(v) for v in recs],
+                "share": {k: quartiles(_share_matrix(recs, k)) for k in TERMS},
+                "trace": {k: quartiles(_trace_matrix(recs, k)) for k in TERMS},
+            }
+            for name, recs in sweeps.items()
+        },
     }
 
 
@@ -262,8 +299,9 @@ def run(settings: Settings, out_dir: str | Path) -> ExperimentResult:
     s = settings
     out_dir = Path(out_dir)
     rng = np.random.default_rng(s.seed)
-    total = (len(s.controlled_seeds) + s.n_random
-             + s.n_sweep * (len(s.sweep_dims) + len(s.sweep_clients) + len(s.kappas)))
+    total = (
+        len(s.controlled_seeds) + s.n_random + s.n_sweep * (len(s.sweep_dims) + len(s.sweep_clients) + len(s.kappas))
+    )
     with tqdm(total=total, desc="gap_terms", unit="inst", leave=False) as bar:
         controlled = _controlled(s, bar)
         random_recs = _random_records(s, rng, bar)
@@ -271,5 +309,6 @@ def run(settings: Settings, out_dir: str | Path) -> ExperimentResult:
     headline = _headline(controlled, random_recs, sweeps)
     figures = _plot(s, controlled, random_recs, sweeps, out_dir)
     results = _results(s, controlled, random_recs, sweeps)
-    return finish(NAME, out_dir, s, {"instances": s.seed, "controlled": list(s.controlled_seeds)},
-                  results, headline, figures)
+    return finish(
+        NAME, out_dir, s, {"instances": s.seed, "controlled": list(s.controlled_seeds)}, results, headline, figures
+    )

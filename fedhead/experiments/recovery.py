@@ -8,7 +8,8 @@
   with ``C_m`` evaluated by :func:`fedhead.ufm.moment_correction` (not through the identity)
   minimised down a rho ladder to 1e-5, for full and half correction: the minimiser approaches
   the closest head to the corrected optimal Gram (error ~ rho), and federated rounds with these
-  local solves follow the exact corrected recursion.  The protocol (docs/theory.md §12) names L-BFGS here; L-BFGS stops on
+  local solves follow the exact corrected recursion.  The protocol (docs/theory.md §12) names L-BFGS here;
+  L-BFGS stops on
   function-value rounding (error floor ~ sqrt(eps / rho), 1e-4 at rho = 1e-5), so the check uses
   trust-exact followed by Newton steps on the analytic gradient and Hessian.
 * The identity ``F(W; Sigma_m) + C_m(W) = F(W; Sigma_cen)`` in value and gradient on random
@@ -26,7 +27,7 @@ from matplotlib.figure import Figure
 from tqdm.auto import tqdm
 
 from fedhead import ufm
-from fedhead.plots import new_figure, plot_error_curves, save_figure, tex_number
+from fedhead.plotting import new_figure, plot_error_curves, save_figure, tex_number
 
 from . import convergence
 from .common import (
@@ -103,8 +104,13 @@ def _exact_part(s: Settings, rng, bar) -> dict:
                     limit[lab].append(rel_err(ufm.bw_barycenter(grams_g, mom.weights).gram, g_cen))
                 gap.append(limit["none"][-1])
                 bar.update()
-    return {"labels": labels, "gammas": gammas, "traj": {k: np.asarray(v) for k, v in traj.items()},
-            "limit": {k: np.asarray(v) for k, v in limit.items()}, "rel_gap": np.asarray(gap)}
+    return {
+        "labels": labels,
+        "gammas": gammas,
+        "traj": {k: np.asarray(v) for k, v in traj.items()},
+        "limit": {k: np.asarray(v) for k, v in limit.items()},
+        "rel_gap": np.asarray(gap),
+    }
 
 
 def _check_instance(s: Settings, rng) -> dict:
@@ -121,8 +127,7 @@ def _check_instance(s: Settings, rng) -> dict:
             pi = ufm.closest_head(W0, grams_g[m])
             W = W0.copy()
             for k, rho in enumerate(s.check_rhos):
-                W = prox_profiled_solve(W, W0, mom.covs[m], s.lam, s.lam, rho, gamma=gamma,
-                                        sigma_cen=mom.sigma_cen).x
+                W = prox_profiled_solve(W, W0, mom.covs[m], s.lam, s.lam, rho, gamma=gamma, sigma_cen=mom.sigma_cen).x
                 e_pi[m, k] = rel_err(W, pi)
         # federated rounds with the smallest rho, against the exact corrected recursion
         rho = s.check_rhos[-1]
@@ -130,13 +135,27 @@ def _check_instance(s: Settings, rng) -> dict:
         exact = ufm.gram_recursion(gram(W0), grams_g, mom.weights, s.check_rounds)
         err = []
         for t in range(s.check_rounds):
-            heads = [prox_profiled_solve(ufm.closest_head(W, grams_g[m]), W, mom.covs[m], s.lam, s.lam, rho,
-                                    gamma=gamma, sigma_cen=mom.sigma_cen).x for m in range(M)]
+            heads = [
+                prox_profiled_solve(
+                    ufm.closest_head(W, grams_g[m]),
+                    W,
+                    mom.covs[m],
+                    s.lam,
+                    s.lam,
+                    rho,
+                    gamma=gamma,
+                    sigma_cen=mom.sigma_cen,
+                ).x
+                for m in range(M)
+            ]
             W = np.einsum("m,mij->ij", mom.weights, np.stack(heads))
             err.append(rel_err(gram(W), exact[t + 1]))
         g_cen = ufm.optimal_gram(mom.sigma_cen, s.lam, s.lam)
-        out[f"{gamma:g}"] = {"e_Pi_worst": e_pi.max(0), "round_err_vs_exact": err,
-                             "err_to_g_cen_round1": rel_err(exact[1], g_cen)}
+        out[f"{gamma:g}"] = {
+            "e_Pi_worst": e_pi.max(0),
+            "round_err_vs_exact": err,
+            "err_to_g_cen_round1": rel_err(exact[1], g_cen),
+        }
     return out
 
 
@@ -145,8 +164,11 @@ def _identity(s: Settings, rng) -> dict:
     for _ in range(s.n_identity):
         C = int(rng.choice([2, 3, 5, 8]))
         M = 4
-        mom = ufm.TargetMoments(weights=dirichlet_weights(M, 2.0, rng), means=rng.standard_normal((M, C)),
-                                covs=np.stack([random_spd(C, 0.25, 3.0, rng) for _ in range(M)]))
+        mom = ufm.TargetMoments(
+            weights=dirichlet_weights(M, 2.0, rng),
+            means=rng.standard_normal((M, C)),
+            covs=np.stack([random_spd(C, 0.25, 3.0, rng) for _ in range(M)]),
+        )
         W = rng.standard_normal((C, int(rng.choice([C, 2 * C]))))
         ref = ufm.profiled_objective(W, mom.sigma_cen, s.lam, s.lam, hessian=False)
         for m in range(M):
@@ -180,22 +202,37 @@ def _figure(s: Settings, ex: dict, checks: list[dict]) -> Figure:
     rounds = np.arange(s.n_rounds + 1)
     fig, axes = new_figure(3, panel_size=(4.8, 4.0))
     show = ["none", "full"] + [f"1-gamma={x:g}" for x in omg[::2]]
-    plot_error_curves(axes[0], rounds, {_level_label(k): ex["traj"][k] for k in show}, xlabel="round $t$",
-                      ylabel=r"$\|G_t - G_{\mathrm{cen}}\|_F / \|G_{\mathrm{cen}}\|_F$",
-                      title="exact selection with $\\gamma C_m$\n(median, IQR)")
-    plot_error_curves(axes[1], omg, {"limit error": np.stack([ex["limit"][f"1-gamma={x:g}"] for x in omg], 1)},
-                      logx=True, markers=["o"], xlabel=r"$1 - \gamma$",
-                      ylabel=r"$\|G_\infty - G_{\mathrm{cen}}\|_F / \|G_{\mathrm{cen}}\|_F$",
-                      title="residual of partial correction")
-    axes[1].plot(omg, omg * limit_med[0] / omg[0], color="0.5", linestyle=":",
-                 label=r"slope 1 ($\propto 1 - \gamma$)")
+    plot_error_curves(
+        axes[0],
+        rounds,
+        {_level_label(k): ex["traj"][k] for k in show},
+        xlabel="round $t$",
+        ylabel=r"$\|G_t - G_{\mathrm{cen}}\|_F / \|G_{\mathrm{cen}}\|_F$",
+        title="exact selection with $\\gamma C_m$\n(median, IQR)",
+    )
+    plot_error_curves(
+        axes[1],
+        omg,
+        {"limit error": np.stack([ex["limit"][f"1-gamma={x:g}"] for x in omg], 1)},
+        logx=True,
+        markers=["o"],
+        xlabel=r"$1 - \gamma$",
+        ylabel=r"$\|G_\infty - G_{\mathrm{cen}}\|_F / \|G_{\mathrm{cen}}\|_F$",
+        title="residual of partial correction",
+    )
+    axes[1].plot(omg, omg * limit_med[0] / omg[0], color="0.5", linestyle=":", label=r"slope 1 ($\propto 1 - \gamma$)")
     axes[1].axhline(np.median(ex["limit"]["none"]), color="C3", linestyle="--", label=r"no correction ($G_\ast$)")
     axes[1].legend(fontsize="small")
-    plot_error_curves(axes[2], np.asarray(s.check_rhos),
-                      {rf"$\gamma={g}$": np.stack([c[g]["e_Pi_worst"] for c in checks]) for g in checks[0]},
-                      logx=True, markers=["o", "s"], xlabel=r"proximal weight $\rho$",
-                      ylabel=r"$\|W_\rho - \Pi_\gamma(W_0)\|_F / \|\Pi_\gamma(W_0)\|_F$",
-                      title=r"explicit $C_m$, trust-exact ($M=4$, $C=P=3$)")
+    plot_error_curves(
+        axes[2],
+        np.asarray(s.check_rhos),
+        {rf"$\gamma={g}$": np.stack([c[g]["e_Pi_worst"] for c in checks]) for g in checks[0]},
+        logx=True,
+        markers=["o", "s"],
+        xlabel=r"proximal weight $\rho$",
+        ylabel=r"$\|W_\rho - \Pi_\gamma(W_0)\|_F / \|\Pi_\gamma(W_0)\|_F$",
+        title=r"explicit $C_m$, trust-exact ($M=4$, $C=P=3$)",
+    )
     return fig
 
 
@@ -220,8 +257,9 @@ def run(settings: Settings, out_dir: str | Path) -> ExperimentResult:
     slope = loglog_slope(omg[small], limit_med[small])  # first-order regime of the theory
     full_round1 = float(np.max(ex["traj"]["full"][:, 1]))
     full_final = float(np.max(ex["traj"]["full"][:, -1]))
-    check_slopes = {g: float(np.median([loglog_slope(s.check_rhos, c[g]["e_Pi_worst"]) for c in checks]))
-                    for g in checks[0]}
+    check_slopes = {
+        g: float(np.median([loglog_slope(s.check_rhos, c[g]["e_Pi_worst"]) for c in checks])) for g in checks[0]
+    }
     check_round = {g: float(max(max(c[g]["round_err_vs_exact"]) for c in checks)) for g in checks[0]}
 
     rounds = np.arange(s.n_rounds + 1)
@@ -232,24 +270,29 @@ def run(settings: Settings, out_dir: str | Path) -> ExperimentResult:
         Headline("max_err_full_correction_final", full_final, "0"),
         Headline("median_err_no_correction", float(np.median(ex["limit"]["none"])), "= rel. gap G_star vs G_cen > 0"),
         Headline("slope_limit_err_vs_1-gamma", slope, "1 (residual ~ 1 - gamma, fit over 1-gamma <= 1e-2)"),
-        Headline("spread_err/(1-gamma)_median_q75/q25",
-                 float(np.median(np.percentile(ratios, 75, axis=1) / np.percentile(ratios, 25, axis=1))),
-                 "~1 (constant per instance)"),
+        Headline(
+            "spread_err/(1-gamma)_median_q75/q25",
+            float(np.median(np.percentile(ratios, 75, axis=1) / np.percentile(ratios, 25, axis=1))),
+            "~1 (constant per instance)",
+        ),
         *[Headline(f"check_slope_e_Pi_vs_rho_gamma={g}", v, "1") for g, v in check_slopes.items()],
         *[Headline(f"check_max_round_err_vs_exact_gamma={g}", v, "~ rho_min") for g, v in check_round.items()],
         Headline("identity_max_value_rel_err", float(np.max(ident["value_rel_err"])), "0 (rounding)"),
         Headline("identity_max_grad_rel_err", float(np.max(ident["grad_rel_err"])), "0 (rounding)"),
     ]
     results = {
-        "rounds": rounds, "one_minus_gamma": omg,
+        "rounds": rounds,
+        "one_minus_gamma": omg,
         "traj_err_to_g_cen": {k: quartiles(v) for k, v in ex["traj"].items()},
         "limit_err_to_g_cen": {k: quartiles(v) for k, v in ex["limit"].items()},
         "limit_err_all": ex["limit"],
         "check": {"rho": list(s.check_rhos), "instances": checks},
-        "identity": {"value_rel_err": quartiles(ident["value_rel_err"]),
-                     "grad_rel_err": quartiles(ident["grad_rel_err"]),
-                     "value_max": float(np.max(ident["value_rel_err"])),
-                     "grad_max": float(np.max(ident["grad_rel_err"]))},
+        "identity": {
+            "value_rel_err": quartiles(ident["value_rel_err"]),
+            "grad_rel_err": quartiles(ident["grad_rel_err"]),
+            "value_max": float(np.max(ident["value_rel_err"])),
+            "grad_max": float(np.max(ident["grad_rel_err"])),
+        },
     }
     return finish(NAME, out_dir, s, {"instances": s.seed}, results, headline, figures)
 

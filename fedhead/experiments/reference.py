@@ -13,15 +13,15 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from fedhead import ufm
-from fedhead.metrics import selection_distance
-from fedhead.plots import (
+from fedhead.analysis.metrics import selection_distance
+from fedhead.plotting import (
     CLIENT_COLORS,
     PALETTE,
     ellipse_caption,
@@ -91,8 +91,9 @@ def _panel_a(s: Settings, moments, targets, W0, grams):
     b0 = moments.means[0].copy()
     H0 = ridge_features(W0, b0, Y, s.lambda_h)
     steps = max(s.adam_snapshots)
-    _, snaps = adam_joint(JointState(W0, b0, H0), Y, s.lambda_h, s.lambda_w, lr=s.adam_lr, steps=steps,
-                          snapshots=s.adam_snapshots)
+    _, snaps = adam_joint(
+        JointState(W0, b0, H0), Y, s.lambda_h, s.lambda_w, lr=s.adam_lr, steps=steps, snapshots=s.adam_snapshots
+    )
     pi = ufm.closest_head(W0, grams[0])
     d_bw = float(ufm.bw_distance(gram(W0), grams[0]))
     out = {"steps": list(s.adam_snapshots), "grams": [], "e_G": [], "e_Pi": [], "dist_to_W0": []}
@@ -122,10 +123,16 @@ def _panel_b(s: Settings, moments, W0, grams):
             e_g[m, k] = rel_err(gram(W), grams[m])
             e_pi[m, k] = rel_err(W, pi)
             gnorm[m, k] = r.grad_norm
-    return {"rho": list(s.rho_ladder), "e_G": e_g, "e_Pi": e_pi, "e_G_worst": e_g.max(0),
-            "e_Pi_worst": e_pi.max(0), "grad_norm": gnorm,
-            "slope_e_Pi": loglog_slope(s.rho_ladder, e_pi.max(0)),
-            "slope_e_G": loglog_slope(s.rho_ladder, e_g.max(0))}
+    return {
+        "rho": list(s.rho_ladder),
+        "e_G": e_g,
+        "e_Pi": e_pi,
+        "e_G_worst": e_g.max(0),
+        "e_Pi_worst": e_pi.max(0),
+        "grad_norm": gnorm,
+        "slope_e_Pi": loglog_slope(s.rho_ladder, e_pi.max(0)),
+        "slope_e_G": loglog_slope(s.rho_ladder, e_g.max(0)),
+    }
 
 
 def _federated(s: Settings, moments, W0, grams, g_star, local):
@@ -147,12 +154,14 @@ def _panels_cd(s: Settings, moments, W0, grams, g_star):
     covs = moments.covs
     runs = {"exact": _federated(s, moments, W0, grams, g_star, lambda m, W: ufm.closest_head(W, grams[m]))}
     for rho in s.round_rhos:
+
         def local(m, W, rho=rho):
             return prox_profiled_solve(ufm.closest_head(W, grams[m]), W, covs[m], s.lambda_h, s.lambda_w, rho).x
+
         runs[f"rho={rho:g}"] = _federated(s, moments, W0, grams, g_star, local)
     runs["L-BFGS (rho=0)"] = _federated(
-        s, moments, W0, grams, g_star,
-        lambda m, W: lbfgs_profiled(W, covs[m], s.lambda_h, s.lambda_w).x)
+        s, moments, W0, grams, g_star, lambda m, W: lbfgs_profiled(W, covs[m], s.lambda_h, s.lambda_w).x
+    )
     return runs
 
 
@@ -168,8 +177,12 @@ def _variant(moments, equal_means: bool, equal_covs: bool):
 
 def _panel_e(s: Settings, moments):
     out = {}
-    for label, em, ec in [("original", False, False), ("equal means", True, False),
-                          ("equal covariances", False, True), ("both equal", True, True)]:
+    for label, em, ec in [
+        ("original", False, False),
+        ("equal means", True, False),
+        ("equal covariances", False, True),
+        ("both equal", True, True),
+    ]:
         gd = ufm.gap_decomposition(_variant(moments, em, ec), s.lambda_h, s.lambda_w)
         terms = {"M_mu": gd.m_mu, "M_Sigma": gd.m_sigma, "M_A": gd.m_a}
         out[label] = {
@@ -177,7 +190,9 @@ def _panel_e(s: Settings, moments):
             "min_eig": {k: float(np.linalg.eigvalsh(v)[0]) for k, v in terms.items()},
             "gap_norm": float(np.linalg.norm(gd.g_cen - gd.g_star)),
             "decomposition_residual": float(np.linalg.norm(gd.g_cen - gd.g_star - gd.m_mu - gd.m_sigma - gd.m_a)),
-            "g_star": gd.g_star, "g_cen": gd.g_cen, "g_within": gd.g_within,
+            "g_star": gd.g_star,
+            "g_cen": gd.g_cen,
+            "g_within": gd.g_within,
             "g_avg": np.einsum("m,mij->ij", moments.weights, gd.grams),
         }
     return out
@@ -204,37 +219,80 @@ def _figure(s, out_dir: Path, moments, W0, grams, g_star, a, b, runs, e, f) -> P
     for e_step, G in zip(a["steps"][1:], a["grams"][1:]):
         ell[f"adam{e_step}"] = G
         labels[f"adam{e_step}"] = f"Adam, $E$={e_step}"
-    plot_ellipses(ax, ell, colors=[PALETTE["G_0"], "k", "C0", "C1", "C2"], target_names=target_names,
-                  linestyles=[(0, (1, 2)), "-", ":", "-.", "--"], markers=["x", "o", "v", "D", "s"],
-                  labels=labels, legend=False)
+    plot_ellipses(
+        ax,
+        ell,
+        colors=[PALETTE["G_0"], "k", "C0", "C1", "C2"],
+        target_names=target_names,
+        linestyles=[(0, (1, 2)), "-", ":", "-.", "--"],
+        markers=["x", "o", "v", "D", "s"],
+        labels=labels,
+        legend=False,
+    )
     for j in range(W0.shape[1]):
-        ax.annotate("", xy=a["closest_head"][:, j], xytext=(0, 0),
-                    arrowprops={"arrowstyle": "->", "color": "k", "lw": 1.5})
-        ax.annotate("", xy=a["final_head"][:, j], xytext=(0, 0),
-                    arrowprops={"arrowstyle": "->", "color": "C2", "lw": 1.5})
-    ax.plot([], [], color="k", marker=r"$\rightarrow$", markersize=10, linestyle="none",
-            label=r"columns of $\Pi_1(W_0)$")
-    ax.plot([], [], color="C2", marker=r"$\rightarrow$", markersize=10, linestyle="none",
-            label=f"columns of $W$, $E$={s.adam_snapshots[-1]}")
+        ax.annotate(
+            "", xy=a["closest_head"][:, j], xytext=(0, 0), arrowprops={"arrowstyle": "->", "color": "k", "lw": 1.5}
+        )
+        ax.annotate(
+            "", xy=a["final_head"][:, j], xytext=(0, 0), arrowprops={"arrowstyle": "->", "color": "C2", "lw": 1.5}
+        )
+    ax.plot(
+        [], [], color="k", marker=r"$\rightarrow$", markersize=10, linestyle="none", label=r"columns of $\Pi_1(W_0)$"
+    )
+    ax.plot(
+        [],
+        [],
+        color="C2",
+        marker=r"$\rightarrow$",
+        markersize=10,
+        linestyle="none",
+        label=f"columns of $W$, $E$={s.adam_snapshots[-1]}",
+    )
     ax.legend(fontsize="x-small", loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=2, handlelength=3.0)
     ax.set_title("(a) client 1, joint Adam")
     # (b)
     rho = np.asarray(b["rho"])
-    plot_error_curves(axes[1], rho, {r"$e_G$ (worst client)": b["e_G_worst"], r"$e_\Pi$ (worst client)": b["e_Pi_worst"]},
-                      logx=True, markers=["o", "s"], xlabel=r"proximal weight $\rho$", ylabel="relative error (unitless)",
-                      title=r"(b) proximal solution vs $\rho$", legend=False)
+    plot_error_curves(
+        axes[1],
+        rho,
+        {r"$e_G$ (worst client)": b["e_G_worst"], r"$e_\Pi$ (worst client)": b["e_Pi_worst"]},
+        logx=True,
+        markers=["o", "s"],
+        xlabel=r"proximal weight $\rho$",
+        ylabel="relative error (unitless)",
+        title=r"(b) proximal solution vs $\rho$",
+        legend=False,
+    )
     # the guide is shifted up (x3) so that it does not hide under e_Pi, which has slope 1 too
-    axes[1].plot(rho, 3.0 * rho * b["e_Pi_worst"][-1] / rho[-1], color="0.3", linestyle=(0, (1, 1.5)),
-                 linewidth=1.4, zorder=3, label=r"slope 1 ($\propto \rho$, shifted $\times 3$)")
+    axes[1].plot(
+        rho,
+        3.0 * rho * b["e_Pi_worst"][-1] / rho[-1],
+        color="0.3",
+        linestyle=(0, (1, 1.5)),
+        linewidth=1.4,
+        zorder=3,
+        label=r"slope 1 ($\propto \rho$, shifted $\times 3$)",
+    )
     axes[1].legend(fontsize="small", handlelength=3.0)
     # (c), (d)
     rounds = np.arange(s.n_rounds + 1)
     nice = {k: re.sub(r"\brho\b", lambda _: r"$\rho$", k) for k in runs}
-    plot_error_curves(axes[2], rounds, {nice[k]: v["err_to_g_star"] for k, v in runs.items()}, xlabel="round $t$",
-                      ylabel=r"$\|G_t - G_\ast\|_F / \|G_\ast\|_F$", title=r"(c) error to $G_\ast$")
-    plot_error_curves(axes[3], rounds[1:], {nice[k]: v["selection_distance"] for k, v in runs.items()},
-                      xlabel="round $t$", ylabel=r"$\delta_t = \sum_m p_m \|\tilde W_m - \Pi_m(W_t)\|_F$",
-                      title="(d) selection distance")
+    plot_error_curves(
+        axes[2],
+        rounds,
+        {nice[k]: v["err_to_g_star"] for k, v in runs.items()},
+        xlabel="round $t$",
+        ylabel=r"$\|G_t - G_\ast\|_F / \|G_\ast\|_F$",
+        title=r"(c) error to $G_\ast$",
+    )
+    plot_error_curves(
+        axes[3],
+        rounds[1:],
+        {nice[k]: v["selection_distance"] for k, v in runs.items()},
+        xlabel="round $t$",
+        ylabel=r"$\delta_t = \sum_m p_m \|\tilde W_m - \Pi_m(W_t)\|_F$",
+        title="(d) selection distance",
+    )
     # (e)
     ax = axes[4]
     names = list(e.keys())
@@ -252,21 +310,39 @@ def _figure(s, out_dir: Path, moments, W0, grams, g_star, a, b, runs, e, f) -> P
     ax.set_title("(e) gap terms")
     ax.legend(fontsize="small")
     # (f)
-    plot_error_curves(axes[5], rounds, {rf"$\gamma$={k}": v for k, v in f["err_to_g_cen"].items()}, xlabel="round $t$",
-                      ylabel=r"$\|G_t - G_{\mathrm{cen}}\|_F / \|G_{\mathrm{cen}}\|_F$",
-                      title=r"(f) moment correction $\gamma C_m$")
+    plot_error_curves(
+        axes[5],
+        rounds,
+        {rf"$\gamma$={k}": v for k, v in f["err_to_g_cen"].items()},
+        xlabel="round $t$",
+        ylabel=r"$\|G_t - G_{\mathrm{cen}}\|_F / \|G_{\mathrm{cen}}\|_F$",
+        title=r"(f) moment correction $\gamma C_m$",
+    )
     path = save_figure(fig, out_dir / "fig2.png")
     # ellipses of the gap picture as its own figure
     fig, axes = new_figure(1, panel_size=(6.6, 4.6))
     o = e["original"]
-    ell = {"G_1": grams[0], "G_2": grams[1], "G_3": grams[2], "G_star": o["g_star"],
-           "G_avg": o["g_avg"], "G_within": o["g_within"], "G_cen": o["g_cen"]}
+    ell = {
+        "G_1": grams[0],
+        "G_2": grams[1],
+        "G_3": grams[2],
+        "G_star": o["g_star"],
+        "G_avg": o["g_avg"],
+        "G_within": o["g_within"],
+        "G_cen": o["g_cen"],
+    }
     labels = {f"G_{m + 1}": f"client optimum $G_{m + 1}$" for m in range(3)}
-    plot_ellipses(axes[0], ell, colors=[*CLIENT_COLORS[:3], *(PALETTE[k] for k in ("G_star", "G_avg", "G_within", "G_cen"))],
-                  linestyles=[":", ":", ":", "-", (0, (3, 1, 1, 1)), (0, (1, 1)), "-."],
-                  markers=["1", "2", "3", "s", "P", "D", "^"], labels=labels, target_names=target_names,
-                  title=r"client optima and $G_\ast \preceq \sum_m p_m G_m \preceq G_{\mathrm{within}} "
-                        r"\preceq G_{\mathrm{cen}}$")
+    plot_ellipses(
+        axes[0],
+        ell,
+        colors=[*CLIENT_COLORS[:3], *(PALETTE[k] for k in ("G_star", "G_avg", "G_within", "G_cen"))],
+        linestyles=[":", ":", ":", "-", (0, (3, 1, 1, 1)), (0, (1, 1)), "-."],
+        markers=["1", "2", "3", "s", "P", "D", "^"],
+        labels=labels,
+        target_names=target_names,
+        title=r"client optima and $G_\ast \preceq \sum_m p_m G_m \preceq G_{\mathrm{within}} "
+        r"\preceq G_{\mathrm{cen}}$",
+    )
     axes[0].legend(fontsize="small", loc="center left", bbox_to_anchor=(1.02, 0.5), handlelength=3.0)
     fig.text(0.01, 0.01, ellipse_caption(2), fontsize="small")
     path2 = save_figure(fig, out_dir / "fig2_grams.png")
@@ -294,8 +370,12 @@ def run(settings: Settings, out_dir: str | Path) -> ExperimentResult:
 
     rho_final = {k: v["err_to_g_star"][-1] for k, v in runs.items()}
     min_eig_all = min(min(v["min_eig"].values()) for v in e.values())
-    zero_terms = max(abs(e["equal means"]["trace"]["M_mu"]), abs(e["equal covariances"]["trace"]["M_Sigma"]),
-                     abs(e["equal covariances"]["trace"]["M_A"]), *map(abs, e["both equal"]["trace"].values()))
+    zero_terms = max(
+        abs(e["equal means"]["trace"]["M_mu"]),
+        abs(e["equal covariances"]["trace"]["M_Sigma"]),
+        abs(e["equal covariances"]["trace"]["M_A"]),
+        *map(abs, e["both equal"]["trace"].values()),
+    )
     fe = f["err_to_g_cen"]
     headline = [
         Headline("a_adam_e_G_final", a["e_G"][-1], "-> 0 (Gram reaches G_1)"),
@@ -311,11 +391,16 @@ def run(settings: Settings, out_dir: str | Path) -> ExperimentResult:
         Headline("f_ratio_err_0.9_over_0.99", fe["0.9"][-1] / fe["0.99"][-1], "~10 (residual ~ 1-gamma)"),
     ]
     results = {
-        "lambda_h": s.lambda_h, "lambda_w": s.lambda_w,
+        "lambda_h": s.lambda_h,
+        "lambda_w": s.lambda_w,
         "moments": {"weights": moments.weights, "means": moments.means, "covs": moments.covs},
-        "W0": W0, "grams": grams, "g_star": g_star,
-        "panel_a": a, "panel_b": b,
+        "W0": W0,
+        "grams": grams,
+        "g_star": g_star,
+        "panel_a": a,
+        "panel_b": b,
         "panel_cd": {k: {kk: vv for kk, vv in v.items()} for k, v in runs.items()},
-        "panel_e": e, "panel_f": f,
+        "panel_e": e,
+        "panel_f": f,
     }
     return finish(NAME, out_dir, s, {"targets": s.seed}, results, headline, figures)

@@ -20,7 +20,7 @@ from matplotlib.figure import Figure
 from tqdm.auto import tqdm
 
 from fedhead import ufm
-from fedhead.plots import new_figure, plot_error_curves, save_figure
+from fedhead.plotting import new_figure, plot_error_curves, save_figure
 
 from .common import (
     ExperimentResult,
@@ -97,10 +97,18 @@ def _instance(s: Settings, C: int, P: int, rng: np.random.Generator) -> dict:
         lb_e_g.append(rel_err(gram(st.W), g_m))
         lb_e_pi.append(rel_err(st.W, pi))
     return {
-        "C": C, "P": P, "d_bw": d_bw,
+        "C": C,
+        "P": P,
+        "d_bw": d_bw,
         "pi_distance_identity": abs(float(np.linalg.norm(pi - Wt)) - d_bw),
-        "e_Pi": e_pi, "e_G": e_g, "excess_loss": excess, "excess_bound": bound, "grad_norm": gnorm,
-        "lbfgs_dist_ratio": lb_ratio, "lbfgs_e_G": lb_e_g, "lbfgs_e_Pi": lb_e_pi,
+        "e_Pi": e_pi,
+        "e_G": e_g,
+        "excess_loss": excess,
+        "excess_bound": bound,
+        "grad_norm": gnorm,
+        "lbfgs_dist_ratio": lb_ratio,
+        "lbfgs_e_G": lb_e_g,
+        "lbfgs_e_Pi": lb_e_pi,
     }
 
 
@@ -113,11 +121,16 @@ def _figure(s: Settings, per_size: dict[str, list[dict]]) -> Figure:
     """Both panels of ``selection.png`` from the per-size instance records (``e_Pi``, ``lbfgs_dist_ratio``)."""
     rhos = np.asarray(s.rho_ladder)
     fig, axes = new_figure(2, panel_size=(5.2, 4.2))
-    plot_error_curves(axes[0], rhos,
-                      {_size_label(k): np.array([r["e_Pi"] for r in rows]) for k, rows in per_size.items()},
-                      logx=True, markers=["o"], xlabel=r"proximal weight $\rho$",
-                      ylabel=r"$\|W_\rho - \Pi(W_t)\|_F / \|\Pi(W_t)\|_F$",
-                      title="proximal joint minimiser vs closest head\n(median, IQR)")
+    plot_error_curves(
+        axes[0],
+        rhos,
+        {_size_label(k): np.array([r["e_Pi"] for r in rows]) for k, rows in per_size.items()},
+        logx=True,
+        markers=["o"],
+        xlabel=r"proximal weight $\rho$",
+        ylabel=r"$\|W_\rho - \Pi(W_t)\|_F / \|\Pi(W_t)\|_F$",
+        title="proximal joint minimiser vs closest head\n(median, IQR)",
+    )
     axes[0].plot(rhos, rhos, color="0.5", linestyle=":", label=r"$\rho$")
     axes[0].legend(fontsize="x-small")
     keys = list(per_size)
@@ -152,10 +165,12 @@ def run(settings: Settings, out_dir: str | Path) -> ExperimentResult:
     for key, rows in per_size.items():
         e_pi = np.array([r["e_Pi"] for r in rows])
         summary[key] = {
-            "e_Pi": quartiles(e_pi), "e_G": quartiles(np.array([r["e_G"] for r in rows])),
+            "e_Pi": quartiles(e_pi),
+            "e_G": quartiles(np.array([r["e_G"] for r in rows])),
             "slope_e_Pi": float(np.median([loglog_slope(rhos, r["e_Pi"]) for r in rows])),
-            "excess_over_bound_max": float(np.max([np.max(np.array(r["excess_loss"]) / np.array(r["excess_bound"]))
-                                                   for r in rows])),
+            "excess_over_bound_max": float(
+                np.max([np.max(np.array(r["excess_loss"]) / np.array(r["excess_bound"])) for r in rows])
+            ),
             "lbfgs_dist_ratio": quartiles(np.concatenate([r["lbfgs_dist_ratio"] for r in rows])),
             "lbfgs_e_G_max": float(np.max([np.max(r["lbfgs_e_G"]) for r in rows])),
             "lbfgs_e_Pi": quartiles(np.concatenate([r["lbfgs_e_Pi"] for r in rows])),
@@ -175,8 +190,11 @@ def run(settings: Settings, out_dir: str | Path) -> ExperimentResult:
         Headline("max_excess_loss_over_bound", excess_ratio, "<= 1 (excess <= rho/2 d_BW^2)"),
         Headline("max_abs_||Pi-W||-d_BW", identity, "0"),
         Headline("min_lbfgs_dist_ratio", ratio_min, ">= 1 (Pi is the closest optimal head)"),
-        Headline("median_lbfgs_e_Pi", float(np.median(np.concatenate([r["lbfgs_e_Pi"] for r in all_rows]))),
-                 "O(1) (no selection at rho = 0)"),
+        Headline(
+            "median_lbfgs_e_Pi",
+            float(np.median(np.concatenate([r["lbfgs_e_Pi"] for r in all_rows]))),
+            "O(1) (no selection at rho = 0)",
+        ),
         Headline("max_lbfgs_e_G", float(np.max([np.max(r["lbfgs_e_G"]) for r in all_rows])), "~0 (optimal Gram)"),
     ]
     results = {"rho": rhos, "summary": summary, "instances": per_size}

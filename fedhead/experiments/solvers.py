@@ -50,8 +50,9 @@ class _Cached:
     gradient).
     """
 
-    def __init__(self, fg: Callable[[np.ndarray], tuple[float, np.ndarray]],
-                 h: Callable[[np.ndarray], np.ndarray] | None = None):
+    def __init__(
+        self, fg: Callable[[np.ndarray], tuple[float, np.ndarray]], h: Callable[[np.ndarray], np.ndarray] | None = None
+    ):
         self.fg, self.h = fg, h
         self._x_fg: np.ndarray | None = None
         self._fg: tuple[float, np.ndarray] | None = None
@@ -117,25 +118,38 @@ def _trust_exact(fg, h, x0: np.ndarray, gtol: float, maxiter: int) -> SolveResul
     x = np.asarray(x0, dtype=np.float64)
     nit, success, gnorm = 0, False, np.inf
     for _attempt in range(2):
-        res = optimize.minimize(cached.fun_grad, x, jac=True, hess=cached.hess, method="trust-exact",
-                                options={"gtol": gtol, "maxiter": maxiter})
+        res = optimize.minimize(
+            cached.fun_grad,
+            x,
+            jac=True,
+            hess=cached.hess,
+            method="trust-exact",
+            options={"gtol": gtol, "maxiter": maxiter},
+        )
         x, gnorm, steps = _newton_polish(cached, np.asarray(res.x), gtol)
         nit += int(res.nit) + steps
         success = bool(res.success) or gnorm <= 100 * gtol
         if gnorm <= 100 * gtol:
             break
     if gnorm > 1e3 * gtol:
-        warnings.warn(f"trust-exact local solve stopped with gradient norm {gnorm:.2e} > {1e3 * gtol:.1e} "
-                      f"({x.size} unknowns); the solution is less accurate than requested", stacklevel=3)
+        warnings.warn(
+            f"trust-exact local solve stopped with gradient norm {gnorm:.2e} > {1e3 * gtol:.1e} "
+            f"({x.size} unknowns); the solution is less accurate than requested",
+            stacklevel=3,
+        )
     return SolveResult(x, nit, gnorm, success)
 
 
 def _lbfgs(fg, x0: np.ndarray, gtol: float, maxiter: int) -> SolveResult:
     """SciPy L-BFGS-B (no bounds, ``ftol = 0``); success when the final gradient norm is <= 1e3 gtol."""
     cached = _Cached(fg)
-    res = optimize.minimize(cached.fun_grad, x0, jac=True, method="L-BFGS-B",
-                            options={"gtol": gtol, "ftol": 0.0, "maxiter": maxiter, "maxcor": 30,
-                                     "maxfun": 4 * maxiter})
+    res = optimize.minimize(
+        cached.fun_grad,
+        x0,
+        jac=True,
+        method="L-BFGS-B",
+        options={"gtol": gtol, "ftol": 0.0, "maxiter": maxiter, "maxcor": 30, "maxfun": 4 * maxiter},
+    )
     gnorm = float(np.linalg.norm(cached.fun_grad(res.x)[1]))
     return SolveResult(np.asarray(res.x), int(res.nit), gnorm, bool(gnorm <= 1e3 * gtol))
 

@@ -42,8 +42,7 @@ def seeded(seed: int) -> Iterator[None]:
 
 def _as_rotation(q: np.ndarray | torch.Tensor, dim: int, where: str) -> torch.Tensor:
     """Validate an orthogonal ``(dim, dim)`` matrix and return it as a float64 CPU tensor."""
-    qt = torch.as_tensor(np.asarray(q.detach().cpu() if isinstance(q, torch.Tensor) else q),
-                         dtype=torch.float64)
+    qt = torch.as_tensor(np.asarray(q.detach().cpu() if isinstance(q, torch.Tensor) else q), dtype=torch.float64)
     if qt.shape != (dim, dim):
         raise ModelError(f"{where}: rotation must be ({dim}, {dim}), got {tuple(qt.shape)}")
     if not torch.isfinite(qt).all():
@@ -192,8 +191,9 @@ def _kaiming_conv(conv: nn.Conv2d) -> nn.Conv2d:
     return conv
 
 
-def _narrow(net: nn.Module, in_channels: int, layers: list[int], width: int, feature_dim: int,
-            stem: nn.Conv2d) -> nn.Module:
+def _narrow(
+    net: nn.Module, in_channels: int, layers: list[int], width: int, feature_dim: int, stem: nn.Conv2d
+) -> nn.Module:
     """Rebuild a torchvision ResNet's stem, stages and fc for base width ``width`` (stages of
     ``width, 2 width, 4 width, 8 width`` channels), initialised as torchvision initialises them."""
     from torchvision.models.resnet import BasicBlock
@@ -241,8 +241,7 @@ def residual_cnn(in_channels: int, feature_dim: int, groups: int = 8, width: int
     max-pool (docs/theory.md §10 "residual CNN"); ``width`` channels in the first stage."""
     from torchvision.models.resnet import BasicBlock, ResNet
 
-    net = ResNet(BasicBlock, [2, 2, 2, 2], num_classes=feature_dim,
-                 norm_layer=lambda c: nn.GroupNorm(groups, c))
+    net = ResNet(BasicBlock, [2, 2, 2, 2], num_classes=feature_dim, norm_layer=lambda c: nn.GroupNorm(groups, c))
     stem = nn.Conv2d(in_channels, width, kernel_size=3, stride=1, padding=1, bias=False)
     if width != 64:
         net = _narrow(net, in_channels, [2, 2, 2, 2], width, feature_dim, stem)

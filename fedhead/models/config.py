@@ -110,7 +110,8 @@ class ResidualCNNConfig(ModelConfig):
         if self.width < 1 or self.groups < 1 or self.width % self.groups:
             raise ModelError(
                 f"model {self.name!r}: groups must divide width (GroupNorm over the first stage's "
-                f"channels), got groups={self.groups}, width={self.width}")
+                f"channels), got groups={self.groups}, width={self.width}"
+            )
 
     def build(self, input_shape: tuple[int, ...], n_samples: int) -> Backbone:
         ch = _image_channels(self, input_shape)

@@ -15,8 +15,7 @@ import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from fedhead.io import write_bytes_atomic
-
+from fedhead.results.io import write_bytes_atomic
 
 #: Held while a figure is built and drawn by code that may run in several threads (the jobs a
 #: sweep serves at once): matplotlib's text layout (its mathtext parser) is not thread-safe.
@@ -98,7 +97,7 @@ def save_figure(fig: Figure, path: str | os.PathLike, *, dpi: int = 130) -> Path
 class Drawer:
     """The process's one figure thread (matplotlib is not thread-safe: every figure of a
     background recorder is drawn there, in submission order). A daemon thread: it never keeps
-    the process alive; :meth:`fedhead.recorder.RunRecorder.wait` is what makes sure the work is done."""
+    the process alive; :meth:`fedhead.driver.recorder.RunRecorder.wait` is what makes sure the work is done."""
 
     def __init__(self) -> None:
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
@@ -125,5 +124,5 @@ class Drawer:
                 fut.set_exception(exc)
 
 
-#: The process's figure thread (:class:`fedhead.recorder.RunRecorder` with ``background=True``).
+#: The process's figure thread (:class:`fedhead.driver.recorder.RunRecorder` with ``background=True``).
 DRAWER = Drawer()

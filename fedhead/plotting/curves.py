@@ -86,16 +86,32 @@ def plot_error_curves(
     if band not in ("iqr", "sd", "none"):
         raise ValueError(f"plot_error_curves: band must be 'iqr', 'sd' or 'none', got {band!r}")
     xs = np.asarray(x, dtype=np.float64)
-    clipped = _draw_curves(ax, xs, curves, center=center, band=band, colors=colors, linestyles=linestyles,
-                           markers=markers, styles=styles, logy=logy, floor=floor)
+    clipped = _draw_curves(
+        ax,
+        xs,
+        curves,
+        center=center,
+        band=band,
+        colors=colors,
+        linestyles=linestyles,
+        markers=markers,
+        styles=styles,
+        logy=logy,
+        floor=floor,
+    )
     _scale_axes(ax, xs, logx=logx, logy=logy, integer_x=integer_x)
-    _annotate_axes(ax, clipped=clipped, floor=floor, xlabel=xlabel, ylabel=ylabel, title=title,
-                   legend=legend and bool(curves))
+    _annotate_axes(
+        ax, clipped=clipped, floor=floor, xlabel=xlabel, ylabel=ylabel, title=title, legend=legend and bool(curves)
+    )
     return ax
 
 
 def _center_and_band(
-    label: str, values: object, xs: np.ndarray, center: str, band: str,
+    label: str,
+    values: object,
+    xs: np.ndarray,
+    center: str,
+    band: str,
 ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
     """Centre line and band ``(mid, lo, hi)`` of one curve's runs (``lo = hi = None``: no band)."""
     arr = np.asarray(values, dtype=np.float64)
@@ -119,7 +135,11 @@ def _center_and_band(
 
 
 def _curve_style(
-    i: int, n_curves: int, every: int, colors: Sequence[str], linestyles: Sequence[object],
+    i: int,
+    n_curves: int,
+    every: int,
+    colors: Sequence[str],
+    linestyles: Sequence[object],
     markers: Sequence[str | None],
 ) -> dict[str, object]:
     """Default style of the ``i``-th of ``n_curves`` curves: cycled colour, line style and
@@ -187,14 +207,29 @@ def _draw_curves(
 
 
 def _annotate_axes(
-    ax: Axes, *, clipped: bool, floor: float, xlabel: str | None, ylabel: str | None, title: str | None,
+    ax: Axes,
+    *,
+    clipped: bool,
+    floor: float,
+    xlabel: str | None,
+    ylabel: str | None,
+    title: str | None,
     legend: bool,
 ) -> None:
     """The floor note (when values were clipped), labels, title, grid and legend."""
     if clipped:
         ax.set_ylim(bottom=floor / 30.0)
-        ax.text(0.01, 0.01, f"points at {floor:.0e} are exact zeros", transform=ax.transAxes,
-                fontsize="x-small", color="0.35", va="bottom", ha="left", gid="floor-note")
+        ax.text(
+            0.01,
+            0.01,
+            f"points at {floor:.0e} are exact zeros",
+            transform=ax.transAxes,
+            fontsize="x-small",
+            color="0.35",
+            va="bottom",
+            ha="left",
+            gid="floor-note",
+        )
     if xlabel:
         ax.set_xlabel(xlabel)
     if ylabel:

@@ -143,8 +143,18 @@ def plot_ellipses(
         coords = (0, 1, 2) if is3d else (0, 1)
     if is3d != (len(coords) == 3):
         raise ValueError("plot_ellipses: use 3 coords on a 3-D axes and 2 coords on a 2-D axes")
-    extent = _draw_ellipses(ax, items, coords, is3d, n_points, colors=colors, linestyles=linestyles,
-                            linewidths=linewidths, markers=markers, labels=labels)
+    extent = _draw_ellipses(
+        ax,
+        items,
+        coords,
+        is3d,
+        n_points,
+        colors=colors,
+        linestyles=linestyles,
+        linewidths=linewidths,
+        markers=markers,
+        labels=labels,
+    )
     _frame_ellipse_axes(ax, extent, [_axis_name(c, target_names, unit) for c in coords], is3d)
     if title:
         ax.set_title(title)
@@ -169,15 +179,19 @@ def _draw_ellipses(
     """Draw every ellipse of ``items`` in order; return the axis half-width that shows them all
     (8 % beyond the largest coordinate, 1 when every Gram is zero)."""
     cycle = matplotlib.rcParams["axes.prop_cycle"].by_key().get("color", ["C0"])
-    widths = None if linewidths is None else (
-        [float(linewidths)] if np.isscalar(linewidths) else [float(w) for w in linewidths])
+    widths = (
+        None
+        if linewidths is None
+        else ([float(linewidths)] if np.isscalar(linewidths) else [float(w) for w in linewidths])
+    )
     extent = 0.0
     n_items = len(items)
     for i, (key, g) in enumerate(items):
         color, style, marker, width = _ellipse_style(i, n_items, key, colors, linestyles, markers, widths, cycle)
         label = None if key is None else (labels or {}).get(key, gram_label(key))
-        pts = _draw_ellipse(ax, g, coords, is3d, i, n_items, n_points,
-                            color=color, style=style, marker=marker, width=width, label=label)
+        pts = _draw_ellipse(
+            ax, g, coords, is3d, i, n_items, n_points, color=color, style=style, marker=marker, width=width, label=label
+        )
         extent = max(extent, float(np.max(np.abs(pts))))
     return 1.08 * extent if extent > 0 else 1.0
 
@@ -195,12 +209,21 @@ def _ellipse_style(
     """Colour, line style, marker and width of the ``i``-th of ``n_items`` ellipses: the
     explicit sequences (cycled), else the palette style of a known Gram key, else the cycles."""
     known = gram_style(key) if _gram_key(key) is not None else None
-    color = (colors[i % len(colors)] if colors is not None
-             else known["color"] if known else cycle[i % len(cycle)])
-    style = (linestyles[i % len(linestyles)] if linestyles is not None
-             else known["linestyle"] if known else _CYCLE_STYLES[i % len(_CYCLE_STYLES)])
-    marker = (markers[i % len(markers)] if markers is not None
-              else known["marker"] if known else _CYCLE_MARKERS[i % len(_CYCLE_MARKERS)])
+    color = colors[i % len(colors)] if colors is not None else known["color"] if known else cycle[i % len(cycle)]
+    style = (
+        linestyles[i % len(linestyles)]
+        if linestyles is not None
+        else known["linestyle"]
+        if known
+        else _CYCLE_STYLES[i % len(_CYCLE_STYLES)]
+    )
+    marker = (
+        markers[i % len(markers)]
+        if markers is not None
+        else known["marker"]
+        if known
+        else _CYCLE_MARKERS[i % len(_CYCLE_MARKERS)]
+    )
     width = widths[i % len(widths)] if widths is not None else max(1.0, 2.6 - 1.4 * i / max(n_items - 1, 1))
     return color, style, marker, width
 
@@ -223,14 +246,25 @@ def _draw_ellipse(
     """Draw the ``i``-th ellipse (a wireframe ellipsoid on 3-D axes); return its points."""
     if is3d:
         pts = ellipse_points(g, coords, n_points=min(n_points, 24))
-        ax.plot_wireframe(pts[0], pts[1], pts[2], color=color, linewidth=0.6 * width,
-                          linestyle=style, alpha=0.7, label=label)
+        ax.plot_wireframe(
+            pts[0], pts[1], pts[2], color=color, linewidth=0.6 * width, linestyle=style, alpha=0.7, label=label
+        )
     else:
         pts = ellipse_points(g, coords, n_points=n_points)
         every = max(n_points // 8, 1)
-        ax.plot(pts[0], pts[1], color=color, linestyle=style, linewidth=width, label=label,
-                marker=marker, markersize=max(3.5, 7.0 - 0.6 * i), markevery=((i * every) // max(n_items, 1), every),
-                markerfacecolor="none" if i % 2 else color, zorder=2 + 0.1 * i)
+        ax.plot(
+            pts[0],
+            pts[1],
+            color=color,
+            linestyle=style,
+            linewidth=width,
+            label=label,
+            marker=marker,
+            markersize=max(3.5, 7.0 - 0.6 * i),
+            markevery=((i * every) // max(n_items, 1), every),
+            markerfacecolor="none" if i % 2 else color,
+            zorder=2 + 0.1 * i,
+        )
     return pts
 
 
@@ -283,8 +317,7 @@ def ellipse_caption(c: int, view: str = "pairs") -> str:
     text = r"each curve: the ellipse $\{G^{1/2}u : \|u\| \leq 1\}$ of a head Gram $G$"
     per = 2 if view == "pairs" else 3
     if c > per:
-        text += (f"; {c} targets: each panel is its projection on {per} of them "
-                 f"(the {per}$\\times${per} block of $G$)")
+        text += f"; {c} targets: each panel is its projection on {per} of them (the {per}$\\times${per} block of $G$)"
     return text
 
 

@@ -79,8 +79,9 @@ def run_error_figure(results: Mapping, *, title: str | None = None) -> Figure:
     curves: dict[str, np.ndarray] = {}
     styles: dict[str, dict[str, object]] = {}
     for ref, field in _RUN_CURVES:
-        vals = np.array([np.nan if (ref == "recursion" and int(r["round"]) == 0) else _num(r.get(field))
-                         for r in rounds])
+        vals = np.array(
+            [np.nan if (ref == "recursion" and int(r["round"]) == 0) else _num(r.get(field)) for r in rounds]
+        )
         if np.isfinite(vals).any():
             label = error_label(_REF_KEY[ref])
             curves[label] = vals
@@ -89,12 +90,17 @@ def run_error_figure(results: Mapping, *, title: str | None = None) -> Figure:
     fig, (ax,) = new_figure(1, panel_size=(6.4, 4.4))
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", "All-NaN slice", RuntimeWarning)
-        plot_error_curves(ax, x, curves, band="none", styles=styles, legend=False,
-                          xlabel="round $t$", ylabel=E_F_AXIS)
+        plot_error_curves(ax, x, curves, band="none", styles=styles, legend=False, xlabel="round $t$", ylabel=E_F_AXIS)
     rel_cen, _ = _predicted_gaps(results)
     if rel_cen is not None and rel_cen > 0:
-        ax.axhline(rel_cen, color=PALETTE["G_cen"], linestyle=(0, (1, 1)), linewidth=1.2, zorder=1.5,
-                   label=r"predicted gap $\|G_{\mathrm{cen}} - G_\ast\|_F / \|G_{\mathrm{cen}}\|_F$")
+        ax.axhline(
+            rel_cen,
+            color=PALETTE["G_cen"],
+            linestyle=(0, (1, 1)),
+            linewidth=1.2,
+            zorder=1.5,
+            label=r"predicted gap $\|G_{\mathrm{cen}} - G_\ast\|_F / \|G_{\mathrm{cen}}\|_F$",
+        )
     ref = results.get("reference")
     if title is None:
         title = f"{_procedure_name(results)}: head Gram error per round"
@@ -150,22 +156,45 @@ def procedures_figure(results_list: Sequence[Mapping], *, title: str | None = No
             warnings.filterwarnings("ignore", "All-NaN slice", RuntimeWarning)
             warnings.filterwarnings("ignore", "Degrees of freedom", RuntimeWarning)
             warnings.filterwarnings("ignore", "Mean of empty slice", RuntimeWarning)
-            plot_error_curves(ax, x, curves, center="mean", band="sd", styles=styles, legend=False,
-                              xlabel="round $t$", ylabel=f"{error_label(ref)} (unitless)",
-                              title=f"error to {gram_label(ref)}")
+            plot_error_curves(
+                ax,
+                x,
+                curves,
+                center="mean",
+                band="sd",
+                styles=styles,
+                legend=False,
+                xlabel="round $t$",
+                ylabel=f"{error_label(ref)} (unitless)",
+                title=f"error to {gram_label(ref)}",
+            )
     if gaps_cen:
-        axes[1].axhline(float(np.mean(gaps_cen)), color="k", linestyle=(0, (1, 1)), linewidth=1.2, zorder=1.5,
-                        label=r"predicted gap: $e_F(G_\ast, G_{\mathrm{cen}})$")
+        axes[1].axhline(
+            float(np.mean(gaps_cen)),
+            color="k",
+            linestyle=(0, (1, 1)),
+            linewidth=1.2,
+            zorder=1.5,
+            label=r"predicted gap: $e_F(G_\ast, G_{\mathrm{cen}})$",
+        )
     if gaps_star:
-        axes[0].axhline(float(np.mean(gaps_star)), color="0.35", linestyle=(0, (3, 2)), linewidth=1.2, zorder=1.5,
-                        label=r"predicted gap: $e_F(G_{\mathrm{cen}}, G_\ast)$")
+        axes[0].axhline(
+            float(np.mean(gaps_star)),
+            color="0.35",
+            linestyle=(0, (3, 2)),
+            linewidth=1.2,
+            zorder=1.5,
+            label=r"predicted gap: $e_F(G_{\mathrm{cen}}, G_\ast)$",
+        )
     shared_legend(fig, axes)
     fig.suptitle(_procedures_title(results_list, groups) if title is None else title)
     return fig
 
 
 def _procedure_curves(
-    groups: Mapping[str, Sequence[Mapping]], all_rounds: Sequence[int], field: str,
+    groups: Mapping[str, Sequence[Mapping]],
+    all_rounds: Sequence[int],
+    field: str,
 ) -> tuple[dict[str, np.ndarray], dict[str, dict[str, object]]]:
     """Per procedure, the ``(runs, rounds)`` matrix of one error ``field`` (NaN where a run has
     no such round) and its colour; procedures with no finite value are left out."""

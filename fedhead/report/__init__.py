@@ -21,5 +21,16 @@ from fedhead.report.build import TABLES, Report, build_report, compute_tables
 from fedhead.report.collect import Collection, ReportInputError, RunEntry, RunRef, collect
 from fedhead.report.tables import Cell, Table
 
-__all__ = ["TABLES", "Report", "build_report", "compute_tables", "Collection", "ReportInputError", "RunEntry",
-           "RunRef", "collect", "Cell", "Table"]
+__all__ = [
+    "TABLES",
+    "Report",
+    "build_report",
+    "compute_tables",
+    "Collection",
+    "ReportInputError",
+    "RunEntry",
+    "RunRef",
+    "collect",
+    "Cell",
+    "Table",
+]

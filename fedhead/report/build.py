@@ -15,15 +15,15 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fedhead.io import write_bytes_atomic
 from fedhead.report import figures as F
 from fedhead.report import figures_bars as B
 from fedhead.report import scope_tables, selection_tables
 from fedhead.report.collect import Collection, RunEntry, collect
 from fedhead.report.render import write_table
 from fedhead.report.tables import Table
+from fedhead.results.io import write_bytes_atomic
 
-log = logging.getLogger("fedhead.report")
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -42,8 +42,12 @@ TABLES = (
     TableSpec(5, "proximal weight ρ", ("rho",), selection_tables.table5),
     TableSpec(6, "alignment", ("alignment",), selection_tables.table6),
     TableSpec(7, "mismatch cost of the initialisation", ("mismatch",), scope_tables.table7),
-    TableSpec(8, "direction errors across architectures, data sizes and full-model averaging",
-              scope_tables.TABLE8_SWEEPS, scope_tables.table8),
+    TableSpec(
+        8,
+        "direction errors across architectures, data sizes and full-model averaging",
+        scope_tables.TABLE8_SWEEPS,
+        scope_tables.table8,
+    ),
     TableSpec(9, "prediction (test MSE)", ("prediction",), scope_tables.table9, all_runs=True),
 )
 
@@ -113,24 +117,36 @@ def figure_jobs(collection: Collection) -> Iterable[tuple[str, str, Callable[[],
     for sweep in ("main", "alignment", "centering"):
         runs = collection.of_sweep(sweep)
         if runs:
-            yield (f"curves_{sweep}.png",
-                   f"Error of the head Gram to each procedure's own reference per round, sweep {sweep} "
-                   "(one panel per setting, mean ± 1 sd over seeds, log scale).",
-                   lambda runs=runs, sweep=sweep: F.error_curves_figure(runs, sweep))
+            yield (
+                f"curves_{sweep}.png",
+                f"Error of the head Gram to each procedure's own reference per round, sweep {sweep} "
+                "(one panel per setting, mean ± 1 sd over seeds, log scale).",
+                lambda runs=runs, sweep=sweep: F.error_curves_figure(runs, sweep),
+            )
     main = collection.of_sweep("main")
     for setting in sorted({r.setting for r in main}):
-        yield (f"ellipses_{slug(setting)}.png",
-               f"Final head Gram of each procedure against G_star and G_cen on {setting} (smallest seed; "
-               "first three targets when there are more).",
-               lambda setting=setting: F.ellipses_figure(main, setting))
-    yield ("epochs.png", "Endpoint e_F against the local epochs E (sweep epochs, log-log).",
-           lambda: F.epochs_figure(collection.of_sweep("epochs")))
-    yield ("rho.png", "δ_last and endpoint e_F against ρ (sweep rho); ρ = 0 at the tick labelled 0 left of the "
-                      "dotted axis break.", lambda: F.rho_figure(collection.of_sweep("rho")))
+        yield (
+            f"ellipses_{slug(setting)}.png",
+            f"Final head Gram of each procedure against G_star and G_cen on {setting} (smallest seed; "
+            "first three targets when there are more).",
+            lambda setting=setting: F.ellipses_figure(main, setting),
+        )
+    yield (
+        "epochs.png",
+        "Endpoint e_F against the local epochs E (sweep epochs, log-log).",
+        lambda: F.epochs_figure(collection.of_sweep("epochs")),
+    )
+    yield (
+        "rho.png",
+        "δ_last and endpoint e_F against ρ (sweep rho); ρ = 0 at the tick labelled 0 left of the dotted axis break.",
+        lambda: F.rho_figure(collection.of_sweep("rho")),
+    )
     yield ("centering_gap.png", B.CENTERING_NOTE, lambda: B.centering_figure(collection.of_sweep("centering")))
-    yield ("mse_change.png", "Paired change of the final MSE against ordinary on the same setting and seed "
-                             "(sweep prediction).",
-           lambda: B.mse_figure(collection.of_sweep("prediction"), "prediction"))
+    yield (
+        "mse_change.png",
+        "Paired change of the final MSE against ordinary on the same setting and seed (sweep prediction).",
+        lambda: B.mse_figure(collection.of_sweep("prediction"), "prediction"),
+    )
 
 
 def write_figures(collection: Collection, folder: Path) -> tuple[list[FigureInfo], list[str]]:

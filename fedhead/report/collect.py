@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-log = logging.getLogger("fedhead.report")
+log = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
 RESULTS = "results.json"
@@ -159,9 +159,14 @@ def load_manifest(path: Path) -> tuple[SweepInfo, list[RunEntry]]:
     counts: dict[str, int] = {}
     for e in entries:
         counts[e.status] = counts.get(e.status, 0) + 1
-    info = SweepInfo(sweep_dir=sweep_dir, sweep=str(data.get("sweep", "")), scale=str(data.get("scale", "")),
-                     created=str(data.get("created", "")), counts=counts,
-                     wall_seconds=float(sum(e.wall_seconds or 0.0 for e in entries)))
+    info = SweepInfo(
+        sweep_dir=sweep_dir,
+        sweep=str(data.get("sweep", "")),
+        scale=str(data.get("scale", "")),
+        created=str(data.get("created", "")),
+        counts=counts,
+        wall_seconds=float(sum(e.wall_seconds or 0.0 for e in entries)),
+    )
     return info, entries
 
 
@@ -179,12 +184,19 @@ def _entry(path: Path, sweep_dir: str, manifest: Mapping[str, Any], i: int, run:
             status, reason = "unreadable", problem
             log.warning("%s: %s", run["id"], problem)
     return RunEntry(
-        ref=RunRef(sweep_dir, rel), sweep=str(run.get("sweep") or manifest.get("sweep", "")),
-        scale=str(manifest.get("scale", "")), id=str(run["id"]), setting=str(run.get("setting", "")),
-        dataset=str(run.get("dataset", "")), model=str(run.get("model", "")),
-        procedure=str(run.get("procedure", "")), seed=int(run.get("seed", 0) or 0),
-        params=dict(run.get("params") or {}), status=status,
-        reason=None if reason is None else str(reason), results=results,
+        ref=RunRef(sweep_dir, rel),
+        sweep=str(run.get("sweep") or manifest.get("sweep", "")),
+        scale=str(manifest.get("scale", "")),
+        id=str(run["id"]),
+        setting=str(run.get("setting", "")),
+        dataset=str(run.get("dataset", "")),
+        model=str(run.get("model", "")),
+        procedure=str(run.get("procedure", "")),
+        seed=int(run.get("seed", 0) or 0),
+        params=dict(run.get("params") or {}),
+        status=status,
+        reason=None if reason is None else str(reason),
+        results=results,
         wall_seconds=run.get("wall_seconds") if isinstance(run.get("wall_seconds"), (int, float)) else None,
     )
 
@@ -248,6 +260,11 @@ def collect(dirs: Iterable[str | Path]) -> Collection:
         sweeps.append(info)
         for e in entries:
             (runs if e.counted else excluded).append(e)
-        log.info("%s: sweep %s (%s), %s", info.sweep_dir, info.sweep, info.scale,
-                 ", ".join(f"{n} {s}" for s, n in sorted(info.counts.items())))
+        log.info(
+            "%s: sweep %s (%s), %s",
+            info.sweep_dir,
+            info.sweep,
+            info.scale,
+            ", ".join(f"{n} {s}" for s, n in sorted(info.counts.items())),
+        )
     return Collection(sweeps=sweeps, runs=runs, excluded=excluded)

@@ -27,34 +27,54 @@ def duration(seconds: float) -> str:
 
 def sweeps_section(report: Report) -> list[str]:
     """The sweep folders: name, scale, creation time and runs per status."""
-    lines = ["## Sweeps found", "",
-             "| sweep | scale | folder | " + " | ".join(STATUSES) + " | run time | created |",
-             "|:--|:--|:--|" + "--:|" * (len(STATUSES) + 1) + ":--|"]
+    lines = [
+        "## Sweeps found",
+        "",
+        "| sweep | scale | folder | " + " | ".join(STATUSES) + " | run time | created |",
+        "|:--|:--|:--|" + "--:|" * (len(STATUSES) + 1) + ":--|",
+    ]
     for s in report.collection.sweeps:
         counts = " | ".join(str(s.counts.get(k, 0)) for k in STATUSES)
-        lines.append(f"| {s.sweep} | {s.scale} | `{s.sweep_dir}` | {counts} | {duration(s.wall_seconds)} | "
-                     f"{s.created} |")
-    lines += ["", "Only completed runs with a readable, completed results.json count "
-                  "(unreadable: marked completed in the manifest, but its results.json is missing or bad).", ""]
+        lines.append(
+            f"| {s.sweep} | {s.scale} | `{s.sweep_dir}` | {counts} | {duration(s.wall_seconds)} | {s.created} |"
+        )
+    lines += [
+        "",
+        "Only completed runs with a readable, completed results.json count "
+        "(unreadable: marked completed in the manifest, but its results.json is missing or bad).",
+        "",
+    ]
     return lines
 
 
 def tables_section(report: Report) -> list[str]:
     """Each table inline, with links to its CSV and sources; then the tables that are missing."""
-    lines = ["## Tables", "",
-             "Medians over setting–seed combinations; `runs`: the runs of the row; numbers with 3 significant "
-             "digits (full precision in the CSV files).", ""]
+    lines = [
+        "## Tables",
+        "",
+        "Medians over setting–seed combinations; `runs`: the runs of the row; numbers with 3 significant "
+        "digits (full precision in the CSV files).",
+        "",
+    ]
     for key, table in report.tables.items():
-        lines += [f"### {key}", "", to_markdown(table).rstrip(), "",
-                  f"Files: [{key}.md](tables/{key}.md), [{key}.csv](tables/{key}.csv), "
-                  f"sources [{key}_sources.csv](tables/{key}_sources.csv).", ""]
+        lines += [
+            f"### {key}",
+            "",
+            to_markdown(table).rstrip(),
+            "",
+            f"Files: [{key}.md](tables/{key}.md), [{key}.csv](tables/{key}.csv), "
+            f"sources [{key}_sources.csv](tables/{key}_sources.csv).",
+            "",
+        ]
     if report.missing:
         lines += ["### Tables not filled", ""]
         for spec in report.missing:
             sweeps = " or ".join(f"`{s}`" for s in spec.sweeps)
             cmd = " / ".join(f"`fedhead-sweep sweep={s} scale=smoke|paper out=DIR`" for s in spec.sweeps)
-            lines.append(f"- Table {spec.number} ({spec.title}): no completed run of sweep {sweeps}; "
-                         f"run {cmd} and pass DIR to fedhead-report.")
+            lines.append(
+                f"- Table {spec.number} ({spec.title}): no completed run of sweep {sweeps}; "
+                f"run {cmd} and pass DIR to fedhead-report."
+            )
         lines.append("")
     return lines
 
@@ -79,16 +99,19 @@ def excluded_section(report: Report) -> list[str]:
         return lines + ["Every run of the manifests counts.", ""]
     lines += ["| run | sweep | status | reason | folder |", "|:--|:--|:--|:--|:--|"]
     for e in excluded:
-        lines.append(f"| {_escape(e.id)} | {e.sweep} | {e.status} | {_escape(e.reason or '-')} | "
-                     f"`{e.ref.run_dir}` |")
+        lines.append(f"| {_escape(e.id)} | {e.sweep} | {e.status} | {_escape(e.reason or '-')} | `{e.ref.run_dir}` |")
     return lines + [""]
 
 
 def sources_section(report: Report) -> list[str]:
     """Where the numbers came from: the sources file of every table and the sweep folders."""
-    lines = ["## Sources", "",
-             "Every table has a sources file with one line per (cell, run): `table,row,column,value,"
-             "sweep_dir,run_dir`; the run's results.json is `<sweep_dir>/<run_dir>/results.json`.", ""]
+    lines = [
+        "## Sources",
+        "",
+        "Every table has a sources file with one line per (cell, run): `table,row,column,value,"
+        "sweep_dir,run_dir`; the run's results.json is `<sweep_dir>/<run_dir>/results.json`.",
+        "",
+    ]
     for key in report.tables:
         lines.append(f"- {key}: [tables/{key}_sources.csv](tables/{key}_sources.csv)")
     lines += ["", "Sweep folders:", ""]
@@ -101,12 +124,16 @@ def sources_section(report: Report) -> list[str]:
 
 def report_markdown(report: Report) -> str:
     """The whole report.md."""
-    now = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    now = _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
     c = report.collection
-    head = ["# fedhead report", "",
-            f"Generated {now} by `fedhead-report` from {len(c.sweeps)} sweep folder(s): {len(c.runs)} runs "
-            f"counted, {len(c.excluded)} not counted. Contents: sweeps found, tables, figures, runs not counted, "
-            "sources.", ""]
+    head = [
+        "# fedhead report",
+        "",
+        f"Generated {now} by `fedhead-report` from {len(c.sweeps)} sweep folder(s): {len(c.runs)} runs "
+        f"counted, {len(c.excluded)} not counted. Contents: sweeps found, tables, figures, runs not counted, "
+        "sources.",
+        "",
+    ]
     parts = head + sweeps_section(report) + tables_section(report) + figures_section(report)
     parts += excluded_section(report) + sources_section(report)
     return "\n".join(parts)

@@ -56,8 +56,9 @@ def _quiet_curves(ax, x, curves, **kw) -> None:
         plot_error_curves(ax, x, curves, center="mean", band="sd", floor=_floor(curves), **kw)
 
 
-def _matrix(runs: Sequence[RunEntry], xs: Sequence[float],
-            point: Callable[[RunEntry], dict[float, float]]) -> np.ndarray:
+def _matrix(
+    runs: Sequence[RunEntry], xs: Sequence[float], point: Callable[[RunEntry], dict[float, float]]
+) -> np.ndarray:
     """``(seeds, len(xs))``: one row per seed, ``point(run)`` maps x -> value (NaN elsewhere)."""
     by_seed = group(runs, lambda r: r.seed)
     pos = {x: i for i, x in enumerate(xs)}
@@ -101,8 +102,11 @@ def error_curves_figure(runs: Sequence[RunEntry], sweep: str) -> Figure | None:
             styles[lab] = {"color": color(name, i)}
         _quiet_curves(ax, xs, curves, styles=styles, legend=False, xlabel="round $t$", ylabel=E_F_REF, title=setting)
     seeds = len({r.seed for r in runs})
-    suptitle(fig, f"sweep {sweep}: head Gram error to each procedure's reference per round "
-                 f"(mean ± 1 sd over {seeds} seed{'s' if seeds != 1 else ''})")
+    suptitle(
+        fig,
+        f"sweep {sweep}: head Gram error to each procedure's reference per round "
+        f"(mean ± 1 sd over {seeds} seed{'s' if seeds != 1 else ''})",
+    )
     shared_legend(fig, axes, loc="outside lower center")
     return fig
 
@@ -134,14 +138,22 @@ def ellipses_figure(runs: Sequence[RunEntry], setting: str) -> Figure | None:
                 grams[key] = g[:k, :k]
         for j, pair in enumerate(pairs):
             ax = axes[row * len(pairs) + j]
-            plot_ellipses(ax, grams, coords=pair, legend=False, unit=unit,
-                          labels={f"G_{t_last}": f"final {gram_label(f'G_{t_last}')} (round {t_last})"})
+            plot_ellipses(
+                ax,
+                grams,
+                coords=pair,
+                legend=False,
+                unit=unit,
+                labels={f"G_{t_last}": f"final {gram_label(f'G_{t_last}')} (round {t_last})"},
+            )
             ax.set_title(f"{name}", fontsize="medium")
     note = f"; first 3 of {c} targets" if c > 3 else ""
-    suptitle(fig, f"{setting}, seed {seed}: final head Gram against {gram_label('G_star')} and "
-                 f"{gram_label('G_cen')}{note}")
-    fig.supxlabel(r"each curve: the ellipse $\{G^{1/2}u : \|u\| \leq 1\}$ of a Gram, projected on two targets",
-                  fontsize="small")
+    suptitle(
+        fig, f"{setting}, seed {seed}: final head Gram against {gram_label('G_star')} and {gram_label('G_cen')}{note}"
+    )
+    fig.supxlabel(
+        r"each curve: the ellipse $\{G^{1/2}u : \|u\| \leq 1\}$ of a Gram, projected on two targets", fontsize="small"
+    )
     shared_legend(fig, axes[: len(pairs)], loc="outside right upper")
     return fig
 
@@ -167,8 +179,17 @@ def epochs_figure(runs: Sequence[RunEntry]) -> Figure | None:
         for i, name in enumerate(sorted(procs, key=procedure_order)):
             curves[name] = _matrix(procs[name], xs, lambda r: {epochs_value(r): measures.endpoint_error(r.results)})
             styles[name] = {"color": color(name, i)}
-        _quiet_curves(ax, xs, curves, styles=styles, legend=False, logx=True, xlabel="local epochs $E$ per round",
-                      ylabel="endpoint " + E_F_REF, title=setting)
+        _quiet_curves(
+            ax,
+            xs,
+            curves,
+            styles=styles,
+            legend=False,
+            logx=True,
+            xlabel="local epochs $E$ per round",
+            ylabel="endpoint " + E_F_REF,
+            title=setting,
+        )
     suptitle(fig, "sweep epochs: endpoint error against the local epochs E (mean ± 1 sd over seeds)")
     shared_legend(fig, axes, loc="outside lower center")
     return fig
@@ -179,7 +200,7 @@ def rho_positions(rhos: Sequence[float]) -> tuple[dict[float, float], float | No
     the smallest positive ρ. Returns ``(rho -> x, placeholder or None)``."""
     pos = sorted(r for r in rhos if r > 0)
     base = pos[0] if pos else 1.0
-    zero = base / 10 ** 1.5 if 0.0 in rhos else None
+    zero = base / 10**1.5 if 0.0 in rhos else None
     out = {r: r for r in pos}
     if zero is not None:
         out[0.0] = zero
@@ -197,14 +218,19 @@ def rho_figure(runs: Sequence[RunEntry]) -> Figure | None:
     positions, zero = rho_positions(sorted({rho_value(r) for r in runs}))
     xs = [positions[r] for r in sorted(positions)]
     fig, axes = _panels(2, panel_size=(5.0, 3.8))
-    metrics = (("δ_last", measures.delta_last, r"$\delta_{\mathrm{last}} = \sum_m p_m \|W_m - \Pi_m(W_t)\|_F$"),
-               ("endpoint e_F", measures.endpoint_error, "endpoint " + E_F_REF))
+    metrics = (
+        ("δ_last", measures.delta_last, r"$\delta_{\mathrm{last}} = \sum_m p_m \|W_m - \Pi_m(W_t)\|_F$"),
+        ("endpoint e_F", measures.endpoint_error, "endpoint " + E_F_REF),
+    )
     settings = group(runs, lambda r: r.setting)
     for ax, (title, fn, ylabel) in zip(axes, metrics):
-        curves = {s: _matrix(m, xs, lambda r, fn=fn: {positions[rho_value(r)]: fn(r.results)})
-                  for s, m in sorted(settings.items())}
-        _quiet_curves(ax, xs, curves, legend=False, logx=True, xlabel=r"proximal weight $\rho$", ylabel=ylabel,
-                      title=title)
+        curves = {
+            s: _matrix(m, xs, lambda r, fn=fn: {positions[rho_value(r)]: fn(r.results)})
+            for s, m in sorted(settings.items())
+        }
+        _quiet_curves(
+            ax, xs, curves, legend=False, logx=True, xlabel=r"proximal weight $\rho$", ylabel=ylabel, title=title
+        )
         _rho_ticks(ax, positions, zero)
     suptitle(fig, "sweep rho: selection distance and endpoint error against ρ (mean ± 1 sd over seeds)")
     shared_legend(fig, axes, loc="outside lower center")
@@ -215,7 +241,11 @@ def _rho_ticks(ax: Any, positions: Mapping[float, float], zero: float | None) ->
     """Ticks at the swept ρ (``0`` at the placeholder) and a dotted axis break beside it."""
     rhos = sorted(positions)
     ax.xaxis.set_minor_locator(NullLocator())
-    ax.set_xticks([positions[r] for r in rhos], ["0" if r == 0 else f"${tex_number(r)}$" for r in rhos],
-                  fontsize="x-small", rotation=45)
+    ax.set_xticks(
+        [positions[r] for r in rhos],
+        ["0" if r == 0 else f"${tex_number(r)}$" for r in rhos],
+        fontsize="x-small",
+        rotation=45,
+    )
     if zero is not None and len(rhos) > 1:
         ax.axvline(np.sqrt(zero * positions[rhos[1]]), color="0.5", linestyle=":", linewidth=1.0)

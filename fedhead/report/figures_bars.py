@@ -19,9 +19,11 @@ from fedhead.report.scope_tables import mse_pairs
 from fedhead.report.tables import procedure_label, procedure_order
 
 #: the three PSD terms of G_cen - G_star (docs/theory.md §7): (name, label, colour)
-GAP_TERMS = (("mu", r"mean term $\mathrm{Tr}\,M_\mu$", "#4c72b0"),
-             ("sigma", r"covariance term $\mathrm{Tr}\,M_\Sigma$", "#dd8452"),
-             ("a", r"alignment term $\mathrm{Tr}\,M_A$", "#55a868"))
+GAP_TERMS = (
+    ("mu", r"mean term $\mathrm{Tr}\,M_\mu$", "#4c72b0"),
+    ("sigma", r"covariance term $\mathrm{Tr}\,M_\Sigma$", "#dd8452"),
+    ("a", r"alignment term $\mathrm{Tr}\,M_A$", "#55a868"),
+)
 
 CENTERING_NOTE = (
     "Each setting has two bars. ordinary: Tr(G_cen − G_star) = Tr M_mu + Tr M_Sigma + Tr M_A, the gap "
@@ -31,7 +33,8 @@ CENTERING_NOTE = (
     "federation's endpoint G_star; it removes the mean term from the reference, so the bars show what it "
     "can and cannot remove. A black diamond marks the measured Tr(G_ref − G_T) of the final round (mean over "
     "seeds): on the bar top when the run ends at G_star. Chosen over stacking endpoint errors because the "
-    "three terms are PSD, so their traces add up exactly to the gap, while Frobenius errors do not add.")
+    "three terms are PSD, so their traces add up exactly to the gap, while Frobenius errors do not add."
+)
 
 
 def _median(values: Sequence[float]) -> float:
@@ -52,8 +55,15 @@ def centering_bars(runs: Sequence[RunEntry]) -> list[dict[str, object]]:
             if name == "centered":
                 terms["mu"] = 0.0
             measured = [m for r in members if (m := measures.measured_gap_trace(r.results)) is not None]
-            bars.append({"setting": setting, "procedure": name, "terms": terms,
-                         "measured": float(np.mean(measured)) if measured else None, "runs": len(members)})
+            bars.append(
+                {
+                    "setting": setting,
+                    "procedure": name,
+                    "terms": terms,
+                    "measured": float(np.mean(measured)) if measured else None,
+                    "runs": len(members),
+                }
+            )
     return bars
 
 
@@ -74,13 +84,18 @@ def centering_figure(runs: Sequence[RunEntry]) -> Figure | None:
     for xi, b in zip(x, bars):
         if b["measured"] is not None:
             ax.plot([xi], [b["measured"]], marker="D", color="k", markersize=6, linestyle="none")
-    ref = {"ordinary": "ordinary\nTr($G_{\\mathrm{cen}} - G_\\ast$)",
-           "centered": "centered\nTr($G_{\\mathrm{within}} - G_\\ast$)"}
+    ref = {
+        "ordinary": "ordinary\nTr($G_{\\mathrm{cen}} - G_\\ast$)",
+        "centered": "centered\nTr($G_{\\mathrm{within}} - G_\\ast$)",
+    }
     ax.set_xticks(x, [f"{b['setting']}\n{ref[b['procedure']]}" for b in bars], fontsize="x-small")
     ax.axhline(0.0, color="0.6", linewidth=0.8)
     ax.set_ylabel("trace of the gap (squared target units)")
-    suptitle(fig, "sweep centering: the gap between G_star and the centralised reference, split into its "
-                  "PSD terms (medians over seeds)")
+    suptitle(
+        fig,
+        "sweep centering: the gap between G_star and the centralised reference, split into its "
+        "PSD terms (medians over seeds)",
+    )
     handles, labels = ax.get_legend_handles_labels()
     handles.append(Line2D([], [], marker="D", color="k", linestyle="none"))
     labels.append(r"measured Tr($G_{\mathrm{ref}} - G_T$), final round")
@@ -104,8 +119,16 @@ def mse_figure(runs: Sequence[RunEntry], sweep: str) -> Figure | None:
     for i, (name, p) in enumerate(pairs.items()):
         jitter = rng.uniform(-0.15, 0.15, len(p))
         for (a, _, change), dx in zip(p, jitter):
-            ax.plot(i + dx, change, "o", color=scolor[a.setting], markersize=6, alpha=0.85,
-                    markeredgecolor="k", markeredgewidth=0.4)
+            ax.plot(
+                i + dx,
+                change,
+                "o",
+                color=scolor[a.setting],
+                markersize=6,
+                alpha=0.85,
+                markeredgecolor="k",
+                markeredgewidth=0.4,
+            )
         med = _median([c for *_, c in p])
         ax.hlines(med, i - 0.3, i + 0.3, color=color(name, i), linewidth=3, zorder=3)
     ax.axhline(0.0, color="0.4", linewidth=1.0, linestyle="--")
@@ -113,8 +136,11 @@ def mse_figure(runs: Sequence[RunEntry], sweep: str) -> Figure | None:
     ax.set_xlim(-0.6, len(pairs) - 0.4)
     ax.set_ylabel("change of final MSE vs ordinary (%)")
     splits = sorted({measures.final_mse(a.results)[1] for p in pairs.values() for a, _, _ in p})
-    suptitle(fig, f"sweep {sweep}: paired change of the final {'/'.join(splits)} MSE against ordinary "
-                  "(one dot per setting and seed; bar: median; below 0: better than ordinary)")
+    suptitle(
+        fig,
+        f"sweep {sweep}: paired change of the final {'/'.join(splits)} MSE against ordinary "
+        "(one dot per setting and seed; bar: median; below 0: better than ordinary)",
+    )
     handles = [Line2D([], [], marker="o", color=scolor[s], linestyle="none", markeredgecolor="k") for s in settings]
     handles.append(Line2D([], [], color="0.3", linewidth=3))
     ax.legend(handles, settings + ["median"], fontsize="small", loc="best", title="setting")

@@ -24,8 +24,12 @@ REFERENCE_FIELD = {"star": "e_f_star", "cen": "e_f_cen", "within": "e_f_within",
 #: results["reference"] -> the Gram key of results["targets"]
 REFERENCE_GRAM = {"star": "g_star", "cen": "g_cen", "within": "g_within", "corrected": "g_corrected"}
 #: mismatch keys the ``mismatch`` sweep records in its round-1 results
-MISMATCH_KEYS = ("mismatch_objective_local", "mismatch_objective_trained", "mismatch_objective_aligned",
-                 "mismatch_removed")
+MISMATCH_KEYS = (
+    "mismatch_objective_local",
+    "mismatch_objective_trained",
+    "mismatch_objective_aligned",
+    "mismatch_removed",
+)
 
 Results = Mapping[str, Any]
 

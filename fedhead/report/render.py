@@ -1,7 +1,7 @@
 """Tables as Markdown and CSV, and the sources file of every table (the runs behind each cell).
 
 Rendering only: :class:`fedhead.report.tables.Table` in, text out; files are written
-atomically (:func:`fedhead.io.write_bytes_atomic`).
+atomically (:func:`fedhead.results.io.write_bytes_atomic`).
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import csv
 import io
 from pathlib import Path
 
-from fedhead.io import write_bytes_atomic
 from fedhead.report.tables import Cell, Table
+from fedhead.results.io import write_bytes_atomic
 
 SOURCES_HEADER = ("table", "row", "column", "value", "sweep_dir", "run_dir")
 
@@ -32,8 +32,12 @@ def _md_cell(cell: Cell, runs: int | None) -> str:
 def to_markdown(table: Table) -> str:
     """The table as GitHub Markdown: a bold title line, the table, the note in italics."""
     heads = [h for _, h in table.labels] + [h for _, h in table.values]
-    lines = [f"**{table.title}**", "", "| " + " | ".join(heads) + " |",
-             "|" + "|".join([":--"] * len(table.labels) + ["--:"] * len(table.values)) + "|"]
+    lines = [
+        f"**{table.title}**",
+        "",
+        "| " + " | ".join(heads) + " |",
+        "|" + "|".join([":--"] * len(table.labels) + ["--:"] * len(table.values)) + "|",
+    ]
     for row in table.rows:
         runs = row["runs"].value if "runs" in row else None
         cells = [row[k].text().replace("|", "\\|") for k, _ in table.labels]
@@ -87,7 +91,6 @@ def sources_csv(table: Table) -> str:
 def write_table(table: Table, folder: Path) -> dict[str, Path]:
     """Write ``<key>.md``, ``<key>.csv`` and ``<key>_sources.csv`` into ``folder``."""
     out = {}
-    for suffix, text in ((".md", to_markdown(table)), (".csv", to_csv(table)),
-                         ("_sources.csv", sources_csv(table))):
+    for suffix, text in ((".md", to_markdown(table)), (".csv", to_csv(table)), ("_sources.csv", sources_csv(table))):
         out[suffix] = write_bytes_atomic(folder / f"{table.key}{suffix}", text.encode("utf-8"), sync=False)
     return out

@@ -40,21 +40,33 @@ def table7(runs: Sequence[RunEntry]) -> list[Table]:
     groups = group(runs, lambda r: (r.setting, init_value(r)))
     pooled = group(runs, lambda r: (ALL, init_value(r)))
     for (setting, init), members in sorted(groups.items()) + sorted(pooled.items()):
-        row = {"setting": label(setting), "init": label(init),
-               "runs": Cell(len(members), tuple(sorted(r.ref for r in members)))}
+        row = {
+            "setting": label(setting),
+            "init": label(init),
+            "runs": Cell(len(members), tuple(sorted(r.ref for r in members))),
+        }
         for key in ("trained_minus_local", "aligned_minus_local", "removed"):
             row[key] = median_cell((measures.mismatch(r.results)[key], r.ref) for r in members)
         rows.append(row)
-    return [Table("table7",
-                  "Table 7: mismatch cost of the initialisation (sweep mismatch, round 1), medians over seeds",
-                  [("setting", "setting"), ("init", "init")],
-                  [("runs", "runs"), ("trained_minus_local", "L_trained − L_local"),
-                   ("aligned_minus_local", "L_aligned − L_local"), ("removed", "removed fraction")], rows,
-                  note="weighted training objectives Σ p_m L_m of round 1's local models: L_local, each client's "
-                       "own trained model; L_trained, the average of the trained heads on each client's trained "
-                       "backbone; L_aligned, the average of the heads aligned to the broadcast (W_m Q_m) on each "
-                       "client's aligned backbone (features Q_m^T h); removed fraction = (L_trained − L_aligned) / "
-                       "(L_trained − L_local)")]
+    return [
+        Table(
+            "table7",
+            "Table 7: mismatch cost of the initialisation (sweep mismatch, round 1), medians over seeds",
+            [("setting", "setting"), ("init", "init")],
+            [
+                ("runs", "runs"),
+                ("trained_minus_local", "L_trained − L_local"),
+                ("aligned_minus_local", "L_aligned − L_local"),
+                ("removed", "removed fraction"),
+            ],
+            rows,
+            note="weighted training objectives Σ p_m L_m of round 1's local models: L_local, each client's "
+            "own trained model; L_trained, the average of the trained heads on each client's trained "
+            "backbone; L_aligned, the average of the heads aligned to the broadcast (W_m Q_m) on each "
+            "client's aligned backbone (features Q_m^T h); removed fraction = (L_trained − L_aligned) / "
+            "(L_trained − L_local)",
+        )
+    ]
 
 
 #: sweeps of Table 8
@@ -72,8 +84,7 @@ def variant(run: RunEntry) -> str:
 def _closer_to_star(members: Sequence[RunEntry]) -> Cell:
     both = [(r, measures.final(r.results, "d_star"), measures.final(r.results, "d_cen")) for r in members]
     both = [(r, s, c) for r, s, c in both if s is not None and c is not None]
-    return Cell(sum(1 for _, s, c in both if s < c), tuple(sorted(r.ref for r, _, _ in both)), len(both),
-                "fraction")
+    return Cell(sum(1 for _, s, c in both if s < c), tuple(sorted(r.ref for r, _, _ in both)), len(both), "fraction")
 
 
 def table8(runs: Sequence[RunEntry]) -> list[Table]:
@@ -83,19 +94,34 @@ def table8(runs: Sequence[RunEntry]) -> list[Table]:
         return []
     groups = group(runs, lambda r: (r.sweep, variant(r)))
     rows = []
-    for (sweep, var) in sorted(groups, key=lambda k: (TABLE8_SWEEPS.index(k[0]) if k[0] in TABLE8_SWEEPS else 9, k[1])):
+    for sweep, var in sorted(groups, key=lambda k: (TABLE8_SWEEPS.index(k[0]) if k[0] in TABLE8_SWEEPS else 9, k[1])):
         members = groups[(sweep, var)]
-        rows.append({"sweep": label(sweep), "variant": label(var),
-                     "runs": Cell(len(members), tuple(sorted(r.ref for r in members))),
-                     "d_star": metric_cell(members, lambda res: measures.final(res, "d_star")),
-                     "d_cen": metric_cell(members, lambda res: measures.final(res, "d_cen")),
-                     "closer": _closer_to_star(members)})
-    return [Table("table8", "Table 8: direction errors at the final round (architectures, data sizes, full model)",
-                  [("sweep", "sweep"), ("variant", "variant")],
-                  [("runs", "runs"), ("d_star", "d(G_T, G_star)"), ("d_cen", "d(G_T, G_cen)"),
-                   ("closer", "runs closer to G_star")], rows,
-                  note="d: direction error of G_T (scale removed) to the reference; medians over setting-seed "
-                       "pairs; 'closer to G_star': d(G_T, G_star) < d(G_T, G_cen)")]
+        rows.append(
+            {
+                "sweep": label(sweep),
+                "variant": label(var),
+                "runs": Cell(len(members), tuple(sorted(r.ref for r in members))),
+                "d_star": metric_cell(members, lambda res: measures.final(res, "d_star")),
+                "d_cen": metric_cell(members, lambda res: measures.final(res, "d_cen")),
+                "closer": _closer_to_star(members),
+            }
+        )
+    return [
+        Table(
+            "table8",
+            "Table 8: direction errors at the final round (architectures, data sizes, full model)",
+            [("sweep", "sweep"), ("variant", "variant")],
+            [
+                ("runs", "runs"),
+                ("d_star", "d(G_T, G_star)"),
+                ("d_cen", "d(G_T, G_cen)"),
+                ("closer", "runs closer to G_star"),
+            ],
+            rows,
+            note="d: direction error of G_T (scale removed) to the reference; medians over setting-seed "
+            "pairs; 'closer to G_star': d(G_T, G_star) < d(G_T, G_cen)",
+        )
+    ]
 
 
 def mse_change(run: RunEntry, base: RunEntry) -> float | None:
@@ -124,9 +150,13 @@ def table9_runs(all_runs: Sequence[RunEntry]) -> list[RunEntry]:
 
 def _table9_row(sweep: str, name: str, members: Sequence[RunEntry], scope: Sequence[RunEntry]) -> dict[str, Cell]:
     splits = sorted({measures.final_mse(r.results)[1] for r in members if measures.final_mse(r.results)[0] is not None})
-    row = {"sweep": label(sweep), "procedure": label(name), "split": label("+".join(splits) or "-"),
-           "runs": Cell(len(members), tuple(sorted(r.ref for r in members))),
-           "mse": metric_cell(members, lambda res: measures.final_mse(res)[0])}
+    row = {
+        "sweep": label(sweep),
+        "procedure": label(name),
+        "split": label("+".join(splits) or "-"),
+        "runs": Cell(len(members), tuple(sorted(r.ref for r in members))),
+        "mse": metric_cell(members, lambda res: measures.final_mse(res)[0]),
+    }
     pairs = mse_pairs(scope, name) if name != "ordinary" else []
     refs = tuple(sorted({r.ref for a, b, _ in pairs for r in (a, b)}))
     row["change"] = Cell(median_cell((c, a.ref) for a, _, c in pairs).value, refs, len(pairs), "percent")
@@ -145,10 +175,21 @@ def table9(all_runs: Sequence[RunEntry]) -> list[Table]:
     groups = group(runs, lambda r: (r.sweep, procedure_label(r)))
     order = sorted(groups, key=lambda k: (k[0] != "prediction", k[0], procedure_order(k[1])))
     rows = [_table9_row(s, p, groups[(s, p)], [r for r in runs if r.sweep == s]) for s, p in order]
-    return [Table("table9", "Table 9: prediction (final-round MSE of the shared head with each client's backbone)",
-                  [("sweep", "sweep"), ("procedure", "procedure"), ("split", "split")],
-                  [("runs", "runs"), ("mse", "final MSE"), ("change", "paired change vs ordinary"),
-                   ("improved", "pairs improving on ordinary"), ("endpoint", "endpoint e_F")], rows,
-                  note="final MSE: test MSE, or train MSE where the data set has no test split (column split); "
-                       "paired change: median over (setting, seed) pairs of (MSE − MSE_ordinary) / MSE_ordinary; "
-                       "MSE in the data set's standardised target units")]
+    return [
+        Table(
+            "table9",
+            "Table 9: prediction (final-round MSE of the shared head with each client's backbone)",
+            [("sweep", "sweep"), ("procedure", "procedure"), ("split", "split")],
+            [
+                ("runs", "runs"),
+                ("mse", "final MSE"),
+                ("change", "paired change vs ordinary"),
+                ("improved", "pairs improving on ordinary"),
+                ("endpoint", "endpoint e_F"),
+            ],
+            rows,
+            note="final MSE: test MSE, or train MSE where the data set has no test split (column split); "
+            "paired change: median over (setting, seed) pairs of (MSE − MSE_ordinary) / MSE_ordinary; "
+            "MSE in the data set's standardised target units",
+        )
+    ]

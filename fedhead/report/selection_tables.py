@@ -19,8 +19,10 @@ from fedhead.report.tables import (
     wins_table,
 )
 
-ENDPOINT_NOTE = ("endpoint e_F: the final round's relative Frobenius error of G_T to the procedure's own "
-                 "reference (G_star uncorrected, G_cen corrected, G_within centred)")
+ENDPOINT_NOTE = (
+    "endpoint e_F: the final round's relative Frobenius error of G_T to the procedure's own "
+    "reference (G_star uncorrected, G_cen corrected, G_within centred)"
+)
 
 
 def _uncorrected(fn):
@@ -65,21 +67,36 @@ def table4(runs: Sequence[RunEntry]) -> list[Table]:
     if not runs:
         return []
     values = [("runs", "runs")] + [(k, h) for k, h, _ in TABLE4_COLUMNS]
-    main = Table("table4", "Table 4: selection and correction (sweep main), medians over setting-seed pairs",
-                 [("procedure", "procedure")], values, procedure_rows(runs, TABLE4_COLUMNS),
-                 note=ENDPOINT_NOTE + "; trajectory e_F: median over rounds of the error to the exact recursion "
-                      "from the run's own G_0 (last round's value); δ_last: the last round's selection distance "
-                      "Σ p_m ||W_m - Π_m(W_t)||_F; round-1 columns: G_1 against G_cen after one round")
+    main = Table(
+        "table4",
+        "Table 4: selection and correction (sweep main), medians over setting-seed pairs",
+        [("procedure", "procedure")],
+        values,
+        procedure_rows(runs, TABLE4_COLUMNS),
+        note=ENDPOINT_NOTE + "; trajectory e_F: median over rounds of the error to the exact recursion "
+        "from the run's own G_0 (last round's value); δ_last: the last round's selection distance "
+        "Σ p_m ||W_m - Π_m(W_t)||_F; round-1 columns: G_1 against G_cen after one round",
+    )
     out = [main]
-    wins = wins_table("table4_wins", "Table 4 (wins): lower endpoint e_F on the same setting and seed", runs,
-                      [("proximal", "ordinary"), ("corrected_proximal", "corrected")])
+    wins = wins_table(
+        "table4_wins",
+        "Table 4 (wins): lower endpoint e_F on the same setting and seed",
+        runs,
+        [("proximal", "ordinary"), ("corrected_proximal", "corrected")],
+    )
     if wins is not None:
         out.append(wins)
     by_setting = [(k, h, f) for k, h, f in TABLE4_COLUMNS if k in ("endpoint", "delta_last")]
-    out.append(Table("table4_by_setting", "Table 4 by setting: medians over seeds",
-                     [("setting", "setting"), ("procedure", "procedure")],
-                     [("runs", "runs")] + [(k, h) for k, h, _ in by_setting],
-                     procedure_rows(runs, by_setting, by=("setting",)), note=ENDPOINT_NOTE))
+    out.append(
+        Table(
+            "table4_by_setting",
+            "Table 4 by setting: medians over seeds",
+            [("setting", "setting"), ("procedure", "procedure")],
+            [("runs", "runs")] + [(k, h) for k, h, _ in by_setting],
+            procedure_rows(runs, by_setting, by=("setting",)),
+            note=ENDPOINT_NOTE,
+        )
+    )
     return out
 
 
@@ -97,18 +114,31 @@ def table5(runs: Sequence[RunEntry]) -> list[Table]:
     rows = []
     for rho in sorted(groups):
         members = groups[rho]
-        rows.append({
-            "rho": label(f"{rho:g}"), "runs": Cell(len(members), tuple(sorted(r.ref for r in members))),
-            "delta_last": metric_cell(members, measures.delta_last),
-            "objective_gap": pooled_median_cell((measures.objective_gaps(r.results), r.ref) for r in members),
-            "endpoint": metric_cell(members, measures.endpoint_error),
-        })
-    return [Table("table5", "Table 5: proximal weight ρ (sweep rho), medians over setting-seed pairs",
-                  [("rho", "ρ")], [("runs", "runs"), ("delta_last", "δ_last"),
-                                   ("objective_gap", "relative original-objective gap"),
-                                   ("endpoint", "endpoint e_F")], rows,
-                  note="objective gap: median over clients and runs of the last round's relative gap of each "
-                       "client's original objective (without the proximal term) to its optimum; " + ENDPOINT_NOTE)]
+        rows.append(
+            {
+                "rho": label(f"{rho:g}"),
+                "runs": Cell(len(members), tuple(sorted(r.ref for r in members))),
+                "delta_last": metric_cell(members, measures.delta_last),
+                "objective_gap": pooled_median_cell((measures.objective_gaps(r.results), r.ref) for r in members),
+                "endpoint": metric_cell(members, measures.endpoint_error),
+            }
+        )
+    return [
+        Table(
+            "table5",
+            "Table 5: proximal weight ρ (sweep rho), medians over setting-seed pairs",
+            [("rho", "ρ")],
+            [
+                ("runs", "runs"),
+                ("delta_last", "δ_last"),
+                ("objective_gap", "relative original-objective gap"),
+                ("endpoint", "endpoint e_F"),
+            ],
+            rows,
+            note="objective gap: median over clients and runs of the last round's relative gap of each "
+            "client's original objective (without the proximal term) to its optimum; " + ENDPOINT_NOTE,
+        )
+    ]
 
 
 #: Table 6's value columns
@@ -124,13 +154,27 @@ def table6(runs: Sequence[RunEntry]) -> list[Table]:
     wins of the aligned procedures over their unaligned counterparts."""
     if not runs:
         return []
-    out = [Table("table6", "Table 6: alignment (sweep alignment), medians over setting-seed pairs",
-                 [("procedure", "procedure")], [("runs", "runs")] + [(k, h) for k, h, _ in TABLE6_COLUMNS],
-                 procedure_rows(runs, TABLE6_COLUMNS),
-                 note=ENDPOINT_NOTE + "; trajectory e_F: the error to the exact recursion (median over rounds)")]
-    wins = wins_table("table6_wins", "Table 6 (wins): lower endpoint e_F on the same setting and seed", runs,
-                      [("aligned", "proximal"), ("aligned", "ordinary"),
-                       ("aligned_corrected", "corrected_proximal"), ("aligned_corrected", "corrected")])
+    out = [
+        Table(
+            "table6",
+            "Table 6: alignment (sweep alignment), medians over setting-seed pairs",
+            [("procedure", "procedure")],
+            [("runs", "runs")] + [(k, h) for k, h, _ in TABLE6_COLUMNS],
+            procedure_rows(runs, TABLE6_COLUMNS),
+            note=ENDPOINT_NOTE + "; trajectory e_F: the error to the exact recursion (median over rounds)",
+        )
+    ]
+    wins = wins_table(
+        "table6_wins",
+        "Table 6 (wins): lower endpoint e_F on the same setting and seed",
+        runs,
+        [
+            ("aligned", "proximal"),
+            ("aligned", "ordinary"),
+            ("aligned_corrected", "corrected_proximal"),
+            ("aligned_corrected", "corrected"),
+        ],
+    )
     if wins is not None:
         out.append(wins)
     return out

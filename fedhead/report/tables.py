@@ -12,7 +12,7 @@ from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from fedhead.procedure import PROCEDURES
+from fedhead.analysis.procedure import PROCEDURES
 from fedhead.report import measures
 from fedhead.report.collect import RunEntry, RunRef
 
@@ -111,8 +111,7 @@ def median_cell(items: Iterable[tuple[float | None, RunRef]], kind: str = "numbe
     pairs = [(v, ref) for v, ref in items if v is not None]
     if not pairs:
         return Cell(None, (), 0, kind)
-    return Cell(float(statistics.median(v for v, _ in pairs)), tuple(sorted({r for _, r in pairs})),
-                len(pairs), kind)
+    return Cell(float(statistics.median(v for v, _ in pairs)), tuple(sorted({r for _, r in pairs})), len(pairs), kind)
 
 
 def pooled_median_cell(items: Iterable[tuple[Sequence[float], RunRef]]) -> Cell:
@@ -141,7 +140,7 @@ def group(runs: Iterable[RunEntry], key: Callable[[RunEntry], Hashable]) -> dict
 
 
 def procedure_order(name: str) -> tuple[int, str]:
-    """Sort key: the order of :data:`fedhead.procedure.PROCEDURES`, unknown names after."""
+    """Sort key: the order of :data:`fedhead.analysis.procedure.PROCEDURES`, unknown names after."""
     base = name.split("+")[0].split(" ")[0]
     return (PROCEDURES.index(base) if base in PROCEDURES else len(PROCEDURES), name)
 
@@ -167,15 +166,20 @@ def pair_key(run: RunEntry) -> tuple:
     return (run.ref.sweep_dir, run.setting, run.seed, run.model, params)
 
 
-def paired(runs: Sequence[RunEntry], challenger: str, baseline: str,
-           name: Callable[[RunEntry], str] = procedure_label) -> list[tuple[RunEntry, RunEntry]]:
+def paired(
+    runs: Sequence[RunEntry], challenger: str, baseline: str, name: Callable[[RunEntry], str] = procedure_label
+) -> list[tuple[RunEntry, RunEntry]]:
     """``(challenger run, baseline run)`` pairs on the same :func:`pair_key`, in order."""
     base = {pair_key(r): r for r in runs if name(r) == baseline}
     return [(r, base[pair_key(r)]) for r in runs if name(r) == challenger and pair_key(r) in base]
 
 
-def wins_row(runs: Sequence[RunEntry], challenger: str, baseline: str,
-             metric: Callable[[Mapping[str, Any]], float | None] = measures.endpoint_error) -> dict[str, Cell] | None:
+def wins_row(
+    runs: Sequence[RunEntry],
+    challenger: str,
+    baseline: str,
+    metric: Callable[[Mapping[str, Any]], float | None] = measures.endpoint_error,
+) -> dict[str, Cell] | None:
     """A wins row: in how many pairs the challenger's ``metric`` is lower, and the median ratio.
 
     Returns None when there is no pair with both values defined.
@@ -188,18 +192,31 @@ def wins_row(runs: Sequence[RunEntry], challenger: str, baseline: str,
     wins = sum(1 for _, _, x, y in pairs if x < y)
     ratios = [(x / y, a.ref) for a, _, x, y in pairs if y > 0]
     ratio = median_cell(ratios)
-    return {"challenger": label(challenger), "baseline": label(baseline),
-            "wins": Cell(wins, refs, len(pairs), "fraction"),
-            "ratio": Cell(ratio.value, refs, ratio.count)}
+    return {
+        "challenger": label(challenger),
+        "baseline": label(baseline),
+        "wins": Cell(wins, refs, len(pairs), "fraction"),
+        "ratio": Cell(ratio.value, refs, ratio.count),
+    }
 
 
-def wins_table(key: str, title: str, runs: Sequence[RunEntry], comparisons: Sequence[tuple[str, str]],
-               metric_name: str = "endpoint e_F") -> Table | None:
+def wins_table(
+    key: str,
+    title: str,
+    runs: Sequence[RunEntry],
+    comparisons: Sequence[tuple[str, str]],
+    metric_name: str = "endpoint e_F",
+) -> Table | None:
     """A table of :func:`wins_row` rows (None when no comparison has a pair)."""
     rows = [r for a, b in comparisons if (r := wins_row(runs, a, b)) is not None]
     if not rows:
         return None
-    return Table(key, title, [("challenger", "challenger"), ("baseline", "baseline")],
-                 [("wins", f"pairs with lower {metric_name}"), ("ratio", f"median ratio of {metric_name}")],
-                 rows, note="pairs: the same sweep folder, setting, seed, model and swept knobs; "
-                            "ratio: challenger / baseline (below 1: the challenger ends closer)")
+    return Table(
+        key,
+        title,
+        [("challenger", "challenger"), ("baseline", "baseline")],
+        [("wins", f"pairs with lower {metric_name}"), ("ratio", f"median ratio of {metric_name}")],
+        rows,
+        note="pairs: the same sweep folder, setting, seed, model and swept knobs; "
+        "ratio: challenger / baseline (below 1: the challenger ends closer)",
+    )

@@ -3,7 +3,7 @@
 * :mod:`fedhead.sweep.presets`: the named presets as pure lists of :class:`RunSpec`;
 * :mod:`fedhead.sweep.manifest`: ``<out>/manifest.json``, written atomically after every run;
 * :mod:`fedhead.sweep.runner`: skip finished runs, check data, pack runs into simulations;
-* :mod:`fedhead.sweep.cli`: the Hydra entry point (``conf/sweep.yaml``).
+* :mod:`fedhead.cli.sweep`: the Hydra entry point (``conf/sweep.yaml``).
 """
 
 from fedhead.sweep.manifest import Manifest

@@ -24,7 +24,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from fedhead.io import write_json_atomic
+from fedhead.results.io import write_json_atomic
 from fedhead.sweep.presets import RunSpec
 
 SCHEMA_VERSION = 1
@@ -32,7 +32,7 @@ STATUSES = ("pending", "completed", "failed", "skipped")
 
 
 def _now() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
 
 
 def run_dir(spec: RunSpec) -> str:
@@ -49,16 +49,22 @@ class Manifest:
         self._lock = threading.Lock()
         old = self._read()
         self.data: dict[str, Any] = {
-            "schema_version": SCHEMA_VERSION, "sweep": sweep, "scale": scale,
-            "created": old.get("created", _now()), "updated": _now(), **(extra or {}), "runs": [],
+            "schema_version": SCHEMA_VERSION,
+            "sweep": sweep,
+            "scale": scale,
+            "created": old.get("created", _now()),
+            "updated": _now(),
+            **(extra or {}),
+            "runs": [],
         }
         self._old = {r["id"]: r for r in old.get("runs", []) if isinstance(r, dict) and "id" in r}
         if old and (old.get("sweep"), old.get("scale")) != (sweep, scale):
-            from fedhead.procedure import ConfigError
+            from fedhead.analysis.procedure import ConfigError
 
             raise ConfigError(
                 f"{self.path} belongs to sweep={old.get('sweep')} scale={old.get('scale')}, not "
-                f"sweep={sweep} scale={scale}: use another out= folder")
+                f"sweep={sweep} scale={scale}: use another out= folder"
+            )
 
     def _read(self) -> dict[str, Any]:
         if not self.path.is_file():
@@ -66,7 +72,9 @@ class Manifest:
         try:
             data = json.loads(self.path.read_text())
         except (OSError, json.JSONDecodeError) as exc:
-            raise ValueError(f"{self.path}: unreadable manifest ({exc}); move it away to start the sweep afresh") from exc
+            raise ValueError(
+                f"{self.path}: unreadable manifest ({exc}); move it away to start the sweep afresh"
+            ) from exc
         return data if isinstance(data, dict) else {}
 
     def previous(self, run_id: str) -> dict[str, Any] | None:
@@ -76,8 +84,14 @@ class Manifest:
     def add(self, spec: RunSpec, config_hash: str) -> dict[str, Any]:
         """Register a run as ``pending`` (keeping nothing of an earlier entry but its history)."""
         entry = {
-            **dataclasses.asdict(spec), "overrides": list(spec.overrides), "status": "pending",
-            "config_hash": config_hash, "wall_seconds": None, "dir": run_dir(spec), "error": None, "needs": None,
+            **dataclasses.asdict(spec),
+            "overrides": list(spec.overrides),
+            "status": "pending",
+            "config_hash": config_hash,
+            "wall_seconds": None,
+            "dir": run_dir(spec),
+            "error": None,
+            "needs": None,
         }
         with self._lock:
             self.data["runs"].append(entry)

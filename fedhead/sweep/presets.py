@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from fedhead.procedure import ConfigError
+from fedhead.analysis.procedure import ConfigError
 
 TABULAR = ("beijing", "swimmer", "hopper", "halfcheetah", "walker2d")
 IMAGE = ("mpiigaze", "300w_lp", "dsprites", "shapes3d", "cifar_geo")
@@ -70,8 +70,14 @@ class Scale:
 
 
 PAPER = Scale(
-    name="paper", rounds=8, local_epochs=4000, local_tol=None, seeds=(0, 1, 2, 3, 4), sweep_seeds=(0, 1, 2),
-    tabular=("model=resmlp",), image=("model=resnet18",),
+    name="paper",
+    rounds=8,
+    local_epochs=4000,
+    local_tol=None,
+    seeds=(0, 1, 2, 3, 4),
+    sweep_seeds=(0, 1, 2),
+    tabular=("model=resmlp",),
+    image=("model=resnet18",),
 )
 
 # Sized for 2 CPU cores: 50 training samples per tabular client and 32 per image client (images
@@ -82,10 +88,22 @@ PAPER = Scale(
 # 500 steps, the residual CNN within 3e-3 (dSprites, measured). Same code path as the paper scale.
 _SMOKE_COMMON = ("model.feature_dim=64", "train.lr=3.0e-3")
 SMOKE = Scale(
-    name="smoke", rounds=3, local_epochs=400, local_tol=2e-3, seeds=(0,), sweep_seeds=(0,),
+    name="smoke",
+    rounds=3,
+    local_epochs=400,
+    local_tol=2e-3,
+    seeds=(0,),
+    sweep_seeds=(0,),
     tabular=("model=resmlp_small", "dataset.n_train=200") + _SMOKE_COMMON,
-    image=("model=rescnn", "model.width=8", "model.groups=4", "dataset.image_size=16", "dataset.n_train=256",
-           "dataset.n_test=64") + _SMOKE_COMMON,
+    image=(
+        "model=rescnn",
+        "model.width=8",
+        "model.groups=4",
+        "dataset.image_size=16",
+        "dataset.n_train=256",
+        "dataset.n_test=64",
+    )
+    + _SMOKE_COMMON,
     epochs=lambda e: max(2, e // 20),
     large_factor=2,
     one_round_epochs=1200,  # the three rounds' budget in one round: round 1 starts from a random backbone
@@ -110,35 +128,73 @@ def _paper_model(setting: str) -> str:
     return "resnet18" if setting in IMAGE else "resmlp"
 
 
-def _base(scale: Scale, setting: str, procedure: str, seed: int, *, rounds: int | None = None,
-          epochs: int | None = None, tol: bool = True, model_overrides: Sequence[str] | None = None) -> list[str]:
+def _base(
+    scale: Scale,
+    setting: str,
+    procedure: str,
+    seed: int,
+    *,
+    rounds: int | None = None,
+    epochs: int | None = None,
+    tol: bool = True,
+    model_overrides: Sequence[str] | None = None,
+) -> list[str]:
     """The overrides every run starts from: data set, scale, procedure, seed, rounds, E.
 
     ``model_overrides`` replaces the scale's ``model=`` / ``model.*`` overrides (other models)."""
     model_ov = scale.image if _kind(setting) == "image" else scale.tabular
     if model_overrides is not None:
         keep = ("model.feature_dim=",)  # what every model has; the rest belongs to the scale's model
-        model_ov = tuple(o for o in model_ov if not o.startswith("model") or o.startswith(keep)) \
-            + tuple(model_overrides)
-    out = [f"dataset={setting}", "experiment=single", f"procedure={procedure}", f"seed={seed}",
-           f"rounds={rounds or scale.rounds}", f"local_epochs={epochs or scale.local_epochs}",
-           *model_ov, *scale.extra]
+        model_ov = tuple(o for o in model_ov if not o.startswith("model") or o.startswith(keep)) + tuple(
+            model_overrides
+        )
+    out = [
+        f"dataset={setting}",
+        "experiment=single",
+        f"procedure={procedure}",
+        f"seed={seed}",
+        f"rounds={rounds or scale.rounds}",
+        f"local_epochs={epochs or scale.local_epochs}",
+        *model_ov,
+        *scale.extra,
+    ]
     if tol and scale.local_tol is not None:
         out.append(f"local_tol={scale.local_tol}")
     return out
 
 
-def _spec(sweep: str, scale: Scale, setting: str, procedure: str, seed: int, params: dict[str, Any] | None = None,
-          extra: Sequence[str] = (), *, variant: str = "", dataset: str | None = None, model: str | None = None,
-          **base_kw: Any) -> RunSpec:
+def _spec(
+    sweep: str,
+    scale: Scale,
+    setting: str,
+    procedure: str,
+    seed: int,
+    params: dict[str, Any] | None = None,
+    extra: Sequence[str] = (),
+    *,
+    variant: str = "",
+    dataset: str | None = None,
+    model: str | None = None,
+    **base_kw: Any,
+) -> RunSpec:
     params = dict(params or {})
     base = _base(scale, dataset or setting, procedure, seed, **base_kw)
     overrides = tuple(base) + tuple(extra)
-    model_name = model or next((o.split("=", 1)[1] for o in reversed(overrides) if o.startswith("model=")),
-                               _paper_model(setting))
+    model_name = model or next(
+        (o.split("=", 1)[1] for o in reversed(overrides) if o.startswith("model=")), _paper_model(setting)
+    )
     parts = [sweep, setting] + ([variant] if variant else []) + [procedure, f"s{seed}"]
-    return RunSpec(id="/".join(parts), sweep=sweep, setting=setting, dataset=dataset or setting,
-                   model=model_name, procedure=procedure, seed=seed, params=params, overrides=overrides)
+    return RunSpec(
+        id="/".join(parts),
+        sweep=sweep,
+        setting=setting,
+        dataset=dataset or setting,
+        model=model_name,
+        procedure=procedure,
+        seed=seed,
+        params=params,
+        overrides=overrides,
+    )
 
 
 def _settings(name: str, scale: Scale, paper: Sequence[str]) -> Sequence[str]:
@@ -151,8 +207,12 @@ def _settings(name: str, scale: Scale, paper: Sequence[str]) -> Sequence[str]:
 # ------------------------------------------------------------------------------ presets
 def main_grid(scale: Scale, seeds: Sequence[int]) -> list[RunSpec]:
     """Ten settings x ordinary, proximal, corrected, corrected_proximal x seeds (rho = 1e-3)."""
-    return [_spec("main", scale, s, p, seed, {"rho": _rho(p)}) for s in _settings("main", scale, SETTINGS)
-            for seed in seeds for p in MAIN_PROCEDURES]
+    return [
+        _spec("main", scale, s, p, seed, {"rho": _rho(p)})
+        for s in _settings("main", scale, SETTINGS)
+        for seed in seeds
+        for p in MAIN_PROCEDURES
+    ]
 
 
 def _rho(procedure: str) -> float:
@@ -161,8 +221,12 @@ def _rho(procedure: str) -> float:
 
 def centering(scale: Scale, seeds: Sequence[int]) -> list[RunSpec]:
     """Ordinary training with and without client-wise target centring (reference G_within)."""
-    return [_spec("centering", scale, s, p, seed) for s in _settings("centering", scale, SETTINGS)
-            for seed in seeds for p in ("ordinary", "centered")]
+    return [
+        _spec("centering", scale, s, p, seed)
+        for s in _settings("centering", scale, SETTINGS)
+        for seed in seeds
+        for p in ("ordinary", "centered")
+    ]
 
 
 PAPER_EPOCHS = (50, 100, 200, 400, 1000, 2000, 4000)
@@ -177,8 +241,19 @@ def epochs(scale: Scale, seeds: Sequence[int]) -> list[RunSpec]:
             e = scale.epochs(e_paper)
             for p in ("ordinary", "proximal"):
                 for seed in seeds:
-                    out.append(_spec("epochs", scale, s, p, seed, {"local_epochs": e, "paper_local_epochs": e_paper},
-                                     variant=f"E{e}", epochs=e, tol=False))
+                    out.append(
+                        _spec(
+                            "epochs",
+                            scale,
+                            s,
+                            p,
+                            seed,
+                            {"local_epochs": e, "paper_local_epochs": e_paper},
+                            variant=f"E{e}",
+                            epochs=e,
+                            tol=False,
+                        )
+                    )
     return out
 
 
@@ -186,9 +261,21 @@ def rho(scale: Scale, seeds: Sequence[int]) -> list[RunSpec]:
     """Proximal training with rho in {0, 1e-5, ..., 1}. The finishing rotation of local training is
     off here (``train.finish_rotation=false``): it selects the closest head for any rho > 0 and
     would hide what rho does."""
-    return [_spec("rho", scale, s, "proximal", seed, {"rho": r}, (f"rho={r:g}", "train.finish_rotation=false"),
-                  variant=f"rho{r:g}")
-            for s in _settings("rho", scale, SETTINGS) for r in RHOS for seed in seeds]
+    return [
+        _spec(
+            "rho",
+            scale,
+            s,
+            "proximal",
+            seed,
+            {"rho": r},
+            (f"rho={r:g}", "train.finish_rotation=false"),
+            variant=f"rho{r:g}",
+        )
+        for s in _settings("rho", scale, SETTINGS)
+        for r in RHOS
+        for seed in seeds
+    ]
 
 
 ALIGN_SETTINGS = ("beijing", "swimmer", "hopper", "halfcheetah", "shapes3d", "cifar_geo")
@@ -196,13 +283,19 @@ ALIGN_SETTINGS = ("beijing", "swimmer", "hopper", "halfcheetah", "shapes3d", "ci
 
 def alignment(scale: Scale, seeds: Sequence[int]) -> list[RunSpec]:
     """Aligned vs proximal vs ordinary (seeds 0-4), and the same with correction (seeds 0-2)."""
-    plain = [_spec("alignment", scale, s, p, seed, {"rho": _rho(p), "correction": False})
-             for s in _settings("alignment", scale, ALIGN_SETTINGS) for seed in seeds
-             for p in ("ordinary", "proximal", "aligned")]
+    plain = [
+        _spec("alignment", scale, s, p, seed, {"rho": _rho(p), "correction": False})
+        for s in _settings("alignment", scale, ALIGN_SETTINGS)
+        for seed in seeds
+        for p in ("ordinary", "proximal", "aligned")
+    ]
     corr_seeds = [s for s in seeds if s in scale.sweep_seeds] or list(seeds)[:1]
-    corrected = [_spec("alignment", scale, s, p, seed, {"rho": _rho(p), "correction": True})
-                 for s in _settings("alignment", scale, ALIGN_SETTINGS) for seed in corr_seeds
-                 for p in ("corrected", "corrected_proximal", "aligned_corrected")]
+    corrected = [
+        _spec("alignment", scale, s, p, seed, {"rho": _rho(p), "correction": True})
+        for s in _settings("alignment", scale, ALIGN_SETTINGS)
+        for seed in corr_seeds
+        for p in ("corrected", "corrected_proximal", "aligned_corrected")
+    ]
     return plain + corrected
 
 
@@ -212,24 +305,49 @@ def mismatch(scale: Scale, seeds: Sequence[int]) -> list[RunSpec]:
     with independent backbones. Targets are centred per client (``procedure=centered``): with
     uncentred targets the averaged bias misses every client's own target mean, and that excess
     (measured: 97-99 % of it on smoke Hopper and dSprites) hides the cost of the coordinates."""
-    return [_spec("mismatch", scale, s, "centered", seed, {"init": init},
-                  (f"init={init}", "measure_mismatch=true"), variant=init, rounds=1,
-                  epochs=scale.one_round_epochs)
-            for s in _settings("mismatch", scale, SETTINGS) for init in ("common", "independent")
-            for seed in seeds]
+    return [
+        _spec(
+            "mismatch",
+            scale,
+            s,
+            "centered",
+            seed,
+            {"init": init},
+            (f"init={init}", "measure_mismatch=true"),
+            variant=init,
+            rounds=1,
+            epochs=scale.one_round_epochs,
+        )
+        for s in _settings("mismatch", scale, SETTINGS)
+        for init in ("common", "independent")
+        for seed in seeds
+    ]
 
 
 def architectures(scale: Scale, seeds: Sequence[int]) -> list[RunSpec]:
     """Image settings: residual CNN (GroupNorm), residual CNN + correction, ResNet-34."""
     smoke = scale.name == "smoke"
-    models = {"rescnn": ("model=rescnn",) + (("model.width=8", "model.groups=4") if smoke else ()),
-              "resnet34": ("model=resnet34",) + (("model.width=8",) if smoke else ())}
+    models = {
+        "rescnn": ("model=rescnn",) + (("model.width=8", "model.groups=4") if smoke else ()),
+        "resnet34": ("model=resnet34",) + (("model.width=8",) if smoke else ()),
+    }
     out = []
     for s in _settings("architectures", scale, IMAGE):
         for model, proc in (("rescnn", "ordinary"), ("rescnn", "corrected"), ("resnet34", "ordinary")):
             for seed in seeds:
-                out.append(_spec("architectures", scale, s, proc, seed, {"model": model},
-                                 variant=model, model=model, model_overrides=models[model]))
+                out.append(
+                    _spec(
+                        "architectures",
+                        scale,
+                        s,
+                        proc,
+                        seed,
+                        {"model": model},
+                        variant=model,
+                        model=model,
+                        model_overrides=models[model],
+                    )
+                )
     return out
 
 
@@ -241,8 +359,19 @@ def data_size(scale: Scale, seeds: Sequence[int]) -> list[RunSpec]:
         n = (256 if scale.name == "smoke" else 12000) * scale.large_factor
         for p in ("ordinary", "corrected"):
             for seed in seeds:
-                out.append(_spec("data_size", scale, f"{s}-large", p, seed, {"n_train": n, "local_epochs": e},
-                                 (f"dataset.n_train={n}",), dataset=s, epochs=e))
+                out.append(
+                    _spec(
+                        "data_size",
+                        scale,
+                        f"{s}-large",
+                        p,
+                        seed,
+                        {"n_train": n, "local_epochs": e},
+                        (f"dataset.n_train={n}",),
+                        dataset=s,
+                        epochs=e,
+                    )
+                )
     return out
 
 
@@ -254,17 +383,31 @@ def full_model(scale: Scale, seeds: Sequence[int]) -> list[RunSpec]:
             e = scale.epochs(e_paper)
             tag = f"E{e}" + ("-corrected" if gamma else "")
             for seed in seeds:
-                out.append(_spec("full_model", scale, s, "full_model", seed,
-                                 {"local_epochs": e, "paper_local_epochs": e_paper, "gamma": gamma},
-                                 (f"procedure.gamma={gamma:g}",), variant=tag, epochs=e, tol=False))
+                out.append(
+                    _spec(
+                        "full_model",
+                        scale,
+                        s,
+                        "full_model",
+                        seed,
+                        {"local_epochs": e, "paper_local_epochs": e_paper, "gamma": gamma},
+                        (f"procedure.gamma={gamma:g}",),
+                        variant=tag,
+                        epochs=e,
+                        tol=False,
+                    )
+                )
     return out
 
 
 def prediction(scale: Scale, seeds: Sequence[int]) -> list[RunSpec]:
     """Train and test MSE of ordinary, proximal and corrected proximal training on the image settings."""
-    return [_spec("prediction", scale, s, p, seed, {"rho": _rho(p)}, ("resources.evaluate_mse=true",))
-            for s in _settings("prediction", scale, IMAGE) for seed in seeds
-            for p in ("ordinary", "proximal", "corrected_proximal")]
+    return [
+        _spec("prediction", scale, s, p, seed, {"rho": _rho(p)}, ("resources.evaluate_mse=true",))
+        for s in _settings("prediction", scale, IMAGE)
+        for seed in seeds
+        for p in ("ordinary", "proximal", "corrected_proximal")
+    ]
 
 
 #: preset name -> (builder, uses the main grid's seeds 0-4 rather than the sweeps' 0-2)
@@ -282,8 +425,9 @@ PRESETS: dict[str, tuple[Callable[[Scale, Sequence[int]], list[RunSpec]], bool]]
 }
 
 
-def plan(name: str, scale: str, *, seeds: Sequence[int] | None = None,
-         settings: Sequence[str] | None = None) -> list[RunSpec]:
+def plan(
+    name: str, scale: str, *, seeds: Sequence[int] | None = None, settings: Sequence[str] | None = None
+) -> list[RunSpec]:
     """The runs of preset ``name`` at ``scale`` (``"smoke"`` or ``"paper"``).
 
     ``seeds`` replaces the preset's seeds; ``settings`` keeps only runs of those settings (data

@@ -1,13 +1,13 @@
 """Run a sweep: plan -> skip finished runs -> check data -> pack runs into simulations -> manifest.
 
-* Every run is a :class:`fedhead.config.JobConfig` built from its :class:`~fedhead.sweep.presets.RunSpec`
+* Every run is a :class:`fedhead.federation.config.JobConfig` built from its :class:`~fedhead.sweep.presets.RunSpec`
   overrides exactly as ``fedhead-run`` would build it, writing into ``<out>/runs/<id>``.
 * A run whose ``results.json`` is complete for the same config hash is not run again: restarting a
   finished sweep recomputes nothing. Failed runs are retried on the next start.
 * Data are checked in the driver before Ray starts; a setting whose files are missing is
   ``skipped`` with the file it needs, and the sweep goes on.
 * Runs sharing a client count and resources are packed into one Flower simulation, and every
-  simulation of the sweep shares one Ray session (:func:`fedhead.ray_session.shared_ray_session`): the
+  simulation of the sweep shares one Ray session (:func:`fedhead.driver.ray_session.shared_ray_session`): the
   start-up cost is paid once per sweep. ``parallel_runs`` runs of a simulation are served at once
   (their clients share the Ray actors: with fractional ``resources.client_gpus`` a GPU node runs
   several runs on one GPU). A run that fails is recorded with its error and the
@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fedhead.config import JobConfig, compose_config, load_config
+from fedhead.federation.config import JobConfig, compose_config, load_config
 from fedhead.sweep.manifest import Manifest, run_dir
 from fedhead.sweep.presets import RunSpec, plan
 
@@ -37,7 +37,7 @@ ENGINE_ATTEMPTS = 2
 
 @dataclass(frozen=True)
 class SweepConfig:
-    """A typed ``fedhead-sweep`` invocation (built once by :func:`fedhead.sweep.cli.typed_config`).
+    """A typed ``fedhead-sweep`` invocation (built once by :func:`fedhead.cli.sweep.typed_config`).
 
     ``data_roots`` maps a data set name to the folder of its published files (given once for the
     sweep); ``run_overrides`` are appended to every run (``device=cuda``, ``resources.*``);
@@ -55,7 +55,7 @@ class SweepConfig:
     parallel_runs: int = 1
 
     def __post_init__(self) -> None:
-        from fedhead.procedure import ConfigError
+        from fedhead.analysis.procedure import ConfigError
 
         if not isinstance(self.parallel_runs, int) or self.parallel_runs < 1:
             raise ConfigError(f"parallel_runs must be an integer >= 1, got {self.parallel_runs!r}")
@@ -76,7 +76,7 @@ def build_job(spec: RunSpec, out: Path, data_roots: dict[str, str], run_override
 
 def finished(job: JobConfig) -> bool:
     """True when ``results.json`` of the job's folder is complete for the same config."""
-    from fedhead.checkpoint import config_hash
+    from fedhead.federation.checkpoint import config_hash
 
     path = Path(job.output_dir) / "results.json"
     try:
@@ -90,9 +90,9 @@ def check_data(job: JobConfig) -> tuple[str, str | None, str | None]:
     """``(status, error, needs)`` of a job's data: ``("ok", None, None)``, ``("skipped", None,
     what is missing)`` or ``("failed", the error line, None)``. Loads (or generates) the data set
     once in the driver, which warms the cache the Ray workers read."""
-    from fedhead.cli_errors import one_line
     from fedhead.data.base import MissingDataError
-    from fedhead.run import check_data_once
+    from fedhead.driver.errors import one_line
+    from fedhead.driver.simulation import check_data_once
 
     try:
         check_data_once(job)
@@ -118,16 +118,23 @@ class SweepResult:
 
 def run_sweep(cfg: SweepConfig) -> SweepResult:
     """Run (or continue) a sweep; see the module docstring. Returns when every run is done."""
-    from fedhead.io import provenance
+    from fedhead.results.io import provenance
 
     t0 = time.perf_counter()
     out = Path(cfg.out)
     specs = plan(cfg.sweep, cfg.scale, seeds=cfg.seeds, settings=cfg.settings)
     # every run's config is built (and validated) before anything runs
     jobs = {s.id: build_job(s, out, cfg.data_roots, cfg.run_overrides) for s in specs}
-    manifest = Manifest(out, cfg.sweep, cfg.scale, extra={
-        "data_roots": dict(cfg.data_roots), "run_overrides": list(cfg.run_overrides),
-        "git_revision": provenance().get("git_revision")})
+    manifest = Manifest(
+        out,
+        cfg.sweep,
+        cfg.scale,
+        extra={
+            "data_roots": dict(cfg.data_roots),
+            "run_overrides": list(cfg.run_overrides),
+            "git_revision": provenance().get("git_revision"),
+        },
+    )
     todo: list[RunSpec] = []
     for spec in specs:
         entry = manifest.add(spec, jobs[spec.id].config_hash)
@@ -137,8 +144,15 @@ def run_sweep(cfg: SweepConfig) -> SweepResult:
         else:
             todo.append(spec)
     manifest.write()
-    log.info("sweep %s (%s): %d runs, %d already finished, %d to run -> %s", cfg.sweep, cfg.scale, len(specs),
-             len(specs) - len(todo), len(todo), out)
+    log.info(
+        "sweep %s (%s): %d runs, %d already finished, %d to run -> %s",
+        cfg.sweep,
+        cfg.scale,
+        len(specs),
+        len(specs) - len(todo),
+        len(todo),
+        out,
+    )
     todo = _check_all_data(todo, jobs, manifest)
     ran: list[str] = []
     if todo:
@@ -146,14 +160,21 @@ def run_sweep(cfg: SweepConfig) -> SweepResult:
     manifest.write()
     res = SweepResult(manifest, ran, time.perf_counter() - t0)
     c = res.counts
-    log.info("sweep %s done in %.0f s: %d completed, %d failed, %d skipped (manifest %s)", cfg.sweep,
-             res.wall_seconds, c["completed"], c["failed"], c["skipped"], manifest.path)
+    log.info(
+        "sweep %s done in %.0f s: %d completed, %d failed, %d skipped (manifest %s)",
+        cfg.sweep,
+        res.wall_seconds,
+        c["completed"],
+        c["failed"],
+        c["skipped"],
+        manifest.path,
+    )
     return res
 
 
 def _check_all_data(todo: list[RunSpec], jobs: dict[str, JobConfig], manifest: Manifest) -> list[RunSpec]:
     """Check every distinct data set of the runs to do once; drop (and record) those that cannot run."""
-    from fedhead.run import data_key
+    from fedhead.driver.simulation import data_key
 
     verdicts: dict[tuple, tuple[str, str | None, str | None]] = {}
     keep = []
@@ -175,8 +196,14 @@ def _check_all_data(todo: list[RunSpec], jobs: dict[str, JobConfig], manifest: M
 class _Packer:
     """Packs the runs to do into simulations (one per client count and resources) in one Ray session."""
 
-    def __init__(self, todo: list[RunSpec], jobs: dict[str, JobConfig], manifest: Manifest, show_progress: bool,
-                 parallel: int = 1):
+    def __init__(
+        self,
+        todo: list[RunSpec],
+        jobs: dict[str, JobConfig],
+        manifest: Manifest,
+        show_progress: bool,
+        parallel: int = 1,
+    ):
         self.todo, self.jobs, self.manifest, self.parallel = todo, jobs, manifest, parallel
         self.bar = _progress(len(todo), show_progress)
         self.done = 0
@@ -191,9 +218,9 @@ class _Packer:
         return [sorted(g, key=lambda s: (s.dataset, s.setting)) for g in by.values()]
 
     def run(self, ran: list[str]) -> None:
-        from fedhead.logs import simulation_logging
-        from fedhead.ray_session import shared_ray_session
-        from fedhead.run import uses_cuda
+        from fedhead.driver.logs import simulation_logging
+        from fedhead.driver.ray_session import shared_ray_session
+        from fedhead.driver.simulation import uses_cuda
 
         first = self.jobs[self.todo[0].id]
         init_args = first.resources.backend_config(first.settings.num_clients, uses_cuda(first))["init_args"]
@@ -204,19 +231,28 @@ class _Packer:
         self.bar.close()
 
     def run_group(self, group: list[RunSpec], ran: list[str]) -> None:
-        from fedhead.cli_errors import one_line
-        from fedhead.run import run_federations
+        from fedhead.driver.errors import one_line
+        from fedhead.driver.simulation import run_federations
 
         pending = list(group)
         for attempt in range(1, ENGINE_ATTEMPTS + 1):
             jobs = [self.jobs[s.id] for s in pending]
             try:
-                run_federations(jobs, show_progress=False, keep_going=True, parallel=self.parallel,
-                                on_job_end=lambda i, res, specs=pending: self.job_end(specs[i], res, ran))
+                run_federations(
+                    jobs,
+                    show_progress=False,
+                    keep_going=True,
+                    parallel=self.parallel,
+                    on_job_end=lambda i, res, specs=pending: self.job_end(specs[i], res, ran),
+                )
             except Exception as exc:  # noqa: BLE001 - the engine died: the unfinished runs go again
                 left = [s for s in pending if self.manifest.entry(s.id)["status"] == "pending"]
-                log.error("simulation failed (%s); %d run(s) unfinished%s", one_line(exc), len(left),
-                          ", retrying them" if attempt < ENGINE_ATTEMPTS and left else "")
+                log.error(
+                    "simulation failed (%s); %d run(s) unfinished%s",
+                    one_line(exc),
+                    len(left),
+                    ", retrying them" if attempt < ENGINE_ATTEMPTS and left else "",
+                )
                 pending = left
                 if attempt == ENGINE_ATTEMPTS:
                     for s in left:
@@ -240,9 +276,16 @@ class _Packer:
         last = rounds[-1] if rounds else {}
         err = last.get("e_f_reference")
         gap = last.get("max_trained_gap")
-        log.info("[%d/%d] %s %s in %.1f s%s%s", done, len(self.todo), spec.id, status, wall or 0.0,
-                 "" if err is None else f", e_F(G_T, G_{results.get('reference')}) {err:.3g}",
-                 "" if gap is None else f", local gap {gap:.2g}")
+        log.info(
+            "[%d/%d] %s %s in %.1f s%s%s",
+            done,
+            len(self.todo),
+            spec.id,
+            status,
+            wall or 0.0,
+            "" if err is None else f", e_F(G_T, G_{results.get('reference')}) {err:.3g}",
+            "" if gap is None else f", local gap {gap:.2g}",
+        )
         if status == "failed":
             log.warning("%s failed: %s", spec.id, results.get("error"))
 

@@ -5,12 +5,11 @@ See ``docs/architecture.md``. The Flower client calls :func:`train_local` with t
 :func:`evaluate_local`; :func:`select_device` picks the device at run time.
 """
 
-from fedhead.seeds import backbone_seed
+from fedhead.analysis.seeds import backbone_seed
 from fedhead.train.align import AlignResult, align, procrustes_rotation
 from fedhead.train.client_math import HeadDistances, exact_head, head_distances, round_seed, target_moments
 from fedhead.train.config import TrainConfig, TrainDivergedError, TrainInputError
-from fedhead.train.problem import LocalProblem
-from fedhead.train.mismatch import MismatchObjectives, mismatch_objectives
+from fedhead.train.mismatch_objectives import MismatchObjectives, mismatch_objectives
 from fedhead.train.objective import (
     LocalEvaluation,
     add_head_penalty_grads,
@@ -21,6 +20,7 @@ from fedhead.train.objective import (
     moment_correction_torch,
     objective_from_features,
 )
+from fedhead.train.problem import LocalProblem
 from fedhead.train.trainer import (
     LocalMetrics,
     LocalResult,

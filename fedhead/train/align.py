@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from fedhead.mismatch import procrustes_rotation as _procrustes
+from fedhead.analysis.mismatch_cost import procrustes_rotation as _procrustes
 from fedhead.train.config import TrainInputError
 
 
@@ -50,7 +50,9 @@ def procrustes_rotation(weight: np.ndarray, target: np.ndarray) -> np.ndarray:
     w = np.asarray(weight, dtype=np.float64)
     t = np.asarray(target, dtype=np.float64)
     if w.ndim != 2 or w.shape != t.shape:
-        raise TrainInputError(f"procrustes_rotation: weight and target must both be (C, P), got {w.shape} and {t.shape}")
+        raise TrainInputError(
+            f"procrustes_rotation: weight and target must both be (C, P), got {w.shape} and {t.shape}"
+        )
     if not (np.all(np.isfinite(w)) and np.all(np.isfinite(t))):
         raise TrainInputError("procrustes_rotation: non-finite head entries")
     return _procrustes(w, t)

@@ -31,9 +31,17 @@ def target_moments(y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.asarray(moments.means[0]), np.asarray(moments.covs[0])
 
 
-def exact_head(mu: np.ndarray, sigma: np.ndarray, broadcast: np.ndarray, sigma_cen: np.ndarray | None, *,
-               gamma: float, centered: bool, lambda_h: float,
-               lambda_w: float) -> tuple[np.ndarray, np.ndarray, float, float]:
+def exact_head(
+    mu: np.ndarray,
+    sigma: np.ndarray,
+    broadcast: np.ndarray,
+    sigma_cen: np.ndarray | None,
+    *,
+    gamma: float,
+    centered: bool,
+    lambda_h: float,
+    lambda_w: float,
+) -> tuple[np.ndarray, np.ndarray, float, float]:
     """``Pi_m(W_t)`` from the client's (corrected) optimal Gram, its bias and objective gaps (theory.md §4-5, §8).
 
     Parameters
@@ -80,8 +88,16 @@ class HeadDistances(NamedTuple):
     relative_to_selection: float  # ||W~ - Pi_m(W_t)||_F / ||Pi_m(W_t)||_F
 
 
-def head_distances(sigma: np.ndarray, broadcast: np.ndarray, weight: np.ndarray, sigma_cen: np.ndarray | None,
-                   *, gamma: float, lambda_h: float, lambda_w: float) -> HeadDistances:
+def head_distances(
+    sigma: np.ndarray,
+    broadcast: np.ndarray,
+    weight: np.ndarray,
+    sigma_cen: np.ndarray | None,
+    *,
+    gamma: float,
+    lambda_h: float,
+    lambda_w: float,
+) -> HeadDistances:
     """Distances of a returned head ``W~ (C, P)`` to ``W_t`` and to ``Pi_m(W_t)`` (theory.md §5, §11).
 
     ``Pi_m`` is the closest optimal head of the client's (corrected) objective; ``sigma`` is the

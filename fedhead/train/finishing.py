@@ -100,16 +100,17 @@ class LocalResult:
 class ObjectiveTerms:
     """The client's objective data, checked: its moments and the head-only terms' tensors."""
 
-    mu: np.ndarray            # (C,) mean of the targets trained on (zeros when centred)
-    sigma: np.ndarray         # (C, C) Sigma_m
+    mu: np.ndarray  # (C,) mean of the targets trained on (zeros when centred)
+    sigma: np.ndarray  # (C, C) Sigma_m
     trained_sigma: np.ndarray  # (C, C) (1 - gamma) Sigma_m + gamma Sigma_cen (= Sigma_m without correction)
     target_offset: np.ndarray  # (C,) mu_m when the targets are centred, else zeros
     broadcast: np.ndarray | None  # (C, P) W_t of the proximal term
     delta: np.ndarray | None  # (C, C) Sigma_cen - Sigma_m of the correction
 
 
-def objective_terms(y: torch.Tensor, problem: LocalProblem, p: int, broadcast_weight, sigma_cen,
-                    sigma_m) -> ObjectiveTerms:
+def objective_terms(
+    y: torch.Tensor, problem: LocalProblem, p: int, broadcast_weight, sigma_cen, sigma_m
+) -> ObjectiveTerms:
     """Moments of the targets and the checked proximal / correction inputs of :func:`train_local`."""
     c = y.shape[1]
     y64 = y.detach().cpu().numpy().astype(np.float64)
@@ -120,28 +121,31 @@ def objective_terms(y: torch.Tensor, problem: LocalProblem, p: int, broadcast_we
         given = _check_matrix("sigma_m", sigma_m, (c, c), True)
         err = np.linalg.norm(given - sig_m) / max(np.linalg.norm(sig_m), np.finfo(np.float64).tiny)
         if err > 1e-5:
-            raise TrainInputError(f"train_local: sigma_m differs from the covariance of the targets y (relative "
-                                  f"difference {err:.3g}); pass Sigma_m in the units of the targets trained on, or "
-                                  f"leave it None")
+            raise TrainInputError(
+                f"train_local: sigma_m differs from the covariance of the targets y (relative "
+                f"difference {err:.3g}); pass Sigma_m in the units of the targets trained on, or "
+                f"leave it None"
+            )
     w_t = _check_matrix("broadcast_weight", broadcast_weight, (c, p)) if problem.rho > 0 else None
     cen = _check_matrix("sigma_cen", sigma_cen, (c, c), True) if problem.gamma > 0 else None
     delta = None if cen is None else cen - sig_m
     trained_sigma = sig_m if cen is None else corrected_covariance(sig_m, cen, problem.gamma)
     offset = mu_m if problem.center_targets else np.zeros(c)
-    return ObjectiveTerms(mu=mu_m - offset, sigma=sig_m, trained_sigma=trained_sigma, target_offset=offset,
-                  broadcast=w_t, delta=delta)
+    return ObjectiveTerms(
+        mu=mu_m - offset, sigma=sig_m, trained_sigma=trained_sigma, target_offset=offset, broadcast=w_t, delta=delta
+    )
 
 
 @dataclass
 class Fit:
     """Full-data evaluation of the current model (see :func:`_evaluate`)."""
 
-    objective: float          # L_m
+    objective: float  # L_m
     trained_objective: float  # L_m + gamma C_m(W)
     mse: float
-    bias: np.ndarray          # (C,) the bias used
+    bias: np.ndarray  # (C,) the bias used
     feature_map: tuple[torch.Tensor, torch.Tensor] | None  # (M, delta) of the finishing step
-    weight: torch.Tensor      # (C, P) float64 head after the finishing step
+    weight: torch.Tensor  # (C, P) float64 head after the finishing step
 
 
 def feature_projection(weight: torch.Tensor) -> torch.Tensor:
@@ -151,9 +155,21 @@ def feature_projection(weight: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def evaluate_fit(backbone: nn.Module, x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor,
-                 bias: torch.Tensor | None, cfg: TrainConfig, problem: LocalProblem, terms: ObjectiveTerms, *,
-                 dev: torch.device, channels_last: bool, finish: bool, rotate_to: np.ndarray | None = None) -> Fit:
+def evaluate_fit(
+    backbone: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    cfg: TrainConfig,
+    problem: LocalProblem,
+    terms: ObjectiveTerms,
+    *,
+    dev: torch.device,
+    channels_last: bool,
+    finish: bool,
+    rotate_to: np.ndarray | None = None,
+) -> Fit:
     """``L_m`` and ``L_m + gamma C_m`` of the model on all of the client's data (eval mode).
 
     ``bias`` None: the optimal bias ``mu - W m`` for the features' mean ``m``. ``finish``: the
@@ -166,12 +182,12 @@ def evaluate_fit(backbone: nn.Module, x: torch.Tensor, y: torch.Tensor, weight: 
     it keeps every prediction and penalty and is the exact minimiser of the proximal term over
     the heads the objective cannot tell apart. The head to use is :attr:`_Fit.weight`.
     """
-    h = compute_features(backbone, x, batch_size=cfg.eval_batch_size, device=dev,
-                         channels_last=channels_last).double()
+    h = compute_features(backbone, x, batch_size=cfg.eval_batch_size, device=dev, channels_last=channels_last).double()
     w64 = weight.detach().double()
     if not (torch.isfinite(h).all() and torch.isfinite(w64).all()):
-        raise TrainDivergedError("train_local: training diverged (non-finite head or features); lower cfg.lr or "
-                                 "keep clip_norm set")
+        raise TrainDivergedError(
+            "train_local: training diverged (non-finite head or features); lower cfg.lr or keep clip_norm set"
+        )
     m = h.mean(0)
     feature_map = None
     if finish:
@@ -192,8 +208,14 @@ def evaluate_fit(backbone: nn.Module, x: torch.Tensor, y: torch.Tensor, weight: 
     if terms.delta is not None:
         delta = torch.as_tensor(terms.delta, dtype=torch.float64, device=dev)
         trained += problem.gamma * float(moment_correction_torch(w64, delta, problem.lambda_h))
-    return Fit(objective=ev.objective, trained_objective=trained, mse=ev.mse, bias=b.cpu().numpy().copy(),
-                feature_map=feature_map, weight=w64)
+    return Fit(
+        objective=ev.objective,
+        trained_objective=trained,
+        mse=ev.mse,
+        bias=b.cpu().numpy().copy(),
+        feature_map=feature_map,
+        weight=w64,
+    )
 
 
 def relative(value: float, best: float) -> float:

@@ -36,10 +36,13 @@ def check_inputs(backbone: nn.Module, head: nn.Linear, x: torch.Tensor, y: torch
     if n == 0:
         raise TrainInputError("train_local: the client has no training samples (empty data)")
     if x.shape[0] != n:
-        raise TrainInputError(f"train_local: {x.shape[0]} inputs but {n} targets (x {tuple(x.shape)}, y {tuple(y.shape)})")
+        raise TrainInputError(
+            f"train_local: {x.shape[0]} inputs but {n} targets (x {tuple(x.shape)}, y {tuple(y.shape)})"
+        )
     if y.shape[1] != head.out_features:
-        raise TrainInputError(f"train_local: targets have C = {y.shape[1]} columns but the head has "
-                              f"{head.out_features} outputs")
+        raise TrainInputError(
+            f"train_local: targets have C = {y.shape[1]} columns but the head has {head.out_features} outputs"
+        )
     if not torch.isfinite(y).all():
         bad = int((~torch.isfinite(y)).any(dim=1).nonzero()[0, 0])
         raise TrainInputError(f"train_local: non-finite target values (first at sample {bad})")
@@ -48,15 +51,22 @@ def check_inputs(backbone: nn.Module, head: nn.Linear, x: torch.Tensor, y: torch
     if not isinstance(backbone, Backbone):
         return
     if head.in_features != backbone.feature_dim:
-        raise TrainInputError(f"train_local: head takes P = {head.in_features} features but the backbone "
-                              f"produces {backbone.feature_dim}")
+        raise TrainInputError(
+            f"train_local: head takes P = {head.in_features} features but the backbone produces {backbone.feature_dim}"
+        )
     if backbone.expects_indices:
         if x.ndim != 1 or x.dtype not in (torch.int64, torch.int32):
-            raise TrainInputError(f"train_local: the free-feature backbone takes (N,) integer sample indices, "
-                                  f"got {x.dtype} of shape {tuple(x.shape)}")
+            raise TrainInputError(
+                f"train_local: the free-feature backbone takes (N,) integer sample indices, "
+                f"got {x.dtype} of shape {tuple(x.shape)}"
+            )
         if int(x.min()) < 0 or int(x.max()) >= backbone.n_samples:
-            raise TrainInputError(f"train_local: sample indices must lie in [0, {backbone.n_samples}), "
-                                  f"got [{int(x.min())}, {int(x.max())}]")
+            raise TrainInputError(
+                f"train_local: sample indices must lie in [0, {backbone.n_samples}), "
+                f"got [{int(x.min())}, {int(x.max())}]"
+            )
     elif tuple(x.shape[1:]) != tuple(backbone.input_shape):
-        raise TrainInputError(f"train_local: inputs have per-sample shape {tuple(x.shape[1:])} but the backbone "
-                              f"was built for {tuple(backbone.input_shape)}")
+        raise TrainInputError(
+            f"train_local: inputs have per-sample shape {tuple(x.shape[1:])} but the backbone "
+            f"was built for {tuple(backbone.input_shape)}"
+        )

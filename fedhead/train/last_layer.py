@@ -31,8 +31,15 @@ from fedhead.ufm import optimal_features
 
 
 @torch.no_grad()
-def output_layer_inputs(backbone: nn.Module, layer: nn.Linear, x: torch.Tensor, *, batch_size: int,
-                        device: torch.device, channels_last: bool = False) -> torch.Tensor:
+def output_layer_inputs(
+    backbone: nn.Module,
+    layer: nn.Linear,
+    x: torch.Tensor,
+    *,
+    batch_size: int,
+    device: torch.device,
+    channels_last: bool = False,
+) -> torch.Tensor:
     """The inputs ``z`` ``(N, width)`` of ``layer`` over all of ``x``, backbone in eval mode (float64)."""
     captured: list[torch.Tensor] = []
     hook = layer.register_forward_pre_hook(lambda _m, args: captured.append(args[0].detach().double()))
@@ -40,7 +47,7 @@ def output_layer_inputs(backbone: nn.Module, layer: nn.Linear, x: torch.Tensor, 
     backbone.eval()
     try:
         for s in range(0, x.shape[0], batch_size):
-            xb = batch_to_float(x[s:s + batch_size].to(device, non_blocking=True))
+            xb = batch_to_float(x[s : s + batch_size].to(device, non_blocking=True))
             if channels_last and xb.ndim == 4:
                 xb = xb.contiguous(memory_format=torch.channels_last)
             backbone(xb)
@@ -51,9 +58,18 @@ def output_layer_inputs(backbone: nn.Module, layer: nn.Linear, x: torch.Tensor, 
 
 
 @torch.no_grad()
-def solve_output_layer(backbone: nn.Module, x: torch.Tensor, y: torch.Tensor, weight: np.ndarray,
-                       lambda_h: float, *, batch_size: int = 1024, device: torch.device | None = None,
-                       channels_last: bool = False, ridge: float = 1e-4) -> None:
+def solve_output_layer(
+    backbone: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    weight: np.ndarray,
+    lambda_h: float,
+    *,
+    batch_size: int = 1024,
+    device: torch.device | None = None,
+    channels_last: bool = False,
+    ridge: float = 1e-4,
+) -> None:
     """Set the backbone's last layer to the exact minimiser of the local objective for head ``W``.
 
     Parameters
@@ -91,11 +107,16 @@ def solve_output_layer(backbone: nn.Module, x: torch.Tensor, y: torch.Tensor, we
         return
     if layer.bias is None:
         raise TrainInputError("solve_output_layer: the backbone's last Linear layer needs a bias")
-    z = output_layer_inputs(backbone, layer, x, batch_size=batch_size, device=device,
-                            channels_last=channels_last).cpu().numpy()
+    z = (
+        output_layer_inputs(backbone, layer, x, batch_size=batch_size, device=device, channels_last=channels_last)
+        .cpu()
+        .numpy()
+    )
     if not np.all(np.isfinite(z)):
-        raise TrainDivergedError("solve_output_layer: the backbone produces non-finite features (before its last "
-                                 "layer); its state is corrupted")
+        raise TrainDivergedError(
+            "solve_output_layer: the backbone produces non-finite features (before its last "
+            "layer); its state is corrupted"
+        )
     z_mean = z.mean(0)
     u, sv, vt = np.linalg.svd(z - z_mean, full_matrices=False)
     filt = sv / (sv**2 + ridge * sv[0] ** 2) if sv.size and sv[0] > 0 else np.zeros_like(sv)

@@ -63,9 +63,16 @@ def moment_correction_grad(weight: torch.Tensor, sigma_delta: torch.Tensor, lamb
 
 
 @torch.no_grad()
-def add_head_penalty_grads(weight: torch.Tensor, *, lambda_w: float, lambda_h: float, rho: float = 0.0,
-                           broadcast: torch.Tensor | None = None, gamma: float = 0.0,
-                           sigma_delta: torch.Tensor | None = None) -> None:
+def add_head_penalty_grads(
+    weight: torch.Tensor,
+    *,
+    lambda_w: float,
+    lambda_h: float,
+    rho: float = 0.0,
+    broadcast: torch.Tensor | None = None,
+    gamma: float = 0.0,
+    sigma_delta: torch.Tensor | None = None,
+) -> None:
     """Add the gradients of the head-only terms to ``weight.grad`` in place.
 
     ``grad += lambda_W W + rho (W - W_t) + gamma grad C_m(W)``: the gradient of
@@ -118,8 +125,14 @@ def _head_tensors(head: nn.Linear | tuple[np.ndarray, np.ndarray], device: torch
 
 
 @torch.no_grad()
-def compute_features(backbone: nn.Module, x: torch.Tensor, *, batch_size: int = 1024,
-                     device: torch.device | None = None, channels_last: bool = False) -> torch.Tensor:
+def compute_features(
+    backbone: nn.Module,
+    x: torch.Tensor,
+    *,
+    batch_size: int = 1024,
+    device: torch.device | None = None,
+    channels_last: bool = False,
+) -> torch.Tensor:
     """Backbone features of all inputs in eval mode, ``(N, P)`` float32 on ``device``.
 
     The backbone's train/eval mode is restored afterwards.
@@ -130,7 +143,7 @@ def compute_features(backbone: nn.Module, x: torch.Tensor, *, batch_size: int = 
     try:
         out = []
         for s in range(0, x.shape[0], batch_size):
-            xb = batch_to_float(x[s:s + batch_size].to(device, non_blocking=True))
+            xb = batch_to_float(x[s : s + batch_size].to(device, non_blocking=True))
             if channels_last and xb.ndim == 4:
                 xb = xb.contiguous(memory_format=torch.channels_last)
             out.append(backbone(xb).float())
@@ -139,8 +152,9 @@ def compute_features(backbone: nn.Module, x: torch.Tensor, *, batch_size: int = 
         backbone.train(was_training)
 
 
-def objective_from_features(h: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
-                            lambda_h: float, lambda_w: float) -> LocalEvaluation:
+def objective_from_features(
+    h: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, lambda_h: float, lambda_w: float
+) -> LocalEvaluation:
     """``L_m`` and MSE from features ``h`` ``(N, P)``, targets ``y`` ``(N, C)``, head ``(W, b)`` (float64)."""
     h = h.double()
     y = y.to(device=h.device, dtype=torch.float64)
@@ -150,10 +164,18 @@ def objective_from_features(h: torch.Tensor, y: torch.Tensor, weight: torch.Tens
     return LocalEvaluation(objective=float(obj), mse=float(sse / (n * y.shape[1])), n_samples=int(n))
 
 
-def evaluate_local(backbone: nn.Module, head: nn.Linear | tuple[np.ndarray, np.ndarray],
-                   x: torch.Tensor, y: torch.Tensor, *, lambda_h: float, lambda_w: float,
-                   target_offset: np.ndarray | None = None, device: torch.device | str | None = None,
-                   batch_size: int = 1024) -> LocalEvaluation:
+def evaluate_local(
+    backbone: nn.Module,
+    head: nn.Linear | tuple[np.ndarray, np.ndarray],
+    x: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    lambda_h: float,
+    lambda_w: float,
+    target_offset: np.ndarray | None = None,
+    device: torch.device | str | None = None,
+    batch_size: int = 1024,
+) -> LocalEvaluation:
     """Evaluate a backbone with a given head on one client's data (theory.md §2 objective, theory.md §11 MSE).
 
     Parameters
@@ -174,8 +196,9 @@ def evaluate_local(backbone: nn.Module, head: nn.Linear | tuple[np.ndarray, np.n
         Where to run (default: the backbone's device).
     """
     if x.shape[0] != y.shape[0] or y.ndim != 2 or y.shape[0] == 0:
-        raise TrainInputError(f"evaluate_local: need N >= 1 inputs and (N, C) targets, got x {tuple(x.shape)}, "
-                              f"y {tuple(y.shape)}")
+        raise TrainInputError(
+            f"evaluate_local: need N >= 1 inputs and (N, C) targets, got x {tuple(x.shape)}, y {tuple(y.shape)}"
+        )
     dev = torch.device(device) if device is not None else next(backbone.parameters()).device
     w, b = _head_tensors(head, dev)
     if w.shape[0] != y.shape[1]:

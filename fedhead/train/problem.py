@@ -6,9 +6,9 @@
 
 for ``E`` epochs. Which problem that is (``lambda_H``, ``lambda_W``, ``rho``, ``gamma``,
 client-wise centring) and the epoch budget ``E`` are set by the procedure
-(:class:`fedhead.procedure.ProcedureConfig`) and the run's top-level settings, where each is
+(:class:`fedhead.analysis.procedure.ProcedureConfig`) and the run's top-level settings, where each is
 stored and validated; :class:`LocalProblem` is the trainer's frozen view of them, built per job
-by :meth:`fedhead.config.JobConfig.local_problem` (never stored in a config). How the problem is
+by :meth:`fedhead.federation.config.JobConfig.local_problem` (never stored in a config). How the problem is
 solved (optimiser, batches, learning rate, clipping, warm-up, ``local_tol``, the finishing
 step) is the recipe, :class:`fedhead.train.TrainConfig`.
 """
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fedhead.procedure import gamma_problem, penalty_problem, rho_problem
+from fedhead.analysis.procedure import gamma_problem, penalty_problem, rho_problem
 from fedhead.train.config import TrainInputError
 
 
@@ -43,7 +43,7 @@ class LocalProblem:
         Client-wise target centring: train on ``y - mu_m`` (the reference becomes ``G_within``);
         the procedure's ``centered``.
 
-    The checks use the rules of :mod:`fedhead.procedure` (one rule per parameter), so a problem
+    The checks use the rules of :mod:`fedhead.analysis.procedure` (one rule per parameter), so a problem
     built from a valid procedure and valid settings is valid; a bad one built by hand raises
     :class:`fedhead.train.TrainInputError` naming the field.
     """
@@ -61,8 +61,11 @@ class LocalProblem:
 
         if not isinstance(self.epochs, int) or isinstance(self.epochs, bool) or self.epochs < 1:
             raise bad("epochs", "must be an integer >= 1")
-        for field, problem in (("lambda_h", penalty_problem(self.lambda_h)),
-                               ("lambda_w", penalty_problem(self.lambda_w)),
-                               ("rho", rho_problem(self.rho)), ("gamma", gamma_problem(self.gamma))):
+        for field, problem in (
+            ("lambda_h", penalty_problem(self.lambda_h)),
+            ("lambda_w", penalty_problem(self.lambda_w)),
+            ("rho", rho_problem(self.rho)),
+            ("gamma", gamma_problem(self.gamma)),
+        ):
             if problem:
                 raise bad(field, problem)

@@ -68,15 +68,32 @@ from fedhead.train.problem import LocalProblem
 from fedhead.train.steps import clip_gradients, cosine_schedule, select_device
 from fedhead.ufm import optimal_loss
 
-__all__ = ["LocalMetrics", "LocalProblem", "LocalResult", "clip_gradients", "compiled_forward_loss", "cosine_schedule",
-           "feature_projection", "select_device", "train_local"]
+__all__ = [
+    "LocalMetrics",
+    "LocalProblem",
+    "LocalResult",
+    "clip_gradients",
+    "compiled_forward_loss",
+    "cosine_schedule",
+    "feature_projection",
+    "select_device",
+    "train_local",
+]
 
 log = logging.getLogger(__name__)
 
 
-def _forward_loss(backbone: nn.Module, weight: torch.Tensor, bias: torch.Tensor, xb: torch.Tensor,
-                  yb: torch.Tensor, lambda_h: float, bf16: bool, center: torch.Tensor | None,
-                  batch_center: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def _forward_loss(
+    backbone: nn.Module,
+    weight: torch.Tensor,
+    bias: torch.Tensor,
+    xb: torch.Tensor,
+    yb: torch.Tensor,
+    lambda_h: float,
+    bf16: bool,
+    center: torch.Tensor | None,
+    batch_center: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Minibatch loss of one step and the batch's feature sum ``(P,)`` (detached).
 
     Predictions are ``W h + b`` (trained bias: ``center`` None, ``batch_center`` False) or
@@ -119,8 +136,11 @@ def compiled_forward_loss(mode: str | None):
     if fn is None:
         fn = torch.compile(_forward_loss, mode=mode, dynamic=False, backend=_COMPILE_BACKEND)
         _COMPILED_STEPS[key] = fn
-        log.info("train_local: created the torch.compile(mode=%s) step; graphs are compiled on first use "
-                 "and reused by later calls and rounds", mode)
+        log.info(
+            "train_local: created the torch.compile(mode=%s) step; graphs are compiled on first use "
+            "and reused by later calls and rounds",
+            mode,
+        )
     return fn
 
 
@@ -174,7 +194,7 @@ def train_local(
     cfg : TrainConfig
         The recipe (how to train).
     problem : LocalProblem
-        What to train for (in a run: :meth:`fedhead.config.JobConfig.local_problem`).
+        What to train for (in a run: :meth:`fedhead.federation.config.JobConfig.local_problem`).
     broadcast_weight : ndarray (C, P), optional
         ``W_t`` of the proximal term; required when ``problem.rho > 0``.
     sigma_cen : ndarray (C, C), optional
@@ -226,8 +246,18 @@ def _check_arguments(cfg: TrainConfig, problem: LocalProblem, seed: int) -> int:
 class _TrainLoop:
     """The steps of :func:`train_local`: set-up, epochs with tolerance checks, finishing."""
 
-    def __init__(self, backbone: nn.Module, head: nn.Linear, x: torch.Tensor, y: torch.Tensor,
-                 cfg: TrainConfig, problem: LocalProblem, terms: ObjectiveTerms, dev: torch.device, seed: int):
+    def __init__(
+        self,
+        backbone: nn.Module,
+        head: nn.Linear,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        cfg: TrainConfig,
+        problem: LocalProblem,
+        terms: ObjectiveTerms,
+        dev: torch.device,
+        seed: int,
+    ):
         self.backbone, self.head, self.cfg, self.terms, self.dev = backbone, head, cfg, terms, dev
         self.problem = problem
         self.cuda = cuda = dev.type == "cuda"
@@ -262,8 +292,11 @@ class _TrainLoop:
         self.bias = head.bias
         # held at its optimum (a constant of each step: no gradient) or trained
         self.step_bias = self.bias.detach() if cfg.optimal_bias else self.bias
-        self.broadcast = (torch.as_tensor(terms.broadcast, dtype=self.weight.dtype, device=dev)
-                          if terms.broadcast is not None else None)
+        self.broadcast = (
+            torch.as_tensor(terms.broadcast, dtype=self.weight.dtype, device=dev)
+            if terms.broadcast is not None
+            else None
+        )
         self.delta = torch.as_tensor(terms.delta, dtype=torch.float64, device=dev) if terms.delta is not None else None
         self.bf16 = cuda and cfg.bf16
         self.bsz = min(cfg.batch_size, n)
@@ -273,29 +306,45 @@ class _TrainLoop:
             # objects; CUDA graphs through torch.compile's "reduce-overhead" mode (forward + backward)
             mode = "reduce-overhead" if cuda and cfg.cuda_graphs else None
             self.step_loss = compiled_forward_loss(mode)
-            log.info("train_local on %s: torch.compile(mode=%s)%s for batches of %d; a shorter last batch runs "
-                     "eagerly", dev, mode, ", bf16 autocast" if self.bf16 else "", self.bsz)
+            log.info(
+                "train_local on %s: torch.compile(mode=%s)%s for batches of %d; a shorter last batch runs eagerly",
+                dev,
+                mode,
+                ", bf16 autocast" if self.bf16 else "",
+                self.bsz,
+            )
         self.steps_per_epoch = math.ceil(n / self.bsz)
-        self.lrs = cosine_schedule(cfg.lr, cfg.lr_min, problem.epochs * self.steps_per_epoch,
-                                   warmup=cfg.warmup_steps)
+        self.lrs = cosine_schedule(cfg.lr, cfg.lr_min, problem.epochs * self.steps_per_epoch, warmup=cfg.warmup_steps)
         trained = list(backbone.parameters()) + [self.weight] + ([] if cfg.optimal_bias else [self.bias])
         self.params = [q for q in trained if q.requires_grad]
-        self.opt = torch.optim.AdamW(self.params, lr=self.lrs[0], betas=cfg.betas, eps=cfg.eps, weight_decay=0.0,
-                                     fused=True)
+        self.opt = torch.optim.AdamW(
+            self.params, lr=self.lrs[0], betas=cfg.betas, eps=cfg.eps, weight_decay=0.0, fused=True
+        )
         self.gen = torch.Generator().manual_seed(int(seed))
         self.center: torch.Tensor | None = None  # the previous epoch's mean feature (minibatches)
         self.l_star = float(optimal_loss(terms.sigma, problem.lambda_h, problem.lambda_w))
-        self.trained_l_star = (self.l_star if terms.delta is None
-                               else float(optimal_loss(terms.trained_sigma, problem.lambda_h, problem.lambda_w)))
+        self.trained_l_star = (
+            self.l_star
+            if terms.delta is None
+            else float(optimal_loss(terms.trained_sigma, problem.lambda_h, problem.lambda_w))
+        )
         self.k = 0
         self.epochs_run = 0
         self.gap_trace: list[tuple[int, float]] = []
         self.seconds = 0.0
 
     def _solve_last_layer(self) -> None:
-        solve_output_layer(self.backbone, self.x, self.y, self.weight.detach().cpu().double().numpy(),
-                           self.problem.lambda_h, batch_size=self.cfg.eval_batch_size, device=self.dev,
-                           channels_last=self.channels_last, ridge=self.cfg.last_layer_ridge)
+        solve_output_layer(
+            self.backbone,
+            self.x,
+            self.y,
+            self.weight.detach().cpu().double().numpy(),
+            self.problem.lambda_h,
+            batch_size=self.cfg.eval_batch_size,
+            device=self.dev,
+            channels_last=self.channels_last,
+            ridge=self.cfg.last_layer_ridge,
+        )
 
     def _prepare(self, xb: torch.Tensor) -> torch.Tensor:
         xb = batch_to_float(xb)
@@ -307,7 +356,7 @@ class _TrainLoop:
             return
         perm = torch.randperm(self.n, generator=self.gen).to(self.dev, non_blocking=True)
         for s in range(0, self.n, self.bsz):
-            idx = perm[s:s + self.bsz]
+            idx = perm[s : s + self.bsz]
             yield self._prepare(self.x.index_select(0, idx)), self.y.index_select(0, idx)
 
     def _epoch(self) -> None:
@@ -319,18 +368,36 @@ class _TrainLoop:
         for xb, yb in self._batches():
             # the compiled step for the full batch size only: a short last batch would cost a second compile
             fn = self.step_loss if xb.shape[0] == self.bsz else _forward_loss
-            loss, hsum = fn(self.backbone, self.weight, self.step_bias, xb, yb, pb.lambda_h, self.bf16,
-                            None if batch_center or not optimal else self.center, batch_center)
+            loss, hsum = fn(
+                self.backbone,
+                self.weight,
+                self.step_bias,
+                xb,
+                yb,
+                pb.lambda_h,
+                self.bf16,
+                None if batch_center or not optimal else self.center,
+                batch_center,
+            )
             total = hsum if total is None else total + hsum
             loss.backward()
-            add_head_penalty_grads(self.weight, lambda_w=pb.lambda_w, lambda_h=pb.lambda_h, rho=pb.rho,
-                                   broadcast=self.broadcast, gamma=pb.gamma, sigma_delta=self.delta)
+            add_head_penalty_grads(
+                self.weight,
+                lambda_w=pb.lambda_w,
+                lambda_h=pb.lambda_h,
+                rho=pb.rho,
+                broadcast=self.broadcast,
+                gamma=pb.gamma,
+                sigma_delta=self.delta,
+            )
             if cfg.clip_norm is not None:
                 norm = clip_gradients(self.params, cfg.clip_norm, host_check=not self.cuda)
                 if norm is not None and not math.isfinite(norm):
-                    raise TrainDivergedError(f"train_local: non-finite gradient norm at step {self.k} of "
-                                             f"{len(self.lrs)} (lr {self.lrs[self.k]:.3g}); the model state is "
-                                             f"corrupted")
+                    raise TrainDivergedError(
+                        f"train_local: non-finite gradient norm at step {self.k} of "
+                        f"{len(self.lrs)} (lr {self.lrs[self.k]:.3g}); the model state is "
+                        f"corrupted"
+                    )
             group["lr"] = self.lrs[self.k]
             self.opt.step()
             for q in self.params:  # = opt.zero_grad(set_to_none=True), without its per-call hook overhead
@@ -342,9 +409,20 @@ class _TrainLoop:
     def _evaluate(self, *, final: bool = False) -> Fit:
         # the rotation changes neither L_m nor C_m, so the tolerance checks leave it out
         rotate = final and self.cfg.finish_rotation
-        return evaluate_fit(self.backbone, self.x, self.y, self.weight, None if self.cfg.optimal_bias else self.bias,
-                            self.cfg, self.problem, self.terms, dev=self.dev, channels_last=self.channels_last,
-                            finish=self.cfg.finish_features, rotate_to=self.terms.broadcast if rotate else None)
+        return evaluate_fit(
+            self.backbone,
+            self.x,
+            self.y,
+            self.weight,
+            None if self.cfg.optimal_bias else self.bias,
+            self.cfg,
+            self.problem,
+            self.terms,
+            dev=self.dev,
+            channels_last=self.channels_last,
+            finish=self.cfg.finish_features,
+            rotate_to=self.terms.broadcast if rotate else None,
+        )
 
     def run(self) -> None:
         """Epochs up to ``problem.epochs``, stopping early once ``cfg.local_tol`` is reached."""
@@ -380,8 +458,10 @@ class _TrainLoop:
         self.bias.copy_(torch.as_tensor(fit.bias, dtype=self.bias.dtype, device=self.dev))
         w = self.weight
         if not (math.isfinite(fit.objective) and torch.isfinite(w).all() and np.all(np.isfinite(fit.bias))):
-            raise TrainDivergedError(f"train_local: training diverged (objective {fit.objective}, non-finite head "
-                                     f"or features after {self.k} steps); lower cfg.lr or keep clip_norm set")
+            raise TrainDivergedError(
+                f"train_local: training diverged (objective {fit.objective}, non-finite head "
+                f"or features after {self.k} steps); lower cfg.lr or keep clip_norm set"
+            )
         trained_gap = relative(fit.trained_objective, self.trained_l_star)
         tol = self.cfg.local_tol
         trace = list(self.gap_trace)

@@ -8,10 +8,20 @@ saying which argument, where and what value was wrong.
 from ._validate import ConvergenceWarning, NotFullyActiveError, UFMInputError
 from .barycenter import BarycenterResult, bw_barycenter, gram_recursion, gram_step, selection_round
 from .bw import bw_distance, bw_distance_squared, closest_head, transport_map
+from .closed_forms import (
+    FullyActiveReport,
+    check_fully_active,
+    corrected_covariance,
+    fully_active_margins,
+    optimal_features,
+    optimal_gram,
+    optimal_loss,
+)
 from .contraction import gram_map_jacobian, jacobian_spectral_radius, theta_min
 from .displacement import commuting_delta, displacement_delta, psi_gradient, psi_value
 from .finite_steps import FiniteStepResult, GramMapStep, finite_step_fixed_point, profiled_gram_map, profiled_round
 from .gap import GapDecomposition, gap_decomposition
+from .moments import TargetMoments
 from .objectives import (
     JointValue,
     ObjectiveValue,
@@ -24,16 +34,6 @@ from .objectives import (
     scipy_callables,
     unpack_joint,
 )
-from .closed_forms import (
-    FullyActiveReport,
-    check_fully_active,
-    corrected_covariance,
-    fully_active_margins,
-    optimal_features,
-    optimal_gram,
-    optimal_loss,
-)
-from .moments import TargetMoments
 from .psd import psd_inv_sqrt, psd_power, psd_sqrt, sym
 
 __all__ = [

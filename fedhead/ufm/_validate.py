@@ -88,9 +88,7 @@ def as_symmetric(name: str, x, *, batch: bool = False, label: str = "index") -> 
     return 0.5 * (a + np.swapaxes(a, -1, -2))
 
 
-def as_spd(
-    name: str, x, *, batch: bool = False, label: str = "index", strict: bool = True
-) -> np.ndarray:
+def as_spd(name: str, x, *, batch: bool = False, label: str = "index", strict: bool = True) -> np.ndarray:
     """Symmetric positive definite (``strict``) or semidefinite up to rounding; symmetrised copy."""
     a = as_symmetric(name, x, batch=batch, label=label)
     w = np.linalg.eigvalsh(a)
@@ -102,9 +100,7 @@ def as_spd(
         val = float(lmin[idx] if idx else lmin)
         kind = "positive definite" if strict else "positive semidefinite"
         detail = f" (largest {float(lmax[idx] if idx else lmax):.6e})" if strict else ""
-        raise UFMInputError(
-            f"{name}{_where(idx, label)}: matrix is not {kind}: smallest eigenvalue {val:.6e}{detail}"
-        )
+        raise UFMInputError(f"{name}{_where(idx, label)}: matrix is not {kind}: smallest eigenvalue {val:.6e}{detail}")
     return a
 
 
@@ -140,7 +136,7 @@ def as_head(name: str, W, *, c: int | None = None, full_rank: bool = False) -> n
     """A finite ``(C, P)`` head with ``P >= C``; with ``full_rank`` its Gram must be positive definite."""
     a = as_float_array(name, W, ndim=2)
     C, P = a.shape
-    if c is not None and C != c:
+    if c is not None and c != C:
         raise UFMInputError(f"{name}: head has {C} rows, expected C = {c} (shape {a.shape})")
     if P < C:
         raise UFMInputError(f"{name}: head shape {a.shape} has P = {P} < C = {C}")

@@ -66,7 +66,10 @@ def _check_gram(G, s: np.ndarray) -> np.ndarray:
 
 
 def _require_active_within(lmin: float, lh: float, lw: float, what: str) -> None:
-    """docs/theory.md §9 expands around ``G_within = phi(Sigma_within)``: it needs ``lambda_min > lambda_H lambda_W``."""
+    """docs/theory.md §9 expands around ``G_within = phi(Sigma_within)``.
+
+    It needs ``lambda_min > lambda_H lambda_W``.
+    """
     thr = lh * lw
     if not lmin > thr:
         raise NotFullyActiveError(

@@ -87,8 +87,9 @@ class GapDecomposition:
         return t / s if s > 1e-12 * np.trace(self.g_cen) else np.zeros(3)
 
 
-def gap_decomposition(moments: TargetMoments, lambda_h: float, lambda_w: float, *, tol: float = 1e-13,
-                      max_iter: int = 10_000) -> GapDecomposition:
+def gap_decomposition(
+    moments: TargetMoments, lambda_h: float, lambda_w: float, *, tol: float = 1e-13, max_iter: int = 10_000
+) -> GapDecomposition:
     """Three-term decomposition of the gap ``G_cen - G_star`` (docs/theory.md §7).
 
     Parameters

@@ -7,7 +7,8 @@ head objectives into the ``fun, jac, hess`` triple on flat vectors.
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 import numpy as np
 
@@ -85,7 +86,9 @@ def _add_prox(val: ObjectiveValue, W: np.ndarray, rho: float, ref: np.ndarray | 
 
 
 def proximal_term(W, w_ref, rho: float, *, hessian: bool = True) -> ObjectiveValue:
-    """Proximal term ``rho/2 ||W - W_ref||_F^2`` (docs/theory.md §2): value, gradient ``rho (W - W_ref)``, Hessian ``rho I``.
+    """Proximal term ``rho/2 ||W - W_ref||_F^2`` (docs/theory.md §2).
+
+    Value, gradient ``rho (W - W_ref)``, Hessian ``rho I``.
 
     Parameters
     ----------
@@ -144,7 +147,9 @@ def profiled_objective(
 def moment_correction(
     W, sigma_m, sigma_cen, lambda_h: float, *, gamma: float = 1.0, hessian: bool = True
 ) -> ObjectiveValue:
-    """Moment correction ``gamma C_m(W)``, ``C_m(W) = lambda_H/2 Tr((Sigma_cen - Sigma_m) A^{-1})`` (docs/theory.md §2, §8).
+    """Moment correction ``gamma C_m(W)`` (docs/theory.md §2, §8).
+
+    ``C_m(W) = lambda_H/2 Tr((Sigma_cen - Sigma_m) A^{-1})``.
 
     ``A = W W^T + lambda_H I``; gradient ``-lambda_H A^{-1} D A^{-1} W`` with
     ``D = Sigma_cen - Sigma_m``; Hessian as in :func:`profiled_objective` with ``T = D``,
@@ -261,7 +266,9 @@ def _check_joint(W, b, H, Y, lambda_h, lambda_w, rho, w_ref):
     if Y.shape[1] != C:
         raise UFMInputError(f"Y: expected (N, {C}) targets (rows are samples) to match W {W.shape}, got {Y.shape}")
     if H.shape != (Y.shape[0], P):
-        raise UFMInputError(f"H: expected features of shape (N, P) = {(Y.shape[0], P)} (rows are samples), got {H.shape}")
+        raise UFMInputError(
+            f"H: expected features of shape (N, P) = {(Y.shape[0], P)} (rows are samples), got {H.shape}"
+        )
     lh = as_positive_scalar("lambda_h", lambda_h)
     lw = as_positive_scalar("lambda_w", lambda_w)
     rho, ref = _check_prox(W, rho, w_ref)

@@ -12,9 +12,7 @@ from fedhead.data.pipeline import clear_memo
 
 REPO = Path(__file__).resolve().parents[2]
 
-BEIJING_HEADER = (
-    "No,year,month,day,hour,PM2.5,PM10,SO2,NO2,CO,O3,TEMP,PRES,DEWP,RAIN,wd,WSPM,station"
-)
+BEIJING_HEADER = "No,year,month,day,hour,PM2.5,PM10,SO2,NO2,CO,O3,TEMP,PRES,DEWP,RAIN,wd,WSPM,station"
 
 
 @pytest.fixture(autouse=True)
@@ -72,8 +70,9 @@ def write_beijing_csv():
         lines = [BEIJING_HEADER]
         for i in range(n_rows):
             vals = [str(int(cols[c][i])) for c in ("No", "year", "month", "day", "hour")]
-            vals += [_fmt(cols[c][i]) for c in ("PM2.5", "PM10", "SO2", "NO2", "CO", "O3", "TEMP",
-                                                 "PRES", "DEWP", "RAIN")]
+            vals += [
+                _fmt(cols[c][i]) for c in ("PM2.5", "PM10", "SO2", "NO2", "CO", "O3", "TEMP", "PRES", "DEWP", "RAIN")
+            ]
             vals += [str(wd[i]) if i % 97 != 5 else "NA", _fmt(cols["WSPM"][i]), station]
             lines.append(",".join(vals))
         path.write_text("\n".join(lines) + "\n", encoding="utf-8")
@@ -101,10 +100,8 @@ def write_jat_parquet():
         f32 = pa.float32()
         table = pa.table(
             {
-                "continuous_observations": pa.array([o.tolist() for o in obs],
-                                                    type=pa.list_(pa.list_(f32))),
-                "continuous_actions": pa.array([a.tolist() for a in act],
-                                               type=pa.list_(pa.list_(f32))),
+                "continuous_observations": pa.array([o.tolist() for o in obs], type=pa.list_(pa.list_(f32))),
+                "continuous_actions": pa.array([a.tolist() for a in act], type=pa.list_(pa.list_(f32))),
                 "rewards": pa.array([r.tolist() for r in rew], type=pa.list_(f32)),
             }
         )

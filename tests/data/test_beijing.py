@@ -27,8 +27,10 @@ def _complete_rows_by_csv_module(path):
 @pytest.fixture
 def beijing_root(tmp_path, write_beijing_csv):
     root = tmp_path / "PRSA2017_Data_20130301-20170228" / "PRSA_Data_20130301-20170228"
-    paths = [write_beijing_csv(root, st, 120, seed=i, na_every=7)[0]
-             for i, st in enumerate(["Dongsi", "Aotizhongxin", "Huairou"])]
+    paths = [
+        write_beijing_csv(root, st, 120, seed=i, na_every=7)[0]
+        for i, st in enumerate(["Dongsi", "Aotizhongxin", "Huairou"])
+    ]
     return tmp_path, root, paths
 
 

@@ -89,8 +89,9 @@ def test_designed_groups_have_distinct_moments():
         assert np.all((g[:, 2] >= LOG_ZOOM_RANGE[0]) & (g[:, 2] <= LOG_ZOOM_RANGE[1]))
         se = np.asarray(grp.std) / np.sqrt(g.shape[0])
         assert np.all(np.abs(g.mean(0) - grp.mean) < 5 * se + 0.01 * np.asarray(grp.std))
-        np.testing.assert_allclose(np.cov(g.T), grp.covariance(), rtol=0.06,
-                                   atol=0.05 * np.outer(grp.std, grp.std).max())
+        np.testing.assert_allclose(
+            np.cov(g.T), grp.covariance(), rtol=0.06, atol=0.05 * np.outer(grp.std, grp.std).max()
+        )
         means.append(g.mean(0))
         covs.append(np.cov(g.T))
     for i in range(4):
@@ -125,8 +126,11 @@ def test_cifar_source(tmp_path):
     again = load(cfg)
     np.testing.assert_array_equal(again.x_test, raw.x_test)
     np.testing.assert_array_equal(again.y, raw.y)
-    grey = load(CifarGeoConfig(root=str(tmp_path / "cifar-10-batches-py"), image_source="cifar10",
-                               n_train=22, n_test=9, seed=4, channels=1))
+    grey = load(
+        CifarGeoConfig(
+            root=str(tmp_path / "cifar-10-batches-py"), image_source="cifar10", n_train=22, n_test=9, seed=4, channels=1
+        )
+    )
     assert grey.x.shape == (22, 1, 40, 40)
     luma = np.tensordot([0.299, 0.587, 0.114], raw.x.astype(float), axes=([0], [1]))
     assert np.abs(grey.x[:, 0].astype(float) - luma).max() <= 2.0
@@ -140,8 +144,7 @@ def test_fashion_source_from_root_and_channels(tmp_path):
     np.testing.assert_array_equal(raw.x[:, 0], raw.x[:, 2])  # grey replicated
     one = load(CifarGeoConfig(root=str(tmp_path / "fm"), n_train=16, n_test=8, seed=1, channels=1))
     np.testing.assert_array_equal(one.x[:, 0], raw.x[:, 0])
-    np.testing.assert_array_equal(read_idx_images(tmp_path / "fm" / "t10k-images-idx3-ubyte.gz"),
-                                  te)
+    np.testing.assert_array_equal(read_idx_images(tmp_path / "fm" / "t10k-images-idx3-ubyte.gz"), te)
     assert "fashion_mnist" in raw.source
 
 
@@ -151,8 +154,10 @@ def _require_debian_files() -> None:
     if Path(FASHION_MNIST_DIR, "train-images-idx3-ubyte.gz").is_file():
         return
     if os.environ.get("FEDHEAD_REQUIRE_DEFAULT_SOURCES"):
-        pytest.fail(f"the default source {FASHION_MNIST_DIR} is missing although CI installed "
-                    f"dataset-fashion-mnist (FEDHEAD_REQUIRE_DEFAULT_SOURCES=1)")
+        pytest.fail(
+            f"the default source {FASHION_MNIST_DIR} is missing although CI installed "
+            f"dataset-fashion-mnist (FEDHEAD_REQUIRE_DEFAULT_SOURCES=1)"
+        )
     pytest.skip("Debian package dataset-fashion-mnist not installed")
 
 
@@ -175,8 +180,7 @@ def test_offline_default_reads_the_debian_files():
     assert raw.x.shape == (40, 3, 40, 40) and raw.x.max() > 0
     assert FASHION_MNIST_DIR in raw.source
     # source="generate" uses the Debian files even when cifar10 is asked for
-    gen = load(CifarGeoConfig(n_train=40, n_test=8, seed=0, image_source="cifar10",
-                              source="generate"))
+    gen = load(CifarGeoConfig(n_train=40, n_test=8, seed=0, image_source="cifar10", source="generate"))
     np.testing.assert_array_equal(gen.x, raw.x)
 
 

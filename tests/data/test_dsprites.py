@@ -25,12 +25,17 @@ def _write_npz(folder, n, seed, compressed=True, imgs=None):
     lat = latents_from_indices(idx)
     cls = np.stack(np.unravel_index(idx, LATENT_SIZES), axis=1).astype(np.int64)
     if imgs is None:
-        imgs = (render_sprites(lat[:, 1], lat[:, 2], lat[:, 3], lat[:, 4], lat[:, 5])[:, 0] // 255)
+        imgs = render_sprites(lat[:, 1], lat[:, 2], lat[:, 3], lat[:, 4], lat[:, 5])[:, 0] // 255
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / FILE_NAME
     save = np.savez_compressed if compressed else np.savez
-    save(path, imgs=imgs.astype(np.uint8), latents_values=lat, latents_classes=cls,
-         metadata=np.array(["dsprites fixture"]))
+    save(
+        path,
+        imgs=imgs.astype(np.uint8),
+        latents_values=lat,
+        latents_classes=cls,
+        metadata=np.array(["dsprites fixture"]),
+    )
     return path, imgs, lat
 
 
@@ -66,8 +71,10 @@ def test_square_known_pixels_and_symmetries():
 @pytest.mark.parametrize("pos", [0.0, 0.25, 1.0])
 def test_centroid_follows_position_and_scale_sets_area(pos):
     n = 3
-    img = render_sprites(np.ones(n), np.array([0.5, 0.75, 1.0]), np.zeros(n),
-                         np.full(n, pos), np.full(n, 1 - pos))[:, 0] > 0
+    img = (
+        render_sprites(np.ones(n), np.array([0.5, 0.75, 1.0]), np.zeros(n), np.full(n, pos), np.full(n, 1 - pos))[:, 0]
+        > 0
+    )
     rows, cols = np.mgrid[0:64, 0:64] + 0.5
     for k in range(n):
         m = img[k]
@@ -103,8 +110,7 @@ def test_generator_shapes_ranges_determinism():
 @pytest.mark.parametrize("compressed", [True, False])
 def test_file_loader_reads_the_drawn_rows(tmp_path, compressed):
     path, imgs, lat = _write_npz(tmp_path / "dsprites", 300, seed=1, compressed=compressed)
-    cfg = DSpritesConfig(root=str(tmp_path / "dsprites"), n_train=50, n_test=20, seed=7,
-                         chunk_images=7)
+    cfg = DSpritesConfig(root=str(tmp_path / "dsprites"), n_train=50, n_test=20, seed=7, chunk_images=7)
     raw = load(cfg)
     idx = sample_grid_indices(70, 7, n_grid=300)
     np.testing.assert_array_equal(raw.y, lat[idx[:50]][:, [4, 5, 2]])
@@ -154,6 +160,7 @@ def test_full_size_generation():
     assert raw.x.shape == (12000, 1, 64, 64) and raw.x_test.shape == (3000, 1, 64, 64)
     cov = np.cov(raw.y.T)
     # x, y, scale drawn independently from the uniform grid: variances of the grids
-    np.testing.assert_allclose(np.diag(cov), [factor_values()["pos_x"].var()] * 2
-                               + [factor_values()["scale"].var()], rtol=0.05)
+    np.testing.assert_allclose(
+        np.diag(cov), [factor_values()["pos_x"].var()] * 2 + [factor_values()["scale"].var()], rtol=0.05
+    )
     assert np.all(raw.x.reshape(12000, -1).max(axis=1) == 255)

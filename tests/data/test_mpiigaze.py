@@ -62,8 +62,7 @@ def _lookup(pairs, image, mirror=True):
 
 def test_gaze_convention_known_angles():
     a, b = 0.3, -0.2
-    g = np.array([[0.0, 0.0, -1.0], [0.0, -np.sin(a), -np.cos(a)], [-np.sin(b), 0.0, -np.cos(b)],
-                  [0.0, 0.0, -2.0]])
+    g = np.array([[0.0, 0.0, -1.0], [0.0, -np.sin(a), -np.cos(a)], [-np.sin(b), 0.0, -np.cos(b)], [0.0, 0.0, -2.0]])
     np.testing.assert_allclose(gaze_to_pitch_yaw(g), [[0, 0], [a, 0], [0, b], [0, 0]], atol=1e-15)
     with pytest.raises(DataError):
         gaze_to_pitch_yaw(np.zeros((1, 3)))
@@ -108,8 +107,7 @@ def test_eye_selection_and_mirroring(tmp_path):
     pairs = _write_release(tmp_path, seed=1)
     left = load(MPIIGazeConfig(root=str(tmp_path), eyes="left", n_train=15, n_test=0))
     assert {_lookup(pairs, x[0])[0] for x in left.x} == {"left"}
-    right = load(MPIIGazeConfig(root=str(tmp_path), eyes="right", mirror_right=False,
-                                n_train=15, n_test=0))
+    right = load(MPIIGazeConfig(root=str(tmp_path), eyes="right", mirror_right=False, n_train=15, n_test=0))
     for x, y in zip(right.x, right.y):
         eye, py = _lookup(pairs, x[0], mirror=False)
         assert eye == "right"

@@ -40,8 +40,7 @@ def test_parquet_through_loader_and_pipeline(hopper_shards):
     x_ref = (obs[:240] - obs[:240].mean(0)) / obs[:240].std(0)
     np.testing.assert_allclose(raw.x, x_ref, rtol=1e-5, atol=1e-5)
     assert not raw.standardize
-    raw_nostd = load(MujocoConfig(name="hopper", root=str(root), n_train=240,
-                                  standardize_inputs=False))
+    raw_nostd = load(MujocoConfig(name="hopper", root=str(root), n_train=240, standardize_inputs=False))
     np.testing.assert_array_equal(raw_nostd.x, obs[:240])
     fed = load_federated(cfg)
     assert [c.n_train for c in fed.clients] == [60] * 4
@@ -66,8 +65,7 @@ def test_parquet_errors(tmp_path, hopper_shards, write_jat_parquet):
 
     bad = tmp_path / "bad" / "mujoco-swimmer"
     bad.mkdir(parents=True)
-    pq.write_table(pa.table({"observations": [[1.0]], "rewards": [[0.0]]}),
-                   bad / "train-00000-of-00001-q.parquet")
+    pq.write_table(pa.table({"observations": [[1.0]], "rewards": [[0.0]]}), bad / "train-00000-of-00001-q.parquet")
     with pytest.raises(DataError, match=r"missing column\(s\).*continuous_observations"):
         load_parquet(bad.parent, TASKS["swimmer"], 1)
     (bad / "train-00000-of-00001-q.parquet").write_bytes(b"PAR1 broken")
@@ -77,11 +75,16 @@ def test_parquet_errors(tmp_path, hopper_shards, write_jat_parquet):
     f32 = pa.float32()
     mism = tmp_path / "mism" / "mujoco-swimmer"
     mism.mkdir(parents=True)
-    pq.write_table(pa.table({
-        "continuous_observations": pa.array([[[0.0] * 8] * 3], type=pa.list_(pa.list_(f32))),
-        "continuous_actions": pa.array([[[0.0] * 2] * 2], type=pa.list_(pa.list_(f32))),
-        "rewards": pa.array([[0.0] * 3], type=pa.list_(f32)),
-    }), mism / "train-00000-of-00001-q.parquet")
+    pq.write_table(
+        pa.table(
+            {
+                "continuous_observations": pa.array([[[0.0] * 8] * 3], type=pa.list_(pa.list_(f32))),
+                "continuous_actions": pa.array([[[0.0] * 2] * 2], type=pa.list_(pa.list_(f32))),
+                "rewards": pa.array([[0.0] * 3], type=pa.list_(f32)),
+            }
+        ),
+        mism / "train-00000-of-00001-q.parquet",
+    )
     with pytest.raises(DataError, match="different numbers of observations and actions"):
         load_parquet(mism.parent, TASKS["swimmer"], 2)
 
@@ -130,8 +133,9 @@ def test_default_generated_clients_fully_active_and_distinct(task):
     mom = fed.moments()
     d = np.linalg.norm(mom.means[:, None] - mom.means[None], axis=-1)
     assert np.all(d[~np.eye(4, dtype=bool)] > 0.2)  # clearly different means
-    rel = np.array([[np.linalg.norm(mom.covs[a] - mom.covs[b]) / np.linalg.norm(mom.covs[a])
-                     for b in range(4)] for a in range(4)])
+    rel = np.array(
+        [[np.linalg.norm(mom.covs[a] - mom.covs[b]) / np.linalg.norm(mom.covs[a]) for b in range(4)] for a in range(4)]
+    )
     off = ~np.eye(4, dtype=bool)
     # different covariances: every pair differs, the outer clients strongly (measured: min
     # 0.08 (swimmer) .. 0.47, max 0.46 .. 2.5 over the four tasks with seed 0)

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from fedhead.analysis.regime import OutsideRegimeError, OutsideRegimeWarning
 from fedhead.data import (
     DataError,
     DatasetConfig,
@@ -27,7 +28,6 @@ from fedhead.data import (
     make_config,
     standardize_targets,
 )
-from fedhead.regime import OutsideRegimeError, OutsideRegimeWarning
 from fedhead.data.mujoco import MujocoConfig
 from fedhead.data.pipeline import load_raw_cached, load_raw_file, save_raw
 
@@ -45,14 +45,24 @@ def _raw(n=400, c=3, seed=0, image=False, n_test=0, groups=False, standardize=Tr
     kw = {}
     if n_test:
         kw["y_test"] = rng.normal(size=(n_test, c)) @ np.eye(c) * 5.0 + 3.0
-        kw["x_test"] = (rng.integers(0, 256, size=(n_test, 1, 4, 4), dtype=np.uint8) if image
-                        else np.arange(n_test, dtype=np.float32)[:, None].repeat(2, 1))
+        kw["x_test"] = (
+            rng.integers(0, 256, size=(n_test, 1, 4, 4), dtype=np.uint8)
+            if image
+            else np.arange(n_test, dtype=np.float32)[:, None].repeat(2, 1)
+        )
     if groups:
         kw["groups"] = np.arange(n) % 4
         if n_test:
             kw["groups_test"] = np.arange(n_test) % 4
-    return RawDataset(name="toy", x=x, y=y, target_names=tuple(f"t{i}" for i in range(c)),
-                      standardize=standardize, source="test", **kw)
+    return RawDataset(
+        name="toy",
+        x=x,
+        y=y,
+        target_names=tuple(f"t{i}" for i in range(c)),
+        standardize=standardize,
+        source="test",
+        **kw,
+    )
 
 
 def test_standardize_targets_pooled_training_statistics():
@@ -210,8 +220,18 @@ def test_concurrent_builders_build_once():
 
 
 def test_registry_names_and_configs():
-    assert dataset_names() == ("beijing", "swimmer", "hopper", "halfcheetah", "walker2d",
-                               "mpiigaze", "300w_lp", "dsprites", "shapes3d", "cifar_geo")
+    assert dataset_names() == (
+        "beijing",
+        "swimmer",
+        "hopper",
+        "halfcheetah",
+        "walker2d",
+        "mpiigaze",
+        "300w_lp",
+        "dsprites",
+        "shapes3d",
+        "cifar_geo",
+    )
     for name in ("swimmer", "hopper", "halfcheetah", "walker2d"):
         cfg = make_config(name)
         assert isinstance(cfg, MujocoConfig) and cfg.name == name
@@ -231,9 +251,15 @@ def test_registry_names_and_configs():
 
 
 SIZES_10 = {  # name: (clients, train, test)
-    "beijing": (4, 9000, 0), "swimmer": (4, 4000, 0), "hopper": (4, 4000, 0),
-    "halfcheetah": (4, 4000, 0), "walker2d": (4, 4000, 0), "mpiigaze": (8, 12000, 3000),
-    "300w_lp": (8, 12000, 3000), "dsprites": (8, 12000, 3000), "shapes3d": (8, 12000, 3000),
+    "beijing": (4, 9000, 0),
+    "swimmer": (4, 4000, 0),
+    "hopper": (4, 4000, 0),
+    "halfcheetah": (4, 4000, 0),
+    "walker2d": (4, 4000, 0),
+    "mpiigaze": (8, 12000, 3000),
+    "300w_lp": (8, 12000, 3000),
+    "dsprites": (8, 12000, 3000),
+    "shapes3d": (8, 12000, 3000),
     "cifar_geo": (4, 12000, 3000),
 }
 
@@ -320,7 +346,7 @@ def test_partition_is_made_in_standardised_units():
     order = np.argsort(z, kind="stable")
     for m, c in enumerate(fed.clients):
         idx = c.x_train[:, 0].numpy().astype(int)
-        np.testing.assert_array_equal(np.sort(idx), np.sort(order[200 * m:200 * (m + 1)]))
+        np.testing.assert_array_equal(np.sort(idx), np.sort(order[200 * m : 200 * (m + 1)]))
     # the raw-unit split (dominated by column 0) is a different partition
     raw_part = eigen_partition(y, 4)
     assert abs(raw_part.direction[0]) > 0.99
@@ -371,6 +397,6 @@ def test_a_loader_returning_fewer_samples_than_asked_raises(monkeypatch):
     from fedhead.data import registry
 
     cfg = make_config("hopper", n_train=500)
-    monkeypatch.setattr(registry, "get_loader", lambda name: (lambda c: _raw(n=300)))
+    monkeypatch.setattr(registry, "get_loader", lambda name: lambda c: _raw(n=300))
     with pytest.raises(DataError, match=r"hopper: the loader returned 300 training samples .*n_train=500"):
         registry.load_raw(cfg, use_cache=False)

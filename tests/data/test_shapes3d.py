@@ -59,13 +59,15 @@ def test_grid_values():
 
 
 def test_renderer_colours_scale_and_orientation():
-    labels = np.array([
-        [0.0, 0.3, 0.6, 1.0, 0, 0.0],  # red floor, green wall, blue cube
-        [0.6, 0.0, 0.3, 1.0, 2, 0.0],  # blue floor, red wall, green sphere
-        [0.0, 0.3, 0.6, 0.75, 0, 0.0],  # small cube
-        [0.0, 0.3, 0.6, 1.25, 0, 0.0],  # large cube
-        [0.0, 0.3, 0.6, 1.0, 0, 30.0],  # turned room
-    ])
+    labels = np.array(
+        [
+            [0.0, 0.3, 0.6, 1.0, 0, 0.0],  # red floor, green wall, blue cube
+            [0.6, 0.0, 0.3, 1.0, 2, 0.0],  # blue floor, red wall, green sphere
+            [0.0, 0.3, 0.6, 0.75, 0, 0.0],  # small cube
+            [0.0, 0.3, 0.6, 1.25, 0, 0.0],  # large cube
+            [0.0, 0.3, 0.6, 1.0, 0, 30.0],  # turned room
+        ]
+    )
     img = render_scenes(labels)
     assert img.shape == (5, 3, 64, 64) and img.dtype == np.uint8
     for k in (0, 1):
@@ -73,10 +75,12 @@ def test_renderer_colours_scale_and_orientation():
         assert _hue_close(_dominant_hue(img[k, :, 62, 32]), floor_h)  # bottom centre: floor
         assert _hue_close(_dominant_hue(img[k, :, 2, 10]), wall_h)  # top left: wall
         assert _hue_close(_dominant_hue(img[k, :, 32, 32]), obj_h)  # centre: object
+
     def object_pixels(im, hue):
         hsv = np.array([colorsys.rgb_to_hsv(*(p / 255.0)) for p in im.reshape(3, -1).T])
         d = np.abs(hsv[:, 0] - hue)
         return int(np.sum((np.minimum(d, 1 - d) < 0.04) & (hsv[:, 1] > 0.5)))
+
     sizes = [object_pixels(img[k], 0.6) for k in (2, 0, 3)]
     assert sizes[0] < sizes[1] < sizes[2]
     assert np.abs(img[4].astype(int) - img[0].astype(int)).mean() > 5
@@ -90,8 +94,7 @@ def test_generator_dataset_shapes_ranges_determinism():
     assert raw.x.shape == (4, 3, 64, 64) and raw.x_test.shape == (2, 3, 64, 64)
     assert raw.target_names == ("object_hue", "scale", "orientation")
     idx = sample_grid_indices(6, 5)
-    np.testing.assert_allclose(np.concatenate([raw.y, raw.y_test]),
-                               labels_from_indices(idx)[:, [2, 3, 5]])
+    np.testing.assert_allclose(np.concatenate([raw.y, raw.y_test]), labels_from_indices(idx)[:, [2, 3, 5]])
     vals = factor_values()
     assert np.all(np.isin(raw.y[:, 0], vals["object_hue"]))
     assert np.all(np.isin(raw.y[:, 1], vals["scale"]))

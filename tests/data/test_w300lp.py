@@ -25,12 +25,15 @@ def _write_sample(folder: Path, stem: str, angles_rad, colour, size=120, with_ma
     Image.new("RGB", (size, size), colour).save(folder / f"{stem}.jpg", quality=95)
     if with_mat:
         pose = np.array([[*angles_rad, 220.0, 230.0, -40.0, 0.0015]], dtype=np.float32)
-        scipy.io.savemat(str(folder / f"{stem}.mat"), {
-            "Pose_Para": pose,
-            "Shape_Para": np.zeros((199, 1), np.float32),
-            "Exp_Para": np.zeros((29, 1), np.float32),
-            "pt2d": np.zeros((2, 68)),
-        })
+        scipy.io.savemat(
+            str(folder / f"{stem}.mat"),
+            {
+                "Pose_Para": pose,
+                "Shape_Para": np.zeros((199, 1), np.float32),
+                "Exp_Para": np.zeros((29, 1), np.float32),
+                "pt2d": np.zeros((2, 68)),
+            },
+        )
 
 
 def _write_release(root: Path, n_per_subset=8, seed=0, extreme=()):
@@ -83,8 +86,7 @@ def test_load_pairs_images_with_their_poses(tmp_path):
     np.testing.assert_array_equal(again.y_test, raw.y_test)
     other = load(W300LPConfig(root=str(tmp_path), n_train=9, n_test=4, seed=2))
     assert not np.array_equal(other.y, raw.y)
-    everything = load(W300LPConfig(root=str(tmp_path), n_train=16, n_test=0, max_abs_angle_deg=None,
-                                   image_size=32))
+    everything = load(W300LPConfig(root=str(tmp_path), n_train=16, n_test=0, max_abs_angle_deg=None, image_size=32))
     assert everything.x.shape == (16, 3, 32, 32) and np.abs(everything.y).max() > 119
 
 

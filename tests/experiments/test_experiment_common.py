@@ -75,8 +75,9 @@ def test_prox_with_correction_matches_corrected_closed_form():
     W0 = random_head(C, C, 0.7, 1.5, rng)
     for gamma in (1.0, 0.5):
         target = ufm.optimal_gram((1 - gamma) * covs[0] + gamma * mom.sigma_cen, lam, lam)
-        r = prox_profiled_solve(ufm.closest_head(W0, target), W0, covs[0], lam, lam, 1e-9, gamma=gamma,
-                                sigma_cen=mom.sigma_cen)
+        r = prox_profiled_solve(
+            ufm.closest_head(W0, target), W0, covs[0], lam, lam, 1e-9, gamma=gamma, sigma_cen=mom.sigma_cen
+        )
         np.testing.assert_allclose(r.x @ r.x.T, target, atol=1e-7)
 
 

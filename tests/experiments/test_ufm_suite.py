@@ -8,8 +8,9 @@ import json
 import numpy as np
 import pytest
 
-from fedhead.experiments import cli, convergence, finite_steps, gap_terms, recovery, reference, selection
-from fedhead.experiments.cli import EXPERIMENTS
+from fedhead.cli import ufm as cli
+from fedhead.cli.ufm import EXPERIMENTS
+from fedhead.experiments import convergence, finite_steps, gap_terms, recovery, reference, selection
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -75,8 +76,16 @@ def test_convergence_sweep(tmp_path):
 
 @pytest.fixture(scope="module")
 def tiny_gap():
-    return gap_terms.Settings(controlled_seeds=(55, 56), mean_scales=(0.0, 1.0), cov_scales=(0.0, 0.5, 1.0),
-                              n_random=12, n_sweep=3, sweep_dims=(2, 3), sweep_clients=(2, 4), kappas=(10.0, 1.2))
+    return gap_terms.Settings(
+        controlled_seeds=(55, 56),
+        mean_scales=(0.0, 1.0),
+        cov_scales=(0.0, 0.5, 1.0),
+        n_random=12,
+        n_sweep=3,
+        sweep_dims=(2, 3),
+        sweep_clients=(2, 4),
+        kappas=(10.0, 1.2),
+    )
 
 
 def test_gap_terms(tmp_path, tiny_gap):
@@ -103,8 +112,9 @@ def test_gap_terms_deterministic(tmp_path, tiny_gap):
 
 
 def test_recovery(tmp_path):
-    s = recovery.Settings(n_instances=1, dims=(2,), clients=(3,), n_check=1, check_rhos=(1e-2, 1e-3, 1e-4),
-                          check_rounds=2, n_identity=8)
+    s = recovery.Settings(
+        n_instances=1, dims=(2,), clients=(3,), n_check=1, check_rhos=(1e-2, 1e-3, 1e-4), check_rounds=2, n_identity=8
+    )
     res = recovery.run(s, tmp_path / "recovery")
     _check_outputs(res, "recovery")
     h = res.headline_dict
@@ -118,8 +128,9 @@ def test_recovery(tmp_path):
 
 
 def test_finite_steps(tmp_path):
-    s = finite_steps.Settings(n_instances=1, etas=(0.1,), steps=(1, 2, 20, 500), n_commuting=3,
-                              jacobian_steps=(2,), jacobian_h=(1e-4, 1e-3))
+    s = finite_steps.Settings(
+        n_instances=1, etas=(0.1,), steps=(1, 2, 20, 500), n_commuting=3, jacobian_steps=(2,), jacobian_h=(1e-4, 1e-3)
+    )
     res = finite_steps.run(s, tmp_path / "finite")
     _check_outputs(res, "finite_steps")
     h = res.headline_dict
@@ -152,9 +163,22 @@ def test_cli_rejects_unknown_name(capsys):
 
 
 def test_cli_runs_one_experiment(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(gap_terms.Settings, "quick", classmethod(
-        lambda cls: cls(controlled_seeds=(55,), mean_scales=(0.0, 1.0), cov_scales=(0.0, 1.0), n_random=4,
-                        n_sweep=2, sweep_dims=(2,), sweep_clients=(2,), kappas=(10.0,))))
+    monkeypatch.setattr(
+        gap_terms.Settings,
+        "quick",
+        classmethod(
+            lambda cls: cls(
+                controlled_seeds=(55,),
+                mean_scales=(0.0, 1.0),
+                cov_scales=(0.0, 1.0),
+                n_random=4,
+                n_sweep=2,
+                sweep_dims=(2,),
+                sweep_clients=(2,),
+                kappas=(10.0,),
+            )
+        ),
+    )
     assert cli.main(["gap_terms", "--quick", "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "[gap_terms]" in out and "min_eig_of_terms_rel" in out

@@ -16,7 +16,6 @@ from fedhead.models import (
     build_head,
 )
 
-
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
@@ -48,8 +47,11 @@ def test_resmlp_layout_and_forward_backward():
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in net.parameters())
 
 
-@pytest.mark.parametrize("cfg,shape", IMAGE_CASES, ids=["resnet18-rgb64", "resnet18-gray36x60", "resnet34-gray36x60",
-                                                     "resnet34-rgb40", "rescnn-rgb", "rescnn-gray"])
+@pytest.mark.parametrize(
+    "cfg,shape",
+    IMAGE_CASES,
+    ids=["resnet18-rgb64", "resnet18-gray36x60", "resnet34-gray36x60", "resnet34-rgb40", "rescnn-rgb", "rescnn-gray"],
+)
 def test_image_backbones_forward_backward(cfg, shape):
     net = build_backbone(cfg, shape, 10, seed=0)
     x = torch.rand(2, *shape)
@@ -177,8 +179,14 @@ def test_model_yaml_files_instantiate():
     from omegaconf import OmegaConf
 
     conf = Path(__file__).resolve().parents[2] / "conf" / "model"
-    expected = {"resmlp": (ResMLPConfig, 1024), "resmlp_small": (ResMLPConfig, 256), "resnet18": (ResNetConfig, 18),
-                "resnet34": (ResNetConfig, 34), "rescnn": (ResidualCNNConfig, 8), "free": (FreeFeatureConfig, None)}
+    expected = {
+        "resmlp": (ResMLPConfig, 1024),
+        "resmlp_small": (ResMLPConfig, 256),
+        "resnet18": (ResNetConfig, 18),
+        "resnet34": (ResNetConfig, 34),
+        "rescnn": (ResidualCNNConfig, 8),
+        "free": (FreeFeatureConfig, None),
+    }
     for name, (cls, key) in expected.items():
         cfg = instantiate(OmegaConf.load(conf / f"{name}.yaml"))
         assert type(cfg) is cls and cfg.name == name and cfg.feature_dim == 512
@@ -192,6 +200,16 @@ def test_model_yaml_files_instantiate():
 
 def test_resmlp_state_dict_keys_unchanged():
     net = build_backbone(ResMLPConfig(width=8, depth=1, feature_dim=4), (3,), 1, seed=0)
-    assert list(net.state_dict()) == ["stem.0.weight", "stem.0.bias", "stem.1.weight", "blocks.0.fc1.weight",
-                                      "blocks.0.fc1.bias", "blocks.0.act1.weight", "blocks.0.fc2.weight",
-                                      "blocks.0.fc2.bias", "blocks.0.act2.weight", "proj.weight", "proj.bias"]
+    assert list(net.state_dict()) == [
+        "stem.0.weight",
+        "stem.0.bias",
+        "stem.1.weight",
+        "blocks.0.fc1.weight",
+        "blocks.0.fc1.bias",
+        "blocks.0.act1.weight",
+        "blocks.0.fc2.weight",
+        "blocks.0.fc2.bias",
+        "blocks.0.act2.weight",
+        "proj.weight",
+        "proj.bias",
+    ]

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from report_helpers import PROCEDURES, SEEDS, SETTING
 
-from fedhead.report.cli import main
+from fedhead.cli.report import main
 
 pytestmark = pytest.mark.timeout(600)  # the session fixture runs six federations (one Ray start)
 
@@ -42,9 +42,13 @@ def _expected_table4(res: dict) -> dict[str, float | None]:
     G_star otherwise; trajectory for uncorrected, round-1 d(G_1, G_cen) for corrected runs."""
     corrected = res["procedure"]["gamma"] > 0
     last, first = res["rounds"][-1], res["rounds"][1]
-    return {"endpoint": last["e_f_cen"] if corrected else last["e_f_star"], "delta_last": last["delta"],
-            "trajectory": None if corrected else last["trajectory_error"],
-            "d_cen_1": first["d_cen"] if corrected else None, "e_cen_1": first["e_f_cen"] if corrected else None}
+    return {
+        "endpoint": last["e_f_cen"] if corrected else last["e_f_star"],
+        "delta_last": last["delta"],
+        "trajectory": None if corrected else last["trajectory_error"],
+        "d_cen_1": first["d_cen"] if corrected else None,
+        "e_cen_1": first["e_f_cen"] if corrected else None,
+    }
 
 
 def test_table4_equals_the_runs_and_lists_its_sources(sweeps, report_dir):
@@ -69,15 +73,18 @@ def test_table4_equals_the_runs_and_lists_its_sources(sweeps, report_dir):
 
 def test_wins_and_per_setting_breakdown(sweeps, report_dir):
     prox, ordi = _results(sweeps / "main", "proximal"), _results(sweeps / "main", "ordinary")
-    wins = sum(p["rounds"][-1]["e_f_star"] < o["rounds"][-1]["e_f_star"]
-               for p, o in zip(prox.values(), ordi.values()))
-    row = next(r for r in _csv(report_dir / "tables" / "table4_wins.csv")
-               if (r["challenger"], r["baseline"]) == ("proximal", "ordinary"))
+    wins = sum(p["rounds"][-1]["e_f_star"] < o["rounds"][-1]["e_f_star"] for p, o in zip(prox.values(), ordi.values()))
+    row = next(
+        r
+        for r in _csv(report_dir / "tables" / "table4_wins.csv")
+        if (r["challenger"], r["baseline"]) == ("proximal", "ordinary")
+    )
     assert (int(row["wins"]), int(row["wins_n"])) == (wins, len(SEEDS))
     by_setting = {r["procedure"]: r for r in _csv(report_dir / "tables" / "table4_by_setting.csv")}
     assert by_setting["proximal"]["setting"] == SETTING
     assert float(by_setting["proximal"]["endpoint"]) == pytest.approx(
-        statistics.median(r["rounds"][-1]["e_f_star"] for r in prox.values()), rel=1e-12)
+        statistics.median(r["rounds"][-1]["e_f_star"] for r in prox.values()), rel=1e-12
+    )
 
 
 def test_table9_pairs_the_mse_with_ordinary(sweeps, report_dir):
@@ -92,8 +99,10 @@ def test_table9_pairs_the_mse_with_ordinary(sweeps, report_dir):
         assert row["split"] == "train"
         mse = [r["rounds"][-1]["train_mse"] for r in runs]
         assert float(row["mse"]) == pytest.approx(statistics.median(mse), rel=1e-12)
-        changes = [100 * (r["rounds"][-1]["train_mse"] - o["rounds"][-1]["train_mse"]) / o["rounds"][-1]["train_mse"]
-                   for r, o in zip(runs, ordi)]
+        changes = [
+            100 * (r["rounds"][-1]["train_mse"] - o["rounds"][-1]["train_mse"]) / o["rounds"][-1]["train_mse"]
+            for r, o in zip(runs, ordi)
+        ]
         assert float(row["change"]) == pytest.approx(statistics.median(changes), rel=1e-9)
         assert (int(row["improved"]), int(row["improved_n"])) == (sum(c < 0 for c in changes), len(SEEDS))
 

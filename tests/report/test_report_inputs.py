@@ -6,8 +6,8 @@ import json
 
 import pytest
 
+from fedhead.cli.report import main
 from fedhead.report import measures
-from fedhead.report.cli import main
 from fedhead.report.figures import rho_positions
 from fedhead.report.tables import Cell, fmt
 
@@ -32,8 +32,16 @@ def test_unreadable_manifest_is_a_usage_error(tmp_path, capsys):
 
 
 def test_a_completed_run_without_results_is_listed_not_counted(tmp_path, capsys):
-    run = {"id": "main/hopper/ordinary/s0", "sweep": "main", "setting": "hopper", "procedure": "ordinary",
-           "seed": 0, "params": {}, "status": "completed", "dir": "runs/main/hopper/ordinary/s0"}
+    run = {
+        "id": "main/hopper/ordinary/s0",
+        "sweep": "main",
+        "setting": "hopper",
+        "procedure": "ordinary",
+        "seed": 0,
+        "params": {},
+        "status": "completed",
+        "dir": "runs/main/hopper/ordinary/s0",
+    }
     (tmp_path / "manifest.json").write_text(json.dumps({"sweep": "main", "scale": "smoke", "runs": [run]}))
     assert main([str(tmp_path), "--out", str(tmp_path / "out"), "--no-figures"]) == 0
     text = (tmp_path / "out" / "report.md").read_text()
@@ -41,21 +49,35 @@ def test_a_completed_run_without_results_is_listed_not_counted(tmp_path, capsys)
 
 
 def test_number_formatting_and_cells():
-    assert [fmt(x) for x in (0.0, 0.001234, 1.23456e-5, 12.345, 12345.0)] == ["0", "0.00123", "1.23e-05", "12.3",
-                                                                              "1.23e+04"]
+    assert [fmt(x) for x in (0.0, 0.001234, 1.23456e-5, 12.345, 12345.0)] == [
+        "0",
+        "0.00123",
+        "1.23e-05",
+        "12.3",
+        "1.23e+04",
+    ]
     assert Cell(3, n=4, kind="fraction").text() == "3/4" and Cell(None).text() == "-"
     assert Cell(-15.43, n=2, kind="percent").text() == "-15.4 %"
 
 
 def test_rho_zero_gets_a_placeholder_left_of_the_smallest_rho():
     pos, zero = rho_positions([0.0, 1e-5, 1e-3, 1.0])
-    assert zero == pytest.approx(1e-5 / 10 ** 1.5) and pos[0.0] == zero and pos[1e-3] == 1e-3
+    assert zero == pytest.approx(1e-5 / 10**1.5) and pos[0.0] == zero and pos[1e-3] == 1e-3
     assert rho_positions([1e-3, 1.0])[1] is None
 
 
 def test_mismatch_costs_from_the_round_keys():
-    res = {"rounds": [{"round": 0}, {"round": 1, "mismatch_objective_local": 1.0, "mismatch_objective_trained": 3.0,
-                                     "mismatch_objective_aligned": 1.5}]}
+    res = {
+        "rounds": [
+            {"round": 0},
+            {
+                "round": 1,
+                "mismatch_objective_local": 1.0,
+                "mismatch_objective_trained": 3.0,
+                "mismatch_objective_aligned": 1.5,
+            },
+        ]
+    }
     m = measures.mismatch(res)
     assert m == {"trained_minus_local": 2.0, "aligned_minus_local": 0.5, "removed": 0.75}
     assert measures.mismatch({"rounds": [{"round": 1}]})["removed"] is None

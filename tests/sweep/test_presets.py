@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from fedhead.config import compose_config, load_config
-from fedhead.procedure import ConfigError
+from fedhead.analysis.procedure import ConfigError
+from fedhead.federation.config import compose_config, load_config
 from fedhead.sweep import PRESETS, plan
 from fedhead.sweep.presets import FILE_ONLY, MAIN_PROCEDURES, PAPER_EPOCHS, RHOS, SETTINGS
 
@@ -20,7 +20,7 @@ def test_every_smoke_run_composes_and_validates(name, tmp_path):
         job = cfg.jobs(tmp_path)[0]
         assert job.procedure.name == spec.procedure
         assert job.settings.seed == spec.seed
-        assert getattr(job.dataset, "name") == spec.dataset
+        assert job.dataset.name == spec.dataset
         assert job.settings.rounds == (1 if name == "mismatch" else 3)
 
 
@@ -31,7 +31,7 @@ def test_paper_runs_compose_first_and_last(name, tmp_path):
         cfg = load_config(compose_config(list(spec.overrides)))
         job = cfg.jobs(tmp_path)[0]
         assert job.settings.rounds == (1 if name == "mismatch" else 8)
-        assert getattr(job.model, "width") in (64, 1024)  # the paper's networks, not the smoke ones
+        assert job.model.width in (64, 1024)  # the paper's networks, not the smoke ones
         assert getattr(job.dataset, "image_size", None) is None
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from fedhead import protocol as P
+from fedhead.federation import protocol as P
 from fedhead.sweep import SweepConfig, run_sweep
 from fedhead.sweep.presets import MAIN_PROCEDURES
 
@@ -22,8 +22,14 @@ pytestmark = pytest.mark.timeout(900)
 def sweep(tmp_path_factory):
     out = tmp_path_factory.mktemp("sweep")
     cache = tmp_path_factory.mktemp("cache")
-    cfg = SweepConfig(sweep="main", scale="smoke", out=out, settings=("hopper", "beijing"),
-                      run_overrides=(f"dataset.cache_dir={cache}",), show_progress=False)
+    cfg = SweepConfig(
+        sweep="main",
+        scale="smoke",
+        out=out,
+        settings=("hopper", "beijing"),
+        run_overrides=(f"dataset.cache_dir={cache}",),
+        show_progress=False,
+    )
     result = run_sweep(cfg)
     return cfg, result
 
@@ -43,7 +49,7 @@ def test_manifest_lists_every_run_with_status_hash_and_time(sweep):
         assert run["status"] == "completed", run
         assert run["wall_seconds"] > 0 and run["dir"] == f"runs/main/hopper/{proc}/s0"
         res = json.loads((cfg.out / run["dir"] / "results.json").read_text())
-        from fedhead.checkpoint import config_hash
+        from fedhead.federation.checkpoint import config_hash
 
         assert res["status"] == "completed" and config_hash(res["config"]) == run["config_hash"]
         assert len(res["rounds"]) == 4 and res["local_optimality"]["last_round_max_trained_gap"] is not None
@@ -70,7 +76,7 @@ def _csv(path: Path) -> list[dict[str, str]]:
 
 
 def test_report_of_the_sweep_equals_the_runs(sweep, tmp_path):
-    from fedhead.report.cli import main
+    from fedhead.cli.report import main
 
     cfg, _ = sweep
     out = tmp_path / "report"
@@ -94,7 +100,7 @@ def _failing_first_job_app(jobs):
     """The real client handlers, except that every message of job 0 raises."""
     from flwr.clientapp import ClientApp
 
-    from clients.app import handle_evaluate, handle_query, handle_train
+    from fedhead.clients.app import handle_evaluate, handle_query, handle_train
 
     app = ClientApp()
 
@@ -124,22 +130,40 @@ def _failing_first_job_app(jobs):
 def test_a_failed_run_is_recorded_and_the_next_one_runs(tmp_path):
     """keep_going (what the sweep uses): the failing job is marked failed with its reason, the
     next job of the same simulation completes, and the callback sees both."""
-    from fedhead.config import compose_config, load_config
-    from fedhead.run import run_federations
+    from fedhead.driver.simulation import run_federations
+    from fedhead.federation.config import compose_config, load_config
 
-    cfg = load_config(compose_config([
-        "model=free", "procedure=exact", "num_clients=2", "rounds=1", "dataset.n_train=200",
-        f"dataset.cache_dir={tmp_path / 'cache'}", "output.figures=false", "output.tensorboard=false",
-        "resources.evaluate_mse=false", "timeouts.exchange=60"]))
+    cfg = load_config(
+        compose_config(
+            [
+                "model=free",
+                "procedure=exact",
+                "num_clients=2",
+                "rounds=1",
+                "dataset.n_train=200",
+                f"dataset.cache_dir={tmp_path / 'cache'}",
+                "output.figures=false",
+                "output.tensorboard=false",
+                "resources.evaluate_mse=false",
+                "timeouts.exchange=60",
+            ]
+        )
+    )
     import dataclasses
 
     base = cfg.jobs(tmp_path / "out")[0]
-    jobs = [dataclasses.replace(base, output_dir=tmp_path / f"run{i}", state_dir=tmp_path / f"run{i}" / "state")
-            for i in range(2)]
+    jobs = [
+        dataclasses.replace(base, output_dir=tmp_path / f"run{i}", state_dir=tmp_path / f"run{i}" / "state")
+        for i in range(2)
+    ]
     seen = []
-    results = run_federations(jobs, show_progress=False, keep_going=True,
-                              client_app=_failing_first_job_app(jobs),
-                              on_job_end=lambda i, res: seen.append((i, res["status"])))
+    results = run_federations(
+        jobs,
+        show_progress=False,
+        keep_going=True,
+        client_app=_failing_first_job_app(jobs),
+        on_job_end=lambda i, res: seen.append((i, res["status"])),
+    )
     assert [r["status"] for r in results] == ["failed", "completed"]
     assert "job 0 exploded on purpose" in results[0]["error"]
     assert seen == [(0, "failed"), (1, "completed")]
@@ -154,15 +178,27 @@ def test_concurrent_jobs_keep_their_messages_apart(tmp_path):
     no reply reached the wrong job."""
     import dataclasses
 
-    from fedhead.config import compose_config, load_config
-    from fedhead.run import run_federations
+    from fedhead.driver.simulation import run_federations
+    from fedhead.federation.config import compose_config, load_config
 
     jobs = []
     for seed in (0, 1):
-        cfg = load_config(compose_config([
-            "model=free", "procedure=exact", "num_clients=3", "rounds=3", "dataset.n_train=300", f"seed={seed}",
-            f"dataset.cache_dir={tmp_path / 'cache'}", "output.figures=true", "output.tensorboard=true",
-            "resources.evaluate_mse=false"]))
+        cfg = load_config(
+            compose_config(
+                [
+                    "model=free",
+                    "procedure=exact",
+                    "num_clients=3",
+                    "rounds=3",
+                    "dataset.n_train=300",
+                    f"seed={seed}",
+                    f"dataset.cache_dir={tmp_path / 'cache'}",
+                    "output.figures=true",
+                    "output.tensorboard=true",
+                    "resources.evaluate_mse=false",
+                ]
+            )
+        )
         job = cfg.jobs(tmp_path / "out")[0]
         jobs.append(dataclasses.replace(job, output_dir=tmp_path / f"s{seed}", state_dir=tmp_path / f"s{seed}" / "st"))
     results = run_federations(jobs, show_progress=False, parallel=2)

@@ -81,8 +81,9 @@ def test_free_features_reach_optimal_gram_and_bias(y_m, center):
     assert m.n_steps == 3000 and m.epochs == 3000 and m.n_samples == N and m.steps_per_second > 0
     # the returned head is the module's head, and the metrics match an independent evaluation
     np.testing.assert_allclose(res.weight, head.weight.detach().double().numpy())
-    ev = evaluate_local(bb, (res.weight, res.bias), torch.arange(N), y_m, lambda_h=LAM, lambda_w=LAM,
-                        target_offset=res.target_offset)
+    ev = evaluate_local(
+        bb, (res.weight, res.bias), torch.arange(N), y_m, lambda_h=LAM, lambda_w=LAM, target_offset=res.target_offset
+    )
     assert ev.objective == pytest.approx(m.objective, rel=1e-6) and ev.mse == pytest.approx(m.train_mse, rel=1e-6)
 
 
@@ -91,8 +92,15 @@ def test_correction_moves_optimum_to_phi_of_mixed_covariance(y_m, gamma, center)
     """gamma = 1: optimal Gram phi(Sigma_cen); gamma = 0.5 with client-wise centring (Sigma_m is the
     centred targets' covariance too): phi of the mixture, bias 0 (theory.md §8)."""
     bb, head = free_model()
-    res = train_local(bb, head, torch.arange(N), y_m, *ufm_config(gamma=gamma, center_targets=center),
-                      sigma_cen=SIGMA_CEN, device="cpu")
+    res = train_local(
+        bb,
+        head,
+        torch.arange(N),
+        y_m,
+        *ufm_config(gamma=gamma, center_targets=center),
+        sigma_cen=SIGMA_CEN,
+        device="cpu",
+    )
     target = optimal_gram((1 - gamma) * SIGMA_M + gamma * SIGMA_CEN, LAM, LAM)  # theory.md §8
     assert rel(res.weight @ res.weight.T, target) < 1e-3
     np.testing.assert_allclose(res.bias, np.zeros(C) if center else MU_M, atol=1e-3)
@@ -141,8 +149,10 @@ def test_moment_correction_value_and_gradient():
     for i in np.ndindex(*w.shape):
         e = np.zeros_like(w)
         e[i] = eps
-        f = [0.5 * LAM * np.trace((s_c - s_m) @ np.linalg.inv((w + s * e) @ (w + s * e).T + LAM * np.eye(3)))
-             for s in (1, -1)]
+        f = [
+            0.5 * LAM * np.trace((s_c - s_m) @ np.linalg.inv((w + s * e) @ (w + s * e).T + LAM * np.eye(3)))
+            for s in (1, -1)
+        ]
         fd[i] = (f[0] - f[1]) / (2 * eps)
     np.testing.assert_allclose(wt.grad.numpy(), fd, rtol=1e-6, atol=1e-9)
 
@@ -169,13 +179,17 @@ def test_head_penalty_grads_match_autograd_of_full_objective():
     d = torch.tensor(np.array([[0.4, 0.1], [0.1, -0.3]]))
     rho, gamma, lw = 0.2, 0.7, 0.05
     ref = torch.tensor(w0, requires_grad=True)
-    total = 0.5 * lw * ref.square().sum() + 0.5 * rho * (ref - torch.tensor(w_t)).square().sum() \
+    total = (
+        0.5 * lw * ref.square().sum()
+        + 0.5 * rho * (ref - torch.tensor(w_t)).square().sum()
         + gamma * moment_correction_torch(ref, d, LAM)
+    )
     total.backward()
     w = torch.tensor(w0, requires_grad=True)
     w.grad = torch.zeros_like(w)
-    add_head_penalty_grads(w, lambda_w=lw, lambda_h=LAM, rho=rho, broadcast=torch.tensor(w_t), gamma=gamma,
-                           sigma_delta=d)
+    add_head_penalty_grads(
+        w, lambda_w=lw, lambda_h=LAM, rho=rho, broadcast=torch.tensor(w_t), gamma=gamma, sigma_delta=d
+    )
     np.testing.assert_allclose(w.grad.numpy(), ref.grad.numpy(), rtol=1e-12, atol=1e-14)
 
 
@@ -237,14 +251,21 @@ def test_divergence_raises():
     with torch.no_grad():
         bb.proj.weight[0, 0] = float("nan")
     with pytest.raises(TrainDivergedError, match="non-finite gradient norm at step 0"):
-        train_local(bb, build_head(8, 3, seed=4), x, y, *setup(epochs=1, batch_size=16, solve_last_layer=False),
-                    device="cpu")
+        train_local(
+            bb, build_head(8, 3, seed=4), x, y, *setup(epochs=1, batch_size=16, solve_last_layer=False), device="cpu"
+        )
     bb = build_backbone(ResMLPConfig(width=16, feature_dim=8), (5,), 40, seed=3)
     with torch.no_grad():
         bb.proj.weight[0, 0] = float("nan")
     with pytest.raises(TrainDivergedError, match="training diverged"):
-        train_local(bb, build_head(8, 3, seed=4), x, y,
-                    *setup(epochs=1, batch_size=16, clip_norm=None, solve_last_layer=False), device="cpu")
+        train_local(
+            bb,
+            build_head(8, 3, seed=4),
+            x,
+            y,
+            *setup(epochs=1, batch_size=16, clip_norm=None, solve_last_layer=False),
+            device="cpu",
+        )
 
 
 def test_non_finite_features_are_refused_before_training():
@@ -352,8 +373,15 @@ def test_bad_inputs_raise_clear_errors(y_m):
     with pytest.raises(TrainInputError, match="sigma_cen is required"):
         train_local(bb, head, idx, y_m, *ufm_config(epochs=1, gamma=1.0), device="cpu")
     with pytest.raises(TrainInputError, match="sigma_cen must be symmetric"):
-        train_local(bb, head, idx, y_m, *ufm_config(epochs=1, gamma=1.0), sigma_cen=np.array([[1.0, 0.2], [0.0, 1.0]]),
-                    device="cpu")
+        train_local(
+            bb,
+            head,
+            idx,
+            y_m,
+            *ufm_config(epochs=1, gamma=1.0),
+            sigma_cen=np.array([[1.0, 0.2], [0.0, 1.0]]),
+            device="cpu",
+        )
     mlp = build_backbone(ResMLPConfig(width=8, feature_dim=P), (5,), N, seed=0)
     with pytest.raises(TrainInputError, match=r"per-sample shape \(6,\) but the backbone was built for \(5,\)"):
         train_local(mlp, head, torch.zeros(N, 6), y_m, *cfg, device="cpu")
@@ -365,23 +393,26 @@ def test_bad_inputs_raise_clear_errors(y_m):
         train_local(bb, build_head(3, C, seed=0), idx, y_m, *cfg, device="cpu")
 
 
-@pytest.mark.parametrize("field,value,msg", [
-    ("lambda_h", 0.0, "must be > 0"),
-    ("lambda_w", -1.0, "must be > 0"),
-    ("rho", -1e-3, "must be >= 0"),
-    ("gamma", -0.5, "must be >= 0"),
-    ("epochs", 0, "must be an integer >= 1"),
-    ("batch_size", 0, "must be an integer >= 1"),
-    ("lr_min", 1.0, "must be in"),
-    ("clip_norm", 0.0, "must be > 0"),
-    ("lambda_h", float("nan"), "must be > 0"),
-    ("local_tol", 0.0, "must be a relative gap in"),
-    ("local_tol", -1e-3, "must be a relative gap in"),
-    ("local_tol", 1.0, "must be a relative gap in"),
-    ("check_every", -1, "must be an integer >= 0"),
-    ("warmup_steps", -5, "must be an integer >= 0"),
-    ("last_layer_ridge", -1e-4, "must be >= 0"),
-])
+@pytest.mark.parametrize(
+    "field,value,msg",
+    [
+        ("lambda_h", 0.0, "must be > 0"),
+        ("lambda_w", -1.0, "must be > 0"),
+        ("rho", -1e-3, "must be >= 0"),
+        ("gamma", -0.5, "must be >= 0"),
+        ("epochs", 0, "must be an integer >= 1"),
+        ("batch_size", 0, "must be an integer >= 1"),
+        ("lr_min", 1.0, "must be in"),
+        ("clip_norm", 0.0, "must be > 0"),
+        ("lambda_h", float("nan"), "must be > 0"),
+        ("local_tol", 0.0, "must be a relative gap in"),
+        ("local_tol", -1e-3, "must be a relative gap in"),
+        ("local_tol", 1.0, "must be a relative gap in"),
+        ("check_every", -1, "must be an integer >= 0"),
+        ("warmup_steps", -5, "must be an integer >= 0"),
+        ("last_layer_ridge", -1e-4, "must be >= 0"),
+    ],
+)
 def test_bad_config_raises(field, value, msg):
     cls = LocalProblem if field in PROBLEM_FIELDS else TrainConfig
     with pytest.raises(TrainInputError, match=f"{cls.__name__}.{field} {msg}"):
@@ -398,8 +429,9 @@ def test_select_device():
             select_device("cuda")
 
 
-def _textbook_round(bb, head, x, y, *, epochs, batch, lr, lr_min, clip, lam_h, lam_w, rho, w_t, gamma, sigma_cen,
-                    center, seed):
+def _textbook_round(
+    bb, head, x, y, *, epochs, batch, lr, lr_min, clip, lam_h, lam_w, rho, w_t, gamma, sigma_cen, center, seed
+):
     """An independent plain implementation of one theory.md §2/§10 local round (all terms in autograd)."""
     y64 = y.double().numpy()
     mu, cov = y64.mean(0), np.cov(y64.T, bias=True)
@@ -414,13 +446,16 @@ def _textbook_round(bb, head, x, y, *, epochs, batch, lr, lr_min, clip, lam_h, l
     for _ in range(epochs):
         perm = torch.randperm(n, generator=gen)
         for s in range(0, n, batch):
-            idx = perm[s:s + batch]
+            idx = perm[s : s + batch]
             h = bb(x[idx])
             r = head(h) - yt[idx]
-            loss = (0.5 * r.square().sum(1).mean() + 0.5 * lam_h * h.square().sum(1).mean()
-                    + 0.5 * lam_w * head.weight.square().sum()
-                    + 0.5 * rho * (head.weight - torch.tensor(w_t, dtype=torch.float32)).square().sum()
-                    + gamma * moment_correction_torch(head.weight, d, lam_h))
+            loss = (
+                0.5 * r.square().sum(1).mean()
+                + 0.5 * lam_h * h.square().sum(1).mean()
+                + 0.5 * lam_w * head.weight.square().sum()
+                + 0.5 * rho * (head.weight - torch.tensor(w_t, dtype=torch.float32)).square().sum()
+                + gamma * moment_correction_torch(head.weight, d, lam_h)
+            )
             opt.zero_grad()
             loss.backward()
             torch.nn.utils.clip_grad_norm_(params, clip)
@@ -435,12 +470,26 @@ def test_recipe_matches_textbook_loop_over_two_calls():
     x, y = _tabular_client(seed=2, n=40, f=5, c=2)
     y = y * torch.tensor([2.0, 0.5]) + torch.tensor([1.0, -3.0])
     w_t = np.random.default_rng(7).standard_normal((2, 8))
-    kw = dict(epochs=3, batch=16, lr=3e-3, lr_min=1e-4, clip=0.5, lam_h=0.05, lam_w=0.02, rho=0.3, gamma=0.8,
-              center=True)
-    cfg = setup(epochs=3, batch_size=16, lr=3e-3, lr_min=1e-4, clip_norm=0.5, lambda_h=0.05, lambda_w=0.02,
-                      rho=0.3, gamma=0.8, center_targets=True, **LITERAL)
-    models = [(build_backbone(ResMLPConfig(width=16, feature_dim=8), (5,), 40, seed=3), build_head(8, 2, seed=4))
-              for _ in range(2)]
+    kw = dict(
+        epochs=3, batch=16, lr=3e-3, lr_min=1e-4, clip=0.5, lam_h=0.05, lam_w=0.02, rho=0.3, gamma=0.8, center=True
+    )
+    cfg = setup(
+        epochs=3,
+        batch_size=16,
+        lr=3e-3,
+        lr_min=1e-4,
+        clip_norm=0.5,
+        lambda_h=0.05,
+        lambda_w=0.02,
+        rho=0.3,
+        gamma=0.8,
+        center_targets=True,
+        **LITERAL,
+    )
+    models = [
+        (build_backbone(ResMLPConfig(width=16, feature_dim=8), (5,), 40, seed=3), build_head(8, 2, seed=4))
+        for _ in range(2)
+    ]
     for call, seed in enumerate((11, 12)):
         res = train_local(*models[0], x, y, *cfg, broadcast_weight=w_t, sigma_cen=SIGMA_CEN, device="cpu", seed=seed)
         _textbook_round(*models[1], x, y, w_t=w_t, sigma_cen=SIGMA_CEN, seed=seed, **kw)
@@ -452,11 +501,30 @@ def test_recipe_matches_textbook_loop_over_two_calls():
     assert res.metrics.n_steps == 3 * 3
     # clipping was active (an unclipped run ends elsewhere)
     bb, head = build_backbone(ResMLPConfig(width=16, feature_dim=8), (5,), 40, seed=3), build_head(8, 2, seed=4)
-    unclipped = train_local(bb, head, x, y, dataclasses.replace(cfg[0], clip_norm=None), cfg[1],
-                            broadcast_weight=w_t, sigma_cen=SIGMA_CEN, device="cpu", seed=11)
+    unclipped = train_local(
+        bb,
+        head,
+        x,
+        y,
+        dataclasses.replace(cfg[0], clip_norm=None),
+        cfg[1],
+        broadcast_weight=w_t,
+        sigma_cen=SIGMA_CEN,
+        device="cpu",
+        seed=11,
+    )
     first_ours = build_head(8, 2, seed=4)
-    train_local(build_backbone(ResMLPConfig(width=16, feature_dim=8), (5,), 40, seed=3), first_ours, x, y, *cfg,
-                broadcast_weight=w_t, sigma_cen=SIGMA_CEN, device="cpu", seed=11)
+    train_local(
+        build_backbone(ResMLPConfig(width=16, feature_dim=8), (5,), 40, seed=3),
+        first_ours,
+        x,
+        y,
+        *cfg,
+        broadcast_weight=w_t,
+        sigma_cen=SIGMA_CEN,
+        device="cpu",
+        seed=11,
+    )
     assert rel(unclipped.weight, first_ours.weight.detach().double().numpy()) > 1e-3
 
 

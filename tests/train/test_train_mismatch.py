@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
+from fedhead.analysis.seeds import INIT_MODES, backbone_seed
 from fedhead.models import FreeFeatureConfig, ResMLPConfig, build_backbone
-from fedhead.seeds import INIT_MODES, backbone_seed
 from fedhead.train import TrainInputError, evaluate_local, mismatch_objectives
 
 
@@ -33,8 +33,18 @@ def test_aligned_model_with_rotated_backbone_is_the_local_model(model):
     y = torch.randn(n, c)
     q = _orthogonal(p, 2)
     offset = np.array([0.1, -0.2, 0.3])
-    ev = mismatch_objectives(bb, x, y, own_head=(w, b), trained_head=(w, b), aligned_head=(w @ q, b), rotation=q,
-                             lambda_h=0.01, lambda_w=0.02, target_offset=offset)
+    ev = mismatch_objectives(
+        bb,
+        x,
+        y,
+        own_head=(w, b),
+        trained_head=(w, b),
+        aligned_head=(w @ q, b),
+        rotation=q,
+        lambda_h=0.01,
+        lambda_w=0.02,
+        target_offset=offset,
+    )
     ref = evaluate_local(bb, (w, b), x, y, lambda_h=0.01, lambda_w=0.02, target_offset=offset).objective
     assert ev.local == pytest.approx(ref, rel=1e-12) and ev.trained == pytest.approx(ref, rel=1e-12)
     assert ev.aligned == pytest.approx(ref, rel=1e-5)  # float32 features through the rotated layer
@@ -42,8 +52,17 @@ def test_aligned_model_with_rotated_backbone_is_the_local_model(model):
     for k, v in bb.state_dict().items():
         assert torch.equal(v, before[k]), k
     # a different average costs more than the client's own (optimal-ish) model only by its own terms
-    other = mismatch_objectives(bb, x, y, own_head=(w, b), trained_head=(0 * w, b), aligned_head=(w, b),
-                                rotation=np.eye(p), lambda_h=0.01, lambda_w=0.02)
+    other = mismatch_objectives(
+        bb,
+        x,
+        y,
+        own_head=(w, b),
+        trained_head=(0 * w, b),
+        aligned_head=(w, b),
+        rotation=np.eye(p),
+        lambda_h=0.01,
+        lambda_w=0.02,
+    )
     assert other.aligned == pytest.approx(other.local, rel=1e-12) and other.trained != other.local
 
 
@@ -52,16 +71,36 @@ def test_mismatch_objectives_checks_shapes():
     x, y = torch.randn(10, 3), torch.randn(10, 2)
     head = (np.zeros((2, 4)), np.zeros(2))
     with pytest.raises(TrainInputError, match="rotation"):
-        mismatch_objectives(bb, x, y, own_head=head, trained_head=head, aligned_head=head, rotation=np.eye(3),
-                            lambda_h=0.01, lambda_w=0.01)
+        mismatch_objectives(
+            bb,
+            x,
+            y,
+            own_head=head,
+            trained_head=head,
+            aligned_head=head,
+            rotation=np.eye(3),
+            lambda_h=0.01,
+            lambda_w=0.01,
+        )
     with pytest.raises(TrainInputError, match="trained_head"):
-        mismatch_objectives(bb, x, y, own_head=head, trained_head=(np.zeros((2, 5)), np.zeros(2)),
-                            aligned_head=head, rotation=np.eye(4), lambda_h=0.01, lambda_w=0.01)
+        mismatch_objectives(
+            bb,
+            x,
+            y,
+            own_head=head,
+            trained_head=(np.zeros((2, 5)), np.zeros(2)),
+            aligned_head=head,
+            rotation=np.eye(4),
+            lambda_h=0.01,
+            lambda_w=0.01,
+        )
 
 
 def _states(init: str, seed: int, clients: int = 3):
-    return [build_backbone(ResMLPConfig(width=16, feature_dim=8), (5,), 20, backbone_seed(seed, m, init)).state_dict()
-            for m in range(clients)]
+    return [
+        build_backbone(ResMLPConfig(width=16, feature_dim=8), (5,), 20, backbone_seed(seed, m, init)).state_dict()
+        for m in range(clients)
+    ]
 
 
 def _same(a, b) -> bool:

@@ -45,8 +45,10 @@ def cfg(n, **kw) -> tuple[TrainConfig, LocalProblem]:
 
 @pytest.fixture
 def clients(make_targets):
-    return [torch.tensor(make_targets(n, mu, s, seed=i), dtype=torch.float32)
-            for i, (n, mu, s) in enumerate(zip(COUNTS, MEANS, COVS))]
+    return [
+        torch.tensor(make_targets(n, mu, s, seed=i), dtype=torch.float32)
+        for i, (n, mu, s) in enumerate(zip(COUNTS, MEANS, COVS))
+    ]
 
 
 def free(n, seed=0):
@@ -143,10 +145,20 @@ def _federate(clients, rounds, *, rho, gamma, **kw):
     w, b = W0.copy(), np.zeros(C)
     grams = [w @ w.T]
     for _ in range(rounds):
-        outs = [train_local(bb, head_at(w, b), torch.arange(y.shape[0]), y,
-                            *cfg(y.shape[0], rho=rho, gamma=gamma, **kw), broadcast_weight=w,
-                            sigma_cen=sigma_cen if gamma > 0 else None, device="cpu", seed=0)
-                for bb, y in zip(backbones, clients)]
+        outs = [
+            train_local(
+                bb,
+                head_at(w, b),
+                torch.arange(y.shape[0]),
+                y,
+                *cfg(y.shape[0], rho=rho, gamma=gamma, **kw),
+                broadcast_weight=w,
+                sigma_cen=sigma_cen if gamma > 0 else None,
+                device="cpu",
+                seed=0,
+            )
+            for bb, y in zip(backbones, clients)
+        ]
         w = sum(p * o.weight for p, o in zip(weights, outs))
         b = sum(p * o.bias for p, o in zip(weights, outs))
         grams.append(w @ w.T)
@@ -177,7 +189,8 @@ def test_corrected_client_reports_the_gap_of_the_objective_it_minimised(clients)
         assert o.metrics.relative_gap > 1e-2  # ... which is not the optimum of L_m
         # gamma = 1: the corrected objective is F(W; Sigma_cen) (docs/theory.md §8), its optimum L*(Sigma_cen)
         assert o.metrics.trained_optimal_objective == pytest.approx(
-            float(ufm.optimal_loss(moments.sigma_cen, LAM, LAM)), rel=1e-9)
+            float(ufm.optimal_loss(moments.sigma_cen, LAM, LAM)), rel=1e-9
+        )
 
 
 # ------------------------------------------------------------------ selection: the closest optimal head
@@ -189,8 +202,9 @@ def test_distance_to_the_selected_head_shrinks_with_rho(clients):
     pi = ufm.closest_head(W0, ufm.optimal_gram(np.cov(y.double().numpy().T, bias=True), LAM, LAM))
     dist = {}
     for rho in (1e-2, 1e-3, 1e-4):
-        r = train_local(free(n), head_at(W0), torch.arange(n), y, *cfg(n, epochs=1500, rho=rho),
-                        broadcast_weight=W0, device="cpu")
+        r = train_local(
+            free(n), head_at(W0), torch.arange(n), y, *cfg(n, epochs=1500, rho=rho), broadcast_weight=W0, device="cpu"
+        )
         dist[rho] = rel(r.weight, pi)
     assert dist[1e-3] < 0.2 * dist[1e-2] and dist[1e-4] < 0.2 * dist[1e-3]
     assert dist[1e-4] < 1e-3
@@ -200,8 +214,9 @@ def test_distance_to_the_selected_head_shrinks_with_rho(clients):
 def test_local_tol_stops_once_the_gap_is_reached(clients):
     y = clients[1]
     n = y.shape[0]
-    r = train_local(free(n), head_at(W0), torch.arange(n), y, *cfg(n, epochs=3000, local_tol=1e-4, check_every=10),
-                    device="cpu")
+    r = train_local(
+        free(n), head_at(W0), torch.arange(n), y, *cfg(n, epochs=3000, local_tol=1e-4, check_every=10), device="cpu"
+    )
     m = r.metrics
     assert m.converged and m.trained_gap <= 1e-4 and m.epochs < 3000 and m.n_steps == m.epochs
     epochs = [e for e, _ in m.gap_trace]
@@ -213,14 +228,17 @@ def test_local_tol_stops_once_the_gap_is_reached(clients):
     assert r.metrics.converged is None and r.metrics.gap_trace == ()
 
 
-@pytest.mark.parametrize("override,msg", [
-    ("local_tol=0", r"^train: TrainConfig\.local_tol must be a relative gap in \(0, 1\)"),
-    ("local_tol=-1e-3", r"^train: TrainConfig\.local_tol must be a relative gap in \(0, 1\)"),
-    ("local_epochs=0", r"^local_epochs must be an integer >= 1, got 0$"),
-])
+@pytest.mark.parametrize(
+    "override,msg",
+    [
+        ("local_tol=0", r"^train: TrainConfig\.local_tol must be a relative gap in \(0, 1\)"),
+        ("local_tol=-1e-3", r"^train: TrainConfig\.local_tol must be a relative gap in \(0, 1\)"),
+        ("local_epochs=0", r"^local_epochs must be an integer >= 1, got 0$"),
+    ],
+)
 def test_bad_tolerance_or_cap_is_one_clear_config_error(override, msg):
     """Refused when the config is loaded, before any data, Ray or Flower (one line: the CLI prints it)."""
-    from fedhead.config import ConfigError, compose_config, load_config
+    from fedhead.federation.config import ConfigError, compose_config, load_config
 
     with pytest.raises(ConfigError, match=msg):
         load_config(compose_config([override]))

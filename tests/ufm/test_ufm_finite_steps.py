@@ -102,8 +102,10 @@ def test_psi_gradient_matches_finite_differences(instance, helpers):
     for _ in range(5):
         X = inst.rng.normal(size=(3, 3))
         X = X + X.T
-        fd = (psi_value(G + h * X, inst.covs, inst.weights, inst.lh, inst.lw)
-              - psi_value(G - h * X, inst.covs, inst.weights, inst.lh, inst.lw)) / (2 * h)
+        fd = (
+            psi_value(G + h * X, inst.covs, inst.weights, inst.lh, inst.lw)
+            - psi_value(G - h * X, inst.covs, inst.weights, inst.lh, inst.lw)
+        ) / (2 * h)
         assert np.sum(grad * X) == pytest.approx(fd, rel=1e-7, abs=1e-12)
     # psi vanishes to second order where every Lambda_m vanishes (identical clients)
     same = np.broadcast_to(inst.covs[0], inst.covs.shape)
@@ -143,8 +145,9 @@ def test_jacobian_and_contraction_rate(instance):
 def test_finite_step_errors_and_warnings(instance):
     inst = instance(6, C=2, M=3)
     with pytest.warns(ConvergenceWarning, match="did not converge"):
-        res = finite_step_fixed_point(inst.covs, inst.weights, inst.lh, inst.lw, 0.01, 2,
-                                      w0=np.eye(2) * 3, max_rounds=3)
+        res = finite_step_fixed_point(
+            inst.covs, inst.weights, inst.lh, inst.lw, 0.01, 2, w0=np.eye(2) * 3, max_rounds=3
+        )
     assert not res.converged and res.n_rounds == 3
     with pytest.raises(UFMInputError, match="diverged"):
         finite_step_fixed_point(inst.covs, inst.weights, inst.lh, inst.lw, 1e4, 3, w0=np.eye(2) * 3)

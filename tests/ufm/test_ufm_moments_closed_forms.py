@@ -138,8 +138,7 @@ def test_out_of_regime_phi_and_loss_against_trust_exact(helpers):
     expect = np.sqrt(thr * 2.0) - thr / 2 + 0.5 * (0.1 + 0.05)
     assert optimal_loss(T, lh, lw) == pytest.approx(expect, rel=1e-14)
     fun, jac, hess = scipy_callables(lambda W: profiled_objective(W, T, lh, lw), (3, 4))
-    res = minimize(fun, rng.normal(size=12), jac=jac, hess=hess, method="trust-exact",
-                   options={"gtol": 1e-12})
+    res = minimize(fun, rng.normal(size=12), jac=jac, hess=hess, method="trust-exact", options={"gtol": 1e-12})
     assert res.fun == pytest.approx(expect, rel=1e-12)
     W = res.x.reshape(3, 4)
     G = optimal_gram(T, lh, lw)

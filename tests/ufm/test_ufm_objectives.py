@@ -1,4 +1,7 @@
-"""Profiled objective, moment correction, joint UFM objective: derivatives and identities (docs/theory.md §2, §4, §8)."""
+"""Profiled objective, moment correction, joint UFM objective: derivatives and identities.
+
+(docs/theory.md §2, §4, §8)
+"""
 
 from __future__ import annotations
 
@@ -210,6 +213,7 @@ def test_one_round_recovery_by_solving_corrected_proximal_problems(instance):
     for rho in (1e-3, 1e-4):
         heads = []
         for m in range(inst.M):
+
             def obj(W, m=m, rho=rho):
                 F = profiled_objective(W, tm.covs[m], inst.lh, inst.lw, rho=rho, w_ref=Wt)
                 Cm = moment_correction(W, tm.covs[m], tm.sigma_cen, inst.lh)

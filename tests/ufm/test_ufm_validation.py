@@ -265,16 +265,19 @@ def _entry_points():
         "moment_correction sigma_m": (lambda X: moment_correction(_W, X, SPD, 0.1), "sigma_m"),
         "moment_correction sigma_cen": (lambda X: moment_correction(_W, SPD, X, 0.1), "sigma_cen"),
         "check_fully_active covs": (lambda X: check_fully_active(_stack(X), 0.1, 0.1), "covs at client 1"),
-        "TargetMoments covs": (lambda X: TargetMoments(w2, np.zeros((2, np.shape(X)[0])), _stack(X)),
-                               "covs at client 1"),
+        "TargetMoments covs": (
+            lambda X: TargetMoments(w2, np.zeros((2, np.shape(X)[0])), _stack(X)),
+            "covs at client 1",
+        ),
         "theta_min sigma_within": (lambda X: theta_min(X, 0.1, 0.1), "sigma_within"),
         "psi_value G": (lambda X: psi_value(X, GRAMS[:2], w2, 0.1, 0.1), "G"),
         "psi_value sigmas": (lambda X: psi_value(SPD, _stack(X), w2, 0.1, 0.1), "sigmas at client 1"),
         "profiled_gram_map G": (lambda X: profiled_gram_map(X, GRAMS[:2], w2, 0.1, 0.1, 0.1, 2), "G"),
         "finite_step_fixed_point sigmas": (
-            lambda X: finite_step_fixed_point(_stack(X), w2, 0.1, 0.1, 0.1, 2), "sigmas at client 1"),
-        "displacement_delta sigmas": (lambda X: displacement_delta(_stack(X), w2, 0.1, 0.1),
-                                      "sigmas at client 1"),
+            lambda X: finite_step_fixed_point(_stack(X), w2, 0.1, 0.1, 0.1, 2),
+            "sigmas at client 1",
+        ),
+        "displacement_delta sigmas": (lambda X: displacement_delta(_stack(X), w2, 0.1, 0.1), "sigmas at client 1"),
     }
 
 

@@ -1,0 +1,1 @@
+"""Analysis layer (numpy only): procedures, Gram metrics, diagnosis, the regime guard, mismatch cost, seeds."""

@@ -1,0 +1,128 @@
+"""The typed local-training procedure every layer reads (Hydra group ``procedure/``).
+
+:class:`ProcedureConfig` carries and validates a procedure's parameters (``rho``, ``gamma``,
+alignment, centring, full-model averaging, the exact rule); :func:`reference_name` is the one
+rule for the Gram a procedure should reach. Pure Python: the server, the clients, the training
+layer and the configuration all import it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+PROCEDURES = (
+    "ordinary",
+    "proximal",
+    "corrected",
+    "corrected_proximal",
+    "aligned",
+    "aligned_corrected",
+    "centered",
+    "full_model",
+    "exact",
+)
+REFERENCES = ("star", "cen", "corrected", "within")
+
+
+def _finite(v: object) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def gamma_problem(value: object) -> str | None:
+    """Why ``value`` is not a correction strength ``gamma`` in [0, 1] (None when it is).
+
+    The one rule for ``gamma``, shared by :class:`ProcedureConfig` and the trainer's input check
+    (:class:`fedhead.train.LocalProblem`).
+    """
+    return None if _finite(value) and 0.0 <= value <= 1.0 else "must be >= 0 and <= 1 (correction strength in [0, 1])"
+
+
+def rho_problem(value: object) -> str | None:
+    """Why ``value`` is not a proximal weight ``rho >= 0`` (None when it is); the one rule for ``rho``."""
+    return None if _finite(value) and value >= 0 else "must be >= 0 (proximal weight)"
+
+
+def penalty_problem(value: object) -> str | None:
+    """Why ``value`` is not a penalty ``lambda_H`` / ``lambda_W > 0`` (None when it is)."""
+    return None if _finite(value) and value > 0 else "must be > 0"
+
+
+def reference_name(gamma: float, centered: bool) -> str:
+    """The Gram a procedure should reach (theory.md §6-8).
+
+    * ``"within"``: client-wise centring, ``G_within = phi(Sigma_within)``;
+    * ``"star"``: no correction (``gamma = 0``), the BW barycenter ``G_star`` of the ``G_m``;
+    * ``"cen"``: full correction (``gamma = 1``), every client fits ``Sigma_cen``: ``G_cen``;
+    * ``"corrected"``: partial correction (``0 < gamma < 1``), the BW barycenter of the corrected
+      Grams ``phi((1 - gamma) Sigma_m + gamma Sigma_cen)`` (not ``G_cen``).
+    """
+    if centered:
+        return "within"
+    if gamma <= 0:
+        return "star"
+    return "cen" if gamma >= 1 else "corrected"
+
+
+class ConfigError(ValueError):
+    """Invalid configuration: the message names the key, the value and what is allowed."""
+
+
+@dataclass(frozen=True)
+class ProcedureConfig:
+    """A local-training procedure (theory.md §10; Hydra group ``procedure/``).
+
+    Attributes
+    ----------
+    name : str
+        The name users type (``procedure=corrected_proximal``).
+    rho : float
+        Proximal weight (``rho/2 ||W - W_t||^2``); the top-level ``rho=`` overrides it.
+    gamma : float
+        Moment-correction strength in [0, 1] (0 off, 1 full; theory.md §8). Validated here, the one
+        place it enters; the training layer and the server read it from this object.
+    align : bool
+        Align the trained head to the broadcast before upload (theory.md §5).
+    centered : bool
+        Client-wise target centring (reference ``G_within``).
+    full_model : bool
+        Average the backbone too (BatchNorm statistics stay private).
+    exact : bool
+        Return ``Pi_m(W_t)`` in closed form instead of training (the theory's rule).
+    """
+
+    name: str
+    rho: float = 0.0
+    gamma: float = 0.0
+    align: bool = False
+    centered: bool = False
+    full_model: bool = False
+    exact: bool = False
+
+    def __post_init__(self) -> None:
+        for key, problem in (("rho", rho_problem(self.rho)), ("gamma", gamma_problem(self.gamma))):
+            if problem:
+                raise ConfigError(f"procedure {self.name!r}: {key} {problem}, got {getattr(self, key)!r}")
+        if self.exact and (self.align or self.full_model):
+            raise ConfigError(f"procedure {self.name!r}: exact cannot be combined with align/full_model")
+        if self.full_model and self.align:
+            raise ConfigError(f"procedure {self.name!r}: full_model cannot be combined with align")
+        if self.centered and self.gamma > 0:
+            # centred clients' covariances average to Sigma_within, not Sigma_cen: the correction
+            # toward the pooled Sigma_cen would put the mean term back (theory.md §7-8)
+            raise ConfigError(
+                f"procedure {self.name!r}: centered cannot be combined with the moment correction "
+                f"(gamma={self.gamma}); centring already removes the mean term"
+            )
+
+    @property
+    def strategy_kind(self) -> str:
+        """``"full_model"``, ``"aligned"`` or ``"head"`` (see :func:`strategies.make_strategy`)."""
+        if self.full_model:
+            return "full_model"
+        return "aligned" if self.align else "head"
+
+    @property
+    def reference(self) -> str:
+        """The Gram the procedure should reach; see :func:`reference_name`."""
+        return reference_name(self.gamma, self.centered)

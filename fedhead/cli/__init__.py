@@ -1,0 +1,1 @@
+"""Entry points: ``fedhead-run``, ``fedhead-ufm``, ``fedhead-data``, ``fedhead-sweep`` and ``fedhead-report``."""

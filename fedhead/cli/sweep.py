@@ -1,0 +1,118 @@
+"""``fedhead-sweep sweep=NAME scale=smoke|paper out=DIR`` (Hydra, ``conf/sweep.yaml``).
+
+:func:`typed_config` turns the composed config into a :class:`fedhead.sweep.runner.SweepConfig`
+(the one place its keys are read and checked); :func:`main` runs it with a progress bar over
+runs, the console showing one line per finished run and ``<out>/run.log`` everything.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+from fedhead.analysis.procedure import ConfigError
+from fedhead.sweep.presets import PRESETS, SCALES, SETTINGS, plan
+from fedhead.sweep.runner import SweepConfig, run_sweep
+
+#: ``data_roots`` keys that differ from the data set name (Hydra keys cannot start with a digit)
+ROOT_KEYS = {"w300lp": "300w_lp"}
+
+
+def _str_list(value: Any, key: str) -> tuple[str, ...] | None:
+    if value is None:
+        return None
+    if isinstance(value, str) or not isinstance(value, (list, tuple)):
+        raise ConfigError(f"{key} must be a list (e.g. {key}=[a,b]) or null, got {value!r}")
+    return tuple(str(v) for v in value)
+
+
+def typed_config(cfg: Any) -> SweepConfig:
+    """Validate the composed ``conf/sweep.yaml`` and build the :class:`SweepConfig`."""
+    from omegaconf import OmegaConf
+
+    raw = OmegaConf.to_container(cfg, resolve=True)
+    if raw.get("sweep") not in PRESETS:
+        raise ConfigError(f"sweep={raw.get('sweep')!r} is not a preset; choose from {sorted(PRESETS)}")
+    if raw.get("scale") not in SCALES:
+        raise ConfigError(f"scale={raw.get('scale')!r}: choose smoke or paper")
+    if not raw.get("out"):
+        raise ConfigError("out= is required: the sweep folder (restarting with the same out= skips finished runs)")
+    roots = raw.get("data_roots") or {}
+    if not isinstance(roots, dict):
+        raise ConfigError(f"data_roots must be a mapping data set -> folder, got {roots!r}")
+    roots = {ROOT_KEYS.get(k, k): v for k, v in roots.items()}
+    unknown = sorted(set(roots) - set(SETTINGS))
+    if unknown:
+        raise ConfigError(f"data_roots: unknown data sets {unknown}; choose from {list(SETTINGS)}")
+    roots = {k: str(Path(v).expanduser()) for k, v in roots.items() if v not in (None, "")}
+    for name, folder in roots.items():
+        if not Path(folder).is_dir():
+            raise ConfigError(f"data_roots.{name}={folder} is not a folder")
+    seeds = raw.get("seeds")
+    if seeds is not None and (not isinstance(seeds, list) or not all(isinstance(s, int) and s >= 0 for s in seeds)):
+        raise ConfigError(f"seeds must be a list of non-negative integers (seeds=[0,1]) or null, got {seeds!r}")
+    cfg = SweepConfig(
+        sweep=raw["sweep"],
+        scale=raw["scale"],
+        out=Path(raw["out"]).expanduser(),
+        data_roots=roots,
+        run_overrides=_str_list(raw.get("run_overrides"), "run_overrides") or (),
+        seeds=None if seeds is None else tuple(seeds),
+        settings=_str_list(raw.get("settings"), "settings"),
+        show_progress=bool(raw.get("progress", True)),
+        parallel_runs=raw.get("parallel_runs", 1),
+    )
+    plan(cfg.sweep, cfg.scale, seeds=cfg.seeds, settings=cfg.settings)  # its errors before any output
+    return cfg
+
+
+def main() -> None:
+    """Console entry point ``fedhead-sweep`` (Hydra; see ``conf/sweep.yaml``)."""
+    import hydra
+
+    from fedhead.driver.errors import debug_enabled, report
+    from fedhead.federation.config import hydra_config_path
+
+    logging.getLogger("alembic").setLevel(logging.WARNING)
+
+    from fedhead.driver.errors import check_overrides
+
+    check_overrides("fedhead-sweep", "sweep")
+
+    @hydra.main(config_path=hydra_config_path(), config_name="sweep", version_base=None)
+    def _app(cfg) -> None:
+        try:
+            typed = typed_config(cfg)
+            _console(typed.out)
+            result = run_sweep(typed)
+        except BaseException as exc:  # one line and an exit code (tracebacks with FEDHEAD_DEBUG=1)
+            if isinstance(exc, SystemExit) or debug_enabled(cfg.get("debug")):
+                raise
+            sys.exit(report("fedhead-sweep", exc))
+        c = result.counts
+        print(
+            f"\nsweep {typed.sweep} ({typed.scale}): {c['completed']} completed, {c['failed']} failed, "
+            f"{c['skipped']} skipped in {result.wall_seconds:.0f} s\nManifest: {result.manifest.path}\n"
+            f"Report: fedhead-report {typed.out} --out {typed.out}/report"
+        )
+        if c["failed"]:
+            sys.exit(1)
+
+    _app()
+
+
+def _console(out: Path) -> None:
+    """``<out>/run.log`` gets everything; the console one line per run (and warnings)."""
+    from fedhead.driver.logs import configure_run_logging, run_logging_active
+
+    configure_run_logging(out)
+    if run_logging_active():
+        for h in logging.getLogger().handlers:
+            if type(h).__name__ == "TqdmHandler":
+                h.addFilter(lambda r: r.levelno >= logging.WARNING or r.name == "fedhead.console.sweep")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

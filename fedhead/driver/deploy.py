@@ -1,0 +1,142 @@
+"""The command lines of a fedhead deployment on Flower 1.42, in one place.
+
+The loopback deployment test (``tests/app/test_deploy_loopback.py``) starts its processes from
+these functions, and ``tests/app/test_deploy_compose.py`` checks that every service of
+``docker-compose.yml`` (with the overlays ``with-tls.yml`` and ``with-state.yml``) runs exactly
+the command these functions give for that service's paths and addresses. One list of flags
+therefore serves the tested process deployment and the compose files.
+
+Topology (flwr 1.42): one SuperLink serves the Fleet, Control and runtime APIs on one HTTP(S)
+port; each SuperNode serves its own runtime API; the ServerApp / ClientApps run either as
+subprocesses of SuperLink / SuperNode (``isolation="subprocess"``, the loopback test) or in
+separate ``flower-superexec`` processes that connect to those runtime APIs
+(``isolation="process"``, one container each in docker compose).
+
+Security: TLS is on unless ``tls`` is None (``--insecure``); SuperNode authentication
+(``--enable-supernode-auth`` on the SuperLink, ``--auth-supernode-private-key`` on each
+SuperNode, the public keys registered beforehand with ``flwr supernode register``) is on when
+``supernode_auth`` / ``auth_key`` are given. ``scripts/make_certs.sh`` makes a local CA, the
+server certificates and the SuperNode key pairs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+SUPERLINK_PORT = 8000  # Fleet + Control + ServerApp runtime API (flwr 1.42 default)
+SUPERNODE_RUNTIME_PORT = 9094  # ClientApp runtime API of a SuperNode (flwr 1.42 default)
+
+
+@dataclass(frozen=True)
+class ServerTls:
+    """Files of a TLS server: CA certificate, server certificate and its private key."""
+
+    ca: str
+    cert: str
+    key: str
+
+    def flags(self) -> list[str]:
+        return ["--ssl-ca-certfile", self.ca, "--ssl-certfile", self.cert, "--ssl-keyfile", self.key]
+
+
+def node_config(partition_id: int, num_partitions: int, state_dir: str | None = None) -> str:
+    """The ``--node-config`` value read by the fedhead ClientApp (see clients/app.py)."""
+    parts = [f"partition-id={int(partition_id)}", f"num-partitions={int(num_partitions)}"]
+    if state_dir is not None:
+        if "'" in state_dir or " " in state_dir:
+            raise ValueError(f"state-dir must not contain quotes or spaces: {state_dir!r}")
+        parts.append(f"state-dir='{state_dir}'")
+    return " ".join(parts)
+
+
+def superlink_command(
+    *,
+    host: str,
+    port: int = SUPERLINK_PORT,
+    tls: ServerTls | None,
+    supernode_auth: bool = False,
+    isolation: str = "subprocess",
+    database: str | None = None,
+    superexec_secret: str | None = None,
+) -> list[str]:
+    """``flower-superlink`` with TLS (or ``--insecure``), optional SuperNode auth and database.
+
+    The app's dependencies are installed in the image / virtual environment, so the runtime
+    installation of dependencies (``uv sync`` per run) is always disabled.
+    """
+    cmd = ["flower-superlink"]
+    if database is not None:
+        cmd += ["--database", database]
+    cmd += tls.flags() if tls is not None else ["--insecure"]
+    if supernode_auth:
+        cmd += ["--enable-supernode-auth"]
+    cmd += ["--isolation", _isolation(isolation), "--host", host, "--port", str(int(port))]
+    if superexec_secret is not None:
+        if isolation != "process":
+            raise ValueError("superexec_secret only applies to isolation='process'")
+        cmd += ["--superexec-auth-secret-file", superexec_secret]
+    cmd += ["--disable-runtime-dependency-installation"]
+    return cmd
+
+
+def supernode_command(
+    *,
+    superlink: str,
+    host: str,
+    port: int = SUPERNODE_RUNTIME_PORT,
+    partition_id: int,
+    num_partitions: int,
+    state_dir: str | None,
+    root_ca: str | None,
+    auth_key: str | None = None,
+    isolation: str = "subprocess",
+    runtime_tls: ServerTls | None = None,
+    superexec_secret: str | None = None,
+) -> list[str]:
+    """``flower-supernode`` for one partition.
+
+    ``root_ca`` None means ``--insecure`` (no TLS to the SuperLink). ``runtime_tls`` secures
+    the SuperNode's own runtime API, which the ClientApp's SuperExec reaches over the network
+    in ``process`` isolation; in ``subprocess`` isolation it only listens on ``host``.
+    """
+    cmd = ["flower-supernode"]
+    cmd += ["--root-certificates", root_ca] if root_ca is not None else ["--insecure"]
+    cmd += ["--superlink", superlink]
+    if auth_key is not None:
+        if root_ca is None:
+            raise ValueError("SuperNode authentication needs TLS (give root_ca)")
+        cmd += ["--auth-supernode-private-key", auth_key]
+    cmd += ["--isolation", _isolation(isolation), "--host", host, "--port", str(int(port))]
+    if runtime_tls is not None:
+        cmd += runtime_tls.flags()
+    if superexec_secret is not None:
+        if isolation != "process":
+            raise ValueError("superexec_secret only applies to isolation='process'")
+        cmd += ["--superexec-auth-secret-file", superexec_secret]
+    cmd += ["--node-config", node_config(partition_id, num_partitions, state_dir)]
+    return cmd
+
+
+def superexec_command(*, runtime_api: str, root_ca: str | None, superexec_secret: str | None = None) -> list[str]:
+    """``flower-superexec`` running the ServerApp (runtime API of the SuperLink) or the
+    ClientApps of one SuperNode (its runtime API), for ``process`` isolation."""
+    cmd = ["flower-superexec"]
+    cmd += ["--root-certificates", root_ca] if root_ca is not None else ["--insecure"]
+    cmd += ["--runtime-api-address", runtime_api]
+    if superexec_secret is not None:
+        cmd += ["--superexec-auth-secret-file", superexec_secret]
+    return cmd
+
+
+def cli_connection_toml(name: str, address: str, root_ca: str | None) -> str:
+    """A ``[superlink.<name>]`` entry of the flwr CLI's ``$FLWR_HOME/config.toml`` (valid TOML),
+    made the default connection."""
+    lines = ["[superlink]", f'default = "{name}"', "", f"[superlink.{name}]", f'address = "{address}"']
+    lines += [f'root-certificates = "{root_ca}"'] if root_ca is not None else ["insecure = true"]
+    return "\n".join(lines) + "\n"
+
+
+def _isolation(isolation: str) -> str:
+    if isolation not in ("subprocess", "process"):
+        raise ValueError(f"isolation must be 'subprocess' or 'process', got {isolation!r}")
+    return isolation

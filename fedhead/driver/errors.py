@@ -1,0 +1,153 @@
+"""One clear line per error from the console entry points (``fedhead-run``, ``fedhead-data``,
+``fedhead-ufm``).
+
+:func:`report` turns an exception into ``<prog>: error: <what and where>`` on stderr and an exit
+code: 2 for usage/configuration errors (:class:`fedhead.analysis.procedure.ConfigError`, Hydra/OmegaConf
+config errors, a deployment whose SuperNodes do not match), 130 for an interrupt, 1 for
+everything else (data, regime, federation, engine failures). With ``FEDHEAD_DEBUG=1`` (or
+``debug=true`` for the Hydra CLIs) the exception propagates with its traceback instead.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+
+#: Exit status of a usage or configuration error.
+EXIT_USAGE = 2
+EXIT_FAILURE = 1
+EXIT_INTERRUPT = 130
+
+
+def debug_enabled(flag: object = None) -> bool:
+    """Tracebacks wanted: ``FEDHEAD_DEBUG`` set to 1/true/yes, or ``flag`` true."""
+    if flag is not None and bool(flag):
+        return True
+    return os.environ.get("FEDHEAD_DEBUG", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _usage_types() -> tuple[type, ...]:
+    from fedhead.analysis.procedure import ConfigError
+    from fedhead.federation.deploy_checks import FederationMismatch
+
+    types: list[type] = [ConfigError, FederationMismatch]
+    try:
+        from omegaconf.errors import OmegaConfBaseException
+
+        types.append(OmegaConfBaseException)
+    except ImportError:  # pragma: no cover
+        pass
+    try:
+        from hydra.errors import HydraException
+
+        types.append(HydraException)
+    except ImportError:  # pragma: no cover
+        pass
+    return tuple(types)
+
+
+def exit_code(exc: BaseException) -> int:
+    """2 for usage/configuration errors, 130 for an interrupt, else 1."""
+    if isinstance(exc, KeyboardInterrupt):
+        return EXIT_INTERRUPT
+    return EXIT_USAGE if isinstance(exc, _usage_types()) else EXIT_FAILURE
+
+
+def root_cause(exc: BaseException) -> BaseException:
+    """The innermost explicit cause, skipping flwr's generic wrappers ("An error was
+    encountered. Ending simulation.", "Simulation Runtime crashed.")."""
+    seen = set()
+    cur = exc
+    while cur.__cause__ is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        cur = cur.__cause__
+    return cur
+
+
+#: Messages of flwr's generic wrapper exceptions around a simulation engine crash.
+FLWR_WRAPPERS = ("An error was encountered. Ending simulation.", "Simulation Runtime crashed.")
+
+
+def is_flwr_wrapper(exc: BaseException) -> bool:
+    """True for flwr's generic "simulation crashed" exceptions (the cause says what happened)."""
+    return str(exc) in FLWR_WRAPPERS
+
+
+def one_line(exc: BaseException, limit: int = 800) -> str:
+    """``Type: message`` of the exception that says what went wrong, on one line."""
+    target = root_cause(exc) if is_flwr_wrapper(exc) else exc
+    text = " ".join(str(target).split()) or type(target).__name__
+    if isinstance(target, KeyboardInterrupt):
+        text = "interrupted"
+    elif not isinstance(target, _usage_types()) and type(target).__module__.split(".")[0] != "fedhead":
+        text = f"{type(target).__name__}: {text}"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def remove_unused_dir(path: str | Path | None) -> bool:
+    """Remove a run folder that holds only Hydra's bookkeeping (``.hydra/``, ``*.log``): a run
+    that never started leaves nothing behind. Returns whether it was removed."""
+    if not path:
+        return False
+    root = Path(path)
+    if not root.is_dir():
+        return False
+    for p in root.rglob("*"):
+        rel = p.relative_to(root)
+        if p.is_dir():
+            continue
+        if rel.parts[0] == ".hydra" or (len(rel.parts) == 1 and p.suffix == ".log"):
+            continue
+        return False
+    shutil.rmtree(root, ignore_errors=True)
+    return True
+
+
+def report(prog: str, exc: BaseException, *, unused_dir: str | Path | None = None) -> int:
+    """Print ``prog: error: ...`` to stderr, remove ``unused_dir`` when empty, return the code."""
+    remove_unused_dir(unused_dir)
+    print(f"{prog}: error: {one_line(exc)}", file=sys.stderr, flush=True)
+    return exit_code(exc)
+
+
+def check_overrides(prog: str, config_name: str, argv: list[str] | None = None) -> None:
+    """Compose ``conf/<config_name>.yaml`` with the command line's overrides before Hydra runs,
+    so that a mistyped key or value ends with one ``<prog>: error: ...`` line and exit status 2
+    (Hydra itself prints several lines and exits with 1). Command lines with Hydra's own flags
+    (``--help``, ``--cfg``, ``-m`` ...) and debug runs (``FEDHEAD_DEBUG=1``) go to Hydra as they are.
+    """
+    args = list(sys.argv[1:] if argv is None else argv)
+    if (
+        any(a.startswith("-") for a in args)
+        or debug_enabled()
+        or any(
+            a.split("=", 1)[0].lstrip("+~") == "debug" and a.split("=", 1)[-1].lower() in ("true", "1") for a in args
+        )
+    ):
+        return
+    from hydra import compose, initialize_config_dir, initialize_config_module
+    from hydra.core.global_hydra import GlobalHydra
+
+    from fedhead.federation.config import conf_dir
+
+    root = conf_dir()
+    GlobalHydra.instance().clear()
+    ctx = (
+        initialize_config_dir(config_dir=str(root), version_base=None)
+        if isinstance(root, Path)
+        else initialize_config_module(config_module="fedhead.conf", version_base=None)
+    )
+    try:
+        with ctx:
+            compose(config_name=config_name, overrides=args, return_hydra_config=True)
+    except Exception as exc:  # noqa: BLE001 - reported as one line
+        cause = exc.__cause__
+        text = " ".join(str(exc).split("\n")[0].split())
+        if cause is not None:
+            text += " " + " ".join(str(cause).split("\n")[0].split())
+        print(f"{prog}: error: {text}", file=sys.stderr, flush=True)
+        sys.exit(EXIT_USAGE)
+    finally:
+        GlobalHydra.instance().clear()

@@ -1,0 +1,228 @@
+"""The ServerApp body: strategy construction, the initial head, serving the rounds, deployment.
+
+* :func:`serve` is the ServerApp body (moment exchange, diagnosis, rounds) used by the
+  simulation driver (:mod:`fedhead.driver.simulation`) and by :data:`app`, the ServerApp of ``flwr run .``
+  (``[tool.flwr.app.components] serverapp``), which reads the job from the run config
+  (``overrides``, ``procedure-index``, ``output-dir``, ``resume``;
+  :func:`fedhead.federation.config.job_from_context`); with ``resume = true`` it continues from the
+  checkpoint in its output folder (:func:`deployment_resume`).
+* :func:`make_job_strategy` builds the procedure's strategy; :func:`initial_head` the common
+  seeded initial head.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from flwr.app import Context
+from flwr.serverapp import Grid
+
+from fedhead.driver.recorder import RunRecorder, diagnosis_lines, error_table, timing_summary
+from fedhead.federation.checkpoint import (
+    Checkpoint,
+    ResumeError,
+    ServerState,
+    checkpoint_path,
+    load_for_resume,
+    write_checkpoint,
+)
+from fedhead.federation.config import JobConfig, job_from_context
+from fedhead.federation.progress_grid import ProgressGrid
+
+log = logging.getLogger(__name__)
+
+
+def initial_head(job: JobConfig, n_targets: int) -> tuple[np.ndarray, np.ndarray]:
+    """The common initial head ``Linear(P, C)`` from the run seed (float64 arrays)."""
+    from fedhead.models import build_head
+
+    head = build_head(job.model.feature_dim, n_targets, job.settings.seed)
+    return (head.weight.detach().double().numpy().copy(), head.bias.detach().double().numpy().copy())
+
+
+def measures_mismatch(job: JobConfig) -> bool:
+    """Whether the job takes the round-1 mismatch measurement (``measure_mismatch=true``): head
+    averaging of trained clients without alignment (not ``aligned*``, ``full_model``, ``exact``,
+    whose heads are aligned, averaged with their backbones, or not trained)."""
+    proc = job.procedure
+    return bool(getattr(job.settings, "measure_mismatch", False)) and proc.strategy_kind == "head" and not proc.exact
+
+
+def make_job_strategy(job: JobConfig, observer: Any, message_config: dict[str, Any] | None = None):
+    from fedhead.strategies import make_strategy
+
+    if getattr(job.settings, "measure_mismatch", False) and not measures_mismatch(job):
+        log.info(
+            "%s: measure_mismatch=true applies to trained head averaging without alignment; "
+            "not measured for this procedure",
+            job.name,
+        )
+    return make_strategy(
+        job.procedure.strategy_kind,
+        measure_mismatch=measures_mismatch(job),
+        lambda_h=job.settings.lambda_h,
+        lambda_w=job.settings.lambda_w,
+        min_nodes=job.settings.num_clients,
+        gamma=job.procedure.gamma,
+        centered=job.procedure.centered,
+        observer=observer,
+        evaluate_mse=job.resources.evaluate_mse and not job.procedure.exact,
+        message_config=message_config,
+        allow_outside_regime=bool(job.dataset.allow_outside_regime),
+        timeouts=job.timeouts,
+        min_clients=job.failure.min_clients,
+    )
+
+
+def serve(
+    grid: Grid,
+    job: JobConfig,
+    recorder: RunRecorder,
+    *,
+    show_progress: bool = True,
+    message_config: dict[str, Any] | None = None,
+    watch: Any = None,
+    resume: Checkpoint | None = None,
+    window: int | None = None,
+) -> ProgressGrid:
+    """The ServerApp body: moment exchange, diagnosis, then the rounds of the job's procedure.
+
+    ``watch`` (:class:`fedhead.federation.watchdog.EngineWatch`): every wait for replies ends with
+    :class:`fedhead.federation.watchdog.EngineDied` once it trips (the simulation engine died). The job's
+    ``timeouts`` bound every wait, the straggler rule included (a client that never answers is
+    given up on once the others have replied;
+    :meth:`fedhead.federation.limits.Timeouts.straggler_deadline`). After every
+    complete round the server state is checkpointed into ``<job.output_dir>/checkpoint.npz``
+    (:mod:`fedhead.federation.checkpoint`); ``resume`` (a checkpoint read by
+    :func:`fedhead.federation.checkpoint.load_for_resume`) continues after its round. ``window``: see
+    :class:`fedhead.federation.progress_grid.ProgressGrid` (the simulation's messages in flight).
+    """
+    pgrid = ProgressGrid(grid, label=job.name, show=show_progress)
+    pgrid.watch = watch
+    pgrid.timeouts = job.timeouts  # the straggler rule ends the wait for a client that never answers
+    pgrid.window = window
+    strategy = make_job_strategy(job, recorder, message_config)
+    strategy.run(
+        pgrid,
+        lambda c: initial_head(job, c),
+        job.settings.rounds,
+        diagnose_only=job.settings.diagnose_only,
+        resume=None if resume is None else resume.state,
+        on_round_end=None if job.settings.diagnose_only else checkpointer(job),
+    )
+    return pgrid
+
+
+def checkpointer(job: JobConfig):
+    """The function writing a job's server state after every round (atomically)."""
+    path = checkpoint_path(job.output_dir)
+
+    def write(state: ServerState) -> None:
+        write_checkpoint(path, state, config_hash=job.config_hash, procedure=job.name)
+
+    return write
+
+
+def finish_job(job: JobConfig, rec: RunRecorder, pgrid: ProgressGrid, t0: float, t1: float) -> None:
+    """Close a job's recorder: ``completed``/``diagnosed`` when every round ran, else ``failed`` (raises)."""
+    expected = -1 if job.settings.diagnose_only else job.settings.rounds
+    done = max(rec.records) if rec.records else -1
+    timing = timing_summary(rec, pgrid, t0, t1)
+    if rec.results["diagnosis"] is None or done < expected:
+        rec.finish("failed", error=f"the federation stopped after round {done} of {expected}", timing=timing)
+        raise RuntimeError(f"{job.name}: the federation stopped after round {done} of {expected}")
+    rec.finish("diagnosed" if job.settings.diagnose_only else "completed", timing=timing)
+
+
+def deployment_logging(job: JobConfig) -> None:
+    """Console (streamed by ``flwr run --stream``) and ``<output>/run.log`` logging of the
+    fedhead loggers in a deployed ServerApp, where no Hydra sets logging up."""
+    fmt = logging.Formatter("[%(asctime)s][%(name)s][%(levelname)s] %(message)s")
+    Path(job.output_dir).mkdir(parents=True, exist_ok=True)
+    for logger in (logging.getLogger("fedhead"),):
+        logger.setLevel(logging.INFO)
+        if not any(getattr(h, "_fedhead", False) for h in logger.handlers):
+            for handler in (logging.StreamHandler(sys.stdout), logging.FileHandler(Path(job.output_dir) / "run.log")):
+                handler.setFormatter(fmt)
+                handler._fedhead = True
+                logger.addHandler(handler)
+        logger.propagate = False
+
+
+def deployment_resume(job: JobConfig) -> Checkpoint | None:
+    """The checkpoint a deployed ServerApp continues from (``resume`` in the run config), read
+    before anything is written: :class:`fedhead.federation.checkpoint.ResumeError` when there is none or it
+    was written with another config or procedure (the rule of ``fedhead-run resume=``)."""
+    if not job.resume:
+        return None
+    ckpt = load_for_resume(job.output_dir, config_hash=job.config_hash, procedure=job.name, rounds=job.settings.rounds)
+    if ckpt is None:
+        raise ResumeError(
+            f"cannot resume {job.output_dir}: no {checkpoint_path(job.output_dir).name} there "
+            f"(resume=true continues the run of the same output-dir; is it the folder of a "
+            f"fedhead ServerApp run?)"
+        )
+    log.info(
+        "%s: resuming after round %d of %d (%s); the clients continue from their node-local state",
+        job.name,
+        ckpt.round,
+        job.settings.rounds,
+        ckpt.path,
+    )
+    return ckpt
+
+
+def deployment_main(grid: Grid, context: Context) -> None:
+    """The body of the ServerApp of ``flwr run .``: the job from the run config, then :func:`serve`."""
+    job = job_from_context(context)
+    deployment_logging(job)
+    try:
+        resume = deployment_resume(job)
+    except ResumeError as exc:
+        log.error("%s", exc)  # one line in the streamed log; results.json stays as it was
+        raise
+    recorder = RunRecorder(job)
+    run = getattr(grid, "run", None)
+    if run is not None:  # the FAB identifies the code when no git checkout is at hand
+        recorder.results["provenance"]["fab"] = {
+            "fab_id": run.fab_id,
+            "fab_version": run.fab_version,
+            "fab_hash": run.fab_hash,
+            "run_id": int(run.run_id),
+        }
+    recorder.results["provenance"]["run_config"] = dict(context.run_config)
+    log.info(
+        "running procedure %s (%d rounds x %d local epochs, %d clients, data %s, model %s) -> %s",
+        job.name,
+        job.settings.rounds,
+        job.settings.local_epochs,
+        job.settings.num_clients,
+        getattr(job.dataset, "name", "?"),
+        getattr(job.model, "name", "?"),
+        job.output_dir,
+    )
+    t0 = time.perf_counter()
+    pgrid = None
+    try:
+        pgrid = serve(grid, job, recorder, resume=resume)
+    except BaseException as exc:
+        recorder.finish(
+            "failed",
+            error=f"{type(exc).__name__}: {exc}",
+            timing=timing_summary(recorder, pgrid, t0, time.perf_counter()),
+        )
+        raise
+    finish_job(job, recorder, pgrid, t0, time.perf_counter())
+    if recorder.results.get("diagnosis"):
+        log.info("diagnosis:\n  %s", "\n  ".join(diagnosis_lines(recorder.results["diagnosis"])))
+    table = error_table([recorder.results])
+    if table:
+        log.info("relative error of the shared head Gram G_t per round:\n%s", table)
+    if not job.output.keep_client_state and job.state_dir.exists():
+        shutil.rmtree(job.state_dir, ignore_errors=True)  # clients on this machine (default state dir)

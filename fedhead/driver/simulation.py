@@ -1,0 +1,473 @@
+"""``fedhead-run``: Hydra config -> ServerApp + ClientApp -> Flower simulation (Ray backend).
+
+* :func:`run_federations` runs procedures (:class:`fedhead.federation.config.JobConfig`) one after another
+  in one :func:`flwr.simulation.run_simulation` and returns their results (also written to
+  ``<output>/<procedure>/results.json``, atomically after every round, by
+  :class:`fedhead.driver.recorder.RunRecorder`).
+* :func:`run_experiment` runs every procedure of a typed config and prints a table of ``e_F`` to
+  ``G_star`` and ``G_cen`` per round.
+
+The ServerApp body is :func:`fedhead.driver.server.serve`; the ClientApp is
+:func:`clients.make_client_app`. ``flwr run .`` uses :mod:`fedhead.server_app` and
+:mod:`fedhead.client_app` instead of this driver.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from flwr.app import Context
+from flwr.serverapp import Grid, ServerApp
+
+from fedhead.driver import ray_session
+from fedhead.driver.errors import debug_enabled, is_flwr_wrapper, one_line
+from fedhead.driver.logs import console, run_logging_active, simulation_logging
+from fedhead.driver.ray_session import start_ray, stop_ray
+from fedhead.driver.recorder import (
+    SCHEMA_VERSION,
+    ProgressGrid,
+    RunRecorder,
+    error_table,
+    start_line,
+    timing_summary,
+    write_procedures_figure,
+)
+from fedhead.driver.server import finish_job, serve
+from fedhead.federation.checkpoint import Checkpoint, ResumeError, resume_checkpoints
+from fedhead.federation.config import JobConfig
+from fedhead.federation.protocol import JOB
+from fedhead.federation.watchdog import EngineDied, EngineWatch, end_hung_clients
+from fedhead.results.io import write_json_atomic
+
+log = logging.getLogger(__name__)
+
+
+def preflight(jobs: list[JobConfig]) -> None:
+    """Checks that need no data and no engine: refuse ``device=cuda`` (or a GPU share) on a
+    machine without a CUDA GPU before anything starts (:class:`fedhead.federation.config.ConfigError`)."""
+    from fedhead.federation.config import ConfigError
+
+    if not jobs:
+        return
+    job = jobs[0]
+    wants_gpu = (
+        job.settings.device == "cuda" or (job.resources.client_gpus or 0) > 0 or (job.resources.ray_num_gpus or 0) > 0
+    )
+    import os
+
+    cpus = job.resources.ray_num_cpus or os.cpu_count() or 1
+    if job.resources.client_cpus > cpus:
+        raise ConfigError(
+            f"resources.client_cpus={job.resources.client_cpus:g} exceeds the {cpus} CPU(s) Ray gets "
+            f"(resources.ray_num_cpus or this machine's CPUs): no client could ever run"
+        )
+    if wants_gpu:
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ConfigError(
+                f"device={job.settings.device} resources.client_gpus={job.resources.client_gpus} "
+                f"resources.ray_num_gpus={job.resources.ray_num_gpus} asks for a GPU, but no CUDA GPU is "
+                f"available on this machine (torch.cuda.is_available() is False): use device=cpu or device=auto"
+            )
+
+
+def uses_cuda(job: JobConfig) -> bool:
+    """Whether the job's clients train on CUDA (``device=cuda``, or ``auto`` with a GPU present)."""
+    import torch
+
+    if job.settings.device == "cuda":
+        return True
+    return job.settings.device == "auto" and torch.cuda.is_available()
+
+
+def prepare_data(job: JobConfig):
+    """Load (or generate) the job's data once in the driver: validates it, warms the cache the
+    Ray workers read, and refuses a federation outside the fully active regime (theory.md §3) before
+    any worker starts, unless ``dataset.allow_outside_regime=true`` or ``diagnose_only=true``
+    (the server repeats the check on the exchanged moments, which is what deployments use)."""
+    from fedhead.analysis.regime import ensure_fully_active
+    from fedhead.data.registry import load_federated
+
+    data = load_federated(job.dataset, num_clients=job.settings.num_clients)
+    if data.n_clients != job.settings.num_clients:
+        raise ValueError(f"data set {data.name} gave {data.n_clients} clients, expected {job.settings.num_clients}")
+    if not job.settings.diagnose_only and not job.dataset.allow_outside_regime:
+        # (when allowed, the server reports the regime once, after the exchange)
+        ensure_fully_active(data, job.settings.lambda_h, job.settings.lambda_w)
+    return data
+
+
+def data_key(job: JobConfig) -> tuple[str, int, float, float, bool]:
+    """What :func:`prepare_data`'s verdict depends on: the data set, the client count, the
+    penalties (the regime check) and ``diagnose_only``."""
+    st = job.settings
+    return repr(job.dataset), st.num_clients, st.lambda_h, st.lambda_w, st.diagnose_only
+
+
+#: :func:`data_key` of every data check that passed in this process
+_DATA_CHECKED: set[tuple[str, int, float, float, bool]] = set()
+
+
+def check_data_once(job: JobConfig) -> None:
+    """:func:`prepare_data` unless the same check already passed in this process (a sweep checks
+    every data set before Ray starts, then runs several simulations over them)."""
+    key = data_key(job)
+    if key not in _DATA_CHECKED:
+        prepare_data(job)
+        _DATA_CHECKED.add(key)
+
+
+def run_federation(job: JobConfig, *, show_progress: bool = True, verbose: bool = False) -> dict[str, Any]:
+    """Run one procedure as a Flower simulation on the Ray backend; return its results.
+
+    See :func:`run_federations`.
+    """
+    return run_federations([job], show_progress=show_progress, verbose=verbose)[0]
+
+
+def run_federations(
+    jobs: list[JobConfig],
+    *,
+    show_progress: bool = True,
+    verbose: bool = False,
+    client_app: Any = None,
+    keep_going: bool = False,
+    on_job_end: Callable[[int, dict[str, Any]], None] | None = None,
+    parallel: int = 1,
+) -> list[dict[str, Any]]:
+    """Run procedures one after another in one Flower simulation (Ray backend).
+
+    Builds the ServerApp (:func:`fedhead.driver.server.serve` for every job in turn, each message
+    naming its job) and the ClientApp (:func:`clients.make_client_app` over all jobs), starts
+    ``num_clients`` virtual SuperNodes with the per-client CPU/GPU resources of the config
+    (fractional GPUs let several clients share a device) and writes results.json, TensorBoard
+    events and PNG figures into each ``job.output_dir``. One Ray start serves every job.
+    ``client_app`` replaces the ClientApp (tests of the failure path).
+
+    Jobs may use different data sets and models (each message names its job; every client
+    loads the job's own data) but share the client count and the resources (one set of virtual
+    SuperNodes).
+
+    Failures end the run, never hang it: a crashed engine trips the ServerApp's watch, every
+    wait has a deadline (``timeouts``); the running procedures' results.json are marked
+    ``failed`` with the reason and the error is raised. With ``keep_going=True`` (sweeps) a job
+    that fails while the engine is alive is marked failed and the next job runs; the results are
+    returned with their ``status`` and nothing is raised for them. ``on_job_end(i, results)`` is
+    called from the ServerApp thread as each job ends (completed or failed). ``parallel > 1``
+    serves that many jobs at once (one server thread each, messages of all of them in flight):
+    the clients of concurrent jobs share the Ray actors, so on a GPU node with fractional
+    ``resources.client_gpus`` several runs share a GPU.
+
+    Inside :func:`fedhead.driver.ray_session.shared_ray_session` the simulation reuses the running Ray instance
+    and leaves
+    it running (one Ray start for many simulations).
+    """
+    from flwr.simulation import run_simulation
+
+    from fedhead.clients import make_client_app
+
+    if not jobs:
+        return []
+    if not isinstance(parallel, int) or parallel < 1:
+        raise ValueError(f"parallel must be an integer >= 1, got {parallel!r}")
+    first = jobs[0]
+    backend, resumes, recorders = _set_up(jobs, show_progress=show_progress, verbose=verbose)
+    sim = _Simulation(
+        jobs,
+        recorders,
+        show_progress and parallel == 1,
+        resumes,
+        keep_going=keep_going,
+        on_job_end=on_job_end,
+        parallel=parallel,
+    )
+    try:
+        run_simulation(
+            server_app=sim.server_app(),
+            client_app=client_app or make_client_app(list(jobs)),
+            num_supernodes=first.settings.num_clients,
+            backend_name="ray",
+            backend_config=backend,
+            verbose_logging=verbose,
+        )
+    except BaseException as exc:
+        sim.watch.trip(one_line(exc))  # the ServerApp thread stops waiting (no hang)
+        sim.fail_running(exc)
+        for rec in recorders:
+            rec.wait(raise_errors=False)
+        if is_flwr_wrapper(exc):
+            raise EngineDied(f"the simulation engine crashed: {one_line(exc)}") from exc
+        raise
+    finally:
+        sim.engine_done.set()
+        sim.watch.trip("the simulation ended")
+        if not ray_session.shared():
+            stop_ray()  # flwr shuts Ray down itself on success; this covers early failures
+    if sim.served:
+        log.info("simulation teardown (actors, Ray shutdown): %.2f s", time.perf_counter() - sim.served[-1])
+    _wait_for_outputs(recorders)
+    _check_finished(recorders, raise_error=not keep_going)
+    for job, rec in zip(jobs, recorders):  # only after a complete run: an interrupted one keeps it for resume=
+        if (
+            rec.results["status"] in ("completed", "diagnosed")
+            and not job.output.keep_client_state
+            and job.state_dir.exists()
+        ):
+            shutil.rmtree(job.state_dir)
+    return [r.results for r in recorders]
+
+
+def _set_up(jobs: list[JobConfig], *, show_progress: bool, verbose: bool):
+    """Before the engine starts: checks, logging, resume points, data, Ray, the recorders.
+
+    Returns ``(backend_config, resumes, recorders)``."""
+    preflight(jobs)
+    t_begin = time.perf_counter()
+    first = jobs[0]
+    for job in jobs[1:]:
+        if (job.settings.num_clients, job.resources) != (first.settings.num_clients, first.resources):
+            raise ValueError("jobs of one simulation must share the client count and the resources")
+    backend = first.resources.backend_config(first.settings.num_clients, uses_cuda(first))
+    simulation_logging(backend["init_args"], verbose=verbose)
+    if not verbose and not debug_enabled() and not run_logging_active():
+        # flwr logs an engine crash's traceback (twice); the error says it once
+        logging.getLogger("flwr").setLevel(logging.CRITICAL)
+    resumes = prepare_resume(jobs)
+    t_ray = _prepare_and_start_ray(jobs, backend["init_args"])
+    for job, ckpt in zip(jobs, resumes):
+        if ckpt is None and job.state_dir.exists():
+            shutil.rmtree(job.state_dir)
+    # figures are drawn on a background thread while the clients train (waited for later)
+    recorders = [RunRecorder(job, show_progress=show_progress, background=True) for job in jobs]
+    recorders[0].t_start = t_begin  # the first federation's wall time includes data + Ray start
+    for rec in recorders:
+        rec.base_timing["ray_init_seconds"] = t_ray
+    return backend, resumes, recorders
+
+
+def prepare_resume(jobs: list[JobConfig]) -> list[Checkpoint | None]:
+    """The checkpoint every job continues from (all None unless ``resume=``); checks that the
+    interrupted run's client state (the private backbones of the checkpointed round) is there."""
+    from fedhead.clients.state import simulation_state_dir
+    from fedhead.clients.store import BackboneStore
+
+    if not any(job.resume for job in jobs):
+        return [None] * len(jobs)
+    ckpts = resume_checkpoints(jobs)
+    for job, ckpt in zip(jobs, ckpts):
+        if ckpt is None or ckpt.round in (0, job.settings.rounds) or job.procedure.exact:
+            continue  # nothing stored yet, nothing left to train, or no private backbones
+        store = BackboneStore(simulation_state_dir(job, 0))
+        missing = [pid for pid in range(job.settings.num_clients) if not store.path(pid, ckpt.round).is_file()]
+        if missing:
+            raise ResumeError(
+                f"cannot resume {job.output_dir}: the private backbones of round {ckpt.round} of partitions "
+                f"{missing} are not under {store.root} (removed after a completed run unless "
+                f"output.keep_client_state=true)"
+            )
+        log.info("%s: resuming after round %d of %d (%s)", job.name, ckpt.round, job.settings.rounds, ckpt.path)
+    return ckpts
+
+
+def _prepare_and_start_ray(jobs: list[JobConfig], init_args: dict[str, Any]) -> float:
+    """Prepare every job's data (cache warm-up, regime check), then start Ray; return Ray's start time.
+
+    The data come first so that a data or regime error ends the run before Ray starts."""
+    for job in jobs:
+        check_data_once(job)
+    t_ray = time.perf_counter()
+    start_ray(init_args)
+    return time.perf_counter() - t_ray
+
+
+def message_window(job: JobConfig) -> int:
+    """Messages in flight in a simulation phase (:class:`fedhead.federation.progress_grid.ProgressGrid`):
+    twice the clients Ray runs at once (so a free actor always finds a queued message), at
+    least 8."""
+    import math
+    import os
+
+    cpus = job.resources.ray_num_cpus or os.cpu_count() or 1
+    slots = max(1, math.floor(cpus / job.resources.client_cpus)) if job.resources.client_cpus > 0 else 1
+    return max(8, 2 * slots)
+
+
+class _Simulation:
+    """The driver's ServerApp over several jobs, with their recorders, grids and clocks."""
+
+    def __init__(
+        self,
+        jobs: list[JobConfig],
+        recorders: list[RunRecorder],
+        show_progress: bool,
+        resumes: list[Checkpoint | None] | None = None,
+        *,
+        keep_going: bool = False,
+        on_job_end: Callable[[int, dict[str, Any]], None] | None = None,
+        parallel: int = 1,
+    ):
+        self.jobs, self.recorders, self.show_progress = jobs, recorders, show_progress
+        self.keep_going, self.on_job_end, self.parallel = keep_going, on_job_end, parallel
+        self.resumes = resumes or [None] * len(jobs)
+        self.grids: dict[int, ProgressGrid] = {}
+        self.sim_start: dict[int, float] = {}
+        self.served: list[float] = []
+        self.t_sim = time.perf_counter()
+        self.watch = EngineWatch()
+        self.engine_done = threading.Event()  # run_simulation returned
+
+    def server_app(self) -> ServerApp:
+        app = ServerApp()
+
+        @app.main()
+        def _main(grid: Grid, context: Context) -> None:
+            try:
+                self.serve_all(grid)
+            finally:  # a ClientApp still running (hung) must not keep the engine, hence the run, waiting
+                threading.Thread(
+                    target=end_hung_clients, args=(self.engine_done,), daemon=True, name="fedhead-end-hung-clients"
+                ).start()
+
+        self.t_sim = time.perf_counter()
+        return app
+
+    def serve_all(self, grid: Grid) -> None:
+        if self.parallel == 1:
+            for i in range(len(self.jobs)):
+                self.serve_one(grid, i)
+        else:
+            from concurrent.futures import ThreadPoolExecutor
+
+            with ThreadPoolExecutor(self.parallel, thread_name_prefix="fedhead-job") as pool:
+                futures = [pool.submit(self.serve_one, grid, i) for i in range(len(self.jobs))]
+                for fut in futures:
+                    fut.result()  # the first error, once every job ended
+        self.served.append(time.perf_counter())
+
+    def serve_one(self, grid: Grid, i: int) -> None:
+        job, rec = self.jobs[i], self.recorders[i]
+        if self.watch.tripped:
+            return  # the engine died while this job waited for a thread
+        self.sim_start[i] = time.perf_counter()
+        if i:
+            rec.t_start = self.sim_start[i]
+        log.info(
+            "running procedure %s (%d rounds x %d local epochs, %d clients, data %s, model %s)",
+            job.name,
+            job.settings.rounds,
+            job.settings.local_epochs,
+            job.settings.num_clients,
+            getattr(job.dataset, "name", "?"),
+            getattr(job.model, "name", "?"),
+        )
+        try:
+            self.grids[i] = serve(
+                grid,
+                job,
+                rec,
+                show_progress=self.show_progress,
+                message_config={JOB: i},
+                watch=self.watch,
+                resume=self.resumes[i],
+                window=message_window(job),
+            )
+            finish_job(job, rec, self.grids[i], self.sim_start[i] if i else self.t_sim, time.perf_counter())
+        except Exception as exc:
+            if not self.keep_going or self.watch.tripped:
+                if self.parallel > 1:
+                    self.watch.trip(f"{job.name}: {one_line(exc)}")  # the other jobs stop waiting
+                raise
+            log.error("%s failed: %s", job.output_dir, one_line(exc))
+            if rec.results["status"] == "running":
+                rec.finish(
+                    "failed",
+                    error=one_line(exc),
+                    timing=timing_summary(rec, self.grids.get(i), self.sim_start[i], time.perf_counter()),
+                )
+        if self.on_job_end is not None:
+            self.on_job_end(i, rec.results)
+
+    def fail_running(self, exc: BaseException) -> None:
+        for i, rec in enumerate(self.recorders):
+            if rec.results["status"] == "running":
+                rec.finish(
+                    "failed",
+                    error=one_line(exc),
+                    timing=timing_summary(
+                        rec, self.grids.get(i), self.sim_start.get(i, self.t_sim), time.perf_counter()
+                    ),
+                )
+
+
+def _wait_for_outputs(recorders: list[RunRecorder]) -> None:
+    """Wait for the figures drawn in the background (mostly done during the engine's teardown);
+    the wait is recorded with the last procedure as ``timing.figures_wait_seconds``."""
+    t0 = time.perf_counter()
+    for rec in recorders:
+        rec.wait()
+    if recorders and recorders[-1].results.get("status") == "completed":
+        last = recorders[-1]
+        last.results["timing"]["figures_wait_seconds"] = time.perf_counter() - t0
+        last.write()
+
+
+def _check_finished(recorders: list[RunRecorder], *, raise_error: bool = True) -> None:
+    failed = [r for r in recorders if r.results["status"] not in ("completed", "diagnosed")]
+    for rec in failed:
+        if rec.results["status"] == "running":
+            rec.finish("failed", error="the simulation ended before this procedure finished")
+    if failed and raise_error:
+        raise RuntimeError(
+            f"procedures {[r.job.name for r in failed]} did not finish (see the log and their results.json)"
+        )
+
+
+def run_experiment(cfg: Any, output_dir: str | Path, *, show_progress: bool = True) -> list[dict[str, Any]]:
+    """Run every procedure of a :class:`fedhead.federation.config.FedheadConfig` one after another."""
+    jobs = cfg.jobs(output_dir)
+    if cfg.settings.diagnose_only:
+        jobs = jobs[:1]  # the diagnosis depends on the data and penalties only
+    root = cfg.output_root(output_dir)
+    console.info("%s", start_line(cfg, jobs, root))
+    results = run_federations(jobs, show_progress=show_progress)
+    table = error_table(results)
+    summary = {
+        "schema_version": SCHEMA_VERSION,
+        "experiment": cfg.experiment.name,
+        "procedures": [r["procedure"]["name"] for r in results],
+        "results": [str(Path(j.output_dir) / "results.json") for j in jobs],
+        "diagnosis": results[0]["diagnosis"] if results else None,
+        "final": {
+            r["procedure"]["name"]: {k: r["rounds"][-1][k] for k in ("e_f_star", "e_f_cen", "e_f_within")}
+            for r in results
+            if r.get("rounds")
+        },
+        "table": table,
+    }
+    if cfg.output.figures and len([r for r in results if len(r.get("rounds") or []) > 1]) > 1:
+        summary["figures"] = [write_procedures_figure(results, root / "procedures.png").name]
+    write_json_atomic(root / "summary.json", summary)
+    if table:
+        print(
+            "\nRelative error of the shared head Gram G_t per round (local gap: the largest relative gap of a "
+            "client's trained objective to its optimum):"
+        )
+        print(table)
+    for r in results:
+        lo = r.get("local_optimality") or {}
+        if lo.get("reached") is False:
+            print(
+                f"\nNOTE [{r['procedure']['name']}]: at the last round a client is "
+                f"{lo['last_round_max_trained_gap']:.2g} "
+                f"from its local optimum (> {lo['threshold']:g}): the theory's references assume local optima and do "
+                f"not apply yet. Raise local_epochs or train.lr, or set train.local_tol."
+            )
+    print(f"\nOutputs: {root}")
+    return results

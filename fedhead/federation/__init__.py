@@ -1,0 +1,1 @@
+"""Federation layer: job config, message protocol, aggregation, tracking, checkpoints, deadlines, message grid."""

@@ -1,0 +1,304 @@
+"""Pure server-side reply validation, averaging and moment aggregation (numpy only).
+
+The Flower strategies (``strategies/``) compute on the server with this module,
+:mod:`fedhead.analysis.diagnosis` (the diagnosis before training) and :mod:`fedhead.federation.tracking` (reference
+Grams and per-round measurements), so everything can be tested with plain arrays. No torch, no flwr.
+
+Conventions: float64; heads ``W`` ``(C, P)``, biases ``(C,)``; stacks over clients carry a
+leading axis ``M``; Grams ``(C, C)``. Aggregation weights are ``p_m = N_m / N`` (theory.md §1).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from fedhead import ufm
+from fedhead.federation import protocol as P
+from fedhead.federation.protocol import is_private_state
+
+
+class ReplyError(ValueError):
+    """A client reply is malformed: the message names the node (and partition) and the field."""
+
+    def __init__(self, node_id: int | str, what: str):
+        self.node_id = node_id
+        super().__init__(f"invalid reply from client node {node_id}: {what}")
+
+
+# --------------------------------------------------------------------------------------------
+# validation
+# --------------------------------------------------------------------------------------------
+
+
+def validate_count(count: Any, *, node_id: int | str) -> int:
+    """Check that a reported sample count ``N_m`` is a positive integer and return it."""
+    try:
+        value = float(count)
+    except (TypeError, ValueError) as exc:
+        raise ReplyError(node_id, f"sample count {count!r} is not a number") from exc
+    if not np.isfinite(value) or value <= 0 or value != int(value):
+        raise ReplyError(node_id, f"sample count must be a positive integer, got {count!r}")
+    return int(value)
+
+
+def validate_array(array: Any, shape: tuple[int, ...] | None, *, node_id: int | str, name: str) -> np.ndarray:
+    """Return ``array`` as float64 after checking its shape (if given) and finiteness."""
+    arr = np.asarray(array, dtype=np.float64)
+    if shape is not None and arr.shape != tuple(shape):
+        raise ReplyError(node_id, f"{name} has shape {arr.shape}, expected {tuple(shape)}")
+    if not np.all(np.isfinite(arr)):
+        bad = int(np.size(arr) - np.count_nonzero(np.isfinite(arr)))
+        raise ReplyError(node_id, f"{name} has {bad} non-finite entries (NaN/inf)")
+    return arr
+
+
+def validate_head(
+    weight: Any,
+    bias: Any,
+    count: Any,
+    *,
+    node_id: int | str,
+    shape: tuple[int, int],
+) -> tuple[np.ndarray, np.ndarray, int]:
+    """Validate one uploaded head ``(W~_m (C,P), b~_m (C,), N_m)``; raise :class:`ReplyError`."""
+    c, p = shape
+    w = validate_array(weight, (c, p), node_id=node_id, name="head weight")
+    b = validate_array(bias, (c,), node_id=node_id, name="head bias")
+    return w, b, validate_count(count, node_id=node_id)
+
+
+def validate_moments(
+    count: Any,
+    mean: Any,
+    cov: Any,
+    *,
+    node_id: int | str,
+    dim: int | None = None,
+    tol: float = 1e-8,
+) -> tuple[int, np.ndarray, np.ndarray]:
+    """Validate one client's exchanged statistics ``(N_m, mu_m (C,), Sigma_m (C,C))``.
+
+    ``Sigma_m`` must be symmetric and positive semi-definite up to ``tol`` (relative to its
+    largest entry). Returns the values as ``(int, float64, float64)``.
+    """
+    n = validate_count(count, node_id=node_id)
+    mu = validate_array(mean, None, node_id=node_id, name="target mean mu_m")
+    if mu.ndim != 1:
+        raise ReplyError(node_id, f"target mean mu_m must be a vector, got shape {mu.shape}")
+    c = dim if dim is not None else mu.shape[0]
+    if mu.shape != (c,):
+        raise ReplyError(node_id, f"target mean mu_m has shape {mu.shape}, expected {(c,)}")
+    sigma = validate_array(cov, (c, c), node_id=node_id, name="target covariance Sigma_m")
+    scale = max(1.0, float(np.max(np.abs(sigma))))
+    asym = float(np.max(np.abs(sigma - sigma.T)))
+    if asym > tol * scale:
+        raise ReplyError(node_id, f"target covariance Sigma_m is not symmetric (max |S - S^T| = {asym:.3g})")
+    lam_min = float(np.linalg.eigvalsh(0.5 * (sigma + sigma.T))[0])
+    if lam_min < -tol * scale:
+        raise ReplyError(
+            node_id, f"target covariance Sigma_m is not positive semi-definite (lambda_min = {lam_min:.3g})"
+        )
+    return n, mu, 0.5 * (sigma + sigma.T)
+
+
+# --------------------------------------------------------------------------------------------
+# averaging
+# --------------------------------------------------------------------------------------------
+
+
+def aggregation_weights(counts: Sequence[int] | np.ndarray) -> np.ndarray:
+    """``p_m = N_m / N`` for positive counts ``(M,)``."""
+    n = np.asarray(counts, dtype=np.float64)
+    if n.ndim != 1 or n.size == 0:
+        raise ValueError(f"counts must be a non-empty vector, got shape {n.shape}")
+    if np.any(~np.isfinite(n)) or np.any(n <= 0):
+        raise ValueError(f"counts must be positive, got {n.tolist()}")
+    return n / n.sum()
+
+
+@dataclass(frozen=True)
+class HeadAverage:
+    """Result of head averaging: ``W = sum p_m W~_m`` ``(C,P)``, ``b = sum p_m b~_m`` ``(C,)``."""
+
+    weight: np.ndarray
+    bias: np.ndarray
+    weights: np.ndarray  # p_m (M,)
+
+
+def average_heads(weights: np.ndarray, biases: np.ndarray, counts: Sequence[int] | np.ndarray) -> HeadAverage:
+    """Average uploaded heads with weights ``N_m / N`` (theory.md §1).
+
+    Parameters
+    ----------
+    weights : ndarray, shape (M, C, P)
+        Uploaded head weights ``W~_m``.
+    biases : ndarray, shape (M, C)
+        Uploaded head biases ``b~_m``.
+    counts : array_like, shape (M,)
+        Sample counts ``N_m``.
+
+    Returns
+    -------
+    HeadAverage
+        ``(W_{t+1}, b_{t+1}) = sum_m p_m (W~_m, b~_m)`` and the weights ``p``.
+    """
+    w = np.asarray(weights, dtype=np.float64)
+    b = np.asarray(biases, dtype=np.float64)
+    p = aggregation_weights(counts)
+    if w.ndim != 3 or b.ndim != 2 or w.shape[0] != p.size or b.shape[:2] != w.shape[:2]:
+        raise ValueError(f"heads (M,C,P)={w.shape}, biases (M,C)={b.shape} and counts (M,)={p.shape} disagree")
+    return HeadAverage(np.einsum("m,mcp->cp", p, w), np.einsum("m,mc->c", p, b), p)
+
+
+def average_states(
+    states: Sequence[Mapping[str, np.ndarray]],
+    counts: Sequence[int] | np.ndarray,
+    *,
+    node_ids: Sequence[int | str] | None = None,
+) -> dict[str, np.ndarray]:
+    """Weighted average of full model states, excluding BatchNorm running statistics.
+
+    Parameters
+    ----------
+    states : sequence of mappings name -> ndarray
+        One state per client; every client must send the same names and shapes.
+    counts : array_like, shape (M,)
+        Sample counts ``N_m``; the weights are ``N_m / N``.
+    node_ids : sequence, optional
+        Client ids used in error messages.
+
+    Returns
+    -------
+    dict
+        ``name -> sum_m p_m state_m[name]`` (float64) for every shared (non-private) name.
+    """
+    p = aggregation_weights(counts)
+    if len(states) != p.size:
+        raise ValueError(f"{len(states)} states but {p.size} counts")
+    ids = list(node_ids) if node_ids is not None else list(range(len(states)))
+    names = sorted(k for k in states[0] if not is_private_state(k))
+    out: dict[str, np.ndarray] = {}
+    for k in names:
+        out[k] = np.zeros(np.shape(states[0][k]), dtype=np.float64)
+    for state, weight, node in zip(states, p, ids, strict=True):
+        shared = sorted(k for k in state if not is_private_state(k))
+        if shared != names:
+            missing = sorted(set(names) - set(shared))
+            extra = sorted(set(shared) - set(names))
+            raise ReplyError(
+                node, f"model state names differ from the first client's (missing {missing[:5]}, extra {extra[:5]})"
+            )
+        for k in names:
+            arr = validate_array(state[k], out[k].shape, node_id=node, name=f"model state {k!r}")
+            out[k] += weight * arr
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# moment exchange
+# --------------------------------------------------------------------------------------------
+
+
+def aggregate_moments(
+    counts: Sequence[int],
+    means: Sequence[np.ndarray],
+    covs: Sequence[np.ndarray],
+    *,
+    node_ids: Sequence[int | str] | None = None,
+) -> ufm.TargetMoments:
+    """Build :class:`fedhead.ufm.TargetMoments` from the exchanged ``(N_m, mu_m, Sigma_m)``.
+
+    Every client's statistics are validated first (:func:`validate_moments`); the weights are
+    ``N_m / N`` so that ``Sigma_cen = (1/N) sum N_m (Sigma_m + mu_m mu_m^T) - mu_g mu_g^T``
+    (theory.md §3).
+    """
+    ids = list(node_ids) if node_ids is not None else list(range(len(counts)))
+    if not (len(counts) == len(means) == len(covs) == len(ids)) or len(counts) < 2:
+        raise ValueError(
+            f"moment exchange needs at least 2 clients with one (N, mu, Sigma) each; got "
+            f"{len(counts)} counts, {len(means)} means, {len(covs)} covariances"
+        )
+    dim = int(np.asarray(means[0]).reshape(-1).shape[0])
+    checked = [
+        validate_moments(n, mu, s, node_id=i, dim=dim) for n, mu, s, i in zip(counts, means, covs, ids, strict=True)
+    ]
+    n = np.array([c[0] for c in checked], dtype=np.float64)
+    mu = np.stack([c[1] for c in checked])
+    sig = np.stack([c[2] for c in checked])
+    return ufm.TargetMoments.from_stats(n, mu, sig)
+
+
+def effective_covariances(moments: ufm.TargetMoments, gamma: float = 0.0) -> np.ndarray:
+    """Covariances each client effectively fits, :func:`fedhead.ufm.corrected_covariance` (theory.md §8).
+
+    Returns shape ``(M, C, C)``; ``gamma = 0`` gives the plain ``Sigma_m``.
+    """
+    return ufm.corrected_covariance(
+        np.asarray(moments.covs, dtype=np.float64), np.asarray(moments.sigma_cen)[None], gamma
+    )
+
+
+#: Relative local objective gap above which the theory's references (which assume every client
+#: at its local optimum) are not yet meaningful for a round.
+LOCAL_GAP_THRESHOLD = 1e-2
+
+
+@dataclass(frozen=True)
+class LocalFit:
+    """How close each client's local training came to its optimum in one round (docs/theory.md §11).
+
+    Attributes
+    ----------
+    objective_gaps : list of float
+        ``(L_m - L*_m) / L*_m`` per client (partition order), the original objective.
+    trained_gaps : list of float
+        The same for the objective each client minimised (``L_m + gamma C_m``; equal to
+        ``objective_gaps`` without correction). For corrected clients this is the one that says
+        whether local training converged: ``L_m`` is not minimised there.
+    local_epochs : list of int
+        Epochs each client ran (fewer than ``E`` when it stopped at ``local_tol``).
+    """
+
+    objective_gaps: list[float]
+    trained_gaps: list[float]
+    local_epochs: list[int]
+
+    @property
+    def max_trained_gap(self) -> float:
+        return max(self.trained_gaps)
+
+
+def local_fit(metrics: Sequence[Mapping[str, Any]], node_ids: Sequence[int | str]) -> LocalFit:
+    """Read and validate the local-fit metrics of the training replies (one per client, in order).
+
+    Each reply must carry finite ``objective_gap`` and ``trained_gap`` (>= -1e-6: a model cannot
+    beat its closed-form optimum by more than rounding) and an integer ``local_epochs`` >= 0.
+    """
+    gaps, trained, epochs = [], [], []
+    for m, node in zip(metrics, node_ids, strict=True):
+        for key in (P.OBJECTIVE_GAP, P.TRAINED_GAP, P.LOCAL_EPOCHS):
+            if key not in m:
+                raise ReplyError(node, f"training reply lacks the metric '{key}'")
+        for key, out in ((P.OBJECTIVE_GAP, gaps), (P.TRAINED_GAP, trained)):
+            v = float(validate_array(m[key], (), node_id=node, name=key))
+            if v < -1e-6:
+                raise ReplyError(node, f"{key} = {v:.3g} is below zero: the model beats its closed-form optimum")
+            out.append(v)
+        e = m[P.LOCAL_EPOCHS]
+        if isinstance(e, bool) or not isinstance(e, (int, np.integer)) or e < 0:
+            raise ReplyError(node, f"{P.LOCAL_EPOCHS} must be an integer >= 0, got {e!r}")
+        epochs.append(int(e))
+    return LocalFit(objective_gaps=gaps, trained_gaps=trained, local_epochs=epochs)
+
+
+def weighted_mean(values: Sequence[float], counts: Sequence[int]) -> float:
+    """``sum_m N_m v_m / sum_m N_m`` (clients weighted by evaluated sample counts, theory.md §11)."""
+    v = np.asarray(values, dtype=np.float64)
+    n = np.asarray(counts, dtype=np.float64)
+    if v.shape != n.shape or v.size == 0 or np.any(n <= 0):
+        raise ValueError(f"values {v.shape} and positive counts {n.shape} must match")
+    return float(np.dot(v, n) / n.sum())

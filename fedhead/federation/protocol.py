@@ -1,0 +1,141 @@
+"""The message protocol between the fedhead ServerApp and ClientApp (record names and codecs).
+
+Every message is a :class:`flwr.app.RecordDict`; this module names its records, their keys and
+the private-state rule, and converts records to and from plain numpy, so that the server
+(``strategies/``) and the clients (``clients/``) agree on one layout. Both sides import this
+neutral module; neither imports the other.
+
+Server -> client
+    ``query``  : ``config`` ConfigRecord (``stage="moments"``); with ``measure_mismatch=true``, once
+                 after round 1, ``stage="mismatch"`` (+ ``server-round``) and a ``mismatch``
+                 ArrayRecord (the client's own trained head ``own_weight``/``own_bias``, the
+                 trained average ``trained_weight``, the aligned average ``aligned_weight``, their
+                 bias ``average_bias`` and the client's rotation ``rotation (P,P)``).
+    ``train``  : ``head`` ArrayRecord (``weight (C,P)``, ``bias (C,)``, float64), ``config``
+                 ConfigRecord (``server-round``), optional ``sigma_cen`` ArrayRecord
+                 (``sigma_cen (C,C)``, corrected procedures), optional ``backbone`` ArrayRecord
+                 (full-model averaging; BatchNorm statistics never included).
+    ``evaluate``: ``head`` ArrayRecord, ``config`` ConfigRecord.
+
+Client -> server
+    ``query``  : ``moments`` ArrayRecord (``mean (C,)``, ``cov (C,C)``), ``metrics``
+                 MetricRecord (``num-examples``, ``partition-id``); the mismatch query's reply:
+                 ``metrics`` with ``mismatch_local``, ``mismatch_trained``, ``mismatch_aligned``
+                 (the client's objectives, :mod:`fedhead.analysis.mismatch_cost`).
+    ``train``  : ``head`` ArrayRecord, ``metrics`` MetricRecord (``num-examples``,
+                 ``partition-id``, ``objective_gap``, local metrics), optional ``checks``
+                 ArrayRecord (``trained_gram (C,C)`` before alignment), optional ``backbone``.
+    ``evaluate``: ``metrics`` MetricRecord (``num-examples``, ``partition-id``, ``train_mse``,
+                 ``num-test-examples``, ``test_mse`` when the client has test data).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:  # the constants and the private-state rule need no flwr (the numpy layer uses them)
+    from flwr.app import ArrayRecord, Message
+
+# record names
+HEAD = "head"
+BACKBONE = "backbone"
+SIGMA_CEN = "sigma_cen"
+MOMENTS = "moments"
+CHECKS = "checks"
+CONFIG = "config"
+METRICS = "metrics"
+MISMATCH = "mismatch"  # the mismatch query's heads and rotation (measure_mismatch=true, round 1)
+
+# array keys
+WEIGHT = "weight"  # in HEAD: W (C, P)
+BIAS = "bias"  # in HEAD: b (C,)
+MEAN = "mean"  # in MOMENTS: mu_m (C,)
+COV = "cov"  # in MOMENTS: Sigma_m (C, C)
+SIGMA_CEN_ARRAY = "sigma_cen"  # in SIGMA_CEN: Sigma_cen (C, C)
+TRAINED_GRAM = "trained_gram"  # in CHECKS: W^ W^^T before alignment (C, C)
+OWN_WEIGHT = "own_weight"  # in MISMATCH: the client's trained head W~_m (C, P)
+OWN_BIAS = "own_bias"  # in MISMATCH: its bias b~_m (C,)
+TRAINED_WEIGHT = "trained_weight"  # in MISMATCH: sum_m p_m W~_m (C, P)
+ALIGNED_WEIGHT = "aligned_weight"  # in MISMATCH: sum_m p_m W~_m Q_m (C, P)
+AVERAGE_BIAS = "average_bias"  # in MISMATCH: sum_m p_m b~_m (C,)
+ROTATION = "rotation"  # in MISMATCH: the client's Q_m (P, P); its aligned features are Q_m^T h
+
+# config keys
+STAGE = "stage"
+STAGE_MOMENTS = "moments"
+STAGE_MISMATCH = "mismatch"
+SERVER_ROUND = "server-round"
+JOB = "job"  # index of the job when one simulation serves several procedures
+
+# metric keys
+NUM_EXAMPLES = "num-examples"
+NUM_TEST_EXAMPLES = "num-test-examples"
+PARTITION_ID = "partition-id"
+OBJECTIVE_GAP = "objective_gap"
+TRAINED_GAP = "trained_gap"  # gap of the objective the client minimised (L_m + gamma C_m)
+LOCAL_EPOCHS = "local_epochs"  # epochs run (fewer than E when local_tol stopped training)
+OBJECTIVE = "objective"
+OPTIMAL_OBJECTIVE = "optimal_objective"
+LOCAL_TRAIN_MSE = "local_train_mse"
+TRAIN_SECONDS = "train_seconds"
+LOCAL_SECONDS = "local_seconds"  # the whole local computation (train_local: set-up, epochs, finishing step)
+N_STEPS = "n_steps"
+ALIGN_DISTANCE_BEFORE = "align_distance_before"
+ALIGN_DISTANCE_AFTER = "align_distance_after"
+DISTANCE_TO_BROADCAST = "distance_to_broadcast"
+DISTANCE_TO_SELECTION = "distance_to_selection"
+RELATIVE_DISTANCE_TO_SELECTION = "relative_distance_to_selection"
+TRAIN_MSE = "train_mse"
+TEST_MSE = "test_mse"
+SHARED_OBJECTIVE = "shared_objective"
+MISMATCH_LOCAL = "mismatch_local"  # L_m of the client's own trained local model
+MISMATCH_TRAINED = "mismatch_trained"  # L_m of the trained average with its trained backbone
+MISMATCH_ALIGNED = "mismatch_aligned"  # L_m of the aligned average with its aligned backbone
+
+#: Suffixes of BatchNorm buffers: client-private, never averaged nor sent (theory.md §1, full-model variant).
+PRIVATE_STATE_SUFFIXES = ("running_mean", "running_var", "num_batches_tracked")
+
+
+def is_private_state(name: str) -> bool:
+    """True for BatchNorm running statistics, which never leave the client."""
+    return name.endswith(PRIVATE_STATE_SUFFIXES)
+
+
+def head_record(weight: np.ndarray, bias: np.ndarray) -> ArrayRecord:
+    """``ArrayRecord`` holding a head ``(W (C,P), b (C,))`` in float64."""
+    from flwr.app import Array, ArrayRecord
+
+    return ArrayRecord(
+        {
+            WEIGHT: Array(np.ascontiguousarray(weight, dtype=np.float64)),
+            BIAS: Array(np.ascontiguousarray(bias, dtype=np.float64)),
+        }
+    )
+
+
+def arrays_to_numpy(record: ArrayRecord) -> dict[str, np.ndarray]:
+    """Every array of an ``ArrayRecord`` as numpy (original dtype)."""
+    return {k: v.numpy() for k, v in record.items()}
+
+
+def numpy_to_arrays(arrays: Mapping[str, np.ndarray]) -> ArrayRecord:
+    """An ``ArrayRecord`` from a mapping name -> ndarray (copied, contiguous)."""
+    from flwr.app import Array, ArrayRecord
+
+    return ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in arrays.items()})
+
+
+def read_head(record: ArrayRecord) -> tuple[np.ndarray, np.ndarray]:
+    """``(W, b)`` from a head record; raises ``KeyError`` naming what is missing."""
+    missing = [k for k in (WEIGHT, BIAS) if k not in record]
+    if missing:
+        raise KeyError(f"head record lacks {missing}; it has {list(record.keys())}")
+    return record[WEIGHT].numpy(), record[BIAS].numpy()
+
+
+def node_of(message: Message) -> int:
+    """Source node id of a reply."""
+    return int(message.metadata.src_node_id)

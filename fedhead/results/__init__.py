@@ -1,0 +1,1 @@
+"""Results layer (numpy and json only): atomic writing, provenance and the results.json schema."""

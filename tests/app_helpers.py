@@ -1,0 +1,218 @@
+"""Helpers shared by the Flower-app tests (importable: tests/app is on sys.path)."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+
+import numpy as np
+
+
+def rotation(deg: float) -> np.ndarray:
+    a = np.deg2rad(deg)
+    return np.array([[np.cos(a), -np.sin(a)], [np.sin(a), np.cos(a)]])
+
+
+def targets_with_moments(n: int, mean: np.ndarray, cov: np.ndarray, seed: int) -> np.ndarray:
+    """``(n, C)`` samples whose population mean and covariance are exactly ``mean``, ``cov``."""
+    rng = np.random.default_rng(seed)
+    z = rng.standard_normal((n, len(mean)))
+    z -= z.mean(0)
+    ev, evec = np.linalg.eigh(z.T @ z / n)
+    z = z @ evec @ np.diag(ev**-0.5) @ evec.T  # whitened exactly
+    ev, evec = np.linalg.eigh(cov)
+    return z @ (evec @ np.diag(np.sqrt(ev)) @ evec.T) + mean
+
+
+# ------------------------------------------------------------------ hand-made Flower replies
+from collections.abc import Callable, Iterable  # noqa: E402
+
+from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict  # noqa: E402
+from flwr.serverapp import Grid  # noqa: E402
+
+from fedhead import ufm  # noqa: E402
+from fedhead.federation import protocol as P  # noqa: E402
+
+
+def instruction(node_id: int, message_type: str, content: RecordDict | None = None) -> Message:
+    """A server -> client message (needs the ``task_identity`` fixture)."""
+    return Message(content=content or RecordDict(), dst_node_id=int(node_id), message_type=message_type)
+
+
+def query_reply(msg: Message, y: np.ndarray, pid: int, count: int | None = None) -> Message:
+    mom = ufm.TargetMoments.from_targets([y])
+    return Message(
+        RecordDict(
+            {
+                P.MOMENTS: ArrayRecord(
+                    {"mean": Array(np.asarray(mom.means[0])), "cov": Array(np.asarray(mom.covs[0]))}
+                ),
+                P.METRICS: MetricRecord(
+                    {P.NUM_EXAMPLES: int(count if count is not None else y.shape[0]), P.PARTITION_ID: pid}
+                ),
+            }
+        ),
+        reply_to=msg,
+    )
+
+
+def train_reply(msg: Message, weight, bias, n: int, pid: int, **extra_records) -> Message:
+    content = RecordDict(
+        {
+            P.HEAD: P.head_record(weight, bias),
+            P.METRICS: MetricRecord(
+                {
+                    P.NUM_EXAMPLES: int(n),
+                    P.PARTITION_ID: pid,
+                    "objective_gap": 0.01 * (pid + 1),
+                    "trained_gap": 0.01 * (pid + 1),
+                    "local_epochs": 10,
+                }
+            ),
+        }
+    )
+    for k, v in extra_records.items():
+        content[k] = v
+    return Message(content, reply_to=msg)
+
+
+class Recorder:
+    """A strategy observer (``RunObserver``) that keeps what it is told: exchanges and round records."""
+
+    def __init__(self):
+        self.exchanges, self.records = [], []
+
+    def on_exchange(self, exchange):
+        self.exchanges.append(exchange)
+
+    def on_round(self, record):
+        self.records.append(record)
+
+
+class NumpyClient:
+    """A client of the UFM with free features answering every message type in closed form.
+
+    ``train`` returns ``Pi_m(W_t)`` for ``phi((1 - gamma) Sigma_m + gamma Sigma_cen)`` and bias
+    ``mu_m`` (the exact rule); ``evaluate`` returns ``train_mse = pid + 1`` so that the server's
+    count-weighted mean is known.
+    """
+
+    def __init__(self, y: np.ndarray, pid: int, lambda_h: float, lambda_w: float, gamma: float = 0.0):
+        self.y, self.pid, self.lh, self.lw, self.gamma = y, pid, lambda_h, lambda_w, gamma
+        mom = ufm.TargetMoments.from_targets([y])
+        self.mu, self.sigma = np.asarray(mom.means[0]), np.asarray(mom.covs[0])
+        self.seen_sigma_cen: list[np.ndarray] = []
+
+    def __call__(self, msg: Message) -> Message:
+        kind = msg.metadata.message_type
+        if kind == "query":
+            return query_reply(msg, self.y, self.pid)
+        if kind == "train":
+            w_t, _ = P.read_head(msg.content.array_records[P.HEAD])
+            target = self.sigma
+            if self.gamma > 0:
+                sc = msg.content.array_records[P.SIGMA_CEN]["sigma_cen"].numpy()
+                self.seen_sigma_cen.append(sc)
+                target = (1 - self.gamma) * self.sigma + self.gamma * sc
+            w = ufm.closest_head(w_t, ufm.optimal_gram(target, self.lh, self.lw))
+            return train_reply(msg, w, self.mu, self.y.shape[0], self.pid)
+        if kind == "evaluate":
+            return Message(
+                RecordDict(
+                    {
+                        P.METRICS: MetricRecord(
+                            {
+                                P.NUM_EXAMPLES: self.y.shape[0],
+                                P.PARTITION_ID: self.pid,
+                                "train_mse": float(self.pid + 1),
+                            }
+                        )
+                    }
+                ),
+                reply_to=msg,
+            )
+        raise ValueError(kind)
+
+
+class FakeGrid(Grid):
+    """An in-process Grid: ``node_id -> handler(Message) -> Message``; no Ray, no SuperLink."""
+
+    def __init__(self, handlers: dict[int, Callable[[Message], Message]]):
+        self.handlers = handlers
+        self.sent: list[Message] = []
+
+    def set_run(self, run) -> None:
+        pass
+
+    @property
+    def run(self):
+        return None
+
+    def create_message(self, content, message_type, dst_node_id, group_id, ttl=None) -> Message:
+        return Message(content=content, dst_node_id=dst_node_id, message_type=message_type)
+
+    def get_node_ids(self) -> Iterable[int]:
+        return list(self.handlers)
+
+    def push_messages(self, messages):
+        ids = []
+        if not hasattr(self, "_replies"):
+            self._replies: dict[str, Message] = {}
+        for m in messages:
+            m.metadata.__dict__["_message_id"] = f"msg-{len(self.sent)}"  # as flwr's InMemoryGrid
+            self.sent.append(m)
+            try:
+                reply = self.handlers[m.metadata.dst_node_id](m)
+            except Exception as exc:  # noqa: BLE001 - as flwr: a raising ClientApp -> an error reply
+                from flwr.app import Error
+
+                reply = Message(Error(code=0, reason=f"{type(exc).__name__}: {exc}"), reply_to=m)
+            if reply is not None:  # None: the client never answers
+                self._replies[m.metadata.message_id] = reply
+            ids.append(m.metadata.message_id)
+        return ids
+
+    def pull_messages(self, message_ids):
+        return [self._replies.pop(i) for i in list(message_ids) if i in self._replies]
+
+    def send_and_receive(self, messages, *, timeout=None):
+        out = []
+        for m in messages:
+            self.sent.append(m)
+            out.append(self.handlers[m.metadata.dst_node_id](m))
+        return out
+
+
+class InProcessGrid(FakeGrid):
+    """Serves messages with a real ClientApp in this process (one Context per node), no Ray."""
+
+    def __init__(self, client_app, num_nodes: int, *, run_id: int = 11, run_config: dict | None = None):
+        from flwr.app import Context
+
+        self.app = client_app
+        self.contexts = {
+            1000 + i: Context(
+                run_id=run_id,
+                node_id=1000 + i,
+                node_config={"partition-id": i, "num-partitions": num_nodes},
+                state=RecordDict(),
+                run_config=dict(run_config or {}),
+            )
+            for i in range(num_nodes)
+        }
+        super().__init__({n: (lambda m, n=n: self.app(m, self.contexts[n])) for n in self.contexts})
+
+
+@contextlib.contextmanager
+def captured_strategies_log(caplog):
+    """caplog's handler on the ``fedhead.strategies`` logger itself, each record once (a deployed
+    ServerApp's logging, set up earlier in the same process, stops it propagating to the root)."""
+    logger = logging.getLogger("fedhead.strategies")
+    propagate = logger.propagate
+    logger.addHandler(caplog.handler)
+    logger.propagate = False
+    try:
+        yield
+    finally:
+        logger.removeHandler(caplog.handler)
+        logger.propagate = propagate
