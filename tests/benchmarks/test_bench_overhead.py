@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_overhead.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_overhead.py"
 
 
 def _bench():
