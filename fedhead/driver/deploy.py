@@ -1,7 +1,7 @@
 """The command lines of a fedhead deployment on Flower 1.42, in one place.
 
-The loopback deployment test (``tests/app/test_deploy_loopback.py``) starts its processes from
-these functions, and ``tests/app/test_deploy_compose.py`` checks that every service of
+The loopback deployment test (``tests/driver/test_deploy_loopback.py``) starts its processes from
+these functions, and ``tests/driver/test_deploy_compose.py`` checks that every service of
 ``docker-compose.yml`` (with the overlays ``with-tls.yml`` and ``with-state.yml``) runs exactly
 the command these functions give for that service's paths and addresses. One list of flags
 therefore serves the tested process deployment and the compose files.

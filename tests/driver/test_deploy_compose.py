@@ -2,7 +2,7 @@
 
 Every service's command (entrypoint + command, after the overlays) must equal what
 :mod:`fedhead.driver.deploy` gives for that service: the same functions start the loopback deployment
-of ``tests/app/test_deploy_loopback.py``. The flags must parse with flwr 1.42's own argument
+of ``tests/driver/test_deploy_loopback.py``. The flags must parse with flwr 1.42's own argument
 parsers, only the SuperLink's port is published (on ``FEDHEAD_BIND_ADDRESS``, default
 127.0.0.1), the TLS overlay mounts only the files each container needs, and
 docs/deployment.md's TOML examples parse and its links stay inside the repository.

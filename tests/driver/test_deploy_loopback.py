@@ -3,10 +3,10 @@
 One SuperLink with TLS and SuperNode authentication, two SuperNodes (ClientApps in subprocess
 isolation) and ``flwr run .`` with a tiny job (model=free, 1 round), all on 127.0.0.1 ports
 picked at random. The command lines come from :mod:`fedhead.driver.deploy`, the same functions that
-``tests/app/test_deploy_compose.py`` checks the docker compose files against. Every wait has a
+``tests/driver/test_deploy_compose.py`` checks the docker compose files against. Every wait has a
 deadline; every process started here (and its children) is killed in teardown.
 
-    pytest -m slow tests/app/test_deploy_loopback.py
+    pytest -m slow tests/driver/test_deploy_loopback.py
 """
 
 from __future__ import annotations

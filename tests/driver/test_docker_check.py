@@ -5,7 +5,7 @@ the images if needed (the first build takes many minutes), brings up SuperLink, 
 ServerApp and ClientApp containers with TLS and SuperNode authentication, runs a 1-round job
 and checks its results.json, then tears everything down.
 
-    pytest -m slow tests/app/test_docker_check.py
+    pytest -m slow tests/driver/test_docker_check.py
 """
 
 import os
