@@ -47,6 +47,7 @@ import time
 import numpy as np
 import torch
 from torch import nn
+from tqdm.auto import tqdm
 
 from fedhead.data.base import batch_to_float
 from fedhead.train.config import TrainConfig, TrainDivergedError
@@ -334,8 +335,6 @@ class _TrainLoop:
         every = check_every(cfg, n_epochs)
         epochs = range(n_epochs)
         if cfg.progress:
-            from tqdm.auto import tqdm
-
             epochs = tqdm(epochs, desc="local epochs", leave=False)
         t0 = time.perf_counter()
         for e in epochs:
