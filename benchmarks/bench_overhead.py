@@ -12,7 +12,7 @@ Goal: under 5 % outside local training.
 Local training of a training phase is the first-come-first-served makespan of the clients'
 local computations (``local_seconds``: the whole ``train_local``, set-up, epochs and the exact
 finishing step) on the clients Ray runs at once: the phase's wall time if messaging and every
-other per-message cost were free. (Until issue 9 it was the sum of the epoch loops divided by
+other per-message cost were free. (Formerly it was the sum of the epoch loops divided by
 the clients at once: that counted the finishing step, and the idle actor waiting for a client
 that trains 2000 epochs while the others stop early at ``local_tol``, as Flower overhead; the
 old share is still printed.)
@@ -42,8 +42,9 @@ loops). Goal: <= 20 ms per client-round, not growing with ``M``.
     python benchmarks/bench_overhead.py rounds=2 local_epochs=20
     python benchmarks/bench_overhead.py --clients 4 64 256      # scaling (Hopper 4000, model=free)
 
-Measured for issue 9 (2 CPU cores shared with other jobs, load average 7-14 throughout, so
-every wall time is stretched and noisy; the two runs of each pair ran back to back):
+Measured when local training became the whole ``train_local`` (2 CPU cores shared with other
+jobs, load average 7-14 throughout, so every wall time is stretched and noisy; the two runs of
+each pair ran back to back):
 
     default run, before (f568c5a) / after:  wall 355.0 / 245.9 s
       outside local training (new accounting)         4.8 % / 4.0 %

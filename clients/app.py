@@ -24,7 +24,7 @@ import hashlib
 import logging
 import pickle
 import time
-from typing import Any
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
@@ -33,26 +33,37 @@ from flwr.clientapp import ClientApp
 
 from fedhead.clients.state import (
     ClientError,
-    _limit_threads,
-    _round_of,
-    _sigma_cen,
     apply_shared_state,
     client_data,
     client_moments,
     is_free,
+    limit_threads,
     load_backbone,
     partition_of,
+    round_of,
     save_backbone,
     shared_state,
+    sigma_cen_of,
     train_inputs,
 )
 from fedhead.federation import protocol as P
+from fedhead.federation.job import JobConfig
+from fedhead.train import (
+    align,
+    evaluate_local,
+    exact_head,
+    head_distances,
+    mismatch_objectives,
+    round_seed,
+    select_device,
+    train_local,
+)
 
 log = logging.getLogger(__name__)
 
 
 # -------------------------------------------------------------------------------- handlers
-def handle_query(job: Any, msg: Message, context: Context) -> Message:
+def handle_query(job: JobConfig, msg: Message, context: Context) -> Message:
     """Reply with ``(N_m, mu_m, Sigma_m)`` of the client's training targets (theory.md §3), or,
     for ``stage="mismatch"``, with the mismatch objectives (:func:`handle_mismatch`)."""
     cfg = msg.content.config_records.get(P.CONFIG)
@@ -70,14 +81,12 @@ def handle_query(job: Any, msg: Message, context: Context) -> Message:
     return Message(content, reply_to=msg)
 
 
-def handle_mismatch(job: Any, msg: Message, context: Context) -> Message:
+def handle_mismatch(job: JobConfig, msg: Message, context: Context) -> Message:
     """The client's three objectives of the mismatch measurement (docs/theory.md §13): its own
     trained local model, the trained heads' average with its backbone, the aligned average with
     its aligned backbone (:func:`fedhead.train.mismatch_objectives`; the stored backbone of the
     message's round is only read)."""
-    from fedhead.train import mismatch_objectives, select_device
-
-    _limit_threads(job)
+    limit_threads(job)
     pid = partition_of(context, job)
     data, cd = client_data(job, pid)
     if P.MISMATCH not in msg.content.array_records:
@@ -91,7 +100,7 @@ def handle_mismatch(job: Any, msg: Message, context: Context) -> Message:
     if missing:
         raise ClientError(f"partition {pid}: mismatch record lacks {missing}")
     arr = {k: rec[k].numpy().astype(np.float64) for k in rec}
-    backbone = load_backbone(job, context, pid, data, cd, required=True, expected_round=_round_of(msg))
+    backbone = load_backbone(job, context, pid, data, cd, required=True, expected_round=round_of(msg))
     device = select_device(job.settings.device)
     backbone.to(device)
     offset = cd.y_train.detach().cpu().double().mean(0).numpy() if job.procedure.centered else None
@@ -118,16 +127,14 @@ def handle_mismatch(job: Any, msg: Message, context: Context) -> Message:
     return Message(RecordDict({P.METRICS: MetricRecord(metrics)}), reply_to=msg)
 
 
-def handle_train(job: Any, msg: Message, context: Context) -> Message:
+def handle_train(job: JobConfig, msg: Message, context: Context) -> Message:
     """One round of local work: train (or the closed-form rule) and upload the head."""
-    from fedhead.train import align, exact_head, head_distances, round_seed, select_device, train_local
-
-    _limit_threads(job)
+    limit_threads(job)
     pid = partition_of(context, job)
-    rnd = _round_of(msg)
+    rnd = round_of(msg)
     data, cd = client_data(job, pid)
     w_t, b_t = P.read_head(msg.content.array_records[P.HEAD])
-    sigma_cen = _sigma_cen(msg, job, pid)
+    sigma_cen = sigma_cen_of(msg, job, pid)
     y = cd.y_train
     n = int(y.shape[0])
     content = RecordDict()
@@ -206,15 +213,13 @@ def handle_train(job: Any, msg: Message, context: Context) -> Message:
     return Message(content, reply_to=msg)
 
 
-def handle_evaluate(job: Any, msg: Message, context: Context) -> Message:
+def handle_evaluate(job: JobConfig, msg: Message, context: Context) -> Message:
     """MSE of the shared head with the client's own backbone on its train (and test) data."""
-    from fedhead.train import evaluate_local, select_device
-
-    _limit_threads(job)
+    limit_threads(job)
     pid = partition_of(context, job)
     data, cd = client_data(job, pid)
     w, b = P.read_head(msg.content.array_records[P.HEAD])
-    backbone = load_backbone(job, context, pid, data, cd, required=True, expected_round=_round_of(msg))
+    backbone = load_backbone(job, context, pid, data, cd, required=True, expected_round=round_of(msg))
     if job.procedure.full_model:
         apply_shared_state(backbone, msg.content.array_records.get(P.BACKBONE), pid)
     device = select_device(job.settings.device)
@@ -259,7 +264,7 @@ class JobsClientApp(ClientApp):
     this makes that a few kB of bytes instead of the handlers' code and the configs, rebuilt
     once per worker process instead of once per message."""
 
-    def __init__(self, jobs: Any):
+    def __init__(self, jobs: JobConfig | Sequence[JobConfig]):
         super().__init__()
         self._blob = pickle.dumps(jobs, protocol=pickle.HIGHEST_PROTOCOL)
         self._digest = hashlib.sha256(self._blob).hexdigest()
@@ -275,7 +280,7 @@ def _app_from_pickle(digest: str, blob: bytes) -> ClientApp:
     return app
 
 
-def make_client_app(job: Any) -> ClientApp:
+def make_client_app(job: JobConfig | Sequence[JobConfig] | Callable[[Context], JobConfig]) -> ClientApp:
     """Build the ClientApp.
 
     ``job`` is a :class:`fedhead.federation.config.JobConfig`, a sequence of them (one simulation serving
@@ -292,7 +297,7 @@ def make_client_app(job: Any) -> ClientApp:
     if isinstance(job, (list, tuple)):
         jobs = tuple(job)
 
-        def resolve(msg: Message, _ctx: Context) -> Any:
+        def resolve(msg: Message, _ctx: Context) -> JobConfig:
             cfg = msg.content.config_records.get(P.CONFIG)
             idx = int(cfg.get(P.JOB, 0)) if cfg is not None else 0
             if not 0 <= idx < len(jobs):
@@ -300,11 +305,11 @@ def make_client_app(job: Any) -> ClientApp:
             return jobs[idx]
     elif callable(job):
 
-        def resolve(msg: Message, ctx: Context) -> Any:
+        def resolve(msg: Message, ctx: Context) -> JobConfig:
             return job(ctx)
     else:
 
-        def resolve(msg: Message, ctx: Context) -> Any:
+        def resolve(msg: Message, ctx: Context) -> JobConfig:
             return job
 
     @app.query()

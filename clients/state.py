@@ -7,16 +7,24 @@ Nothing here leaves the client but what a handler puts in its reply.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import threading
-from typing import Any
+from pathlib import Path
 
 import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord, Context, Message
 
+from fedhead.analysis.seeds import backbone_seed
 from fedhead.clients.store import BackboneStore
+from fedhead.data.base import ClientData, FederatedData
+from fedhead.data.registry import load_federated
 from fedhead.federation import protocol as P
+from fedhead.federation.checkpoint import state_key
+from fedhead.federation.job import JobConfig
+from fedhead.models import FreeFeatureConfig, build_backbone
+from fedhead.train import target_moments
 
 log = logging.getLogger(__name__)
 
@@ -24,7 +32,7 @@ PARTITION_ID_KEY = "partition-id"
 NUM_PARTITIONS_KEY = "num-partitions"
 STATE_DIR_KEY = "state-dir"
 
-_DATA: dict[tuple[str, int], Any] = {}
+_DATA: dict[tuple[str, int], FederatedData] = {}
 #: data sets kept in memory per process (least recently used dropped; the disk cache stays)
 _DATA_KEEP = 2
 _DATA_LOCK = threading.Lock()
@@ -39,7 +47,7 @@ class ClientError(RuntimeError):
 
 
 # -------------------------------------------------------------------------------- helpers
-def partition_of(context: Context, job: Any) -> int:
+def partition_of(context: Context, job: JobConfig) -> int:
     """The client's partition id (``partition-id`` of the node config), checked against M."""
     if PARTITION_ID_KEY not in context.node_config:
         raise ClientError(f"node config lacks '{PARTITION_ID_KEY}' (got {dict(context.node_config)})")
@@ -55,10 +63,8 @@ def partition_of(context: Context, job: Any) -> int:
     return pid
 
 
-def federated_data(job: Any):
+def federated_data(job: JobConfig) -> FederatedData:
     """The job's partitioned data set, loaded once per process (the data layer caches on disk)."""
-    from fedhead.data.registry import load_federated
-
     key = (repr(job.dataset), job.settings.num_clients)
     with _DATA_LOCK:
         data = _DATA.pop(key, None)
@@ -70,18 +76,17 @@ def federated_data(job: Any):
     return data
 
 
-def client_data(job: Any, pid: int):
+def client_data(job: JobConfig, pid: int) -> tuple[FederatedData, ClientData]:
+    """The job's data set and partition ``pid``'s share of it."""
     data = federated_data(job)
     if len(data.clients) != job.settings.num_clients:
         raise ClientError(f"data set {data.name} has {len(data.clients)} clients, expected {job.settings.num_clients}")
     return data, data.clients[pid]
 
 
-def client_moments(job: Any, pid: int, cd: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def client_moments(job: JobConfig, pid: int, cd: ClientData) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(y (N_m, C) float64, mu_m (C,), Sigma_m (C, C))`` of the client's training targets,
     computed once per process and partition."""
-    from fedhead.train import target_moments
-
     key = (repr(job.dataset), job.settings.num_clients, pid)
     with _DATA_LOCK:
         hit = _MOMENTS.get(key)
@@ -93,62 +98,61 @@ def client_moments(job: Any, pid: int, cd: Any) -> tuple[np.ndarray, np.ndarray,
     return hit
 
 
-def is_free(job: Any) -> bool:
-    from fedhead.models import FreeFeatureConfig
-
+def is_free(job: JobConfig) -> bool:
+    """Whether the backbone is the free-feature one (its inputs are sample indices)."""
     return isinstance(job.model, FreeFeatureConfig)
 
 
-def train_inputs(job: Any, cd: Any) -> torch.Tensor:
+def train_inputs(job: JobConfig, cd: ClientData) -> torch.Tensor:
     """Training inputs: the stored tensor, or sample indices for the free-feature backbone."""
     return torch.arange(cd.n_train) if is_free(job) else cd.x_train
 
 
-def _limit_threads(job: Any) -> None:
+def limit_threads(job: JobConfig) -> None:
+    """Torch's intra-op threads: the client's CPU share (``resources.client_cpus``)."""
     n = max(1, int(job.resources.client_cpus))
     if torch.get_num_threads() != n:
         torch.set_num_threads(n)
 
 
-def simulation_state_dir(job: Any, run_id: int):
+def simulation_state_dir(job: JobConfig, run_id: int) -> Path:
     """``<output>/<procedure>/client_state/run_<key>`` of a simulation (single machine): the key
     is :func:`fedhead.federation.checkpoint.state_key` of the config hash, so a resumed run (a new flwr run
     id) finds the interrupted run's backbones; flwr's run id when the job has no hash."""
-    from fedhead.federation.checkpoint import state_key
-
-    key = state_key(job.config_hash) if getattr(job, "config_hash", "") else str(run_id)
+    key = state_key(job.config_hash) if job.config_hash else str(run_id)
     return job.state_dir / f"run_{key}"
 
 
-def deployment_run_key(job: Any, run_id: int) -> str:
+def deployment_run_key(job: JobConfig, run_id: int) -> str:
     """The run key of a deployed client's node-local store: from the config hash and the run's
     output folder (what a resumed ``flwr run`` repeats, unlike flwr's run id); the run id when
     the job has no hash."""
-    if not getattr(job, "config_hash", ""):
+    if not job.config_hash:
         return str(run_id)
-    import hashlib
-
-    from fedhead.federation.checkpoint import state_key
-
     return state_key(hashlib.sha256(f"{job.config_hash}|{job.output_dir}".encode()).hexdigest())
 
 
-def store_of(job: Any, context: Context) -> BackboneStore:
+def store_of(job: JobConfig, context: Context) -> BackboneStore:
     """The private backbone store of this client: ``<state-dir>/<procedure>/run_<key>``
     (:func:`deployment_run_key`) when the SuperNode's node config names a ``state-dir``
     (deployments: a folder local to the client), else :func:`simulation_state_dir`
     (simulation, single machine)."""
     node_dir = context.node_config.get(STATE_DIR_KEY)
     if node_dir:
-        from pathlib import Path
-
         return BackboneStore(Path(str(node_dir)) / job.name / f"run_{deployment_run_key(job, context.run_id)}")
     # the simulation's temporary state folder: atomic files, no fsync (a per-round cost per client)
     return BackboneStore(simulation_state_dir(job, context.run_id), sync=False)
 
 
 def load_backbone(
-    job: Any, context: Context, pid: int, data: Any, cd: Any, *, required: bool, expected_round: int | None = None
+    job: JobConfig,
+    context: Context,
+    pid: int,
+    data: FederatedData,
+    cd: ClientData,
+    *,
+    required: bool,
+    expected_round: int | None = None,
 ):
     """The client's private backbone: the stored one, or the seeded initial backbone
     (:func:`initial_backbone_seed`: common to all clients unless ``init=independent``).
@@ -158,8 +162,6 @@ def load_backbone(
     backbone this process trained and stored is reused as it is (same state) instead of being
     rebuilt and reloaded; full-model averaging always rebuilds (the broadcast changes it).
     """
-    from fedhead.models import build_backbone
-
     store = store_of(job, context)
     stored = None if expected_round == 0 else store.load(pid, expected_round=expected_round)
     if stored is None and required:
@@ -180,15 +182,13 @@ def load_backbone(
     return backbone
 
 
-def initial_backbone_seed(job: Any, pid: int) -> int:
+def initial_backbone_seed(job: JobConfig, pid: int) -> int:
     """Seed of partition ``pid``'s initial backbone: the run seed (``init=common``) or its own
     (``init=independent``), :func:`fedhead.analysis.seeds.backbone_seed`."""
-    from fedhead.analysis.seeds import backbone_seed
-
-    return backbone_seed(job.settings.seed, pid, getattr(job.settings, "init", "common"))
+    return backbone_seed(job.settings.seed, pid, job.settings.init)
 
 
-def save_backbone(job: Any, context: Context, pid: int, rnd: int, backbone: torch.nn.Module) -> None:
+def save_backbone(job: JobConfig, context: Context, pid: int, rnd: int, backbone: torch.nn.Module) -> None:
     """Store the trained backbone after round ``rnd`` and keep the (CPU) module for the next use."""
     store = store_of(job, context)
     store.save(pid, rnd, backbone.state_dict())
@@ -230,7 +230,8 @@ def shared_state(backbone: torch.nn.Module) -> ArrayRecord:
     )
 
 
-def _sigma_cen(msg: Message, job: Any, pid: int) -> np.ndarray | None:
+def sigma_cen_of(msg: Message, job: JobConfig, pid: int) -> np.ndarray | None:
+    """The pooled ``Sigma_cen`` a correcting procedure (``gamma > 0``) receives; None otherwise."""
     if job.procedure.gamma <= 0:
         return None
     if P.SIGMA_CEN not in msg.content.array_records:
@@ -238,7 +239,8 @@ def _sigma_cen(msg: Message, job: Any, pid: int) -> np.ndarray | None:
     return msg.content.array_records[P.SIGMA_CEN][P.SIGMA_CEN_ARRAY].numpy().astype(np.float64)
 
 
-def _round_of(msg: Message) -> int:
+def round_of(msg: Message) -> int:
+    """The server round a message names (``config["server_round"]``)."""
     cfg = msg.content.config_records.get(P.CONFIG)
     if cfg is None or P.SERVER_ROUND not in cfg:
         raise ClientError(f"message lacks config[{P.SERVER_ROUND!r}]")

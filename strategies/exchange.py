@@ -30,7 +30,7 @@ from fedhead.federation import aggregation as agg
 from fedhead.federation import protocol as P
 from fedhead.federation.deploy_checks import FederationMismatch, check_node_count, check_partitions
 from fedhead.federation.tracking import Targets, reference_targets
-from fedhead.strategies.failures import Dropped, check_partition_subset
+from fedhead.strategies.failures import Dropped, check_partition_subset, screen
 from fedhead.strategies.replies import metrics_of, partition_of
 
 log = logging.getLogger(__name__)
@@ -45,7 +45,7 @@ class MomentExchange:
 
     moments: ufm.TargetMoments
     diagnosis: Diagnosis
-    gap: Any  # fedhead.ufm.GapDecomposition, None outside the fully active regime
+    gap: ufm.GapDecomposition | None  # None outside the fully active regime
     targets: Targets  # g_star None outside the fully active regime
     node_ids: tuple[int, ...]  # ordered by partition id (the clients that take part)
     partition_ids: tuple[int, ...]
@@ -151,6 +151,42 @@ def build_exchange(
         node_ids=tuple(r[1] for r in rows),
         partition_ids=tuple(r[0] for r in rows),
         dropped=tuple(dropped),
+    )
+
+
+def collect_moments(
+    replies: Iterable[Message],
+    *,
+    required: int,
+    num_clients: int,
+    expected_nodes: Sequence[int] | None,
+    timeout: float,
+    lambda_h: float,
+    lambda_w: float,
+    gamma: float,
+    centered: bool,
+) -> MomentExchange:
+    """The exchange of the query replies: each reply screened by the failure policy
+    (:func:`fedhead.strategies.failures.screen`: error replies, invalid moments and replies
+    missing from ``expected_nodes`` within ``timeout`` drop the client while ``required`` remain),
+    then :func:`build_exchange` over the survivors."""
+    kept, dropped = screen(
+        replies,
+        parse_moment_reply,
+        stage="moment exchange",
+        required=required,
+        expected_nodes=expected_nodes,
+        expected_count=num_clients,
+        timeout=timeout if expected_nodes is not None else None,
+    )
+    return build_exchange(
+        [r for _, r in kept],
+        dropped,
+        num_clients=num_clients,
+        lambda_h=lambda_h,
+        lambda_w=lambda_w,
+        gamma=gamma,
+        centered=centered,
     )
 
 

@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 from flwr.app import Message
 
 from fedhead.federation import aggregation as agg
+from fedhead.federation import protocol as P
 from fedhead.federation.deploy_checks import FederationMismatch
 from fedhead.federation.limits import STRAGGLER_ERROR_CODE
 from fedhead.strategies.replies import FederationError
@@ -77,8 +78,6 @@ def condense_reason(reason: str, limit: int = 400) -> str:
 
 
 def _partition(msg: Message) -> int | None:
-    from fedhead.federation import protocol as P
-
     try:
         metrics = msg.content.metric_records.get(P.METRICS)
         return None if metrics is None or P.PARTITION_ID not in metrics else int(metrics[P.PARTITION_ID])

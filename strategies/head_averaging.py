@@ -1,23 +1,14 @@
-"""fedhead strategies on flwr's Message API: head averaging, moment exchange, alignment check,
-full-model averaging.
+""":class:`HeadAveraging`, fedhead's strategy on flwr's Message API (a :class:`flwr.serverapp.strategy.FedAvg`).
 
-The strategies are thin: every number they compute comes from :mod:`fedhead.federation.aggregation`,
-:mod:`fedhead.analysis.diagnosis` and :mod:`fedhead.federation.tracking` (numpy only; no torch, no data layer).
-
-* :class:`HeadAveraging` (a :class:`flwr.serverapp.strategy.FedAvg` subclass): before round 1 a
-  ``query`` message asks every client for ``(N_m, mu_m, Sigma_m)``; the server builds
-  :class:`fedhead.ufm.TargetMoments`, diagnoses the federation, checks the fully active
-  condition and computes ``G_star, G_cen, G_within, G_m``. Each round it broadcasts the head
-  (and ``Sigma_cen`` to corrected clients), averages the returned heads with weights
-  ``N_m / N`` and measures the round (theory.md §11); an ``evaluate`` message then collects the MSE
-  of the shared head on each client's own backbone.
-* :class:`fedhead.strategies.variants.AlignedHeadAveraging` and
-  :class:`fedhead.strategies.variants.FullModelAveraging` extend it (alignment check, backbone averaging).
-
-The steps of the moment exchange are in :mod:`fedhead.strategies.exchange`, the reply parsers in
-:mod:`fedhead.strategies.replies`, the failure policy in :mod:`fedhead.strategies.failures`. Measurements are
-handed to an observer (:class:`fedhead.strategies.observer.RunObserver`) that writes results, TensorBoard
-and progress; the strategy itself does no I/O.
+Before round 1 a ``query`` asks every client for ``(N_m, mu_m, Sigma_m)`` (the moment exchange:
+diagnosis, fully active check, reference Grams). Each round broadcasts the head (and ``Sigma_cen``
+when the clients correct), averages the returned heads with weights ``N_m / N`` and measures the
+round (theory.md §11); an ``evaluate`` phase then collects the shared head's MSE on each client's own
+backbone. The strategy is thin and does no I/O: the numbers come from the numpy layers, the steps
+from :mod:`~fedhead.strategies.exchange` (moment exchange), :mod:`~fedhead.strategies.phases` and
+:mod:`~fedhead.strategies.replies` (replies), :mod:`~fedhead.strategies.failures` (failure policy) and
+:mod:`~fedhead.strategies.rounds` (the round state a checkpoint holds); measurements go to an observer
+(:class:`fedhead.strategies.observer.RunObserver`). Variants: :mod:`fedhead.strategies.variants`.
 """
 
 from __future__ import annotations
@@ -42,32 +33,30 @@ from fedhead.federation import aggregation as agg
 from fedhead.federation import protocol as P
 from fedhead.federation.checkpoint import ServerState
 from fedhead.federation.limits import FailurePolicy, Timeouts
-from fedhead.federation.tracking import RoundRecord, RoundTracker
-from fedhead.strategies.checkpointing import Checkpointing
+from fedhead.federation.tracking import RoundRecord
 from fedhead.strategies.exchange import (
     MomentExchange,
-    build_exchange,
+    collect_moments,
     enforce_regime,
-    parse_moment_reply,
     query_messages,
     wait_for_nodes,
 )
-from fedhead.strategies.failures import Dropped, screen
+from fedhead.strategies.failures import Dropped
 from fedhead.strategies.observer import NullObserver, RunObserver
+from fedhead.strategies.phases import mean_mse, round_inputs, screen_phase, stack_heads
 from fedhead.strategies.replies import (
     FederationError,
-    metrics_of,
     parse_evaluate_reply,
     parse_train_reply,
-    partition_of,
 )
+from fedhead.strategies.rounds import RoundState
 
 __all__ = ["FederationError", "HeadAveraging", "MomentExchange", "RunObserver"]
 
 log = logging.getLogger(__name__)
 
 
-class HeadAveraging(Checkpointing, FedAvg):
+class HeadAveraging(FedAvg):
     """Head-only federated averaging with the one-time moment exchange.
 
     Parameters
@@ -82,28 +71,21 @@ class HeadAveraging(Checkpointing, FedAvg):
     observer : RunObserver, optional
         Receives the exchange and every round record.
     evaluate_mse : bool
-        Send an ``evaluate`` message after every round to measure train/test MSE of the shared
-        head with each client's own backbone.
+        After every round, an ``evaluate`` phase: train/test MSE of the shared head on each client's backbone.
     min_nodes : int
         Number of clients expected (all take part in every round).
-    timeout : float, optional
-        Seconds to wait for the replies of one message phase (overrides ``timeouts.exchange``
-        and ``timeouts.round``).
     timeouts : fedhead.federation.limits.Timeouts, optional
-        Deadlines of the node wait, the moment exchange and each training/evaluation phase
-        (default :class:`fedhead.federation.limits.Timeouts`); every wait ends.
+        Deadlines of the node wait, the moment exchange and each phase (every wait ends).
     min_clients : int, optional
         Failure policy: valid replies a phase needs (None: all ``min_nodes``). With fewer the
         run stops (:class:`fedhead.strategies.failures.TooFewReplies`); otherwise failed clients are
         dropped (logged, recorded per round) and the weights renormalised over the survivors.
     message_config : dict, optional
-        Entries added to the ``config`` record of every message (e.g. the job index when one
-        simulation serves several procedures).
+        Entries added to every message's ``config`` record (e.g. the job index of a simulation's procedure).
     allow_outside_regime : bool
-        Outside the fully active regime the run refuses to train (after reporting the
-        diagnosis) unless this is True (``dataset.allow_outside_regime=true``); then it trains
-        with the partial targets of :class:`fedhead.federation.aggregation.Targets` (``G_star`` and the
-        recursion recorded as null) and a warning.
+        Outside the fully active regime the run refuses to train (after the diagnosis) unless True
+        (``dataset.allow_outside_regime=true``); then it trains with the partial targets of
+        :class:`fedhead.federation.tracking.Targets` (``G_star`` and the recursion null) and a warning.
     """
 
     def __init__(
@@ -116,7 +98,6 @@ class HeadAveraging(Checkpointing, FedAvg):
         centered: bool = False,
         observer: RunObserver | None = None,
         evaluate_mse: bool = True,
-        timeout: float | None = None,
         timeouts: Timeouts | None = None,
         min_clients: int | None = None,
         message_config: dict[str, int | float | str | bool] | None = None,
@@ -142,62 +123,33 @@ class HeadAveraging(Checkpointing, FedAvg):
         self.evaluate_mse = bool(evaluate_mse)
         self.min_nodes = int(min_nodes)
         self.timeouts = timeouts or Timeouts()
-        if timeout is not None:
-            self.timeouts = Timeouts(nodes=self.timeouts.nodes, exchange=timeout, round=timeout)
-        self.timeout = self.timeouts.round
         self.required = FailurePolicy(min_clients).required(self.min_nodes)
         self._sent: dict[str, list[int]] = {}  # nodes each phase was sent to (missing replies)
         self._round_dropped: list[Dropped] = []
         self.message_config = dict(message_config or {})
         self.allow_outside_regime = bool(allow_outside_regime)
         self.exchange: MomentExchange | None = None
-        self.tracker: RoundTracker | None = None
+        #: the head, the measurements and the resume offset between rounds (what a checkpoint holds)
+        self.rounds = RoundState()
         self._broadcast: tuple[np.ndarray, np.ndarray] | None = None
-        self._head_shape: tuple[int, int] | None = None
-        self._head: tuple[np.ndarray, np.ndarray] | None = None  # the aggregate of the last round
-        self._round_offset = 0  # rounds done before start() (a resumed run)
         self._on_round_end: Callable[[ServerState], None] | None = None
 
-    # ---------------------------------------------------------------- description
     def summary(self) -> None:
-        log.info(
-            "%s: lambda_h=%g lambda_w=%g gamma=%g centered=%s clients=%d",
-            type(self).__name__,
-            self.lambda_h,
-            self.lambda_w,
-            self.gamma,
-            self.centered,
-            self.min_nodes,
-        )
+        args = (self.lambda_h, self.lambda_w, self.gamma, self.centered, self.min_nodes)
+        log.info("%s: lambda_h=%g lambda_w=%g gamma=%g centered=%s clients=%d", type(self).__name__, *args)
 
     # ---------------------------------------------------------------- moment exchange
-    def query_messages(self, node_ids: Iterable[int]) -> list[Message]:
-        """One ``query`` message per node asking for ``(N_m, mu_m, Sigma_m)``."""
-        return query_messages(node_ids, self.message_config)
-
     def aggregate_moments(
         self, replies: Iterable[Message], *, expected_nodes: Sequence[int] | None = None
     ) -> MomentExchange:
-        """Validate the query replies and compute moments, diagnosis and reference Grams.
-
-        Each reply is screened (:func:`fedhead.strategies.failures.screen`): error replies, invalid
-        moments (non-finite, asymmetric, not PSD, non-positive count) and missing replies drop
-        the client when at least ``min_clients`` remain; the federation is then the survivors.
-        Sets and returns :attr:`exchange` (:func:`fedhead.strategies.exchange.build_exchange`).
-        """
-        kept, dropped = screen(
+        """Sets and returns :attr:`exchange`: moments, diagnosis and reference Grams of the valid
+        query replies, failed clients dropped (:func:`fedhead.strategies.exchange.collect_moments`)."""
+        self.exchange = collect_moments(
             replies,
-            parse_moment_reply,
-            stage="moment exchange",
             required=self.required,
-            expected_nodes=expected_nodes,
-            expected_count=self.min_nodes,
-            timeout=self.timeouts.exchange if expected_nodes is not None else None,
-        )
-        self.exchange = build_exchange(
-            [r for _, r in kept],
-            dropped,
             num_clients=self.min_nodes,
+            expected_nodes=expected_nodes,
+            timeout=self.timeouts.exchange,
             lambda_h=self.lambda_h,
             lambda_w=self.lambda_w,
             gamma=self.gamma,
@@ -208,7 +160,8 @@ class HeadAveraging(Checkpointing, FedAvg):
     def exchange_moments(self, grid: Grid) -> MomentExchange:
         """Run the one-time moment exchange over ``grid`` and report it to the observer."""
         node_ids = self._wait_for_nodes(grid)
-        replies = grid.send_and_receive(self.query_messages(node_ids), timeout=self.timeouts.exchange)
+        queries = query_messages(node_ids, self.message_config)
+        replies = grid.send_and_receive(queries, timeout=self.timeouts.exchange)
         self.exchange = self.aggregate_moments(replies, expected_nodes=node_ids)
         for line in self.exchange.diagnosis.format().splitlines():
             log.info("diagnosis: %s", line)
@@ -236,16 +189,38 @@ class HeadAveraging(Checkpointing, FedAvg):
         if self.exchange is None:
             raise RuntimeError("exchange_moments must run before training")
         self.check_regime()
-        self.tracker = RoundTracker(self.exchange.targets)
-        w, b = (np.asarray(a, dtype=np.float64) for a in initial_head)
-        c = self.exchange.moments.dim
-        if w.ndim != 2 or w.shape[0] != c or b.shape != (c,):
-            raise ValueError(f"initial head {w.shape}/{b.shape} does not match C = {c} targets")
-        self._head_shape = (w.shape[0], w.shape[1])
-        self._head = (w, b)
-        rec = self.tracker.start(w, b)
+        rec = self.rounds.start(self.exchange.targets, *initial_head, dim=self.exchange.moments.dim)
         self._round_complete(rec)
         return rec
+
+    # ---------------------------------------------------------------- checkpoint and resume
+    def _round_complete(self, rec: RoundRecord) -> None:
+        """A round is fully measured: report it, then hand the server state to the checkpointer."""
+        self.observer.on_round(rec)
+        if self._on_round_end is not None:
+            self._on_round_end(self.server_state())
+
+    def server_state(self) -> ServerState:
+        """Everything needed to continue after the last complete round (:mod:`fedhead.federation.checkpoint`)."""
+        if self.exchange is None:
+            raise RuntimeError("no round has been recorded yet")
+        return self.rounds.server_state(self.exchange.moments, self._extra_state())
+
+    def restore(self, state: ServerState) -> None:
+        """Continue after checkpointed round ``state.round`` (after :meth:`exchange_moments`, whose
+        moments must be the checkpoint's)."""
+        if self.exchange is None:
+            raise RuntimeError("exchange_moments must run before a restore")
+        self.rounds.restore(state, self.exchange.moments, self.exchange.targets)
+        self.check_regime()
+        self._restore_extra(state.extra)
+
+    def _extra_state(self) -> dict[str, np.ndarray]:
+        """Hook: strategy state beyond the head to checkpoint (arrays)."""
+        return {}
+
+    def _restore_extra(self, extra: dict[str, np.ndarray]) -> None:
+        """Hook: restore what :meth:`_extra_state` saved."""
 
     def train_content(self, arrays: ArrayRecord, config: ConfigRecord) -> RecordDict:
         """Content of a training message (head, config, Sigma_cen for corrected clients)."""
@@ -261,41 +236,41 @@ class HeadAveraging(Checkpointing, FedAvg):
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        server_round += self._round_offset
         head_arrays = ArrayRecord({k: arrays[k] for k in (P.WEIGHT, P.BIAS)})
         self._broadcast = P.read_head(head_arrays)
-        config[P.SERVER_ROUND] = server_round
+        content = self.train_content(head_arrays, self._phase_config(server_round, config))
+        return self._phase_messages(grid, "train", MessageType.TRAIN, content, arrays)
+
+    def _phase_config(self, server_round: int, config: ConfigRecord) -> ConfigRecord:
+        """A phase's config record: the run's round number and :attr:`message_config`."""
+        config[P.SERVER_ROUND] = self.rounds.round(server_round)
         config.update(self.message_config)
-        content = self.train_content(head_arrays, config)
+        return config
+
+    def _phase_messages(
+        self, grid: Grid, kind: str, message_type: str, content: RecordDict, arrays: ArrayRecord
+    ) -> list[Message]:
+        """One message per client of ``content`` (extended by the subclass hook); remembers the nodes."""
         self._extend_train_content(content, arrays)
         node_ids = self._wait_for_nodes(grid)
-        self._sent["train"] = list(node_ids)
-        return [Message(content=content, dst_node_id=n, message_type=MessageType.TRAIN) for n in node_ids]
+        self._sent[kind] = list(node_ids)
+        return [Message(content=content, dst_node_id=n, message_type=message_type) for n in node_ids]
 
     def _extend_train_content(self, content: RecordDict, arrays: ArrayRecord) -> None:
         """Hook for subclasses that broadcast more than the head."""
 
-    def _check_partitions(self, pids: Sequence[int]) -> None:
-        """Replies' partitions: distinct and among the exchange's (a mismatch stops the run)."""
-        assert self.exchange is not None
-        if len(set(pids)) != len(pids) or not set(pids) <= set(self.exchange.partition_ids):
-            raise FederationError(
-                f"replies came from partitions {sorted(pids)}, expected {list(self.exchange.partition_ids)}"
-            )
-
     def _screen(self, replies: Iterable[Message], parse, stage: str, kind: str):
-        """:func:`fedhead.strategies.failures.screen` against the nodes the phase was sent to."""
+        """:func:`fedhead.strategies.phases.screen_phase` against the nodes the phase was sent to."""
         assert self.exchange is not None
         sent = self._sent.pop(kind, None)
-        return screen(
+        return screen_phase(
             replies,
             parse,
             stage=stage,
+            exchange=self.exchange,
             required=self.required,
-            expected_nodes=sent,
-            expected_count=len(self.exchange.partition_ids),
-            timeout=self.timeouts.round if sent is not None else None,
-            partitions=dict(zip(self.exchange.node_ids, self.exchange.partition_ids)),
+            sent=sent,
+            timeout=self.timeouts.round,
         )
 
     def parse_train_replies(
@@ -306,25 +281,17 @@ class HeadAveraging(Checkpointing, FedAvg):
         Invalid, error and missing replies are dropped by the failure policy (kept in
         :attr:`_round_dropped`); the arrays cover the surviving clients only.
         """
-        if self._head_shape is None or self.exchange is None:
+        if self.exchange is None:
             raise RuntimeError("begin() must record the initial head before training")
         expected_n = dict(zip(self.exchange.partition_ids, np.asarray(self.exchange.moments.counts)))
-        shape = self._head_shape
+        shape = self.rounds.head_shape
 
         def parse(msg: Message):
             return parse_train_reply(msg, shape, expected_n)
 
         kept, dropped = self._screen(replies, parse, "training", "train")
-        self._check_partitions([r[0] for _, r in kept])
-        kept.sort(key=lambda mr: mr[1][0])
         self._round_dropped = list(dropped)
-        msgs = [m for m, _ in kept]
-        return (
-            msgs,
-            np.stack([r[1] for _, r in kept]),
-            np.stack([r[2] for _, r in kept]),
-            np.asarray([r[3] for _, r in kept]),
-        )
+        return stack_heads(kept)
 
     def verify_replies(self, msgs: Sequence[Message], heads: np.ndarray) -> dict[str, float]:
         """Hook: extra checks on the replies; returns scalars to log with the round."""
@@ -333,18 +300,14 @@ class HeadAveraging(Checkpointing, FedAvg):
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        server_round += self._round_offset
+        server_round = self.rounds.round(server_round)
         msgs, heads, biases, counts = self.parse_train_replies(replies)
         extra = self.verify_replies(msgs, heads)
         avg = agg.average_heads(heads, biases, counts)
-        self._head = (avg.weight, avg.bias)
-        metrics = [metrics_of(m) for m in msgs]
-        fit = agg.local_fit(metrics, [P.node_of(m) for m in msgs])
-        pids = [partition_of(m) for m in msgs]
-        present = [self.exchange.partition_ids.index(p) for p in pids]
-        client_metrics = [{k: float(v) for k, v in m.items() if not isinstance(v, list)} for m in metrics]
-        assert self.tracker is not None and self._broadcast is not None
-        rec = self.tracker.record(
+        self.rounds.set_head(avg.weight, avg.bias)
+        fit, present, client_metrics = round_inputs(msgs, self.exchange)
+        assert self.rounds.tracker is not None and self._broadcast is not None
+        rec = self.rounds.tracker.record(
             server_round,
             avg.weight,
             avg.bias,
@@ -372,30 +335,18 @@ class HeadAveraging(Checkpointing, FedAvg):
     ) -> Iterable[Message]:
         if not self.evaluate_mse:
             return []
-        server_round += self._round_offset
-        config[P.SERVER_ROUND] = server_round
-        config.update(self.message_config)
         head = ArrayRecord({k: arrays[k] for k in (P.WEIGHT, P.BIAS)})
-        content = RecordDict({P.HEAD: head, P.CONFIG: config})
-        self._extend_train_content(content, arrays)
-        node_ids = self._wait_for_nodes(grid)
-        self._sent["evaluate"] = list(node_ids)
-        return [Message(content=content, dst_node_id=n, message_type=MessageType.EVALUATE) for n in node_ids]
+        content = RecordDict({P.HEAD: head, P.CONFIG: self._phase_config(server_round, config)})
+        return self._phase_messages(grid, "evaluate", MessageType.EVALUATE, content, arrays)
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
         if not self.evaluate_mse:
             return None
-        server_round += self._round_offset
+        server_round = self.rounds.round(server_round)
         kept, dropped = self._screen(replies, parse_evaluate_reply, "evaluation", "evaluate")
-        self._check_partitions([r[0] for _, r in kept])
-        rows = [r[1] for _, r in sorted(kept, key=lambda mr: mr[1][0])]
-        train_v, train_n = [r[0] for r in rows], [r[1] for r in rows]
-        test_v, test_n = [r[2] for r in rows if len(r) > 2], [r[3] for r in rows if len(r) > 2]
-        ms = rows
-        train = agg.weighted_mean(train_v, train_n)
-        test = agg.weighted_mean(test_v, test_n) if len(test_v) == len(ms) else None
-        assert self.tracker is not None
-        rec = self.tracker.set_mse(server_round, train, test)
+        train, test = mean_mse([r[1] for _, r in kept])
+        assert self.rounds.tracker is not None
+        rec = self.rounds.tracker.set_mse(server_round, train, test)
         rec.dropped.extend(d.to_dict() for d in dropped)
         self._round_complete(rec)
         out = {P.TRAIN_MSE: train}
@@ -418,11 +369,10 @@ class HeadAveraging(Checkpointing, FedAvg):
         """Moment exchange, diagnosis, then ``num_rounds`` rounds of :meth:`FedAvg.start`.
 
         ``initial_head`` is ``(W_0 (C,P), b_0 (C,))`` or a function of ``C`` (known after the
-        exchange) returning it; every client starts from this head. ``resume`` (a checkpointed
-        :class:`fedhead.federation.checkpoint.ServerState`) continues after its round instead (the exchange
-        is repeated and must give the same moments; the observer's optional ``on_resume``
-        receives the restored records). ``on_round_end`` receives the server state after every
-        complete round, round 0 included (the checkpointer).
+        exchange) returning it. ``resume`` (a :class:`fedhead.federation.checkpoint.ServerState`)
+        continues after its round instead (the exchange must give the same moments; the observer's
+        optional ``on_resume`` receives the restored records). ``on_round_end`` (the checkpointer)
+        receives the server state after every complete round, round 0 included.
         """
         self._on_round_end = on_round_end
         exchange = self.exchange_moments(grid)
@@ -430,11 +380,11 @@ class HeadAveraging(Checkpointing, FedAvg):
             return None
         if resume is not None:
             self.restore(resume)
-            assert self.tracker is not None and self._head is not None
+            assert self.rounds.tracker is not None and self.rounds.head is not None
             on_resume = getattr(self.observer, "on_resume", None)
             if on_resume is not None:
-                on_resume(list(self.tracker.records))
-            arrays = P.head_record(*self._head)
+                on_resume(list(self.rounds.tracker.records))
+            arrays = P.head_record(*self.rounds.head)
             log.info("resuming after round %d of %d", resume.round, num_rounds)
         else:
             if callable(initial_head):
@@ -444,7 +394,7 @@ class HeadAveraging(Checkpointing, FedAvg):
         return self.start(
             grid=grid,
             initial_arrays=arrays,
-            num_rounds=num_rounds - self._round_offset,
+            num_rounds=num_rounds - self.rounds.offset,
             timeout=self.timeouts.round,
             train_config=train_config or ConfigRecord(),
         )

@@ -43,14 +43,14 @@ class MismatchHeadAveraging(HeadAveraging):
         self._deferred = False  # its completion waits for the measurement (no evaluate phase)
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]):
-        self._in_round = server_round + self._round_offset
+        self._in_round = self.rounds.round(server_round)
         try:
             out = super().aggregate_train(server_round, replies)
         finally:
             self._in_round = None
         if self._trained is not None:
-            assert self.tracker is not None
-            self._pending = self.tracker.records[-1]
+            assert self.rounds.tracker is not None
+            self._pending = self.rounds.tracker.records[-1]
         return out
 
     def parse_train_replies(self, replies: Iterable[Message]):
@@ -76,7 +76,7 @@ class MismatchHeadAveraging(HeadAveraging):
         if self._trained is not None:
             rec = self._pending
             try:
-                self.measure(grid, server_round + self._round_offset)
+                self.measure(grid, self.rounds.round(server_round))
             finally:
                 self._trained, self._pending = None, None
             if self._deferred and rec is not None:
@@ -132,9 +132,8 @@ class MismatchHeadAveraging(HeadAveraging):
             return pid, row, n
 
         self._sent["mismatch"] = list(nodes)
-        kept, _ = self._screen(replies, parse, "mismatch measurement", "mismatch")
-        self._check_partitions([r[0] for _, r in kept])
-        rows = sorted((r for _, r in kept), key=lambda r: r[0])
+        kept, _ = self._screen(replies, parse, "mismatch measurement", "mismatch")  # checked, by partition
+        rows = [r for _, r in kept]
         return np.asarray([r[1] for r in rows], dtype=np.float64), np.asarray([r[2] for r in rows])
 
     def measure(self, grid: Grid, server_round: int) -> None:

@@ -6,7 +6,7 @@ the node, which the failure policy (:func:`fedhead.strategies.failures.screen`) 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 
 import numpy as np
 from flwr.app import Message, MetricRecord
@@ -17,17 +17,6 @@ from fedhead.federation import protocol as P
 
 class FederationError(RuntimeError):
     """A round could not be completed (client error, missing replies, failed verification)."""
-
-
-def raise_on_errors(replies: Sequence[Message], stage: str, expected: int) -> list[Message]:
-    """Fail loudly on error replies or missing replies (never continue with partial state)."""
-    errors = [m for m in replies if m.has_error()]
-    if errors:
-        detail = "; ".join(f"node {m.metadata.src_node_id}: {m.error.reason}" for m in errors)
-        raise FederationError(f"{stage}: {len(errors)} client(s) failed: {detail}")
-    if len(replies) != expected:
-        raise FederationError(f"{stage}: expected {expected} replies, received {len(replies)} (timeout or lost client)")
-    return list(replies)
 
 
 def metrics_of(message: Message) -> MetricRecord:

@@ -4,6 +4,11 @@
 alignment, centring, full-model averaging, the exact rule); :func:`reference_name` is the one
 rule for the Gram a procedure should reach. Pure Python: the server, the clients, the training
 layer and the configuration all import it.
+
+A procedure is declared once, as a file ``conf/procedure/<name>.yaml`` naming this class; the
+procedures a run knows are those files (:func:`fedhead.federation.config.procedure_names`).
+Every layer acts on the switches below, never on the name, so a procedure that combines existing
+switches differently needs only its yaml file.
 """
 
 from __future__ import annotations
@@ -11,17 +16,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-PROCEDURES = (
-    "ordinary",
-    "proximal",
-    "corrected",
-    "corrected_proximal",
-    "aligned",
-    "aligned_corrected",
-    "centered",
-    "full_model",
-    "exact",
-)
 REFERENCES = ("star", "cen", "corrected", "within")
 
 

@@ -15,6 +15,7 @@ and for image data sets writes a PNG grid of sample images titled with their cli
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import logging
 import sys
@@ -29,6 +30,7 @@ from fedhead.data.config import DatasetConfig
 from fedhead.data.pipeline import cache_file
 from fedhead.data.registry import coerce_config, load_federated
 from fedhead.data.units import format_target, target_units
+from fedhead.results.io import write_bytes_atomic
 
 __all__ = ["main", "prepare", "PrepareResult", "sample_grid", "sample_grid_figure"]
 
@@ -48,9 +50,8 @@ class PrepareResult:
 def sample_grid_figure(fed: FederatedData, path: str | Path, n: int = 16) -> Path:
     """Write a PNG grid of up to ``n`` training images (taken round-robin over the clients),
     each titled with its client and its targets in original units (:func:`sample_grid`)."""
+    # imported when the command runs, not at start-up (--help stays fast)
     import matplotlib.pyplot as plt
-
-    from fedhead.results.io import write_bytes_atomic
 
     fig = sample_grid(fed, n)
     buf = io.BytesIO()
@@ -62,6 +63,7 @@ def sample_grid_figure(fed: FederatedData, path: str | Path, n: int = 16) -> Pat
 def sample_grid(fed: FederatedData, n: int = 16):
     """The matplotlib Figure of :func:`sample_grid_figure`: titles ``name = value unit`` per
     target, a suptitle with the image size in pixels and, for CIFAR-geo, the source images."""
+    # imported when the command runs, not at start-up (--help stays fast)
     import matplotlib
 
     matplotlib.use("Agg")
@@ -165,8 +167,6 @@ def prepare(
     cfg = coerce_config(cfg)
     fed = load_federated(cfg, num_clients=num_clients, seed=seed)
     if seed is not None:
-        import dataclasses
-
         cfg = dataclasses.replace(cfg, seed=int(seed))
     path = cache_file(cfg)
     margins = client_margins(fed, lambda_h, lambda_w)
@@ -179,6 +179,7 @@ def prepare(
 
 def run_from_config(cfg) -> PrepareResult:
     """Turn the composed Hydra config into typed objects once and run :func:`prepare`."""
+    # imported when the command runs, not at start-up (--help stays fast)
     from hydra.utils import instantiate
 
     ds = instantiate(cfg.dataset, _convert_="all")
@@ -207,10 +208,12 @@ def _hydra_output_dir() -> Path | None:
 
 
 def _hydra_main():
+    # imported when the command runs, not at start-up (--help stays fast)
     import hydra
 
     @hydra.main(config_path="pkg://conf", config_name="data", version_base=None)
     def _main(cfg) -> None:
+        # imported when the command runs, not at start-up (--help stays fast)
         from fedhead.driver.errors import debug_enabled, report
 
         try:
@@ -225,6 +228,7 @@ def _hydra_main():
 
 def main() -> None:
     """Console entry point ``fedhead-data`` (Hydra parses ``sys.argv``)."""
+    # imported when the command runs, not at start-up (--help stays fast)
     from fedhead.driver.errors import check_overrides
 
     check_overrides("fedhead-data", "data")

@@ -42,6 +42,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING, format="%(name)s: %(levelname)s: %(message)s"
     )
+    # imported when the command runs, not at start-up (--help stays fast); the report pulls matplotlib
     from fedhead.report.build import build_report
     from fedhead.report.collect import ReportInputError
 

@@ -13,6 +13,7 @@ from fedhead.federation.config import hydra_config_path, load_config
 
 def main() -> None:
     """Console entry point ``fedhead-run`` (Hydra; see ``conf/config.yaml``)."""
+    # imported when the command runs, not at start-up (--help stays fast)
     import hydra
 
     logging.getLogger("alembic").setLevel(logging.WARNING)  # flwr's link state: plugin set-up chatter
@@ -20,6 +21,7 @@ def main() -> None:
 
     @hydra.main(config_path=hydra_config_path(), config_name="config", version_base=None)
     def _app(cfg) -> None:
+        # imported when the command runs, not at start-up (--help stays fast)
         from hydra.core.hydra_config import HydraConfig
 
         out = HydraConfig.get().runtime.output_dir

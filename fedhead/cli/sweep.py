@@ -30,6 +30,7 @@ def _str_list(value: Any, key: str) -> tuple[str, ...] | None:
 
 def typed_config(cfg: Any) -> SweepConfig:
     """Validate the composed ``conf/sweep.yaml`` and build the :class:`SweepConfig`."""
+    # imported when the command runs, not at start-up (--help stays fast)
     from omegaconf import OmegaConf
 
     raw = OmegaConf.to_container(cfg, resolve=True)
@@ -70,6 +71,7 @@ def typed_config(cfg: Any) -> SweepConfig:
 
 def main() -> None:
     """Console entry point ``fedhead-sweep`` (Hydra; see ``conf/sweep.yaml``)."""
+    # imported when the command runs, not at start-up (--help stays fast)
     import hydra
 
     from fedhead.driver.errors import debug_enabled, report
@@ -77,6 +79,7 @@ def main() -> None:
 
     logging.getLogger("alembic").setLevel(logging.WARNING)
 
+    # imported when the command runs, not at start-up (--help stays fast)
     from fedhead.driver.errors import check_overrides
 
     check_overrides("fedhead-sweep", "sweep")
@@ -105,6 +108,7 @@ def main() -> None:
 
 def _console(out: Path) -> None:
     """``<out>/run.log`` gets everything; the console one line per run (and warnings)."""
+    # imported when the command runs, not at start-up (--help stays fast)
     from fedhead.driver.logs import configure_run_logging, run_logging_active
 
     configure_run_logging(out)

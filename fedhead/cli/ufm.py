@@ -74,6 +74,7 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Console entry point of ``fedhead-ufm``; returns the exit status (one error line, exit 1,
     on a failure; tracebacks with ``FEDHEAD_DEBUG=1``)."""
+    # imported when the command runs, not at start-up (--help stays fast)
     from fedhead.driver.errors import debug_enabled, report
 
     try:

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from fedhead.ufm import TargetMoments
+
 
 class DataError(ValueError):
     """Bad or missing data: the message names the file, what was expected and where to get it."""
@@ -144,8 +146,6 @@ class FederatedData:
 
     def moments(self):
         """Training-target moments with weights N_m / N (:class:`fedhead.ufm.TargetMoments`)."""
-        from fedhead.ufm import TargetMoments
-
         return TargetMoments.from_targets([c.y_train.detach().cpu().numpy().astype(np.float64) for c in self.clients])
 
 

@@ -101,6 +101,7 @@ def _find_files(root: Path, stations: list[str] | None) -> list[Path]:
 
 def read_station_csv(path: str | Path) -> np.ndarray:
     """Read one station file; returns ``(rows, 10)`` float64 = INPUTS + TARGETS, NA rows dropped."""
+    # optional dependency: only this data set needs it
     import pyarrow as pa
     import pyarrow.csv as pacsv
 

@@ -42,6 +42,8 @@ from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
+import torch
+import torch.nn.functional as F
 
 from fedhead.data._common import check_split_sizes
 from fedhead.data.base import DataError, MissingDataError, RawDataset
@@ -262,9 +264,6 @@ def place_images(images: np.ndarray, geometry: np.ndarray, frame_size: int = 40,
     -------
     ndarray (n, ch, frame_size, frame_size) uint8
     """
-    import torch
-    import torch.nn.functional as F
-
     n, ch, h, w = images.shape
     if h != w or geometry.shape != (n, 3):
         raise DataError(f"cifar_geo: need square images and (n, 3) geometry, got {images.shape}, {geometry.shape}")

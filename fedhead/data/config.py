@@ -6,14 +6,13 @@ loader) as ``_target_``. Nothing below the entry points reads raw config keys.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 
 def default_cache_dir() -> Path:
     """``$FEDHEAD_CACHE`` or ``~/.cache/fedhead``: where prepared/generated data sets are kept."""
-    import os
-
     return Path(os.environ.get("FEDHEAD_CACHE", Path.home() / ".cache" / "fedhead"))
 
 

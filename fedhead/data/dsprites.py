@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from tqdm.auto import tqdm
 
 from fedhead.data._common import check_split_sizes, draw_grid_indices, resolve_file, split_samples
 from fedhead.data.base import DataError, RawDataset
@@ -215,8 +216,6 @@ def _stream_rows(path: Path, key: str, wanted_sorted: np.ndarray, chunk: int) ->
             out = np.empty((wanted_sorted.size, IMAGE_SIZE, IMAGE_SIZE), dtype=np.uint8)
             row_bytes = IMAGE_SIZE * IMAGE_SIZE
             done = 0
-            from tqdm.auto import tqdm
-
             last = int(wanted_sorted[-1]) + 1 if wanted_sorted.size else 0
             steps = range(0, last, chunk)
             for lo in tqdm(steps, desc="dsprites images", unit="chunk", leave=False):

@@ -33,6 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import scipy.io
+from tqdm.auto import tqdm
 
 from fedhead.data._common import check_split_sizes, split_samples
 from fedhead.data.base import DataError, MissingDataError, RawDataset
@@ -103,8 +105,6 @@ def _field(obj, name: str, path: Path, where: str):
 
 def read_day_file(path: Path) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """Read one ``dayYY.mat``: ``{"left"|"right": (images (n, 36, 60) uint8, gaze (n, 3))}``."""
-    import scipy.io
-
     try:
         mat = scipy.io.loadmat(str(path), struct_as_record=False, squeeze_me=True)
     except NotImplementedError as err:  # MATLAB v7.3 (HDF5)
@@ -149,8 +149,6 @@ def _normalized_dir(root: str | None) -> Path:
 
 def load(cfg: MPIIGazeConfig) -> RawDataset:
     """Read the Normalized .mat files and keep ``n_train + n_test`` eye images (see module doc)."""
-    from tqdm.auto import tqdm
-
     check_split_sizes(cfg, "mpiigaze")
     if cfg.eyes not in ("both", "left", "right"):
         raise DataError(f"dataset.eyes must be 'both', 'left' or 'right', got {cfg.eyes!r}")

@@ -182,6 +182,7 @@ def _find_shards(root: str | Path, task: MujocoTask, split: str) -> list[Path]:
 
 def _episodes_to_array(col, path: Path, column: str, dim: int) -> tuple[np.ndarray, np.ndarray]:
     """A ``list<list<float>>`` arrow column -> (steps per episode (E,), values (sum steps, dim))."""
+    # optional dependency: only this data set needs it
     import pyarrow as pa
 
     if not (pa.types.is_list(col.type) or pa.types.is_large_list(col.type)) or not (
@@ -214,6 +215,7 @@ def load_parquet(
     root: str | Path, task: MujocoTask, n: int, *, split: str = "train"
 ) -> tuple[np.ndarray, np.ndarray, str]:
     """First ``n`` transitions ``(obs (n, obs_dim), actions (n, act_dim), source)`` of the shards."""
+    # optional dependency: only this data set needs it
     import pyarrow.parquet as pq
 
     shards = _find_shards(root, task, split)
@@ -289,6 +291,7 @@ def generate(
     obs : ndarray, shape (n, obs_dim), float64
     actions : ndarray, shape (n, act_dim), float64, in (-1, 1)
     """
+    # optional dependency: only this data set needs it
     import gymnasium as gym
 
     if isinstance(task, str):

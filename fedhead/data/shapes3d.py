@@ -25,10 +25,13 @@ from __future__ import annotations
 
 import colorsys
 import logging
+import multiprocessing
 import os
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
+from tqdm.auto import tqdm
 
 from fedhead.data._common import check_split_sizes, draw_grid_indices, resolve_file, split_samples
 from fedhead.data.base import DataError, RawDataset
@@ -189,9 +192,6 @@ def render_scenes(labels: np.ndarray, *, size: int = IMAGE_SIZE, gl_backend: str
     therefore runs in a freshly spawned interpreter; only the uint8 images come back.
     Parameters and result are those of :func:`render_scenes_in_process`.
     """
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
-
     labels = np.asarray(labels, dtype=np.float64)
     with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as ex:
         return ex.submit(render_scenes_in_process, labels, size=size, gl_backend=gl_backend).result()
@@ -265,8 +265,6 @@ def _scene_model(mujoco, size: int):
 
 def _render_rows(mujoco, model, data, gid, labels: np.ndarray, shapes: np.ndarray, out: np.ndarray) -> None:
     """Render row ``i`` of ``labels`` into ``out[i]`` offscreen (needs a current GL context)."""
-    from tqdm.auto import tqdm
-
     size = out.shape[-1]
     n = labels.shape[0]
     con = None
@@ -339,8 +337,8 @@ def generate(cfg: Shapes3DConfig) -> RawDataset:
 
 def load_file(cfg: Shapes3DConfig) -> RawDataset:
     """Read the drawn rows of the official ``3dshapes.h5``."""
+    # optional dependency: only this data set needs it
     import h5py
-    from tqdm.auto import tqdm
 
     _check_sizes(cfg)
     path = resolve_file(cfg, cfg.file_name, PUBLISHED_AT)

@@ -29,6 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import scipy.io
+from tqdm.auto import tqdm
 
 from fedhead.data._common import check_split_sizes, split_samples
 from fedhead.data.base import DataError, MissingDataError, RawDataset
@@ -75,8 +77,6 @@ class W300LPConfig(DatasetConfig):
 
 def read_pose(path: Path) -> np.ndarray:
     """``(pitch, yaw, roll)`` in degrees from ``Pose_Para`` of a 300W-LP .mat file."""
-    import scipy.io
-
     try:
         mat = scipy.io.loadmat(str(path), variable_names=["Pose_Para"])
     except Exception as err:  # scipy raises ValueError/TypeError/OSError on corrupt files
@@ -94,6 +94,7 @@ def read_pose(path: Path) -> np.ndarray:
 
 def read_image(path: Path, size: int) -> np.ndarray:
     """``(3, size, size)`` uint8 RGB image, resized with antialiased bilinear filtering."""
+    # optional dependency: only this data set needs it
     from PIL import Image, UnidentifiedImageError
 
     try:
@@ -108,8 +109,6 @@ def read_image(path: Path, size: int) -> np.ndarray:
 
 def load(cfg: W300LPConfig) -> RawDataset:
     """Read ``n_train + n_test`` (image, pose) pairs chosen with ``cfg.seed`` (see module doc)."""
-    from tqdm.auto import tqdm
-
     check_split_sizes(cfg, "300w_lp")
     if cfg.image_size <= 0:
         raise DataError(f"300w_lp: image_size must be positive, got {cfg.image_size}")

@@ -15,6 +15,9 @@ import shutil
 import sys
 from pathlib import Path
 
+from fedhead.analysis.procedure import ConfigError
+from fedhead.federation.deploy_checks import FederationMismatch
+
 #: Exit status of a usage or configuration error.
 EXIT_USAGE = 2
 EXIT_FAILURE = 1
@@ -29,9 +32,6 @@ def debug_enabled(flag: object = None) -> bool:
 
 
 def _usage_types() -> tuple[type, ...]:
-    from fedhead.analysis.procedure import ConfigError
-    from fedhead.federation.deploy_checks import FederationMismatch
-
     types: list[type] = [ConfigError, FederationMismatch]
     try:
         from omegaconf.errors import OmegaConfBaseException
@@ -127,6 +127,7 @@ def check_overrides(prog: str, config_name: str, argv: list[str] | None = None) 
         )
     ):
         return
+    # Hydra and the config reader: only to report a failed command
     from hydra import compose, initialize_config_dir, initialize_config_module
     from hydra.core.global_hydra import GlobalHydra
 

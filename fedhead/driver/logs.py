@@ -21,6 +21,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from tqdm.auto import tqdm
+
+import fedhead
+
 CONSOLE = "fedhead.console"
 #: Records of this logger (INFO and above) go to the console and to run.log.
 console = logging.getLogger(CONSOLE)
@@ -33,8 +37,6 @@ _MARK = "_fedhead_run_logging"
 
 def _own_dirs() -> tuple[str, ...]:
     """Source folders of the project's packages (to tell its Python warnings from others')."""
-    import fedhead
-
     root = Path(fedhead.__file__).resolve().parent.parent
     return tuple(str(root / name) for name in OWN)
 
@@ -79,8 +81,6 @@ class TqdmHandler(logging.StreamHandler):
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
-            from tqdm.auto import tqdm
-
             tqdm.write(self.format(record), file=self.stream)
             self.flush()
         except Exception:  # noqa: BLE001 - logging must not raise
@@ -158,6 +158,7 @@ def _quiet_flwr(verbose: bool) -> None:
     "ClientApp-side metrics"): off the console, into run.log via the root logger."""
     flwr = logging.getLogger("flwr")
     if not verbose:
+        # flwr's logger: only when a run configures its logging
         from flwr.common.logger import ConsoleHandler
 
         for h in [h for h in flwr.handlers if isinstance(h, ConsoleHandler)]:

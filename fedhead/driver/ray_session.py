@@ -19,6 +19,7 @@ def start_ray(init_args: dict[str, Any]) -> bool:
     ``PYTHONPATH`` exported to the worker processes, no dashboard and ``init_args`` from the
     resources config, lets flwr reuse the running instance (it shuts Ray down at the end).
     """
+    # Ray (seconds to import): only when a simulation starts
     import ray
 
     if ray.is_initialized():
@@ -35,6 +36,7 @@ def start_ray(init_args: dict[str, Any]) -> bool:
 
 def stop_ray() -> None:
     """Shut Ray down if it is still running (idempotent)."""
+    # Ray (seconds to import): only when a simulation starts
     import ray
 
     if ray.is_initialized():
@@ -55,6 +57,7 @@ def shared_ray_session(init_args: dict[str, Any]) -> Iterator[None]:
     when the context exits, also on errors.
     """
     global _SHARED_RAY
+    # Ray (seconds to import): only when a simulation starts
     from flwr.server.superlink.fleet.vce.backend import raybackend
 
     original = raybackend.RayBackend.terminate

@@ -89,6 +89,7 @@ class TensorBoardLogger:
         unit: str | None = None,
         procedure: str | None = None,
     ):
+        # TensorBoard (slow to import): only when a run writes events
         from torch.utils.tensorboard import SummaryWriter
 
         self.target_names = None if target_names is None else list(target_names)
@@ -147,6 +148,7 @@ class TensorBoardLogger:
     def hparams(self, values: dict[str, Any], metrics: Sequence[str] = HPARAM_METRICS) -> None:
         """The run's hyperparameters for TensorBoard's hparams plugin (into this run's folder, so
         the plugin pairs them with this run's scalars ``metrics``; the session ends in :meth:`finish`)."""
+        # TensorBoard (slow to import): only when a run writes events
         from torch.utils.tensorboard.summary import hparams
 
         clean = {k: (v if isinstance(v, (bool, int, float, str)) else str(v)) for k, v in values.items()}
@@ -158,6 +160,7 @@ class TensorBoardLogger:
 
     def finish(self, status: str) -> None:
         """End the hparams session: ``completed``/``diagnosed`` -> success, else failure."""
+        # TensorBoard (slow to import): only when a run writes events
         from tensorboard.compat.proto.summary_pb2 import Summary, SummaryMetadata
         from tensorboard.plugins.hparams.api_pb2 import Status
         from tensorboard.plugins.hparams.metadata import PLUGIN_DATA_VERSION, PLUGIN_NAME, SESSION_END_INFO_TAG

@@ -9,8 +9,11 @@ import sys
 import time
 from collections.abc import Iterable
 
-from flwr.app import Message
+from flwr.app import Error, Message
 from flwr.serverapp import Grid
+from tqdm.auto import tqdm
+
+from fedhead.federation.limits import STRAGGLER_ERROR_CODE, straggler_reason
 
 #: seconds between two hand-overs of stored messages to the clients in flwr's simulation engine
 #: (``vce_api.add_messages_to_queue``)
@@ -86,8 +89,6 @@ class ProgressGrid(Grid):
         rest = messages[window:]
         sent = {m.metadata.message_id: m for m in messages[:window]}
         n_sent = len(messages)
-        from tqdm.auto import tqdm
-
         bar = tqdm(
             total=len(ids) + len(rest),
             desc=f"{self.label} {kind}".strip(),
@@ -143,10 +144,6 @@ class ProgressGrid(Grid):
         self, kind: str, pending: list[Message], arrived: list[float], n_sent: int, t0: float
     ) -> list[Message]:
         """Error replies for the clients the straggler rule gives up on (one line each in the log)."""
-        from flwr.app import Error
-
-        from fedhead.federation.limits import STRAGGLER_ERROR_CODE, straggler_reason
-
         reason = straggler_reason(
             self.timeouts, waited=time.perf_counter() - t0, latest=max(arrived), replied=len(arrived), n_clients=n_sent
         )

@@ -106,6 +106,7 @@ def is_private_state(name: str) -> bool:
 
 def head_record(weight: np.ndarray, bias: np.ndarray) -> ArrayRecord:
     """``ArrayRecord`` holding a head ``(W (C,P), b (C,))`` in float64."""
+    # flwr: the names and the private-state rule stay importable without it
     from flwr.app import Array, ArrayRecord
 
     return ArrayRecord(
@@ -123,6 +124,7 @@ def arrays_to_numpy(record: ArrayRecord) -> dict[str, np.ndarray]:
 
 def numpy_to_arrays(arrays: Mapping[str, np.ndarray]) -> ArrayRecord:
     """An ``ArrayRecord`` from a mapping name -> ndarray (copied, contiguous)."""
+    # flwr: the names and the private-state rule stay importable without it
     from flwr.app import Array, ArrayRecord
 
     return ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in arrays.items()})

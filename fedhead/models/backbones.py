@@ -196,6 +196,7 @@ def _narrow(
 ) -> nn.Module:
     """Rebuild a torchvision ResNet's stem, stages and fc for base width ``width`` (stages of
     ``width, 2 width, 4 width, 8 width`` channels), initialised as torchvision initialises them."""
+    # torchvision (slow to import): only the ResNet backbones need it
     from torchvision.models.resnet import BasicBlock
 
     net.inplanes = width
@@ -239,6 +240,7 @@ def torchvision_resnet(depth: int, in_channels: int, feature_dim: int, width: in
 def residual_cnn(in_channels: int, feature_dim: int, groups: int = 8, width: int = 64) -> nn.Module:
     """ResNet-18 layout with ``GroupNorm(groups)`` instead of BatchNorm, a 3x3 stride-1 stem and no
     max-pool (docs/theory.md §10 "residual CNN"); ``width`` channels in the first stage."""
+    # torchvision (slow to import): only the ResNet backbones need it
     from torchvision.models.resnet import BasicBlock, ResNet
 
     net = ResNet(BasicBlock, [2, 2, 2, 2], num_classes=feature_dim, norm_layer=lambda c: nn.GroupNorm(groups, c))

@@ -26,6 +26,7 @@ def blank_figure(**kwargs) -> Figure:
     """A :class:`~matplotlib.figure.Figure` with its own Agg canvas, outside pyplot's global
     figure manager: safe to build from several threads at once (the jobs of a sweep that run
     concurrently write their figures in parallel)."""
+    # the Agg canvas: only when a figure is drawn
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
     fig = Figure(**kwargs)

@@ -12,9 +12,22 @@ from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from fedhead.analysis.procedure import PROCEDURES
 from fedhead.report import measures
 from fedhead.report.collect import RunEntry, RunRef
+
+#: The order procedures appear in tables and figures (presentation only: the procedures a run
+#: knows are the files of ``conf/procedure/``); names not listed sort after these, by name.
+PROCEDURE_ORDER = (
+    "ordinary",
+    "proximal",
+    "corrected",
+    "corrected_proximal",
+    "aligned",
+    "aligned_corrected",
+    "centered",
+    "full_model",
+    "exact",
+)
 
 
 @dataclass(frozen=True)
@@ -140,9 +153,9 @@ def group(runs: Iterable[RunEntry], key: Callable[[RunEntry], Hashable]) -> dict
 
 
 def procedure_order(name: str) -> tuple[int, str]:
-    """Sort key: the order of :data:`fedhead.analysis.procedure.PROCEDURES`, unknown names after."""
+    """Sort key: the order of :data:`PROCEDURE_ORDER`, other names after."""
     base = name.split("+")[0].split(" ")[0]
-    return (PROCEDURES.index(base) if base in PROCEDURES else len(PROCEDURES), name)
+    return (PROCEDURE_ORDER.index(base) if base in PROCEDURE_ORDER else len(PROCEDURE_ORDER), name)
 
 
 def procedure_label(run: RunEntry) -> str:

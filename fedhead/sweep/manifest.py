@@ -24,6 +24,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from fedhead.analysis.procedure import ConfigError
 from fedhead.results.io import write_json_atomic
 from fedhead.sweep.presets import RunSpec
 
@@ -59,8 +60,6 @@ class Manifest:
         }
         self._old = {r["id"]: r for r in old.get("runs", []) if isinstance(r, dict) and "id" in r}
         if old and (old.get("sweep"), old.get("scale")) != (sweep, scale):
-            from fedhead.analysis.procedure import ConfigError
-
             raise ConfigError(
                 f"{self.path} belongs to sweep={old.get('sweep')} scale={old.get('scale')}, not "
                 f"sweep={sweep} scale={scale}: use another out= folder"

@@ -9,6 +9,7 @@ from fedhead.analysis.seeds import backbone_seed
 from fedhead.train.align import AlignResult, align, procrustes_rotation
 from fedhead.train.client_math import HeadDistances, exact_head, head_distances, round_seed, target_moments
 from fedhead.train.config import TrainConfig, TrainDivergedError, TrainInputError
+from fedhead.train.finishing import LocalMetrics, LocalResult
 from fedhead.train.mismatch_objectives import MismatchObjectives, mismatch_objectives
 from fedhead.train.objective import (
     LocalEvaluation,
@@ -21,14 +22,8 @@ from fedhead.train.objective import (
     objective_from_features,
 )
 from fedhead.train.problem import LocalProblem
-from fedhead.train.trainer import (
-    LocalMetrics,
-    LocalResult,
-    clip_gradients,
-    cosine_schedule,
-    select_device,
-    train_local,
-)
+from fedhead.train.steps import clip_gradients, cosine_schedule, select_device
+from fedhead.train.trainer import train_local
 
 __all__ = [
     "AlignResult",

@@ -7,7 +7,8 @@ import torch
 from torch import nn
 
 from fedhead.models.backbones import Backbone
-from fedhead.train.config import TrainInputError
+from fedhead.train.config import TrainConfig, TrainInputError
+from fedhead.train.problem import LocalProblem
 
 
 def check_matrix(name: str, a: np.ndarray | None, shape: tuple[int, int], symmetric: bool = False) -> np.ndarray:
@@ -70,3 +71,20 @@ def check_inputs(backbone: nn.Module, head: nn.Linear, x: torch.Tensor, y: torch
             f"train_local: inputs have per-sample shape {tuple(x.shape[1:])} but the backbone "
             f"was built for {tuple(backbone.input_shape)}"
         )
+
+
+def check_arguments(cfg: TrainConfig, problem: LocalProblem, seed: int) -> int:
+    """The recipe, the problem and the seed of a :func:`fedhead.train.train_local` call, checked; the seed as int."""
+    if not isinstance(cfg, TrainConfig):
+        raise TrainInputError(f"train_local: cfg must be a TrainConfig, got {type(cfg).__name__}")
+    if not isinstance(problem, LocalProblem):
+        raise TrainInputError(f"train_local: problem must be a LocalProblem, got {type(problem).__name__}")
+    if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool) or seed < 0:
+        raise TrainInputError(f"train_local: seed must be a non-negative integer, got {seed!r}")
+    cfg.validate()
+    return int(seed)
+
+
+def check_every(cfg: TrainConfig, epochs: int) -> int:
+    """Epochs between two tolerance checks: ``cfg.check_every``, or about 50 checks in ``epochs``."""
+    return cfg.check_every if cfg.check_every > 0 else max(1, epochs // 50)

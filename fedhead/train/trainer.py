@@ -47,106 +47,36 @@ import time
 import numpy as np
 import torch
 from torch import nn
-from torch.nn import functional as F
+from tqdm.auto import tqdm
 
 from fedhead.data.base import batch_to_float
-from fedhead.train.config import TrainConfig, TrainDivergedError, TrainInputError
+from fedhead.train.config import TrainConfig, TrainDivergedError
 from fedhead.train.finishing import (
     Fit,
     LocalMetrics,
     LocalResult,
     ObjectiveTerms,
     evaluate_fit,
-    feature_projection,
     objective_terms,
     relative,
 )
-from fedhead.train.inputs import check_inputs as _check_inputs
+from fedhead.train.inputs import check_arguments, check_every, check_inputs
 from fedhead.train.last_layer import solve_output_layer
-from fedhead.train.objective import add_head_penalty_grads, minibatch_loss
+from fedhead.train.objective import add_head_penalty_grads
 from fedhead.train.problem import LocalProblem
-from fedhead.train.steps import clip_gradients, cosine_schedule, select_device
+from fedhead.train.steps import (
+    clip_gradients,
+    compiled_forward_loss,
+    cosine_schedule,
+    forward_loss,
+    place_for_training,
+    select_device,
+)
 from fedhead.ufm import optimal_loss
 
-__all__ = [
-    "LocalMetrics",
-    "LocalProblem",
-    "LocalResult",
-    "clip_gradients",
-    "compiled_forward_loss",
-    "cosine_schedule",
-    "feature_projection",
-    "select_device",
-    "train_local",
-]
+__all__ = ["train_local"]
 
 log = logging.getLogger(__name__)
-
-
-def _forward_loss(
-    backbone: nn.Module,
-    weight: torch.Tensor,
-    bias: torch.Tensor,
-    xb: torch.Tensor,
-    yb: torch.Tensor,
-    lambda_h: float,
-    bf16: bool,
-    center: torch.Tensor | None,
-    batch_center: bool,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Minibatch loss of one step and the batch's feature sum ``(P,)`` (detached).
-
-    Predictions are ``W h + b`` (trained bias: ``center`` None, ``batch_center`` False) or
-    ``W (h - m) + b`` with the bias ``b = mu`` fixed and ``m`` the batch's own feature mean
-    (``batch_center``) or a given estimate ``center`` of the full-data mean: the optimal bias
-    ``mu - W m`` for the current features (see :func:`train_local`).
-    """
-    if bf16:
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            h = backbone(xb)
-    else:
-        h = backbone(xb)
-    h = h.float()
-    hsum = h.detach().sum(0)
-    if batch_center:
-        center = hsum / h.shape[0]
-    pred = F.linear(h if center is None else h - center, weight, bias)
-    return minibatch_loss(h, pred, yb, lambda_h), hsum
-
-
-_COMPILED_STEPS: dict[tuple[str | None, str], object] = {}
-_COMPILE_BACKEND = "inductor"  # tests swap in "eager" (dynamo only) to check the caching quickly
-
-
-def compiled_forward_loss(mode: str | None):
-    """The process-wide ``torch.compile`` of the step's forward + loss for one compile mode.
-
-    ``mode`` is None (default inductor) or ``"reduce-overhead"`` (CUDA graphs). One wrapper per mode
-    lives for the whole process and takes the backbone and the head tensors as *arguments*, so
-    dynamo's guards check their types, shapes and dtypes but not their identity: the clients'
-    backbones, re-built from the backbone store in every round, and a new head per call reuse the
-    graphs compiled in the first round (a new graph only for a new architecture, batch shape,
-    ``lambda_H`` or bias mode; :func:`train_local` runs a shorter last batch eagerly instead of
-    compiling it). Verified on the CPU (backend ``"eager"``) by the tests. CUDA graphs re-record
-    when the parameters' storage moves (a new backbone object), which costs a recording, not a
-    compile.
-    """
-    key = (mode, _COMPILE_BACKEND)
-    fn = _COMPILED_STEPS.get(key)
-    if fn is None:
-        fn = torch.compile(_forward_loss, mode=mode, dynamic=False, backend=_COMPILE_BACKEND)
-        _COMPILED_STEPS[key] = fn
-        log.info(
-            "train_local: created the torch.compile(mode=%s) step; graphs are compiled on first use "
-            "and reused by later calls and rounds",
-            mode,
-        )
-    return fn
-
-
-def _check_epochs(cfg: TrainConfig, epochs: int) -> int:
-    """Epochs between two tolerance checks: ``cfg.check_every``, or about 50 checks in ``epochs``."""
-    return cfg.check_every if cfg.check_every > 0 else max(1, epochs // 50)
 
 
 def train_local(
@@ -222,25 +152,13 @@ def train_local(
     TrainDivergedError
         A non-finite gradient norm (CPU) or non-finite head or objective after training.
     """
-    seed = _check_arguments(cfg, problem, seed)
-    _check_inputs(backbone, head, x, y)
+    seed = check_arguments(cfg, problem, seed)
+    check_inputs(backbone, head, x, y)
     terms = objective_terms(y, problem, head.in_features, broadcast_weight, sigma_cen, sigma_m)
     dev = select_device(device)
     loop = _TrainLoop(backbone, head, x, y, cfg, problem, terms, dev, seed)
     loop.run()
     return loop.finish()
-
-
-def _check_arguments(cfg: TrainConfig, problem: LocalProblem, seed: int) -> int:
-    """The recipe, the problem and the seed of a :func:`train_local` call, checked; the seed as int."""
-    if not isinstance(cfg, TrainConfig):
-        raise TrainInputError(f"train_local: cfg must be a TrainConfig, got {type(cfg).__name__}")
-    if not isinstance(problem, LocalProblem):
-        raise TrainInputError(f"train_local: problem must be a LocalProblem, got {type(problem).__name__}")
-    if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool) or seed < 0:
-        raise TrainInputError(f"train_local: seed must be a non-negative integer, got {seed!r}")
-    cfg.validate()
-    return int(seed)
 
 
 class _TrainLoop:
@@ -262,21 +180,7 @@ class _TrainLoop:
         self.problem = problem
         self.cuda = cuda = dev.type == "cuda"
         self.n = n = y.shape[0]
-        if not cuda and (cfg.bf16 or cfg.cuda_graphs):
-            log.info("train_local on %s: bf16/cuda_graphs are CUDA-only and ignored (fp32)", dev)
-        if cuda and cfg.tf32:
-            torch.backends.cuda.matmul.allow_tf32 = True
-            torch.backends.cudnn.allow_tf32 = True
-        image = bool(getattr(backbone, "is_image", False))
-        self.channels_last = cuda and cfg.channels_last and image
-        if cuda and image:
-            torch.backends.cudnn.benchmark = True
-        backbone.to(dev)
-        head.to(dev)
-        if self.channels_last:
-            backbone.to(memory_format=torch.channels_last)
-        backbone.train()
-        head.train()
+        self.channels_last = place_for_training(backbone, head, cfg, dev)
 
         # resident data: moved once; float inputs converted once, uint8 images per batch
         x_dev = x.detach().to(dev, non_blocking=True)
@@ -300,7 +204,7 @@ class _TrainLoop:
         self.delta = torch.as_tensor(terms.delta, dtype=torch.float64, device=dev) if terms.delta is not None else None
         self.bf16 = cuda and cfg.bf16
         self.bsz = min(cfg.batch_size, n)
-        self.step_loss = _forward_loss
+        self.step_loss = forward_loss
         if cfg.compile or (cuda and cfg.cuda_graphs):
             # one compiled function per process and mode, reused across calls, rounds and backbone
             # objects; CUDA graphs through torch.compile's "reduce-overhead" mode (forward + backward)
@@ -367,7 +271,7 @@ class _TrainLoop:
         group = self.opt.param_groups[0]
         for xb, yb in self._batches():
             # the compiled step for the full batch size only: a short last batch would cost a second compile
-            fn = self.step_loss if xb.shape[0] == self.bsz else _forward_loss
+            fn = self.step_loss if xb.shape[0] == self.bsz else forward_loss
             loss, hsum = fn(
                 self.backbone,
                 self.weight,
@@ -428,11 +332,9 @@ class _TrainLoop:
         """Epochs up to ``problem.epochs``, stopping early once ``cfg.local_tol`` is reached."""
         cfg, n_epochs = self.cfg, self.problem.epochs
         tol = cfg.local_tol
-        every = _check_epochs(cfg, n_epochs)
+        every = check_every(cfg, n_epochs)
         epochs = range(n_epochs)
         if cfg.progress:
-            from tqdm.auto import tqdm
-
             epochs = tqdm(epochs, desc="local epochs", leave=False)
         t0 = time.perf_counter()
         for e in epochs:

@@ -20,6 +20,7 @@ from fedhead.strategies import (
     HeadAveraging,
     make_strategy,
 )
+from fedhead.strategies.exchange import query_messages
 
 LH = LW = 0.1
 NODES = [101, 57, 33]  # node ids deliberately not in partition order
@@ -52,9 +53,10 @@ def test_moment_exchange_from_hand_made_replies(task_identity, fig2_targets):
 
 
 def test_query_messages_are_query_type(task_identity):
-    msgs = _strategy().query_messages([5, 6])
+    msgs = query_messages([5, 6], {P.JOB: 1})
     assert [m.metadata.message_type for m in msgs] == ["query", "query"]
     assert [m.metadata.dst_node_id for m in msgs] == [5, 6]
+    assert all(m.content.config_records[P.CONFIG][P.JOB] == 1 for m in msgs)
 
 
 def test_exchange_rejects_errors_missing_and_bad_replies(task_identity, fig2_targets):
@@ -277,6 +279,6 @@ def test_evaluation_replies_are_validated(task_identity, fig2_targets):
         strategy.aggregate_evaluate(0, replies(57, train_mse=float("nan")))
     with pytest.raises(agg.ReplyError, match="node 33.*positive integer"):
         strategy.aggregate_evaluate(0, replies(33, **{P.NUM_EXAMPLES: 0}))
-    assert strategy.tracker.records[0].train_mse is None
+    assert strategy.rounds.tracker.records[0].train_mse is None
     out = strategy.aggregate_evaluate(0, replies(None))
     assert out["train_mse"] == pytest.approx(1.0, abs=1e-15)

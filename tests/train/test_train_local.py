@@ -282,7 +282,7 @@ def test_cuda_only_flags_are_ignored_on_cpu(caplog):
     plain, _ = _train_resmlp(0, x, y)
     bb = build_backbone(ResMLPConfig(width=16, feature_dim=8), (5,), 40, seed=3)
     cfg = setup(epochs=3, batch_size=16, lr=1e-2, bf16=True, cuda_graphs=True)
-    with caplog.at_level("INFO", logger="fedhead.train.trainer"):
+    with caplog.at_level("INFO", logger="fedhead.train"):
         fast = train_local(bb, build_head(8, 3, seed=4), x, y, *cfg, device="cpu", seed=0)
     assert "bf16/cuda_graphs are CUDA-only and ignored" in caplog.text
     assert np.array_equal(fast.weight, plain.weight)
@@ -295,17 +295,17 @@ def test_compiled_step_is_cached_across_calls_and_backbone_objects(monkeypatch, 
     import torch._dynamo
     from torch._dynamo.utils import counters
 
-    import fedhead.train.trainer as trainer
+    import fedhead.train.steps as steps
 
-    monkeypatch.setattr(trainer, "_COMPILE_BACKEND", "eager")
-    monkeypatch.setattr(trainer, "_COMPILED_STEPS", {})
+    monkeypatch.setattr(steps, "_COMPILE_BACKEND", "eager")
+    monkeypatch.setattr(steps, "_COMPILED_STEPS", {})
     torch._dynamo.reset()
     counters.clear()
     x, y = _tabular_client()  # N = 40, batches 16, 16, 8
     plain, _ = _train_resmlp(0, x, y)
     cfg = setup(epochs=3, batch_size=16, lr=1e-2, compile=True)
     results = []
-    with caplog.at_level("INFO", logger="fedhead.train.trainer"):
+    with caplog.at_level("INFO", logger="fedhead.train"):  # the trainer's and the compiled step's lines
         for _ in range(2):
             bb = build_backbone(ResMLPConfig(width=16, feature_dim=8), (5,), 40, seed=3)
             results.append(train_local(bb, build_head(8, 3, seed=4), x, y, *cfg, device="cpu", seed=0))

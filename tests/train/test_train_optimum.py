@@ -16,8 +16,8 @@ import torch
 from fedhead import ufm
 from fedhead.models import FreeFeatureConfig, ResMLPConfig, build_backbone, build_head
 from fedhead.train import LocalProblem, TrainConfig, evaluate_local, train_local
+from fedhead.train.finishing import feature_projection
 from fedhead.train.last_layer import solve_output_layer
-from fedhead.train.trainer import feature_projection
 
 LAM = 0.1
 C, P = 2, 4
