@@ -132,6 +132,22 @@ def load_procedure(name: str) -> ProcedureConfig:
     return proc
 
 
+def _check_proximal_term(proc: ProcedureConfig) -> None:
+    """Refuse ``procedure.rho=`` that gives a procedure without a proximal term (``ordinary``,
+    ``corrected``, ``centered``, ...: ``rho = 0`` in its yaml) one: the run would be another
+    procedure under that procedure's name."""
+    path = _conf_file("procedure", proc.name)
+    if proc.rho == 0.0 or not path.is_file():
+        return
+    declared = float(OmegaConf.create(path.read_text()).get("rho", 0.0))
+    if declared == 0.0:
+        raise ConfigError(
+            f"procedure {proc.name} has no proximal term (rho = 0 in conf/procedure/{proc.name}.yaml); "
+            f"procedure.rho={proc.rho:g} would make it another procedure: choose one with a proximal term "
+            f"(e.g. procedure=proximal or corrected_proximal)"
+        )
+
+
 def _instantiate(node, where: str, expected: type | tuple[type, ...]):
     try:
         obj = instantiate(node, _convert_="all")
@@ -206,6 +222,7 @@ def load_config(cfg: DictConfig) -> FedheadConfig:
     )
     if cfg.get("procedure") is not None:
         procedures: tuple[ProcedureConfig, ...] = (_instantiate(cfg.procedure, "procedure", ProcedureConfig),)
+        _check_proximal_term(procedures[0])
     else:
         if not experiment.procedures:
             raise ConfigError(

@@ -210,9 +210,10 @@ class FedheadConfig:
         hash_ = config_hash(self.resolved)
         out = []
         for proc in self.procedures:
-            rho = self.settings.rho if self.settings.rho is not None else proc.rho
-            if rho != proc.rho:
-                proc = dataclasses.replace(proc, rho=float(rho))
+            if self.settings.rho is not None and proc.rho > 0.0 and self.settings.rho != proc.rho:
+                # the top-level rho= sets the weight of procedures that have a proximal term only:
+                # ordinary, corrected, centered, ... stay what their names say
+                proc = dataclasses.replace(proc, rho=float(self.settings.rho))
             job_dir = root / proc.name
             out.append(
                 JobConfig(
