@@ -9,7 +9,8 @@ layer's warm start, the finishing step and alignment act on that layer
 names its ``__init__`` takes and ``model.kwargs`` does not set. ``model.feature_dim`` is ``P``.
 
 Keyword arguments on the command line: ``+model.kwargs.width=64`` (``kwargs`` is empty in
-``conf/model/torch.yaml``, so a new key takes Hydra's ``+``), or ``model.kwargs={width:64,depth:2}``.
+``conf/model/torch.yaml``, so a new key takes Hydra's ``+``), or
+``++model.kwargs={width:64,depth:2}`` (``++``: replace the empty mapping).
 
 The module must be importable wherever clients run: in ``fedhead-run`` on the Ray workers, which
 inherit the driver's ``PYTHONPATH`` (``PYTHONPATH=/path/to/your/code fedhead-run ...``) or an
