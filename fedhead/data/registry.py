@@ -31,11 +31,13 @@ __all__ = [
 
 @dataclass(frozen=True)
 class DatasetEntry:
-    """Where a data set lives: ``module`` with config class ``config`` and ``load(cfg)``."""
+    """Where a data set lives: ``module`` with config class ``config`` and ``load(cfg)``;
+    ``builtin`` False for the user's own files (``table``)."""
 
     name: str
     module: str
     config: str
+    builtin: bool = True
 
 
 REGISTRY: dict[str, DatasetEntry] = {
@@ -51,13 +53,15 @@ REGISTRY: dict[str, DatasetEntry] = {
         DatasetEntry("dsprites", "fedhead.data.dsprites", "DSpritesConfig"),
         DatasetEntry("shapes3d", "fedhead.data.shapes3d", "Shapes3DConfig"),
         DatasetEntry("cifar_geo", "fedhead.data.cifar_geo", "CifarGeoConfig"),
+        DatasetEntry("table", "fedhead.data.table", "TableConfig", builtin=False),
     )
 }
 
 
 def dataset_names() -> tuple[str, ...]:
-    """The ten names accepted by ``dataset=`` (docs/theory.md §10 order)."""
-    return tuple(REGISTRY)
+    """The ten built-in names accepted by ``dataset=`` (docs/theory.md §10 order); ``table`` (the
+    user's own files) is in :data:`REGISTRY` too."""
+    return tuple(n for n, e in REGISTRY.items() if e.builtin)
 
 
 def _entry(name: str) -> DatasetEntry:
@@ -115,11 +119,11 @@ def load_raw(cfg: DatasetConfig, *, use_cache: bool = True) -> RawDataset:
     cfg = coerce_config(cfg)
     raw = load_raw_cached(cfg, get_loader(cfg.name), use_cache=use_cache)
     raw = resize_images(raw, cfg.image_size)
-    if raw.y.shape[0] != cfg.n_train:
+    if cfg.n_train is not None and raw.y.shape[0] != cfg.n_train:  # None: every row (dataset=table)
         raise DataError(
             f"data set {cfg.name}: the loader returned {raw.y.shape[0]} training samples but the config asks "
-            f"dataset.n_train={cfg.n_train} (source {raw.source or '?'}): set dataset.n_train to at most the "
-            f"samples available, or check the files"
+            f"for exactly dataset.n_train={cfg.n_train} (source {raw.source or '?'}): set dataset.n_train to at "
+            f"most the samples available, or check the files"
         )
     return raw
 

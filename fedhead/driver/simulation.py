@@ -94,8 +94,10 @@ def prepare_data(job: JobConfig):
     (the server repeats the check on the exchanged moments, which is what deployments use)."""
     from fedhead.analysis.regime import ensure_fully_active
     from fedhead.data.registry import load_federated
+    from fedhead.models.user import check_user_model
 
     data = load_federated(job.dataset, num_clients=job.settings.num_clients)
+    check_user_model(job.model, data.input_shape)  # model=torch: its shape once, before Ray starts
     if data.n_clients != job.settings.num_clients:
         raise ValueError(f"data set {data.name} gave {data.n_clients} clients, expected {job.settings.num_clients}")
     if not job.settings.diagnose_only and not job.dataset.allow_outside_regime:

@@ -1,0 +1,545 @@
+"""``dataset=table``: a user's own files, one client per file, per site value or by the eigen split.
+
+Files are read by their suffix: ``.csv`` (header row; ``NA``, ``NaN`` and empty cells are
+missing), ``.parquet`` (both through pyarrow) or ``.npz`` (arrays ``x`` ``(N, F)`` or images
+``(N, C, H, W)`` and ``y`` ``(N,)`` or ``(N, C)``; further 1-d arrays of length ``N`` serve as
+the site or test column). Clients:
+
+* ``dataset.files=[a.csv, b.parquet, ...]``: one client per file, in the given order;
+* one file and ``dataset.site_column=NAME``: one client per distinct value, in sorted order;
+* one file and ``dataset.partition=eigen dataset.num_clients=K``: the leading-eigenvector split
+  of the pooled standardised targets (:func:`fedhead.data.partition.eigen_partition`).
+
+``dataset.targets`` names the target columns (required for tables; for ``.npz`` optional names of
+``y``'s columns); ``dataset.features`` the inputs (default: every other numeric column but the site
+and test columns). A held-out test split comes from ``dataset.test_column`` (truthy rows are test
+rows) or ``dataset.test_fraction`` (that fraction of every site's rows, chosen by ``seed``).
+Tabular inputs are standardised with the pooled training statistics (``standardize_features``),
+targets by the pipeline (pooled, docs/theory.md §10). ``n_train=null`` keeps every training row.
+
+Every problem with the files is a :class:`TableError` (a data and a configuration error: one
+line naming the file and column, exit status 2 in ``fedhead-run``), raised before training.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from fedhead.analysis.procedure import ConfigError
+from fedhead.data.base import DataError, RawDataset
+from fedhead.data.config import DatasetConfig
+
+__all__ = ["TableConfig", "TableError", "SiteTable", "read_file", "load", "SUFFIXES"]
+
+log = logging.getLogger(__name__)
+
+#: File suffixes read by :func:`read_file`.
+SUFFIXES = (".csv", ".parquet", ".npz")
+_PARTITIONS = ("natural", "eigen")
+_MISSING = ("refuse", "drop")
+_TRUE = ("true", "yes", "1", "t", "y")
+_FALSE = ("false", "no", "0", "f", "n", "")
+
+
+class TableError(DataError, ConfigError):
+    """A problem with the user's files or their options (exit status 2: nothing has started)."""
+
+
+def _str_list(value, key: str) -> tuple[str, ...] | None:
+    if value is None:
+        return None
+    if isinstance(value, (str, bytes)) or not all(isinstance(v, str) and v for v in value):
+        raise TableError(f"dataset.{key} must be a list of names, got {value!r}")
+    return tuple(value)
+
+
+@dataclass
+class TableConfig(DatasetConfig):
+    """Options of ``dataset=table`` (see the module docstring).
+
+    Attributes
+    ----------
+    files : list of str
+        One file per client (natural partition), or one file split by ``site_column`` or by the
+        eigen partition. Relative paths are taken from the working directory.
+    targets : list of str
+        Target columns (required for CSV/Parquet; for ``.npz`` names of ``y``'s columns).
+    features : list of str or None
+        Input columns; None: every numeric column that is not a target, the site or the test column.
+    site_column : str or None
+        One file: one client per distinct value of this column (sorted).
+    partition : str
+        ``natural`` (per file or per site value) or ``eigen`` (needs ``num_clients``).
+    test_column : str or None
+        Rows where this column is truthy (non-zero, ``true``/``yes``) are held out for testing.
+    test_fraction : float
+        Hold out this fraction of every site's rows (chosen by ``seed``); 0: no test split.
+    missing : str
+        ``refuse`` (NaN/Inf in a used column is an error) or ``drop`` (drop those rows, logged).
+    standardize_features : bool
+        Standardise tabular inputs with the pooled training mean and standard deviation.
+    n_train : int or None
+        None keeps every training row; an integer keeps that many, chosen by ``seed``.
+    num_clients : int or None
+        Derived from the files or the site column; required for ``partition=eigen``.
+    preset_n_train : None
+        What an experiment preset's data size resolves to for this data set
+        (``conf/experiment/quickstart.yaml`` reads it with ``oc.select``): always null, so that a
+        preset never resizes a user's own rows. Not an option.
+    """
+
+    name: str = "table"
+    files: tuple[str, ...] = ()
+    targets: tuple[str, ...] | None = None
+    features: tuple[str, ...] | None = None
+    site_column: str | None = None
+    partition: str = "natural"
+    test_column: str | None = None
+    test_fraction: float = 0.0
+    missing: str = "refuse"
+    standardize_features: bool = True
+    n_train: int | None = None
+    n_test: int = 0
+    num_clients: int | None = None
+    preset_n_train: None = None
+    fingerprint: str = field(default="", init=False)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.files is None or isinstance(self.files, (str, bytes)):
+            raise TableError(f"dataset.files must be a list of files, got {self.files!r}")
+        self.files = tuple(str(f) for f in self.files)
+        if not self.files:
+            raise TableError("dataset=table needs dataset.files=[FILE, ...] (one file per client, or one file)")
+        self.targets = _str_list(self.targets, "targets")
+        self.features = _str_list(self.features, "features")
+        if self.partition not in _PARTITIONS:
+            raise TableError(f"dataset.partition must be one of {_PARTITIONS}, got {self.partition!r}")
+        if self.missing not in _MISSING:
+            raise TableError(f"dataset.missing must be one of {_MISSING}, got {self.missing!r}")
+        if isinstance(self.test_fraction, bool) or not (
+            isinstance(self.test_fraction, (int, float)) and 0 <= self.test_fraction < 1
+        ):
+            raise TableError(f"dataset.test_fraction must be a number in [0, 1), got {self.test_fraction!r}")
+        if self.test_fraction and self.test_column is not None:
+            raise TableError("set dataset.test_column or dataset.test_fraction, not both")
+        if self.n_train is not None and (isinstance(self.n_train, bool) or not isinstance(self.n_train, int)):
+            raise TableError(f"dataset.n_train must be null (every row) or an integer, got {self.n_train!r}")
+        if self.n_train is not None and self.n_train < 1:
+            raise TableError(f"dataset.n_train must be null (every row) or >= 1, got {self.n_train}")
+        if self.preset_n_train is not None:
+            raise TableError("dataset.preset_n_train is not an option (it must stay null); set dataset.n_train")
+        if self.source not in ("auto", "files"):
+            raise TableError(
+                f"dataset=table reads files only: dataset.source must be auto or files, got {self.source!r}"
+            )
+        paths = [Path(f).expanduser() for f in self.files]
+        seen: dict[Path, str] = {}
+        for f, p in zip(self.files, paths):
+            if p.suffix.lower() not in SUFFIXES:
+                raise TableError(f"{f}: unknown file type {p.suffix!r}; expected one of {', '.join(SUFFIXES)}")
+            if not p.is_file():
+                raise TableError(f"{f}: no such file (dataset.files; relative paths start at {Path.cwd()})")
+            real = p.resolve()
+            if real in seen:
+                raise TableError(f"{f}: the same file is given twice in dataset.files (also as {seen[real]})")
+            seen[real] = f
+        kinds = {p.suffix.lower() == ".npz" for p in paths}
+        if len(kinds) > 1:
+            raise TableError("dataset.files mixes .npz files with tables (CSV/Parquet); use one kind")
+        if True not in kinds and not self.targets:
+            raise TableError(f"{self.files[0]}: dataset.targets=[COLUMN, ...] is required for CSV and Parquet files")
+        self.files = tuple(str(p.resolve()) for p in paths)
+        st = [p.stat() for p in paths]
+        self.fingerprint = ";".join(f"{s.st_size}:{s.st_mtime_ns}" for s in st)
+        self._set_clients()
+
+    def _set_clients(self) -> None:
+        given = self.num_clients
+        if given is not None and (isinstance(given, bool) or not isinstance(given, int) or given < 1):
+            raise TableError(f"dataset.num_clients must be a positive integer, got {given!r}")
+        if self.partition == "eigen":
+            if len(self.files) != 1 or self.site_column is not None:
+                raise TableError("dataset.partition=eigen splits one file: give one file and no dataset.site_column")
+            if given is None:
+                raise TableError("dataset.partition=eigen needs dataset.num_clients=K")
+            return
+        if self.site_column is not None:
+            if len(self.files) != 1:
+                raise TableError(
+                    f"dataset.site_column={self.site_column} splits one file, got {len(self.files)} files "
+                    "(several files are already one client each)"
+                )
+            n = len(site_values(read_file(self.files[0], self), self.site_column, self.files[0]))
+        elif len(self.files) == 1:
+            raise TableError(
+                f"{self.files[0]}: one file is one client; give one file per client, or "
+                "dataset.site_column=NAME, or dataset.partition=eigen dataset.num_clients=K"
+            )
+        else:
+            n = len(self.files)
+        if given is not None and given != n:
+            raise TableError(f"dataset.num_clients={given} but the files give {n} clients; leave it unset")
+        self.num_clients = n
+
+    def use_files(self) -> bool:
+        return True
+
+
+# --------------------------------------------------------------------------- reading
+@dataclass
+class SiteTable:
+    """One file's contents: 1-d ``columns`` (name -> array; strings stay object arrays) and, for
+    ``.npz``, ``x`` and ``y``."""
+
+    path: str
+    columns: dict[str, np.ndarray]
+    numeric: set[str]
+    x: np.ndarray | None = None
+    y: np.ndarray | None = None
+
+    @property
+    def n_rows(self) -> int:
+        if self.y is not None:
+            return int(self.y.shape[0])
+        return int(next(iter(self.columns.values())).shape[0]) if self.columns else 0
+
+
+def _label(path: str | os.PathLike) -> str:
+    return Path(path).name
+
+
+def read_file(path: str | os.PathLike, cfg: TableConfig | None = None) -> SiteTable:
+    """Read one CSV, Parquet or ``.npz`` file (by suffix) into a :class:`SiteTable`.
+
+    Raises :class:`TableError` naming the file when it is missing, unreadable or empty, or when
+    an ``.npz`` lacks ``x``/``y`` or their lengths differ.
+    """
+    p = Path(path)
+    name = _label(p)
+    if not p.is_file():
+        raise TableError(f"{name}: no such file ({p})")
+    if p.stat().st_size == 0:
+        raise TableError(f"{name}: the file is empty")
+    suffix = p.suffix.lower()
+    if suffix == ".npz":
+        return _read_npz(p)
+    try:
+        if suffix == ".csv":
+            import pyarrow.csv as pcsv
+
+            table = pcsv.read_csv(
+                p, convert_options=pcsv.ConvertOptions(null_values=["", "NA", "NaN", "nan", "N/A", "null"])
+            )
+        elif suffix == ".parquet":
+            import pyarrow.parquet as pq
+
+            table = pq.read_table(p)
+        else:
+            raise TableError(f"{name}: unknown file type {p.suffix!r}; expected one of {', '.join(SUFFIXES)}")
+    except TableError:
+        raise
+    except Exception as exc:
+        text = " ".join(str(exc).split())
+        raise TableError(f"{name}: cannot read it as {suffix[1:].upper()} ({type(exc).__name__}: {text})") from exc
+    if table.num_rows == 0:
+        raise TableError(f"{name}: the file has a header but no rows")
+    import pyarrow.types as pat
+
+    columns, numeric = {}, set()
+    for col, arr in zip(table.column_names, table.columns):
+        t = arr.type
+        if pat.is_integer(t) or pat.is_floating(t) or pat.is_boolean(t) or pat.is_null(t):
+            values = arr.to_numpy(zero_copy_only=False)
+            columns[col] = np.asarray(
+                [np.nan if v is None else float(v) for v in values] if values.dtype == object else values,
+                dtype=np.float64,
+            )
+            numeric.add(col)
+        else:
+            columns[col] = np.asarray(arr.to_pylist(), dtype=object)
+    return SiteTable(path=str(p), columns=columns, numeric=numeric)
+
+
+def _read_npz(p: Path) -> SiteTable:
+    name = _label(p)
+    try:
+        with np.load(p, allow_pickle=False) as z:
+            arrays = {k: z[k] for k in z.files}
+    except Exception as exc:
+        raise TableError(f"{name}: cannot read it as .npz ({type(exc).__name__}: {exc})") from exc
+    missing = [k for k in ("x", "y") if k not in arrays]
+    if missing:
+        raise TableError(f"{name}: the .npz has no array(s) {missing} (needs x (N, F) or (N, C, H, W) and y (N, C))")
+    x, y = arrays.pop("x"), arrays.pop("y")
+    if y.ndim == 1:
+        y = y[:, None]
+    if x.ndim not in (2, 4) or y.ndim != 2:
+        raise TableError(
+            f"{name}: x must be (N, F) or images (N, C, H, W) and y (N,) or (N, C); got x {x.shape}, y {y.shape}"
+        )
+    if x.shape[0] != y.shape[0]:
+        raise TableError(f"{name}: x has {x.shape[0]} rows but y has {y.shape[0]}")
+    if y.shape[0] == 0:
+        raise TableError(f"{name}: x and y have no rows")
+    if not (np.issubdtype(y.dtype, np.number) or y.dtype == bool) or not (
+        np.issubdtype(x.dtype, np.number) or x.dtype == bool
+    ):
+        raise TableError(f"{name}: x and y must be numeric, got {x.dtype} and {y.dtype}")
+    columns, numeric = {}, set()
+    for k, v in arrays.items():
+        if v.ndim == 1 and v.shape[0] == y.shape[0]:
+            is_num = np.issubdtype(v.dtype, np.number) or v.dtype == bool
+            columns[k] = v.astype(np.float64) if is_num else v.astype(object)
+            if is_num:
+                numeric.add(k)
+    return SiteTable(path=str(p), columns=columns, numeric=numeric, x=x, y=y.astype(np.float64))
+
+
+def _column(site: SiteTable, col: str, key: str) -> np.ndarray:
+    if col not in site.columns:
+        have = sorted(site.columns)
+        raise TableError(f"{_label(site.path)}: no column {col!r} (dataset.{key}); it has {have}")
+    return site.columns[col]
+
+
+def site_values(site: SiteTable, col: str, path: str) -> list:
+    """The sorted distinct values of the site column (numbers, or strings)."""
+    v = _column(site, col, "site_column")
+    if col in site.numeric:
+        if not np.all(np.isfinite(v)):
+            raise TableError(f"{_label(path)}: the site column {col!r} has missing values")
+        return sorted(set(v.tolist()))
+    if any(s is None for s in v):
+        raise TableError(f"{_label(path)}: the site column {col!r} has missing values")
+    return sorted(set(str(s) for s in v))
+
+
+def _truthy(site: SiteTable, col: str) -> np.ndarray:
+    v = _column(site, col, "test_column")
+    if col in site.numeric:
+        if not np.all(np.isfinite(v)):
+            raise TableError(f"{_label(site.path)}: the test column {col!r} has missing values")
+        return v != 0
+    out = np.empty(v.shape[0], dtype=bool)
+    for i, s in enumerate(v):
+        t = "" if s is None else str(s).strip().lower()
+        if t not in _TRUE + _FALSE:
+            raise TableError(
+                f"{_label(site.path)}: the test column {col!r} has {s!r} in row {i + 1}; expected true/false or 1/0"
+            )
+        out[i] = t in _TRUE
+    return out
+
+
+def _numeric(site: SiteTable, col: str, key: str) -> np.ndarray:
+    v = _column(site, col, key)
+    if col not in site.numeric:
+        example = next((s for s in v if s is not None), None)
+        raise TableError(f"{_label(site.path)}: column {col!r} (dataset.{key}) is not numeric (e.g. {example!r})")
+    return v
+
+
+# --------------------------------------------------------------------------- assembling
+@dataclass
+class _Part:
+    """One client's (or, for the eigen split, the pooled) rows after the checks."""
+
+    label: str
+    x: np.ndarray
+    y: np.ndarray
+    test: np.ndarray  # bool per row
+
+
+def _check_same_columns(sites: list[SiteTable]) -> None:
+    first = sites[0]
+    ref = set(first.columns)
+    for s in sites[1:]:
+        cols = set(s.columns)
+        if cols != ref:
+            missing, extra = sorted(ref - cols), sorted(cols - ref)
+            raise TableError(
+                f"{_label(s.path)}: its columns differ from {_label(first.path)}'s "
+                f"(missing {missing}, extra {extra}); every file needs the same columns"
+            )
+        if (first.x is None) != (s.x is None) or (first.x is not None and first.x.shape[1:] != s.x.shape[1:]):
+            raise TableError(
+                f"{_label(s.path)}: x has sample shape {s.x.shape[1:]} but "
+                f"{_label(first.path)}'s is {first.x.shape[1:]}"
+            )
+        if first.y is not None and first.y.shape[1] != s.y.shape[1]:
+            raise TableError(
+                f"{_label(s.path)}: y has {s.y.shape[1]} columns but {_label(first.path)}'s has {first.y.shape[1]}"
+            )
+
+
+def _feature_names(cfg: TableConfig, site: SiteTable, targets: tuple[str, ...]) -> tuple[str, ...]:
+    if cfg.features is not None:
+        return cfg.features
+    skip = set(targets) | {cfg.site_column, cfg.test_column}
+    names = tuple(c for c in site.columns if c in site.numeric and c not in skip)
+    if not names:
+        raise TableError(f"{_label(site.path)}: no numeric column is left for the inputs (dataset.features)")
+    return names
+
+
+def _site_arrays(cfg: TableConfig, site: SiteTable, targets, features) -> tuple[np.ndarray, np.ndarray]:
+    if site.y is not None:
+        return site.x, site.y
+    for t in targets:
+        if t in features:
+            raise TableError(f"{_label(site.path)}: column {t!r} is both a target and a feature")
+    y = np.stack([_numeric(site, t, "targets") for t in targets], axis=1)
+    x = np.stack([_numeric(site, f, "features") for f in features], axis=1)
+    return x, y
+
+
+def _finite_rows(cfg: TableConfig, label: str, x: np.ndarray, y: np.ndarray, names: tuple[str, ...]) -> np.ndarray:
+    """Rows without NaN/Inf in a used column; refuse them unless ``missing=drop``."""
+    cols = np.concatenate([y, x.reshape(x.shape[0], -1)], axis=1) if x.dtype.kind == "f" else y
+    bad = ~np.isfinite(cols)
+    rows = bad.any(axis=1)
+    if not rows.any():
+        return np.ones(y.shape[0], dtype=bool)
+    if cfg.missing == "refuse":
+        per_col = bad.sum(axis=0)
+        where = ", ".join(f"{names[i] if i < len(names) else 'x'}: {int(c)}" for i, c in enumerate(per_col) if c)
+        raise TableError(
+            f"{label}: {int(rows.sum())} row(s) have NaN or Inf in a used column ({where}); "
+            "clean the file or set dataset.missing=drop"
+        )
+    log.info("%s: dropped %d row(s) with NaN or Inf in a used column (dataset.missing=drop)", label, int(rows.sum()))
+    return ~rows
+
+
+def _test_rows(cfg: TableConfig, site: SiteTable, n: int, index: int) -> np.ndarray:
+    if cfg.test_column is not None:
+        return _truthy(site, cfg.test_column)
+    test = np.zeros(n, dtype=bool)
+    if cfg.test_fraction:
+        k = int(round(cfg.test_fraction * n))
+        rng = np.random.default_rng([int(cfg.seed), index])
+        test[rng.choice(n, size=k, replace=False)] = True
+    return test
+
+
+def load(cfg: TableConfig) -> RawDataset:
+    """Read, check and assemble the user's files (see the module docstring)."""
+    sites = [read_file(f, cfg) for f in cfg.files]
+    _check_same_columns(sites)
+    first = sites[0]
+    is_npz = first.y is not None
+    if is_npz:
+        c = first.y.shape[1]
+        targets = cfg.targets or tuple(f"y{i}" for i in range(c))
+        if len(targets) != c:
+            raise TableError(f"{_label(first.path)}: dataset.targets names {len(targets)} columns but y has {c}")
+        if cfg.features is not None:
+            raise TableError(
+                f"{_label(first.path)}: dataset.features applies to CSV/Parquet tables, not .npz (x is used)"
+            )
+        features: tuple[str, ...] = ()
+    else:
+        targets = cfg.targets
+        features = _feature_names(cfg, first, targets)
+    parts: list[_Part] = []
+    if cfg.site_column is not None:
+        site = sites[0]
+        x, y = _site_arrays(cfg, site, targets, features)
+        test = _test_rows(cfg, site, y.shape[0], 0) if cfg.test_column else None
+        raw_v = site.columns[cfg.site_column]
+        values = site_values(site, cfg.site_column, site.path)
+        key = raw_v if cfg.site_column in site.numeric else np.asarray([str(s) for s in raw_v], dtype=object)
+        for i, v in enumerate(values):
+            rows = np.flatnonzero(key == v)
+            label = f"{_label(site.path)} [{cfg.site_column}={v}]"
+            t = test[rows] if test is not None else _test_rows(cfg, site, rows.size, i)
+            parts.append(_Part(label, x[rows], y[rows], t))
+    else:
+        for i, site in enumerate(sites):
+            x, y = _site_arrays(cfg, site, targets, features)
+            parts.append(_Part(_label(site.path), x, y, _test_rows(cfg, site, y.shape[0], i)))
+    names = tuple(targets) + tuple(features)
+    for p in parts:
+        keep = _finite_rows(cfg, p.label, p.x, p.y, names)
+        p.x, p.y, p.test = p.x[keep], p.y[keep], p.test[keep]
+    return _assemble(cfg, parts, tuple(targets), features, is_image=first.x is not None and first.x.ndim == 4)
+
+
+def _assemble(cfg: TableConfig, parts: list[_Part], targets, features, *, is_image: bool) -> RawDataset:
+    c = len(targets)
+    need = c + 1
+    eigen = cfg.partition == "eigen"
+    has_test = cfg.test_column is not None or cfg.test_fraction > 0
+    x = np.concatenate([p.x[~p.test] for p in parts])
+    y = np.concatenate([p.y[~p.test] for p in parts])
+    groups = np.concatenate([np.full(int((~p.test).sum()), i, dtype=np.int64) for i, p in enumerate(parts)])
+    if cfg.n_train is not None:
+        if cfg.n_train > y.shape[0]:
+            raise TableError(
+                f"dataset.n_train={cfg.n_train} but the files have {y.shape[0]} training rows; "
+                "leave it null to keep every row"
+            )
+        keep = np.sort(np.random.default_rng(int(cfg.seed)).choice(y.shape[0], cfg.n_train, replace=False))
+        x, y, groups = x[keep], y[keep], groups[keep]
+    counts = np.bincount(groups, minlength=len(parts))
+    if eigen:
+        if y.shape[0] < need * cfg.num_clients:
+            raise TableError(
+                f"{parts[0].label}: {y.shape[0]} training rows cannot give {cfg.num_clients} clients "
+                f"{need} rows each (C + 1 = {need}: a client's target covariance must be full rank)"
+            )
+    else:
+        for p, n in zip(parts, counts):
+            if n < need:
+                raise TableError(
+                    f"{p.label}: {int(n)} training row(s), but a client needs at least C + 1 = {need} "
+                    f"({c} target(s): its target covariance must be full rank)"
+                )
+            if has_test and not p.test.any():
+                raise TableError(f"{p.label}: no test rows (dataset.test_column / dataset.test_fraction)")
+    x_test = y_test = groups_test = None
+    if has_test:
+        x_test = np.concatenate([p.x[p.test] for p in parts])
+        y_test = np.concatenate([p.y[p.test] for p in parts])
+        groups_test = np.concatenate([np.full(int(p.test.sum()), i, dtype=np.int64) for i, p in enumerate(parts)])
+        if y_test.shape[0] == 0:
+            raise TableError(f"{parts[0].label}: the test split is empty (dataset.test_column / dataset.test_fraction)")
+    if is_image:
+        if x.dtype != np.uint8:
+            x = x.astype(np.float32)
+            x_test = None if x_test is None else x_test.astype(np.float32)
+    else:
+        x = x.reshape(x.shape[0], -1).astype(np.float64)
+        x_test = None if x_test is None else x_test.reshape(x_test.shape[0], -1).astype(np.float64)
+        if cfg.standardize_features:
+            x, x_test = _standardize_inputs(x, x_test)
+        x = x.astype(np.float32)
+        x_test = None if x_test is None else x_test.astype(np.float32)
+    label = f"{parts[0].label}" if len(parts) == 1 else f"{parts[0].label} ... ({len(parts)} sites)"
+    return RawDataset(
+        name=cfg.name,
+        x=x,
+        y=np.ascontiguousarray(y, dtype=np.float64),
+        target_names=tuple(targets),
+        x_test=x_test,
+        y_test=None if y_test is None else np.ascontiguousarray(y_test, dtype=np.float64),
+        groups=None if eigen else groups,
+        groups_test=None if eigen else groups_test,
+        standardize=True,
+        source=f"table {label}; inputs {list(features) if features else 'x'}",
+    )
+
+
+def _standardize_inputs(x: np.ndarray, x_test: np.ndarray | None) -> tuple[np.ndarray, np.ndarray | None]:
+    """Pooled training mean and standard deviation (a constant column is only centred)."""
+    mean = x.mean(axis=0)
+    std = x.std(axis=0)
+    std = np.where(std > 0, std, 1.0)
+    xs = (x - mean) / std
+    return xs, None if x_test is None else (x_test - mean) / std
