@@ -24,30 +24,32 @@ line naming the file and column, exit status 2 in ``fedhead-run``), raised befor
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from fedhead.analysis.procedure import ConfigError
-from fedhead.data.base import DataError, RawDataset
+from fedhead.data.base import RawDataset
 from fedhead.data.config import DatasetConfig
+from fedhead.data.tables import (
+    SUFFIXES,
+    SitePart,
+    SiteTable,
+    TableError,
+    check_same_columns,
+    file_label,
+    numeric,
+    read_file,
+    site_values,
+    truthy,
+)
 
 __all__ = ["TableConfig", "TableError", "SiteTable", "read_file", "load", "SUFFIXES"]
 
 log = logging.getLogger(__name__)
 
-#: File suffixes read by :func:`read_file`.
-SUFFIXES = (".csv", ".parquet", ".npz")
 _PARTITIONS = ("natural", "eigen")
 _MISSING = ("refuse", "drop")
-_TRUE = ("true", "yes", "1", "t", "y")
-_FALSE = ("false", "no", "0", "f", "n", "")
-
-
-class TableError(DataError, ConfigError):
-    """A problem with the user's files or their options (exit status 2: nothing has started)."""
 
 
 def _str_list(value, key: str) -> tuple[str, ...] | None:
@@ -192,199 +194,13 @@ class TableConfig(DatasetConfig):
 
 
 # --------------------------------------------------------------------------- reading
-@dataclass
-class SiteTable:
-    """One file's contents: 1-d ``columns`` (name -> array; strings stay object arrays) and, for
-    ``.npz``, ``x`` and ``y``."""
-
-    path: str
-    columns: dict[str, np.ndarray]
-    numeric: set[str]
-    x: np.ndarray | None = None
-    y: np.ndarray | None = None
-
-    @property
-    def n_rows(self) -> int:
-        if self.y is not None:
-            return int(self.y.shape[0])
-        return int(next(iter(self.columns.values())).shape[0]) if self.columns else 0
-
-
-def _label(path: str | os.PathLike) -> str:
-    return Path(path).name
-
-
-def read_file(path: str | os.PathLike, cfg: TableConfig | None = None) -> SiteTable:
-    """Read one CSV, Parquet or ``.npz`` file (by suffix) into a :class:`SiteTable`.
-
-    Raises :class:`TableError` naming the file when it is missing, unreadable or empty, or when
-    an ``.npz`` lacks ``x``/``y`` or their lengths differ.
-    """
-    p = Path(path)
-    name = _label(p)
-    if not p.is_file():
-        raise TableError(f"{name}: no such file ({p})")
-    if p.stat().st_size == 0:
-        raise TableError(f"{name}: the file is empty")
-    suffix = p.suffix.lower()
-    if suffix == ".npz":
-        return _read_npz(p)
-    try:
-        if suffix == ".csv":
-            import pyarrow.csv as pcsv
-
-            table = pcsv.read_csv(
-                p, convert_options=pcsv.ConvertOptions(null_values=["", "NA", "NaN", "nan", "N/A", "null"])
-            )
-        elif suffix == ".parquet":
-            import pyarrow.parquet as pq
-
-            table = pq.read_table(p)
-        else:
-            raise TableError(f"{name}: unknown file type {p.suffix!r}; expected one of {', '.join(SUFFIXES)}")
-    except TableError:
-        raise
-    except Exception as exc:
-        text = " ".join(str(exc).split())
-        raise TableError(f"{name}: cannot read it as {suffix[1:].upper()} ({type(exc).__name__}: {text})") from exc
-    if table.num_rows == 0:
-        raise TableError(f"{name}: the file has a header but no rows")
-    import pyarrow.types as pat
-
-    columns, numeric = {}, set()
-    for col, arr in zip(table.column_names, table.columns):
-        t = arr.type
-        if pat.is_integer(t) or pat.is_floating(t) or pat.is_boolean(t) or pat.is_null(t):
-            values = arr.to_numpy(zero_copy_only=False)
-            columns[col] = np.asarray(
-                [np.nan if v is None else float(v) for v in values] if values.dtype == object else values,
-                dtype=np.float64,
-            )
-            numeric.add(col)
-        else:
-            columns[col] = np.asarray(arr.to_pylist(), dtype=object)
-    return SiteTable(path=str(p), columns=columns, numeric=numeric)
-
-
-def _read_npz(p: Path) -> SiteTable:
-    name = _label(p)
-    try:
-        with np.load(p, allow_pickle=False) as z:
-            arrays = {k: z[k] for k in z.files}
-    except Exception as exc:
-        raise TableError(f"{name}: cannot read it as .npz ({type(exc).__name__}: {exc})") from exc
-    missing = [k for k in ("x", "y") if k not in arrays]
-    if missing:
-        raise TableError(f"{name}: the .npz has no array(s) {missing} (needs x (N, F) or (N, C, H, W) and y (N, C))")
-    x, y = arrays.pop("x"), arrays.pop("y")
-    if y.ndim == 1:
-        y = y[:, None]
-    if x.ndim not in (2, 4) or y.ndim != 2:
-        raise TableError(
-            f"{name}: x must be (N, F) or images (N, C, H, W) and y (N,) or (N, C); got x {x.shape}, y {y.shape}"
-        )
-    if x.shape[0] != y.shape[0]:
-        raise TableError(f"{name}: x has {x.shape[0]} rows but y has {y.shape[0]}")
-    if y.shape[0] == 0:
-        raise TableError(f"{name}: x and y have no rows")
-    if not (np.issubdtype(y.dtype, np.number) or y.dtype == bool) or not (
-        np.issubdtype(x.dtype, np.number) or x.dtype == bool
-    ):
-        raise TableError(f"{name}: x and y must be numeric, got {x.dtype} and {y.dtype}")
-    columns, numeric = {}, set()
-    for k, v in arrays.items():
-        if v.ndim == 1 and v.shape[0] == y.shape[0]:
-            is_num = np.issubdtype(v.dtype, np.number) or v.dtype == bool
-            columns[k] = v.astype(np.float64) if is_num else v.astype(object)
-            if is_num:
-                numeric.add(k)
-    return SiteTable(path=str(p), columns=columns, numeric=numeric, x=x, y=y.astype(np.float64))
-
-
-def _column(site: SiteTable, col: str, key: str) -> np.ndarray:
-    if col not in site.columns:
-        have = sorted(site.columns)
-        raise TableError(f"{_label(site.path)}: no column {col!r} (dataset.{key}); it has {have}")
-    return site.columns[col]
-
-
-def site_values(site: SiteTable, col: str, path: str) -> list:
-    """The sorted distinct values of the site column (numbers, or strings)."""
-    v = _column(site, col, "site_column")
-    if col in site.numeric:
-        if not np.all(np.isfinite(v)):
-            raise TableError(f"{_label(path)}: the site column {col!r} has missing values")
-        return sorted(set(v.tolist()))
-    if any(s is None for s in v):
-        raise TableError(f"{_label(path)}: the site column {col!r} has missing values")
-    return sorted(set(str(s) for s in v))
-
-
-def _truthy(site: SiteTable, col: str) -> np.ndarray:
-    v = _column(site, col, "test_column")
-    if col in site.numeric:
-        if not np.all(np.isfinite(v)):
-            raise TableError(f"{_label(site.path)}: the test column {col!r} has missing values")
-        return v != 0
-    out = np.empty(v.shape[0], dtype=bool)
-    for i, s in enumerate(v):
-        t = "" if s is None else str(s).strip().lower()
-        if t not in _TRUE + _FALSE:
-            raise TableError(
-                f"{_label(site.path)}: the test column {col!r} has {s!r} in row {i + 1}; expected true/false or 1/0"
-            )
-        out[i] = t in _TRUE
-    return out
-
-
-def _numeric(site: SiteTable, col: str, key: str) -> np.ndarray:
-    v = _column(site, col, key)
-    if col not in site.numeric:
-        example = next((s for s in v if s is not None), None)
-        raise TableError(f"{_label(site.path)}: column {col!r} (dataset.{key}) is not numeric (e.g. {example!r})")
-    return v
-
-
-# --------------------------------------------------------------------------- assembling
-@dataclass
-class _Part:
-    """One client's (or, for the eigen split, the pooled) rows after the checks."""
-
-    label: str
-    x: np.ndarray
-    y: np.ndarray
-    test: np.ndarray  # bool per row
-
-
-def _check_same_columns(sites: list[SiteTable]) -> None:
-    first = sites[0]
-    ref = set(first.columns)
-    for s in sites[1:]:
-        cols = set(s.columns)
-        if cols != ref:
-            missing, extra = sorted(ref - cols), sorted(cols - ref)
-            raise TableError(
-                f"{_label(s.path)}: its columns differ from {_label(first.path)}'s "
-                f"(missing {missing}, extra {extra}); every file needs the same columns"
-            )
-        if (first.x is None) != (s.x is None) or (first.x is not None and first.x.shape[1:] != s.x.shape[1:]):
-            raise TableError(
-                f"{_label(s.path)}: x has sample shape {s.x.shape[1:]} but "
-                f"{_label(first.path)}'s is {first.x.shape[1:]}"
-            )
-        if first.y is not None and first.y.shape[1] != s.y.shape[1]:
-            raise TableError(
-                f"{_label(s.path)}: y has {s.y.shape[1]} columns but {_label(first.path)}'s has {first.y.shape[1]}"
-            )
-
-
 def _feature_names(cfg: TableConfig, site: SiteTable, targets: tuple[str, ...]) -> tuple[str, ...]:
     if cfg.features is not None:
         return cfg.features
     skip = set(targets) | {cfg.site_column, cfg.test_column}
     names = tuple(c for c in site.columns if c in site.numeric and c not in skip)
     if not names:
-        raise TableError(f"{_label(site.path)}: no numeric column is left for the inputs (dataset.features)")
+        raise TableError(f"{file_label(site.path)}: no numeric column is left for the inputs (dataset.features)")
     return names
 
 
@@ -393,9 +209,9 @@ def _site_arrays(cfg: TableConfig, site: SiteTable, targets, features) -> tuple[
         return site.x, site.y
     for t in targets:
         if t in features:
-            raise TableError(f"{_label(site.path)}: column {t!r} is both a target and a feature")
-    y = np.stack([_numeric(site, t, "targets") for t in targets], axis=1)
-    x = np.stack([_numeric(site, f, "features") for f in features], axis=1)
+            raise TableError(f"{file_label(site.path)}: column {t!r} is both a target and a feature")
+    y = np.stack([numeric(site, t, "targets") for t in targets], axis=1)
+    x = np.stack([numeric(site, f, "features") for f in features], axis=1)
     return x, y
 
 
@@ -419,7 +235,7 @@ def _finite_rows(cfg: TableConfig, label: str, x: np.ndarray, y: np.ndarray, nam
 
 def _test_rows(cfg: TableConfig, site: SiteTable, n: int, index: int) -> np.ndarray:
     if cfg.test_column is not None:
-        return _truthy(site, cfg.test_column)
+        return truthy(site, cfg.test_column)
     test = np.zeros(n, dtype=bool)
     if cfg.test_fraction:
         k = int(round(cfg.test_fraction * n))
@@ -431,23 +247,23 @@ def _test_rows(cfg: TableConfig, site: SiteTable, n: int, index: int) -> np.ndar
 def load(cfg: TableConfig) -> RawDataset:
     """Read, check and assemble the user's files (see the module docstring)."""
     sites = [read_file(f, cfg) for f in cfg.files]
-    _check_same_columns(sites)
+    check_same_columns(sites)
     first = sites[0]
     is_npz = first.y is not None
     if is_npz:
         c = first.y.shape[1]
         targets = cfg.targets or tuple(f"y{i}" for i in range(c))
         if len(targets) != c:
-            raise TableError(f"{_label(first.path)}: dataset.targets names {len(targets)} columns but y has {c}")
+            raise TableError(f"{file_label(first.path)}: dataset.targets names {len(targets)} columns but y has {c}")
         if cfg.features is not None:
             raise TableError(
-                f"{_label(first.path)}: dataset.features applies to CSV/Parquet tables, not .npz (x is used)"
+                f"{file_label(first.path)}: dataset.features applies to CSV/Parquet tables, not .npz (x is used)"
             )
         features: tuple[str, ...] = ()
     else:
         targets = cfg.targets
         features = _feature_names(cfg, first, targets)
-    parts: list[_Part] = []
+    parts: list[SitePart] = []
     if cfg.site_column is not None:
         site = sites[0]
         x, y = _site_arrays(cfg, site, targets, features)
@@ -457,13 +273,13 @@ def load(cfg: TableConfig) -> RawDataset:
         key = raw_v if cfg.site_column in site.numeric else np.asarray([str(s) for s in raw_v], dtype=object)
         for i, v in enumerate(values):
             rows = np.flatnonzero(key == v)
-            label = f"{_label(site.path)} [{cfg.site_column}={v}]"
+            label = f"{file_label(site.path)} [{cfg.site_column}={v}]"
             t = test[rows] if test is not None else _test_rows(cfg, site, rows.size, i)
-            parts.append(_Part(label, x[rows], y[rows], t))
+            parts.append(SitePart(label, x[rows], y[rows], t))
     else:
         for i, site in enumerate(sites):
             x, y = _site_arrays(cfg, site, targets, features)
-            parts.append(_Part(_label(site.path), x, y, _test_rows(cfg, site, y.shape[0], i)))
+            parts.append(SitePart(file_label(site.path), x, y, _test_rows(cfg, site, y.shape[0], i)))
     names = tuple(targets) + tuple(features)
     for p in parts:
         keep = _finite_rows(cfg, p.label, p.x, p.y, names)
@@ -471,7 +287,7 @@ def load(cfg: TableConfig) -> RawDataset:
     return _assemble(cfg, parts, tuple(targets), features, is_image=first.x is not None and first.x.ndim == 4)
 
 
-def _assemble(cfg: TableConfig, parts: list[_Part], targets, features, *, is_image: bool) -> RawDataset:
+def _assemble(cfg: TableConfig, parts: list[SitePart], targets, features, *, is_image: bool) -> RawDataset:
     c = len(targets)
     need = c + 1
     eigen = cfg.partition == "eigen"
