@@ -13,8 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from fedhead.analysis.procedure import ConfigError
-from fedhead.sweep.presets import PRESETS, SCALES, SETTINGS, plan
+from fedhead.sweep.presets import PRESETS, SETTINGS, plan
 from fedhead.sweep.runner import SweepConfig, run_sweep
+from fedhead.sweep.scales import SCALES
 
 #: ``data_roots`` keys that differ from the data set name (Hydra keys cannot start with a digit)
 ROOT_KEYS = {"w300lp": "300w_lp"}

@@ -7,7 +7,8 @@
 """
 
 from fedhead.sweep.manifest import Manifest
-from fedhead.sweep.presets import PRESETS, SCALES, RunSpec, plan
+from fedhead.sweep.presets import PRESETS, RunSpec, plan
 from fedhead.sweep.runner import SweepConfig, SweepResult, run_sweep
+from fedhead.sweep.scales import SCALES
 
 __all__ = ["Manifest", "PRESETS", "SCALES", "RunSpec", "SweepConfig", "SweepResult", "plan", "run_sweep"]

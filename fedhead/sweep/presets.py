@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fedhead.analysis.procedure import ConfigError
+from fedhead.sweep.scales import SCALES, Scale
 
 TABULAR = ("beijing", "swimmer", "hopper", "halfcheetah", "walker2d")
 IMAGE = ("mpiigaze", "300w_lp", "dsprites", "shapes3d", "cifar_geo")
@@ -45,70 +46,6 @@ class RunSpec:
     params: dict[str, Any] = field(default_factory=dict)
     overrides: tuple[str, ...] = ()
 
-
-@dataclass(frozen=True)
-class Scale:
-    """How a sweep is sized: the model per data-set kind, data sizes, rounds, E and seeds.
-
-    ``local_epochs`` is E (the cap when ``local_tol`` is set); ``epochs`` maps a paper E (E-sweep,
-    data-size and full-model presets) to this scale's E.
-    """
-
-    name: str
-    rounds: int
-    local_epochs: int
-    local_tol: float | None
-    seeds: tuple[int, ...]
-    sweep_seeds: tuple[int, ...]
-    tabular: tuple[str, ...]
-    image: tuple[str, ...]
-    extra: tuple[str, ...] = ()
-    epochs: Callable[[int], int] = lambda e: e
-    large_factor: int = 4
-    #: E of a one-round preset (mismatch: the first-round local models must be near their optima)
-    one_round_epochs: int | None = None
-
-
-PAPER = Scale(
-    name="paper",
-    rounds=8,
-    local_epochs=4000,
-    local_tol=None,
-    seeds=(0, 1, 2, 3, 4),
-    sweep_seeds=(0, 1, 2),
-    tabular=("model=resmlp",),
-    image=("model=resnet18",),
-)
-
-# Sized for 2 CPU cores: 50 training samples per tabular client and 32 per image client (images
-# resampled to 16 x 16), the CPU-sized ResMLP, P = 64 features, 3 rounds, full-batch local
-# training stopped once a client is within 2e-3 of its local optimum (E = 400 caps it), one seed.
-# Images use the residual CNN (the ResNet-18 layout with GroupNorm and a stride-1 stem) of width
-# 8: a width-8 BatchNorm ResNet-18 on 16 x 16 images stops 0.2-0.4 above its local optimum after
-# 500 steps, the residual CNN within 3e-3 (dSprites, measured). Same code path as the paper scale.
-_SMOKE_COMMON = ("model.feature_dim=64", "train.lr=3.0e-3")
-SMOKE = Scale(
-    name="smoke",
-    rounds=3,
-    local_epochs=400,
-    local_tol=2e-3,
-    seeds=(0,),
-    sweep_seeds=(0,),
-    tabular=("model=resmlp_small", "dataset.n_train=200") + _SMOKE_COMMON,
-    image=(
-        "model=rescnn",
-        "model.width=8",
-        "model.groups=4",
-        "dataset.image_size=16",
-        "dataset.n_train=256",
-        "dataset.n_test=64",
-    )
-    + _SMOKE_COMMON,
-    epochs=lambda e: max(2, e // 20),
-    large_factor=2,
-    one_round_epochs=1200,  # the three rounds' budget in one round: round 1 starts from a random backbone
-)
-SCALES = {"smoke": SMOKE, "paper": PAPER}
 
 # which settings a preset uses at smoke scale (the paper scale uses every listed setting)
 _SMOKE_SETTINGS = {
