@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import logging
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,17 +20,9 @@ import numpy as np
 
 from fedhead import ufm
 from fedhead.analysis.metrics import selection_distance
-from fedhead.plotting import (
-    CLIENT_COLORS,
-    PALETTE,
-    ellipse_caption,
-    new_figure,
-    plot_ellipses,
-    plot_error_curves,
-    save_figure,
-)
 
 from .common import ExperimentResult, Headline, finish, gram, loglog_slope, matched_samples, rel_err, rotation
+from .reference_figure import reference_figure
 from .solvers import JointState, adam_joint, lbfgs_profiled, prox_profiled_solve, ridge_features
 
 log = logging.getLogger(__name__)
@@ -209,146 +200,6 @@ def _panel_f(s: Settings, moments, W0):
     return out
 
 
-def _figure(s, out_dir: Path, moments, W0, grams, g_star, a, b, runs, e, f) -> Path:
-    fig, axes = new_figure(6, ncols=3, panel_size=(4.8, 4.2))
-    target_names = ["target 1", "target 2"]
-    # (a)
-    ax = axes[0]
-    ell = {"G_0": gram(W0), "G_1": grams[0]}
-    labels = {"G_0": r"broadcast $G_0$", "G_1": r"client optimum $G_1$"}
-    for e_step, G in zip(a["steps"][1:], a["grams"][1:]):
-        ell[f"adam{e_step}"] = G
-        labels[f"adam{e_step}"] = f"Adam, $E$={e_step}"
-    plot_ellipses(
-        ax,
-        ell,
-        colors=[PALETTE["G_0"], "k", "C0", "C1", "C2"],
-        target_names=target_names,
-        linestyles=[(0, (1, 2)), "-", ":", "-.", "--"],
-        markers=["x", "o", "v", "D", "s"],
-        labels=labels,
-        legend=False,
-    )
-    for j in range(W0.shape[1]):
-        ax.annotate(
-            "", xy=a["closest_head"][:, j], xytext=(0, 0), arrowprops={"arrowstyle": "->", "color": "k", "lw": 1.5}
-        )
-        ax.annotate(
-            "", xy=a["final_head"][:, j], xytext=(0, 0), arrowprops={"arrowstyle": "->", "color": "C2", "lw": 1.5}
-        )
-    ax.plot(
-        [], [], color="k", marker=r"$\rightarrow$", markersize=10, linestyle="none", label=r"columns of $\Pi_1(W_0)$"
-    )
-    ax.plot(
-        [],
-        [],
-        color="C2",
-        marker=r"$\rightarrow$",
-        markersize=10,
-        linestyle="none",
-        label=f"columns of $W$, $E$={s.adam_snapshots[-1]}",
-    )
-    ax.legend(fontsize="x-small", loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=2, handlelength=3.0)
-    ax.set_title("(a) client 1, joint Adam")
-    # (b)
-    rho = np.asarray(b["rho"])
-    plot_error_curves(
-        axes[1],
-        rho,
-        {r"$e_G$ (worst client)": b["e_G_worst"], r"$e_\Pi$ (worst client)": b["e_Pi_worst"]},
-        logx=True,
-        markers=["o", "s"],
-        xlabel=r"proximal weight $\rho$",
-        ylabel="relative error (unitless)",
-        title=r"(b) proximal solution vs $\rho$",
-        legend=False,
-    )
-    # the guide is shifted up (x3) so that it does not hide under e_Pi, which has slope 1 too
-    axes[1].plot(
-        rho,
-        3.0 * rho * b["e_Pi_worst"][-1] / rho[-1],
-        color="0.3",
-        linestyle=(0, (1, 1.5)),
-        linewidth=1.4,
-        zorder=3,
-        label=r"slope 1 ($\propto \rho$, shifted $\times 3$)",
-    )
-    axes[1].legend(fontsize="small", handlelength=3.0)
-    # (c), (d)
-    rounds = np.arange(s.n_rounds + 1)
-    nice = {k: re.sub(r"\brho\b", lambda _: r"$\rho$", k) for k in runs}
-    plot_error_curves(
-        axes[2],
-        rounds,
-        {nice[k]: v["err_to_g_star"] for k, v in runs.items()},
-        xlabel="round $t$",
-        ylabel=r"$\|G_t - G_\ast\|_F / \|G_\ast\|_F$",
-        title=r"(c) error to $G_\ast$",
-    )
-    plot_error_curves(
-        axes[3],
-        rounds[1:],
-        {nice[k]: v["selection_distance"] for k, v in runs.items()},
-        xlabel="round $t$",
-        ylabel=r"$\delta_t = \sum_m p_m \|\tilde W_m - \Pi_m(W_t)\|_F$",
-        title="(d) selection distance",
-    )
-    # (e)
-    ax = axes[4]
-    names = list(e.keys())
-    x = np.arange(len(names))
-    floor = 1e-17
-    hatches = ["", "//", ".."]
-    for j, (term, tex) in enumerate([("M_mu", r"$M_\mu$"), ("M_Sigma", r"$M_\Sigma$"), ("M_A", r"$M_A$")]):
-        vals = [max(e[n]["trace"][term], floor) for n in names]
-        ax.bar(x + (j - 1) * 0.27, vals, width=0.27, label=f"Tr {tex}", hatch=hatches[j], edgecolor="k", linewidth=0.5)
-    ax.set_yscale("log")
-    ax.set_ylim(bottom=floor / 30.0)
-    ax.set_xticks(x, names, fontsize="small", rotation=15)
-    ax.set_ylabel("trace of the term (unitless)")
-    ax.set_xlabel(f"bars at {floor:.0e} are exact zeros", fontsize="x-small", color="0.35")
-    ax.set_title("(e) gap terms")
-    ax.legend(fontsize="small")
-    # (f)
-    plot_error_curves(
-        axes[5],
-        rounds,
-        {rf"$\gamma$={k}": v for k, v in f["err_to_g_cen"].items()},
-        xlabel="round $t$",
-        ylabel=r"$\|G_t - G_{\mathrm{cen}}\|_F / \|G_{\mathrm{cen}}\|_F$",
-        title=r"(f) moment correction $\gamma C_m$",
-    )
-    path = save_figure(fig, out_dir / "fig2.png")
-    # ellipses of the gap picture as its own figure
-    fig, axes = new_figure(1, panel_size=(6.6, 4.6))
-    o = e["original"]
-    ell = {
-        "G_1": grams[0],
-        "G_2": grams[1],
-        "G_3": grams[2],
-        "G_star": o["g_star"],
-        "G_avg": o["g_avg"],
-        "G_within": o["g_within"],
-        "G_cen": o["g_cen"],
-    }
-    labels = {f"G_{m + 1}": f"client optimum $G_{m + 1}$" for m in range(3)}
-    plot_ellipses(
-        axes[0],
-        ell,
-        colors=[*CLIENT_COLORS[:3], *(PALETTE[k] for k in ("G_star", "G_avg", "G_within", "G_cen"))],
-        linestyles=[":", ":", ":", "-", (0, (3, 1, 1, 1)), (0, (1, 1)), "-."],
-        markers=["1", "2", "3", "s", "P", "D", "^"],
-        labels=labels,
-        target_names=target_names,
-        title=r"client optima and $G_\ast \preceq \sum_m p_m G_m \preceq G_{\mathrm{within}} "
-        r"\preceq G_{\mathrm{cen}}$",
-    )
-    axes[0].legend(fontsize="small", loc="center left", bbox_to_anchor=(1.02, 0.5), handlelength=3.0)
-    fig.text(0.01, 0.01, ellipse_caption(2), fontsize="small")
-    path2 = save_figure(fig, out_dir / "fig2_grams.png")
-    return [path, path2]
-
-
 def run(settings: Settings, out_dir: str | Path) -> ExperimentResult:
     """Run all six panels of the reference instance and write ``results.json`` and PNGs."""
     s = settings
@@ -366,7 +217,7 @@ def run(settings: Settings, out_dir: str | Path) -> ExperimentResult:
     log.info("fig2: panels (e, f)")
     e = _panel_e(s, moments)
     f = _panel_f(s, moments, W0)
-    figures = _figure(s, out_dir, moments, W0, grams, g_star, a, b, runs, e, f)
+    figures = reference_figure(s, out_dir, moments, W0, grams, g_star, a, b, runs, e, f)
 
     rho_final = {k: v["err_to_g_star"][-1] for k, v in runs.items()}
     min_eig_all = min(min(v["min_eig"].values()) for v in e.values())
