@@ -17,6 +17,7 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.ticker import NullLocator
 
+from fedhead.data.units import axis_unit
 from fedhead.plotting.canvas import new_figure
 from fedhead.plotting.curves import plot_error_curves
 from fedhead.plotting.ellipses import coordinate_groups, plot_ellipses
@@ -26,14 +27,13 @@ from fedhead.report import measures
 from fedhead.report.collect import RunEntry
 from fedhead.report.tables import group, procedure_label, procedure_order
 
-_MUJOCO = ("swimmer", "hopper", "halfcheetah", "walker2d")
 _REF_LABEL = {"star": "G_star", "cen": "G_cen", "within": "G_within", "corrected": "corrected barycenter"}
 E_F_REF = r"$e_F(G_t, G_{\mathrm{ref}})$ (unitless)"
 
 
 def target_unit(dataset: str) -> str:
     """Unit of the Gram axes: MuJoCo actions keep their stored scale, other targets are standardised."""
-    return "torque command" if dataset in _MUJOCO else "standardised"
+    return axis_unit(dataset)
 
 
 def color(name: str, i: int = 0) -> str:
