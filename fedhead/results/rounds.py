@@ -199,7 +199,7 @@ class RoundRecord:
             if f.name == "extra" or f.name not in d:
                 continue
             v = d[f.name]
-            kw[f.name] = None if v is None or not f.metadata["array"] else np.asarray(v, dtype=np.float64)
+            kw[f.name] = np.asarray(v, dtype=np.float64) if f.metadata["array"] and v is not None else v
         names = {f.name for f in fields(cls)}
         kw["extra"] = {k: None if v is None else float(v) for k, v in d.items() if k not in names}
         try:

@@ -18,9 +18,9 @@ from app_helpers import InProcessGrid, captured_strategies_log
 
 from fedhead.clients import make_client_app
 from fedhead.data import OutsideRegimeError, OutsideRegimeWarning
+from fedhead.driver.checks import prepare_data
 from fedhead.driver.recorder import RunRecorder
 from fedhead.driver.server import serve
-from fedhead.driver.simulation import prepare_data
 from fedhead.federation.config import compose_config, load_config
 
 OUTSIDE = [
