@@ -5,8 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from fedhead.federation.progress_grid import ProgressGrid
-from fedhead.federation.protocol import LOCAL_SECONDS, TRAIN_SECONDS
-from fedhead.results.rounds import RoundRecord
+from fedhead.results.rounds import ClientMetric, RoundRecord
 from fedhead.results.schema import Timing
 
 __all__ = ["timing_summary"]
@@ -33,8 +32,12 @@ def timing_summary(records: Sequence[RoundRecord], pgrid: ProgressGrid | None, t
         computation (the whole ``train_local``: set-up, epochs and finishing step).
     """
     rounds = [r for r in records if r.round >= 1]
-    per_round = [sum(float(cm.get(TRAIN_SECONDS, 0.0)) for cm in rec.client_metrics) for rec in rounds]
-    per_round_local = [sum(float(cm.get(LOCAL_SECONDS, 0.0)) for cm in rec.client_metrics) for rec in rounds]
+    per_round = [
+        sum(float(cm.get(ClientMetric.TRAIN_SECONDS.name, 0.0)) for cm in rec.client_metrics) for rec in rounds
+    ]
+    per_round_local = [
+        sum(float(cm.get(ClientMetric.LOCAL_SECONDS.name, 0.0)) for cm in rec.client_metrics) for rec in rounds
+    ]
     phases: dict[str, float] = {}
     first_phase = None
     listed = pgrid.phases if pgrid is not None else []

@@ -25,6 +25,7 @@ from fedhead.plotting.run_figures import shared_legend
 from fedhead.plotting.style import _CYCLE_COLORS, PROCEDURE_COLORS, gram_label, tex_number
 from fedhead.report import measures
 from fedhead.report.collect import RunEntry
+from fedhead.report.selection_tables import rho_value
 from fedhead.report.tables import group, procedure_label, procedure_order
 
 _REF_LABEL = {"star": "G_star", "cen": "G_cen", "within": "G_within", "corrected": "corrected barycenter"}
@@ -130,10 +131,10 @@ def ellipses_figure(runs: Sequence[RunEntry], setting: str) -> Figure | None:
     unit = target_unit(procs[names[0]].dataset or setting)
     for row, name in enumerate(names):
         res = procs[name].results
-        t_last = int(measures.last_round(res).get("round", 0))
+        t_last = measures.last_round(res).round
         grams = {f"G_{t_last}": measures.final_gram(res)[:k, :k]}
         for key, gk in (("G_star", "g_star"), ("G_cen", "g_cen")):
-            g = measures.gram(res, gk)
+            g = res.target(gk)
             if g is not None:
                 grams[key] = g[:k, :k]
         for j, pair in enumerate(pairs):
@@ -210,8 +211,6 @@ def rho_positions(rhos: Sequence[float]) -> tuple[dict[float, float], float | No
 def rho_figure(runs: Sequence[RunEntry]) -> Figure | None:
     """δ_last and endpoint e_F against ρ (two panels, one line per setting, mean +- 1 sd over
     seeds); ρ = 0 sits at a placeholder tick labelled 0 left of an axis break."""
-    from fedhead.report.selection_tables import rho_value
-
     runs = [r for r in runs if rho_value(r) is not None]
     if not runs:
         return None

@@ -8,13 +8,14 @@ every run it came from, so every number of the report can be traced to its run f
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from fedhead.analysis.procedure import PROCEDURES
 from fedhead.report import measures
 from fedhead.report.collect import RunEntry, RunRef
+from fedhead.results.schema import Results
 
 
 @dataclass(frozen=True)
@@ -126,7 +127,7 @@ def pooled_median_cell(items: Iterable[tuple[Sequence[float], RunRef]]) -> Cell:
     return Cell(float(statistics.median(values)), tuple(sorted(refs)), len(refs))
 
 
-def metric_cell(runs: Sequence[RunEntry], fn: Callable[[Mapping[str, Any]], float | None]) -> Cell:
+def metric_cell(runs: Sequence[RunEntry], fn: Callable[[Results], float | None]) -> Cell:
     """The median of ``fn(results)`` over ``runs``."""
     return median_cell((fn(r.results), r.ref) for r in runs)
 
@@ -178,7 +179,7 @@ def wins_row(
     runs: Sequence[RunEntry],
     challenger: str,
     baseline: str,
-    metric: Callable[[Mapping[str, Any]], float | None] = measures.endpoint_error,
+    metric: Callable[[Results], float | None] = measures.endpoint_error,
 ) -> dict[str, Cell] | None:
     """A wins row: in how many pairs the challenger's ``metric`` is lower, and the median ratio.
 

@@ -8,7 +8,7 @@ is one field here plus its computation (:class:`fedhead.federation.tracking.Roun
 
 :data:`ROUND_EXTRA_KEYS` documents the per-round entries a strategy adds through ``extra``
 (flattened into the round's JSON object); :data:`CLIENT_METRIC_KEYS` the per-client entries of
-``client_metrics`` (the clients' reply metrics, :mod:`fedhead.federation.protocol`).
+``client_metrics`` (the clients' train-reply metrics, declared as :class:`ClientMetric`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Key", "key", "RoundRecord", "ROUND_EXTRA_KEYS", "CLIENT_METRIC_KEYS", "json_value"]
+__all__ = ["Key", "key", "RoundRecord", "ROUND_EXTRA_KEYS", "ClientMetric", "CLIENT_METRIC_KEYS", "json_value"]
 
 
 @dataclass(frozen=True)
@@ -241,22 +241,42 @@ ROUND_EXTRA_KEYS: tuple[Key, ...] = (
     ),
 )
 
-#: Per-client entries of ``rounds[t].client_metrics[m]`` (keys of :mod:`fedhead.federation.protocol`).
-CLIENT_METRIC_KEYS: tuple[Key, ...] = (
-    Key("num-examples", "int", "N_m, the client's training samples"),
-    Key("partition-id", "int", "the client's partition (its index m)"),
-    Key("objective_gap", "float", "relative gap (L_m − L*_m)/L*_m of the trained local model"),
-    Key("trained_gap", "float", "the same for the objective the client minimised (L_m + γ C_m)"),
-    Key("local_epochs", "int", "epochs run (fewer than `local_epochs=` when `local_tol=` stopped training)"),
-    Key("objective", "float", "L_m of the trained local model"),
-    Key("optimal_objective", "float", "L*_m, the optimum of the client's objective"),
-    Key("local_train_mse", "float", "MSE of the trained local model on the client's training samples"),
-    Key("train_seconds", "float", "seconds of the training loop"),
-    Key("local_seconds", "float", "seconds of the whole local computation (set-up, epochs and finishing step)"),
-    Key("n_steps", "int", "optimiser steps"),
-    Key("distance_to_broadcast", "float", "‖W̃ − W_t‖_F of the returned head to the broadcast"),
-    Key("distance_to_selection", "float", "‖W̃ − Π_m(W_t)‖_F of the returned head to its closest optimal head"),
-    Key("relative_distance_to_selection", "float", "`distance_to_selection` / ‖Π_m(W_t)‖_F"),
-    Key("align_distance_before", "float", "aligned procedures: the head's distance to the broadcast before alignment"),
-    Key("align_distance_after", "float", "aligned procedures: the same after alignment"),
-)
+
+class ClientMetric:
+    """The per-client entries of ``rounds[t].client_metrics[m]``: each a :class:`Key` whose
+    ``name`` is the key of the client's train-reply metric (the ClientApp, ``clients/app.py``,
+    sets ``metrics[ClientMetric.X.name]``; :mod:`fedhead.federation.protocol` re-exports the
+    names). A new per-client metric is one attribute here plus its computation in the ClientApp.
+    """
+
+    NUM_EXAMPLES = Key("num-examples", "int", "N_m, the client's training samples")
+    PARTITION_ID = Key("partition-id", "int", "the client's partition (its index m)")
+    SERVER_ROUND = Key("server-round", "int", "the round the reply belongs to (t)")
+    OBJECTIVE_GAP = Key("objective_gap", "float", "relative gap (L_m − L*_m)/L*_m of the trained local model")
+    TRAINED_GAP = Key("trained_gap", "float", "the same for the objective the client minimised (L_m + γ C_m)")
+    LOCAL_EPOCHS = Key(
+        "local_epochs", "int", "epochs run (fewer than `local_epochs=` when `local_tol=` stopped training)"
+    )
+    OBJECTIVE = Key("objective", "float", "L_m of the trained local model")
+    OPTIMAL_OBJECTIVE = Key("optimal_objective", "float", "L*_m, the optimum of the client's objective")
+    LOCAL_TRAIN_MSE = Key("local_train_mse", "float", "MSE of the trained local model on the client's training samples")
+    TRAIN_SECONDS = Key("train_seconds", "float", "seconds of the training loop")
+    LOCAL_SECONDS = Key(
+        "local_seconds", "float", "seconds of the whole local computation (set-up, epochs and finishing step)"
+    )
+    N_STEPS = Key("n_steps", "int", "optimiser steps")
+    DISTANCE_TO_BROADCAST = Key("distance_to_broadcast", "float", "‖W̃ − W_t‖_F of the returned head to the broadcast")
+    DISTANCE_TO_SELECTION = Key(
+        "distance_to_selection", "float", "‖W̃ − Π_m(W_t)‖_F of the returned head to its closest optimal head"
+    )
+    RELATIVE_DISTANCE_TO_SELECTION = Key(
+        "relative_distance_to_selection", "float", "`distance_to_selection` / ‖Π_m(W_t)‖_F"
+    )
+    ALIGN_DISTANCE_BEFORE = Key(
+        "align_distance_before", "float", "aligned procedures: the head's distance to the broadcast before alignment"
+    )
+    ALIGN_DISTANCE_AFTER = Key("align_distance_after", "float", "aligned procedures: the same after alignment")
+
+
+#: Every :class:`ClientMetric`, in declaration order (the README's table).
+CLIENT_METRIC_KEYS: tuple[Key, ...] = tuple(v for v in vars(ClientMetric).values() if isinstance(v, Key))

@@ -16,6 +16,7 @@ from fedhead.clients.state import federated_data, simulation_state_dir
 from fedhead.driver.recorder import RunRecorder
 from fedhead.driver.server import serve
 from fedhead.federation.config import ConfigError, compose_config, load_config
+from fedhead.results.rounds import CLIENT_METRIC_KEYS
 
 
 def _job(tmp_path: Path, *overrides: str):
@@ -98,6 +99,7 @@ def test_trained_procedures_complete_and_keep_backbones_private(tmp_path, task_i
         assert last["alignment_gram_error"] < 1e-5
     # the clients' own distance data agree with the server's selection distance
     cm = last["client_metrics"]
+    assert set().union(*cm) <= {k.name for k in CLIENT_METRIC_KEYS}  # every per-client metric is declared
     p = np.asarray(res["moments"]["weights"])
     assert last["delta"] == pytest.approx(sum(w * c["distance_to_selection"] for w, c in zip(p, cm)), rel=1e-5)
 

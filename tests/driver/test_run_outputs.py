@@ -179,7 +179,7 @@ def test_console_filter_keeps_actionable_warnings_only(tmp_path):
     stream = io.StringIO()
     try:
         logs.configure_run_logging(tmp_path, stream=stream)
-        logging.getLogger("strategies.x").warning("a client failed: raise local_epochs")
+        logging.getLogger("fedhead.strategies.x").warning("a client failed: raise local_epochs")
         logging.getLogger("ray").warning("ray internals")
         logging.getLogger("flwr").error("a ClientApp raised (reported by the driver)")
         logging.getLogger("ray").error("a worker died")
