@@ -97,7 +97,7 @@ def error_curves_figure(runs: Sequence[RunEntry], sweep: str) -> Figure | None:
         curves, styles = {}, {}
         procs = group(members, procedure_label)
         for i, name in enumerate(sorted(procs, key=procedure_order)):
-            ref = _REF_LABEL.get(measures.reference(procs[name][0].results), "reference")
+            ref = _REF_LABEL[measures.reference(procs[name][0].results)]
             lab = f"{name} (to {ref})"
             curves[lab] = _matrix(procs[name], xs, lambda r: dict(zip(*map(list, measures.error_curve(r.results)))))
             styles[lab] = {"color": color(name, i)}

@@ -58,7 +58,7 @@ def is_corrected(results: Results) -> bool:
 def error_to_reference(record: RoundRecord, ref: str) -> float | None:
     """One round's ``e_F`` to the reference ``ref`` (``e_f_reference``, else the named error)."""
     value = num(record.e_f_reference)
-    return value if value is not None else num(REFERENCE_ERROR.get(ref, REFERENCE_ERROR["corrected"])(record))
+    return value if value is not None else num(REFERENCE_ERROR[ref](record))
 
 
 def endpoint_error(results: Results) -> float | None:
