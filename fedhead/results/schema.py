@@ -10,15 +10,19 @@ field here plus its computation.
 
 A field whose default is :data:`ABSENT` is left out of the file while it has no value (``error``
 of a run that did not fail, ``figures`` before they are drawn, ...); ``None`` is written as
-``null``. The reader accepts the versions in :data:`KNOWN_VERSIONS` and rejects any other with
-:class:`SchemaError`.
+``null``. The reader accepts :data:`SCHEMA_VERSION` and every older version with an entry in
+:data:`UPGRADES`, and rejects any other with :class:`SchemaError`.
+
+When a key changes meaning (or is renamed or dropped), ``SCHEMA_VERSION`` goes up by one and
+``UPGRADES[old]`` turns an object of the old version into one of the next, so files written
+before the change stay readable (:func:`from_dict` applies the upgrades in turn).
 """
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -31,6 +35,7 @@ from fedhead.results.rounds import RoundRecord, key
 __all__ = [
     "SCHEMA_VERSION",
     "KNOWN_VERSIONS",
+    "UPGRADES",
     "ABSENT",
     "SchemaError",
     "Timing",
@@ -44,8 +49,11 @@ __all__ = [
 
 #: The version :func:`write` writes.
 SCHEMA_VERSION = 1
-#: Every version :func:`read` accepts (no field has changed meaning since version 1).
-KNOWN_VERSIONS = (1,)
+#: version -> the function that turns a results.json object of that version into one of the
+#: next version (its ``schema_version`` included). Empty: no key has changed meaning since 1.
+UPGRADES: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {}
+#: Every version :func:`read` accepts: the older ones with an upgrade, and the current one.
+KNOWN_VERSIONS = (*sorted(UPGRADES), SCHEMA_VERSION)
 #: The file name of a federation's results in its output folder.
 FILE_NAME = "results.json"
 
@@ -308,11 +316,17 @@ def from_dict(d: Any, *, where: str = FILE_NAME) -> Results:
     if not isinstance(d, Mapping):
         raise SchemaError(f"{where}: expected a JSON object, got {type(d).__name__}")
     version = d.get("schema_version")
-    if version not in KNOWN_VERSIONS:
+    known = (*sorted(UPGRADES), SCHEMA_VERSION)
+    if isinstance(version, bool) or version not in known:
         raise SchemaError(
             f"{where}: schema_version {version!r} is not one this fedhead reads "
-            f"({', '.join(map(str, KNOWN_VERSIONS))}); a newer fedhead wrote it?"
+            f"({', '.join(map(str, known))}); a newer fedhead wrote it?"
         )
+    while version != SCHEMA_VERSION:
+        d = UPGRADES[version](dict(d))
+        if d.get("schema_version") != version + 1:
+            raise SchemaError(f"{where}: the upgrade of schema_version {version} did not give {version + 1}")
+        version += 1
     kw = _kwargs(Results, d, where)
     try:
         kw["rounds"] = [RoundRecord.from_dict(r) for r in kw["rounds"]]

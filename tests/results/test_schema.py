@@ -89,13 +89,35 @@ def test_round_trip(tmp_path):
     assert back.local_optimality.reached is True
 
 
-@pytest.mark.parametrize("version", [0, 2, "1", None])
+@pytest.mark.parametrize("version", [0, 2, "1", None, True])
 def test_unknown_version_is_refused(tmp_path, version):
     raw = _results().to_dict()
     raw["schema_version"] = version
     path = tmp_path / "results.json"
     path.write_text(json.dumps(raw))
     with pytest.raises(SchemaError, match=r"schema_version .* is not one this fedhead reads"):
+        schema.read(path)
+
+
+def test_the_previous_version_is_read_through_its_upgrade(tmp_path, monkeypatch):
+    """A bump: ``git_revision`` changes meaning in version 2 (say, upper case); a version-1 file
+    is still read, through its upgrade."""
+
+    def upgrade(d):
+        return {**d, "git_revision": d["git_revision"].upper(), "schema_version": 2}
+
+    raw = _results().to_dict()
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps(raw))
+    monkeypatch.setattr(schema, "SCHEMA_VERSION", 2)
+    monkeypatch.setattr(schema, "UPGRADES", {1: upgrade})
+    res = schema.read(path)
+    assert res.schema_version == 2 and res.git_revision == "ABC"
+    monkeypatch.setattr(schema, "UPGRADES", {1: lambda d: d})  # an upgrade that forgets the version
+    with pytest.raises(SchemaError, match="did not give 2"):
+        schema.read(path)
+    monkeypatch.setattr(schema, "UPGRADES", {})
+    with pytest.raises(SchemaError, match=r"schema_version 1 is not one this fedhead reads \(2\)"):
         schema.read(path)
 
 
