@@ -39,7 +39,7 @@ def _serve(job, run_id: int = 11):
     grid = InProcessGrid(make_client_app(job), job.settings.num_clients, run_id=run_id)
     recorder = RunRecorder(job, show_progress=False)
     serve(grid, job, recorder, show_progress=False)
-    return recorder.finish("completed"), grid
+    return recorder.finish("completed").to_dict(), grid  # the JSON object results.json holds
 
 
 TINY = ["model=resmlp_small", "model.width=16", "model.feature_dim=8", "local_epochs=3", "rounds=2"]
@@ -172,7 +172,7 @@ def test_diagnose_only_exchanges_moments_and_trains_nothing(tmp_path, task_ident
     grid = InProcessGrid(make_client_app(job), 3)
     recorder = RunRecorder(job, show_progress=False)
     serve(grid, job, recorder, show_progress=False)
-    res = recorder.finish("diagnosed")
+    res = recorder.finish("diagnosed").to_dict()
     assert {m.metadata.message_type for m in grid.sent} == {"query"}
     assert res["rounds"] == [] and res["diagnosis"]["fully_active"]
     d = res["diagnosis"]
@@ -267,7 +267,7 @@ def test_a_message_window_gives_the_same_run(tmp_path, task_identity):
         grid = InProcessGrid(make_client_app(job), job.settings.num_clients, run_id=11)
         recorder = RunRecorder(job, show_progress=False)
         pgrid = serve(grid, job, recorder, show_progress=False, window=window)
-        res = recorder.finish("completed")
+        res = recorder.finish("completed").to_dict()
         assert [kind for kind, _, _ in pgrid.phases].count("train") == 2
         rounds[window] = [{k: v for k, v in r.items() if k != "client_metrics"} for r in res["rounds"]]
     assert rounds[1] == rounds[None]
