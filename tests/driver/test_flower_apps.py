@@ -189,7 +189,7 @@ def test_node_config_state_dir_and_partition_count(tmp_path, task_identity):
         ctx.node_config["state-dir"] = str(tmp_path / f"node{n}")
     recorder = RunRecorder(job, show_progress=False)
     serve(grid, job, recorder, show_progress=False)
-    assert recorder.finish("completed")["status"] == "completed"
+    assert recorder.finish("completed").status == "completed"
     from fedhead.clients.state import deployment_run_key
 
     key = deployment_run_key(job, 5)  # not flwr's run id: a resumed deployment repeats the key
