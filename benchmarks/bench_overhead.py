@@ -119,6 +119,10 @@ import os
 import tempfile
 import time
 
+from fedhead.results import schema
+from fedhead.results.rounds import ClientMetric
+from fedhead.results.schema import Results
+
 SCALING = (
     "model=free",
     "rounds=2",
@@ -148,7 +152,7 @@ def fifo_makespan(seconds: list[float], slots: int) -> float:
     return max(free)
 
 
-def local_training(res: dict, slots: int) -> tuple[float, float]:
+def local_training(res: Results, slots: int) -> tuple[float, float]:
     """``(makespan, mean)`` of a run's local training, summed over the training phases: the FIFO
     makespan of the clients' local computations (``local_seconds``: the whole ``train_local``,
     set-up, epochs and the finishing step; what each phase would take if messaging and every
@@ -156,12 +160,13 @@ def local_training(res: dict, slots: int) -> tuple[float, float]:
     (``train_seconds``; it counts the finishing step and the idle actor waiting for a straggler
     as overhead)."""
     makespan = mean = 0.0
-    for rnd in res.get("rounds") or []:
-        cms = rnd.get("client_metrics") or []
-        secs = [float(cm.get("local_seconds", cm.get("train_seconds", 0.0))) for cm in cms]
+    train, local = ClientMetric.TRAIN_SECONDS.name, ClientMetric.LOCAL_SECONDS.name
+    for rnd in res.rounds:
+        cms = rnd.client_metrics
+        secs = [float(cm.get(local, cm.get(train, 0.0))) for cm in cms]
         if secs:
             makespan += fifo_makespan(secs, slots)
-            mean += sum(float(cm.get("train_seconds", 0.0)) for cm in cms) / slots
+            mean += sum(float(cm.get(train, 0.0)) for cm in cms) / slots
     return makespan, mean
 
 
@@ -174,34 +179,31 @@ def scaling(counts: list[int], overrides: list[str]) -> list[dict]:
     for m in counts:
         cfg = load_config(compose_config([*SCALING, f"num_clients={m}", *overrides]))
         job = cfg.jobs(tempfile.mkdtemp(prefix="fedhead-bench-"))[0]
-        res = run_federations([job], show_progress=False)[0]
-        tm = res["timing"]
-        phases = tm["phase_seconds"]
+        tm = schema.from_dict(run_federations([job], show_progress=False)[0]).timing
+        phases = tm.phase_seconds
         conc = _concurrency(job)
         # local computation: the whole train_local (set-up, epochs, finishing step) when the
         # clients report it, else the epoch loops alone (older results)
-        local_key = "client_local_seconds" if tm.get("client_local_seconds") else "client_train_seconds"
-        local = tm[local_key] / conc
+        with_local = bool(tm.client_local_seconds)
+        local = (tm.client_local_seconds if with_local else tm.client_train_seconds) / conc
         rounds = job.settings.rounds
         both = phases.get("train", 0.0) + phases.get("evaluate", 0.0)
         row = {
             "num_clients": m,
-            "simulation_s": tm["simulation_seconds"],
-            "startup_s": tm["startup_seconds"],
+            "simulation_s": tm.simulation_seconds,
+            "startup_s": tm.startup_seconds,
             "exchange_s": phases.get("query", 0.0),
             "local_train_s": local,
             "train_phase_s": phases.get("train", 0.0),
             "evaluate_phase_s": phases.get("evaluate", 0.0),
             "ms_per_client_round": 1000 * (both - local) / (m * rounds),
             "ms_per_client_round_steady": None,
-            "ms_per_client_round_epochs_only": 1000 * (both - tm["client_train_seconds"] / conc) / (m * rounds),
+            "ms_per_client_round_epochs_only": 1000 * (both - tm.client_train_seconds / conc) / (m * rounds),
         }
-        per_round = (
-            tm.get("round_local_seconds") if local_key == "client_local_seconds" else tm.get("round_train_seconds")
-        )
-        if "phases" in tm and per_round and rounds >= 2:
+        per_round = tm.round_local_seconds if with_local else tm.round_train_seconds
+        if tm.phases and per_round and rounds >= 2:
             # the last round only: no per-process first-use costs (imports, first allocations)
-            last = [secs for kind, secs in tm["phases"] if kind in ("train", "evaluate")][-2:]
+            last = [secs for kind, secs in tm.phases if kind in ("train", "evaluate")][-2:]
             steady = sum(last) - per_round[-1] / conc
             row["ms_per_client_round_steady"] = 1000 * steady / m
         rows.append(row)
@@ -259,20 +261,20 @@ def overhead(argv: list[str]) -> list[dict]:
     out = tempfile.mkdtemp(prefix="fedhead-bench-")
     jobs = cfg.jobs(out)
     t0 = time.perf_counter()
-    results = run_federations(jobs, show_progress=False)
+    results = [schema.from_dict(r) for r in run_federations(jobs, show_progress=False)]
     wall_all = time.perf_counter() - t0
     rows = []
     old_local = 0.0
     for job, res in zip(jobs, results):
-        tm = res["timing"]
-        phases = tm["phase_seconds"]
+        tm = res.timing
+        phases = tm.phase_seconds
         local, mean_local = local_training(res, _concurrency(job))
         old_local += mean_local
         # figures drawn in the background and waited for after the simulation count as server time
-        wall = tm["total_seconds"] + tm.get("figures_wait_seconds", 0.0)
-        start = tm["startup_seconds"] or 0.0
+        wall = tm.total_seconds + (tm.figures_wait_seconds or 0.0)
+        start = tm.startup_seconds or 0.0
         if job is jobs[0]:  # data preparation + Ray start before the simulation clock
-            start += tm["total_seconds"] - tm["simulation_seconds"]
+            start += tm.total_seconds - tm.simulation_seconds
         query = phases.get("query", 0.0)
         train_other = phases.get("train", 0.0) - local
         evaluate = phases.get("evaluate", 0.0)
@@ -296,12 +298,12 @@ def overhead(argv: list[str]) -> list[dict]:
         print(f"{name:>14}  " + "  ".join(f"{v:14.2f}" for v in vals) + f"  {100 * (1 - vals[3] / vals[0]):13.1f}%")
     print(f"{'total':>14}  " + "  ".join(f"{v:14.2f}" for v in tot) + f"  {100 * (1 - tot[3] / tot[0]):13.1f}%")
     steady = tot[0] - tot[1] - tot[2]
-    first = results[0]["timing"] if results else {}
+    ray_init = (results[0].timing.ray_init_seconds if results else None) or float("nan")
     outside = wall_all - tot[0]
     print(
         f"\nwall time of the whole call: {wall_all:.1f} s, of which outside the procedures' clocks (importing "
         f"flwr.simulation, the engine's end: actors, Ray shutdown) {outside:.1f} s; Ray start "
-        f"{first.get('ray_init_seconds', float('nan')):.1f} s (after the data preparation, inside the first "
+        f"{ray_init:.1f} s (after the data preparation, inside the first "
         f"procedure's start)"
     )
     print(

@@ -10,7 +10,9 @@
 * ``query`` with ``stage="mismatch"`` (``measure_mismatch=true``, after round 1): the client's
   objectives of the mismatch measurement (:func:`handle_mismatch`, docs/theory.md §13).
 
-Record names and keys come from the neutral :mod:`fedhead.federation.protocol` (the server imports it too).
+Record names and keys come from the neutral :mod:`fedhead.federation.protocol` (the server imports it too);
+the train reply's metrics, which become results.json's per-client metrics, are named by their
+declarations in :class:`fedhead.results.rounds.ClientMetric`.
 The private backbone persists across rounds in a :class:`fedhead.clients.store.BackboneStore` under the
 job's state folder, keyed by run and partition; every client starts from the broadcast head and
 the same seeded random backbone (``init=common``) or its own (``init=independent``).
@@ -48,6 +50,7 @@ from fedhead.clients.state import (
 )
 from fedhead.federation import protocol as P
 from fedhead.federation.job import JobConfig
+from fedhead.results.rounds import ClientMetric as CM
 from fedhead.train import (
     align,
     evaluate_local,
@@ -138,7 +141,7 @@ def handle_train(job: JobConfig, msg: Message, context: Context) -> Message:
     y = cd.y_train
     n = int(y.shape[0])
     content = RecordDict()
-    metrics: dict[str, float | int] = {P.NUM_EXAMPLES: n, P.PARTITION_ID: pid, P.SERVER_ROUND: rnd}
+    metrics: dict[str, float | int] = {CM.NUM_EXAMPLES.name: n, CM.PARTITION_ID.name: pid, CM.SERVER_ROUND.name: rnd}
     proc, lh, lw = job.procedure, job.settings.lambda_h, job.settings.lambda_w
     _, mu, sigma = client_moments(job, pid, cd)
 
@@ -149,11 +152,11 @@ def handle_train(job: JobConfig, msg: Message, context: Context) -> Message:
         )
         metrics.update(
             {
-                P.OBJECTIVE_GAP: float(gap),
-                P.TRAINED_GAP: float(trained_gap),
-                P.N_STEPS: 0,
-                P.LOCAL_EPOCHS: 0,
-                P.LOCAL_SECONDS: time.perf_counter() - t0,
+                CM.OBJECTIVE_GAP.name: float(gap),
+                CM.TRAINED_GAP.name: float(trained_gap),
+                CM.N_STEPS.name: 0,
+                CM.LOCAL_EPOCHS.name: 0,
+                CM.LOCAL_SECONDS.name: time.perf_counter() - t0,
             }
         )
     else:
@@ -183,31 +186,31 @@ def handle_train(job: JobConfig, msg: Message, context: Context) -> Message:
         lm = result.metrics
         metrics.update(
             {
-                P.OBJECTIVE_GAP: float(lm.relative_gap),
-                P.TRAINED_GAP: float(lm.trained_gap),
-                P.OBJECTIVE: float(lm.objective),
-                P.OPTIMAL_OBJECTIVE: float(lm.optimal_objective),
-                P.LOCAL_TRAIN_MSE: float(lm.train_mse),
-                P.TRAIN_SECONDS: float(lm.seconds),
-                P.N_STEPS: int(lm.n_steps),
-                P.LOCAL_EPOCHS: int(lm.epochs),
-                P.LOCAL_SECONDS: local_seconds,
+                CM.OBJECTIVE_GAP.name: float(lm.relative_gap),
+                CM.TRAINED_GAP.name: float(lm.trained_gap),
+                CM.OBJECTIVE.name: float(lm.objective),
+                CM.OPTIMAL_OBJECTIVE.name: float(lm.optimal_objective),
+                CM.LOCAL_TRAIN_MSE.name: float(lm.train_mse),
+                CM.TRAIN_SECONDS.name: float(lm.seconds),
+                CM.N_STEPS.name: int(lm.n_steps),
+                CM.LOCAL_EPOCHS.name: int(lm.epochs),
+                CM.LOCAL_SECONDS.name: local_seconds,
             }
         )
         if job.procedure.align:
             trained_gram = weight @ weight.T
             aligned = align(head, backbone, w_t)
             weight, bias = aligned.weight, aligned.bias
-            metrics[P.ALIGN_DISTANCE_BEFORE] = float(aligned.distance_before)
-            metrics[P.ALIGN_DISTANCE_AFTER] = float(aligned.distance_after)
+            metrics[CM.ALIGN_DISTANCE_BEFORE.name] = float(aligned.distance_before)
+            metrics[CM.ALIGN_DISTANCE_AFTER.name] = float(aligned.distance_after)
             content[P.CHECKS] = ArrayRecord({P.TRAINED_GRAM: Array(np.asarray(trained_gram, dtype=np.float64))})
         if job.procedure.full_model:
             content[P.BACKBONE] = shared_state(backbone)
         save_backbone(job, context, pid, rnd, backbone)
     dist = head_distances(sigma, w_t, weight, sigma_cen, gamma=proc.gamma, lambda_h=lh, lambda_w=lw)
-    metrics[P.DISTANCE_TO_BROADCAST] = dist.to_broadcast
-    metrics[P.DISTANCE_TO_SELECTION] = dist.to_selection
-    metrics[P.RELATIVE_DISTANCE_TO_SELECTION] = dist.relative_to_selection
+    metrics[CM.DISTANCE_TO_BROADCAST.name] = dist.to_broadcast
+    metrics[CM.DISTANCE_TO_SELECTION.name] = dist.to_selection
+    metrics[CM.RELATIVE_DISTANCE_TO_SELECTION.name] = dist.relative_to_selection
     content[P.HEAD] = P.head_record(weight, bias)
     content[P.METRICS] = MetricRecord(metrics)
     return Message(content, reply_to=msg)

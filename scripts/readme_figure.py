@@ -40,22 +40,22 @@ def main(argv: list[str] | None = None) -> int:
 
     matplotlib.use("Agg")
     from fedhead.plotting import procedures_figure, save_figure
+    from fedhead.results import schema
 
     run_dir = args.run_dir
     if run_dir is None:
         run_dir = Path(tempfile.mkdtemp(prefix="fedhead_readme_"))
         run_default(run_dir)
     summary = json.loads((run_dir / "summary.json").read_text())
-    results = [json.loads(Path(p).read_text()) for p in summary["results"]]
+    results = [schema.read(p) for p in summary["results"]]
     path = save_figure(procedures_figure(results), args.out)
     print(f"wrote {path}")
     print(f"diagnosis rel_gap ||G_cen - G_star||/||G_cen|| = {summary['diagnosis']['rel_gap']:.4g}")
     for res in results:
-        name = res["procedure"]["name"]
-        for r in res["rounds"]:
+        for r in res.rounds:
             print(
-                f"{name:20s} round {r['round']}: e_F(G_t, G_star) = {r['e_f_star']:.3g}  "
-                f"e_F(G_t, G_cen) = {r['e_f_cen']:.3g}"
+                f"{res.name:20s} round {r.round}: e_F(G_t, G_star) = {r.e_f_star:.3g}  "
+                f"e_F(G_t, G_cen) = {r.e_f_cen:.3g}"
             )
     return 0
 

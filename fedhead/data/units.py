@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-__all__ = ["TARGET_UNITS", "target_units", "format_target"]
+__all__ = ["TARGET_UNITS", "MUJOCO", "target_units", "axis_unit", "format_target"]
 
 #: Data set name -> target name -> unit (``""``: a pure number).
 TARGET_UNITS: dict[str, dict[str, str]] = {
@@ -19,16 +19,30 @@ TARGET_UNITS: dict[str, dict[str, str]] = {
     "shapes3d": {"object_hue": "hue circle fraction", "scale": "relative size", "orientation": "°"},
     "cifar_geo": {"shift_x": "px", "shift_y": "px", "log_zoom": "ln of zoom"},
 }
-#: MuJoCo actions are normalised torque commands in [-1, 1].
-_MUJOCO = ("swimmer", "hopper", "halfcheetah", "walker2d")
+#: The MuJoCo data sets; their actions are normalised torque commands in [-1, 1], kept at that
+#: stored scale (not standardised).
+MUJOCO = ("swimmer", "hopper", "halfcheetah", "walker2d")
 
 
 def target_units(dataset: str, target_names: Sequence[str]) -> list[str]:
     """Unit of each target of ``dataset`` (``""`` where unknown or a pure number)."""
-    if dataset in _MUJOCO:
+    if dataset in MUJOCO:
         return ["torque command" for _ in target_names]
     table = TARGET_UNITS.get(dataset, {})
     return [table.get(n, "") for n in target_names]
+
+
+def axis_unit(dataset: str, target_names: Sequence[str] | None = None, *, standardized: bool = True) -> str:
+    """The unit of the Gram axes of a run on ``dataset`` (figure labels).
+
+    Targets kept at their stored scale (``standardized=False``, with their names known) have
+    their data set's unit when every target shares one, else ``"stored scale"``; MuJoCo actions
+    are ``"torque command"``; every other data set's targets are ``"standardised"``.
+    """
+    if not standardized and target_names is not None:
+        units = sorted(set(target_units(dataset, target_names)) - {""})
+        return units[0] if len(units) == 1 else "stored scale"
+    return "torque command" if dataset in MUJOCO else "standardised"
 
 
 def format_target(value: float, unit: str = "", *, scale: float = 1.0) -> str:

@@ -23,7 +23,9 @@ import numpy as np
 from flwr.app import Context
 from flwr.serverapp import Grid
 
-from fedhead.driver.recorder import RunRecorder, diagnosis_lines, error_table, timing_summary
+from fedhead.driver.console import diagnosis_lines, error_table
+from fedhead.driver.recorder import RunRecorder
+from fedhead.driver.timing import timing_summary
 from fedhead.federation.checkpoint import (
     Checkpoint,
     ResumeError,
@@ -34,14 +36,14 @@ from fedhead.federation.checkpoint import (
 )
 from fedhead.federation.config import JobConfig, job_from_context
 from fedhead.federation.progress_grid import ProgressGrid
+from fedhead.models import build_head
+from fedhead.strategies import make_strategy
 
 log = logging.getLogger(__name__)
 
 
 def initial_head(job: JobConfig, n_targets: int) -> tuple[np.ndarray, np.ndarray]:
     """The common initial head ``Linear(P, C)`` from the run seed (float64 arrays)."""
-    from fedhead.models import build_head
-
     head = build_head(job.model.feature_dim, n_targets, job.settings.seed)
     return (head.weight.detach().double().numpy().copy(), head.bias.detach().double().numpy().copy())
 
@@ -51,13 +53,11 @@ def measures_mismatch(job: JobConfig) -> bool:
     averaging of trained clients without alignment (not ``aligned*``, ``full_model``, ``exact``,
     whose heads are aligned, averaged with their backbones, or not trained)."""
     proc = job.procedure
-    return bool(getattr(job.settings, "measure_mismatch", False)) and proc.strategy_kind == "head" and not proc.exact
+    return job.settings.measure_mismatch and proc.strategy_kind == "head" and not proc.exact
 
 
 def make_job_strategy(job: JobConfig, observer: Any, message_config: dict[str, Any] | None = None):
-    from fedhead.strategies import make_strategy
-
-    if getattr(job.settings, "measure_mismatch", False) and not measures_mismatch(job):
+    if job.settings.measure_mismatch and not measures_mismatch(job):
         log.info(
             "%s: measure_mismatch=true applies to trained head averaging without alignment; "
             "not measured for this procedure",
@@ -133,8 +133,8 @@ def finish_job(job: JobConfig, rec: RunRecorder, pgrid: ProgressGrid, t0: float,
     """Close a job's recorder: ``completed``/``diagnosed`` when every round ran, else ``failed`` (raises)."""
     expected = -1 if job.settings.diagnose_only else job.settings.rounds
     done = max(rec.records) if rec.records else -1
-    timing = timing_summary(rec, pgrid, t0, t1)
-    if rec.results["diagnosis"] is None or done < expected:
+    timing = timing_summary(rec.results.rounds, pgrid, t0, t1)
+    if rec.results.diagnosis is None or done < expected:
         rec.finish("failed", error=f"the federation stopped after round {done} of {expected}", timing=timing)
         raise RuntimeError(f"{job.name}: the federation stopped after round {done} of {expected}")
     rec.finish("diagnosed" if job.settings.diagnose_only else "completed", timing=timing)
@@ -190,21 +190,22 @@ def deployment_main(grid: Grid, context: Context) -> None:
     recorder = RunRecorder(job)
     run = getattr(grid, "run", None)
     if run is not None:  # the FAB identifies the code when no git checkout is at hand
-        recorder.results["provenance"]["fab"] = {
+        recorder.results.provenance["fab"] = {
             "fab_id": run.fab_id,
             "fab_version": run.fab_version,
             "fab_hash": run.fab_hash,
             "run_id": int(run.run_id),
         }
-    recorder.results["provenance"]["run_config"] = dict(context.run_config)
+    recorder.results.provenance["run_config"] = dict(context.run_config)
+    recorder.write()
     log.info(
         "running procedure %s (%d rounds x %d local epochs, %d clients, data %s, model %s) -> %s",
         job.name,
         job.settings.rounds,
         job.settings.local_epochs,
         job.settings.num_clients,
-        getattr(job.dataset, "name", "?"),
-        getattr(job.model, "name", "?"),
+        job.dataset.name,
+        job.model.name,
         job.output_dir,
     )
     t0 = time.perf_counter()
@@ -215,12 +216,12 @@ def deployment_main(grid: Grid, context: Context) -> None:
         recorder.finish(
             "failed",
             error=f"{type(exc).__name__}: {exc}",
-            timing=timing_summary(recorder, pgrid, t0, time.perf_counter()),
+            timing=timing_summary(recorder.results.rounds, pgrid, t0, time.perf_counter()),
         )
         raise
     finish_job(job, recorder, pgrid, t0, time.perf_counter())
-    if recorder.results.get("diagnosis"):
-        log.info("diagnosis:\n  %s", "\n  ".join(diagnosis_lines(recorder.results["diagnosis"])))
+    if recorder.results.diagnosis:
+        log.info("diagnosis:\n  %s", "\n  ".join(diagnosis_lines(recorder.results.diagnosis)))
     table = error_table([recorder.results])
     if table:
         log.info("relative error of the shared head Gram G_t per round:\n%s", table)

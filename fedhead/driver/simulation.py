@@ -19,111 +19,36 @@ import shutil
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
+from fedhead.clients import make_client_app
+from fedhead.clients.state import simulation_state_dir
+from fedhead.clients.store import BackboneStore
 from fedhead.driver import ray_session
+from fedhead.driver.checks import check_data_once, message_window, preflight, uses_cuda
+from fedhead.driver.console import error_table, local_optimality_note, start_line
 from fedhead.driver.errors import debug_enabled, is_flwr_wrapper, one_line
+from fedhead.driver.figures import write_procedures_figure
 from fedhead.driver.logs import console, run_logging_active, simulation_logging
 from fedhead.driver.ray_session import start_ray, stop_ray
-from fedhead.driver.recorder import (
-    SCHEMA_VERSION,
-    ProgressGrid,
-    RunRecorder,
-    error_table,
-    start_line,
-    timing_summary,
-    write_procedures_figure,
-)
+from fedhead.driver.recorder import RunRecorder
 from fedhead.driver.server import finish_job, serve
+from fedhead.driver.timing import timing_summary
 from fedhead.federation.checkpoint import Checkpoint, ResumeError, resume_checkpoints
 from fedhead.federation.config import JobConfig
+from fedhead.federation.progress_grid import ProgressGrid
 from fedhead.federation.protocol import JOB
 from fedhead.federation.watchdog import EngineDied, EngineWatch, end_hung_clients
+from fedhead.results import schema
 from fedhead.results.io import write_json_atomic
+from fedhead.results.schema import Results, Timing
 
 log = logging.getLogger(__name__)
-
-
-def preflight(jobs: list[JobConfig]) -> None:
-    """Checks that need no data and no engine: refuse ``device=cuda`` (or a GPU share) on a
-    machine without a CUDA GPU before anything starts (:class:`fedhead.federation.config.ConfigError`)."""
-    from fedhead.federation.config import ConfigError
-
-    if not jobs:
-        return
-    job = jobs[0]
-    wants_gpu = (
-        job.settings.device == "cuda" or (job.resources.client_gpus or 0) > 0 or (job.resources.ray_num_gpus or 0) > 0
-    )
-    import os
-
-    cpus = job.resources.ray_num_cpus or os.cpu_count() or 1
-    if job.resources.client_cpus > cpus:
-        raise ConfigError(
-            f"resources.client_cpus={job.resources.client_cpus:g} exceeds the {cpus} CPU(s) Ray gets "
-            f"(resources.ray_num_cpus or this machine's CPUs): no client could ever run"
-        )
-    if wants_gpu:
-        import torch
-
-        if not torch.cuda.is_available():
-            raise ConfigError(
-                f"device={job.settings.device} resources.client_gpus={job.resources.client_gpus} "
-                f"resources.ray_num_gpus={job.resources.ray_num_gpus} asks for a GPU, but no CUDA GPU is "
-                f"available on this machine (torch.cuda.is_available() is False): use device=cpu or device=auto"
-            )
-
-
-def uses_cuda(job: JobConfig) -> bool:
-    """Whether the job's clients train on CUDA (``device=cuda``, or ``auto`` with a GPU present)."""
-    import torch
-
-    if job.settings.device == "cuda":
-        return True
-    return job.settings.device == "auto" and torch.cuda.is_available()
-
-
-def prepare_data(job: JobConfig):
-    """Load (or generate) the job's data once in the driver: validates it, warms the cache the
-    Ray workers read, and refuses a federation outside the fully active regime (theory.md §3) before
-    any worker starts, unless ``dataset.allow_outside_regime=true`` or ``diagnose_only=true``
-    (the server repeats the check on the exchanged moments, which is what deployments use)."""
-    from fedhead.analysis.regime import ensure_fully_active
-    from fedhead.data.registry import load_federated
-    from fedhead.models.user import check_user_model
-
-    data = load_federated(job.dataset, num_clients=job.settings.num_clients)
-    check_user_model(job.model, data.input_shape)  # model=torch: its shape once, before Ray starts
-    if data.n_clients != job.settings.num_clients:
-        raise ValueError(f"data set {data.name} gave {data.n_clients} clients, expected {job.settings.num_clients}")
-    if not job.settings.diagnose_only and not job.dataset.allow_outside_regime:
-        # (when allowed, the server reports the regime once, after the exchange)
-        ensure_fully_active(data, job.settings.lambda_h, job.settings.lambda_w)
-    return data
-
-
-def data_key(job: JobConfig) -> tuple[str, int, float, float, bool]:
-    """What :func:`prepare_data`'s verdict depends on: the data set, the client count, the
-    penalties (the regime check) and ``diagnose_only``."""
-    st = job.settings
-    return repr(job.dataset), st.num_clients, st.lambda_h, st.lambda_w, st.diagnose_only
-
-
-#: :func:`data_key` of every data check that passed in this process
-_DATA_CHECKED: set[tuple[str, int, float, float, bool]] = set()
-
-
-def check_data_once(job: JobConfig) -> None:
-    """:func:`prepare_data` unless the same check already passed in this process (a sweep checks
-    every data set before Ray starts, then runs several simulations over them)."""
-    key = data_key(job)
-    if key not in _DATA_CHECKED:
-        prepare_data(job)
-        _DATA_CHECKED.add(key)
 
 
 def run_federation(job: JobConfig, *, show_progress: bool = True, verbose: bool = False) -> dict[str, Any]:
@@ -141,7 +66,7 @@ def run_federations(
     verbose: bool = False,
     client_app: Any = None,
     keep_going: bool = False,
-    on_job_end: Callable[[int, dict[str, Any]], None] | None = None,
+    on_job_end: Callable[[int, Results], None] | None = None,
     parallel: int = 1,
 ) -> list[dict[str, Any]]:
     """Run procedures one after another in one Flower simulation (Ray backend).
@@ -171,9 +96,7 @@ def run_federations(
     and leaves
     it running (one Ray start for many simulations).
     """
-    from flwr.simulation import run_simulation
-
-    from fedhead.clients import make_client_app
+    from flwr.simulation import run_simulation  # lazy: imports Ray (seconds); a sweep's data checks need none
 
     if not jobs:
         return []
@@ -218,12 +141,12 @@ def run_federations(
     _check_finished(recorders, raise_error=not keep_going)
     for job, rec in zip(jobs, recorders):  # only after a complete run: an interrupted one keeps it for resume=
         if (
-            rec.results["status"] in ("completed", "diagnosed")
+            rec.results.status in ("completed", "diagnosed")
             and not job.output.keep_client_state
             and job.state_dir.exists()
         ):
             shutil.rmtree(job.state_dir)
-    return [r.results for r in recorders]
+    return [r.results.to_dict() for r in recorders]
 
 
 def _set_up(jobs: list[JobConfig], *, show_progress: bool, verbose: bool):
@@ -250,16 +173,13 @@ def _set_up(jobs: list[JobConfig], *, show_progress: bool, verbose: bool):
     recorders = [RunRecorder(job, show_progress=show_progress, background=True) for job in jobs]
     recorders[0].t_start = t_begin  # the first federation's wall time includes data + Ray start
     for rec in recorders:
-        rec.base_timing["ray_init_seconds"] = t_ray
+        rec.base_timing = Timing(ray_init_seconds=t_ray)
     return backend, resumes, recorders
 
 
 def prepare_resume(jobs: list[JobConfig]) -> list[Checkpoint | None]:
     """The checkpoint every job continues from (all None unless ``resume=``); checks that the
     interrupted run's client state (the private backbones of the checkpointed round) is there."""
-    from fedhead.clients.state import simulation_state_dir
-    from fedhead.clients.store import BackboneStore
-
     if not any(job.resume for job in jobs):
         return [None] * len(jobs)
     ckpts = resume_checkpoints(jobs)
@@ -289,18 +209,6 @@ def _prepare_and_start_ray(jobs: list[JobConfig], init_args: dict[str, Any]) -> 
     return time.perf_counter() - t_ray
 
 
-def message_window(job: JobConfig) -> int:
-    """Messages in flight in a simulation phase (:class:`fedhead.federation.progress_grid.ProgressGrid`):
-    twice the clients Ray runs at once (so a free actor always finds a queued message), at
-    least 8."""
-    import math
-    import os
-
-    cpus = job.resources.ray_num_cpus or os.cpu_count() or 1
-    slots = max(1, math.floor(cpus / job.resources.client_cpus)) if job.resources.client_cpus > 0 else 1
-    return max(8, 2 * slots)
-
-
 class _Simulation:
     """The driver's ServerApp over several jobs, with their recorders, grids and clocks."""
 
@@ -312,7 +220,7 @@ class _Simulation:
         resumes: list[Checkpoint | None] | None = None,
         *,
         keep_going: bool = False,
-        on_job_end: Callable[[int, dict[str, Any]], None] | None = None,
+        on_job_end: Callable[[int, Results], None] | None = None,
         parallel: int = 1,
     ):
         self.jobs, self.recorders, self.show_progress = jobs, recorders, show_progress
@@ -345,8 +253,6 @@ class _Simulation:
             for i in range(len(self.jobs)):
                 self.serve_one(grid, i)
         else:
-            from concurrent.futures import ThreadPoolExecutor
-
             with ThreadPoolExecutor(self.parallel, thread_name_prefix="fedhead-job") as pool:
                 futures = [pool.submit(self.serve_one, grid, i) for i in range(len(self.jobs))]
                 for fut in futures:
@@ -366,8 +272,8 @@ class _Simulation:
             job.settings.rounds,
             job.settings.local_epochs,
             job.settings.num_clients,
-            getattr(job.dataset, "name", "?"),
-            getattr(job.model, "name", "?"),
+            job.dataset.name,
+            job.model.name,
         )
         try:
             self.grids[i] = serve(
@@ -387,25 +293,18 @@ class _Simulation:
                     self.watch.trip(f"{job.name}: {one_line(exc)}")  # the other jobs stop waiting
                 raise
             log.error("%s failed: %s", job.output_dir, one_line(exc))
-            if rec.results["status"] == "running":
-                rec.finish(
-                    "failed",
-                    error=one_line(exc),
-                    timing=timing_summary(rec, self.grids.get(i), self.sim_start[i], time.perf_counter()),
-                )
+            if rec.results.status == "running":
+                timing = timing_summary(rec.results.rounds, self.grids.get(i), self.sim_start[i], time.perf_counter())
+                rec.finish("failed", error=one_line(exc), timing=timing)
         if self.on_job_end is not None:
             self.on_job_end(i, rec.results)
 
     def fail_running(self, exc: BaseException) -> None:
         for i, rec in enumerate(self.recorders):
-            if rec.results["status"] == "running":
-                rec.finish(
-                    "failed",
-                    error=one_line(exc),
-                    timing=timing_summary(
-                        rec, self.grids.get(i), self.sim_start.get(i, self.t_sim), time.perf_counter()
-                    ),
-                )
+            if rec.results.status == "running":
+                t0 = self.sim_start.get(i, self.t_sim)
+                timing = timing_summary(rec.results.rounds, self.grids.get(i), t0, time.perf_counter())
+                rec.finish("failed", error=one_line(exc), timing=timing)
 
 
 def _wait_for_outputs(recorders: list[RunRecorder]) -> None:
@@ -414,16 +313,14 @@ def _wait_for_outputs(recorders: list[RunRecorder]) -> None:
     t0 = time.perf_counter()
     for rec in recorders:
         rec.wait()
-    if recorders and recorders[-1].results.get("status") == "completed":
-        last = recorders[-1]
-        last.results["timing"]["figures_wait_seconds"] = time.perf_counter() - t0
-        last.write()
+    if recorders and recorders[-1].results.status == "completed":
+        recorders[-1].add_timing(figures_wait_seconds=time.perf_counter() - t0)
 
 
 def _check_finished(recorders: list[RunRecorder], *, raise_error: bool = True) -> None:
-    failed = [r for r in recorders if r.results["status"] not in ("completed", "diagnosed")]
+    failed = [r for r in recorders if r.results.status not in ("completed", "diagnosed")]
     for rec in failed:
-        if rec.results["status"] == "running":
+        if rec.results.status == "running":
             rec.finish("failed", error="the simulation ended before this procedure finished")
     if failed and raise_error:
         raise RuntimeError(
@@ -438,22 +335,23 @@ def run_experiment(cfg: Any, output_dir: str | Path, *, show_progress: bool = Tr
         jobs = jobs[:1]  # the diagnosis depends on the data and penalties only
     root = cfg.output_root(output_dir)
     console.info("%s", start_line(cfg, jobs, root))
-    results = run_federations(jobs, show_progress=show_progress)
+    raw = run_federations(jobs, show_progress=show_progress)
+    results = [schema.from_dict(r) for r in raw]
     table = error_table(results)
     summary = {
-        "schema_version": SCHEMA_VERSION,
+        "schema_version": schema.SCHEMA_VERSION,
         "experiment": cfg.experiment.name,
-        "procedures": [r["procedure"]["name"] for r in results],
-        "results": [str(Path(j.output_dir) / "results.json") for j in jobs],
-        "diagnosis": results[0]["diagnosis"] if results else None,
+        "procedures": [r.name for r in results],
+        "results": [str(Path(j.output_dir) / schema.FILE_NAME) for j in jobs],
+        "diagnosis": results[0].diagnosis if results else None,
         "final": {
-            r["procedure"]["name"]: {k: r["rounds"][-1][k] for k in ("e_f_star", "e_f_cen", "e_f_within")}
+            r.name: {"e_f_star": r.last.e_f_star, "e_f_cen": r.last.e_f_cen, "e_f_within": r.last.e_f_within}
             for r in results
-            if r.get("rounds")
+            if r.rounds
         },
         "table": table,
     }
-    if cfg.output.figures and len([r for r in results if len(r.get("rounds") or []) > 1]) > 1:
+    if cfg.output.figures and len([r for r in results if len(r.rounds) > 1]) > 1:
         summary["figures"] = [write_procedures_figure(results, root / "procedures.png").name]
     write_json_atomic(root / "summary.json", summary)
     if table:
@@ -463,13 +361,8 @@ def run_experiment(cfg: Any, output_dir: str | Path, *, show_progress: bool = Tr
         )
         print(table)
     for r in results:
-        lo = r.get("local_optimality") or {}
-        if lo.get("reached") is False:
-            print(
-                f"\nNOTE [{r['procedure']['name']}]: at the last round a client is "
-                f"{lo['last_round_max_trained_gap']:.2g} "
-                f"from its local optimum (> {lo['threshold']:g}): the theory's references assume local optima and do "
-                f"not apply yet. Raise local_epochs or train.lr, or set train.local_tol."
-            )
+        note = local_optimality_note(r)
+        if note:
+            print(f"\n{note}")
     print(f"\nOutputs: {root}")
-    return results
+    return raw

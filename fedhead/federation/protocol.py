@@ -36,6 +36,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from fedhead.results.rounds import ClientMetric
+
 if TYPE_CHECKING:  # the constants and the private-state rule need no flwr (the numpy layer uses them)
     from flwr.app import ArrayRecord, Message
 
@@ -67,27 +69,28 @@ ROTATION = "rotation"  # in MISMATCH: the client's Q_m (P, P); its aligned featu
 STAGE = "stage"
 STAGE_MOMENTS = "moments"
 STAGE_MISMATCH = "mismatch"
-SERVER_ROUND = "server-round"
+SERVER_ROUND = ClientMetric.SERVER_ROUND.name  # also echoed in the train reply's metrics
 JOB = "job"  # index of the job when one simulation serves several procedures
 
-# metric keys
-NUM_EXAMPLES = "num-examples"
+# metric keys: a train reply's metrics are results.json's per-client metrics, declared (with
+# their meaning) in the results layer; the names below are kept for importers
+NUM_EXAMPLES = ClientMetric.NUM_EXAMPLES.name
 NUM_TEST_EXAMPLES = "num-test-examples"
-PARTITION_ID = "partition-id"
-OBJECTIVE_GAP = "objective_gap"
-TRAINED_GAP = "trained_gap"  # gap of the objective the client minimised (L_m + gamma C_m)
-LOCAL_EPOCHS = "local_epochs"  # epochs run (fewer than E when local_tol stopped training)
-OBJECTIVE = "objective"
-OPTIMAL_OBJECTIVE = "optimal_objective"
-LOCAL_TRAIN_MSE = "local_train_mse"
-TRAIN_SECONDS = "train_seconds"
-LOCAL_SECONDS = "local_seconds"  # the whole local computation (train_local: set-up, epochs, finishing step)
-N_STEPS = "n_steps"
-ALIGN_DISTANCE_BEFORE = "align_distance_before"
-ALIGN_DISTANCE_AFTER = "align_distance_after"
-DISTANCE_TO_BROADCAST = "distance_to_broadcast"
-DISTANCE_TO_SELECTION = "distance_to_selection"
-RELATIVE_DISTANCE_TO_SELECTION = "relative_distance_to_selection"
+PARTITION_ID = ClientMetric.PARTITION_ID.name
+OBJECTIVE_GAP = ClientMetric.OBJECTIVE_GAP.name
+TRAINED_GAP = ClientMetric.TRAINED_GAP.name
+LOCAL_EPOCHS = ClientMetric.LOCAL_EPOCHS.name
+OBJECTIVE = ClientMetric.OBJECTIVE.name
+OPTIMAL_OBJECTIVE = ClientMetric.OPTIMAL_OBJECTIVE.name
+LOCAL_TRAIN_MSE = ClientMetric.LOCAL_TRAIN_MSE.name
+TRAIN_SECONDS = ClientMetric.TRAIN_SECONDS.name
+LOCAL_SECONDS = ClientMetric.LOCAL_SECONDS.name
+N_STEPS = ClientMetric.N_STEPS.name
+ALIGN_DISTANCE_BEFORE = ClientMetric.ALIGN_DISTANCE_BEFORE.name
+ALIGN_DISTANCE_AFTER = ClientMetric.ALIGN_DISTANCE_AFTER.name
+DISTANCE_TO_BROADCAST = ClientMetric.DISTANCE_TO_BROADCAST.name
+DISTANCE_TO_SELECTION = ClientMetric.DISTANCE_TO_SELECTION.name
+RELATIVE_DISTANCE_TO_SELECTION = ClientMetric.RELATIVE_DISTANCE_TO_SELECTION.name
 TRAIN_MSE = "train_mse"
 TEST_MSE = "test_mse"
 SHARED_OBJECTIVE = "shared_objective"

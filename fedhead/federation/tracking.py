@@ -3,13 +3,14 @@
 :func:`reference_targets` collects the Grams a procedure is measured against (``G_star``,
 ``G_cen``, ``G_within``, the corrected barycenter of a partial correction, the client Grams the
 recursion uses); :class:`RoundTracker` measures every aggregated head against them and runs the
-exact recursion (theory.md §6) alongside; :class:`RoundRecord` is one round's measurements.
+exact recursion (theory.md §6) alongside; :class:`fedhead.results.rounds.RoundRecord` (declared in the
+results layer, with results.json's schema) is one round's measurements.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
@@ -19,6 +20,9 @@ from fedhead.analysis import metrics
 from fedhead.analysis.metrics import direction_error, relative_error
 from fedhead.analysis.procedure import reference_name
 from fedhead.federation.aggregation import LocalFit, effective_covariances
+from fedhead.results.rounds import RoundRecord, json_value
+
+__all__ = ["Targets", "RoundRecord", "RoundTracker", "reference_targets", "selected_heads", "selection_distance"]
 
 
 @dataclass(frozen=True)
@@ -53,7 +57,7 @@ class Targets:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict, generated from the fields (arrays as lists)."""
-        return {f.name: _json(getattr(self, f.name)) for f in fields(self)}
+        return {f.name: json_value(getattr(self, f.name)) for f in fields(self)}
 
     @property
     def reference_gram(self) -> np.ndarray | None:
@@ -61,10 +65,6 @@ class Targets:
         return {"star": self.g_star, "cen": self.g_cen, "within": self.g_within, "corrected": self.g_corrected}[
             self.reference
         ]
-
-
-def _json(x: Any) -> Any:
-    return x.tolist() if isinstance(x, np.ndarray) else x
 
 
 def reference_targets(
@@ -122,86 +122,6 @@ def selection_distance(
 ) -> float:
     """``delta_t = sum_m p_m ||W~_{m,t} - Pi_m(W_t)||_F`` (theory.md §11); heads ``(M,C,P)``."""
     return metrics.selection_distance(heads, selected_heads(broadcast, client_grams), weights)
-
-
-def _scalar() -> dict[str, bool]:
-    """Field metadata of a :class:`RoundRecord` scalar (TensorBoard, progress, flwr metrics)."""
-    return {"scalar": True}
-
-
-@dataclass
-class RoundRecord:
-    """Server measurements after round ``t`` (theory.md §11); JSON-ready via :meth:`to_dict`.
-
-    ``gram`` is ``G_t = W_t W_t^T`` of the aggregated head after round ``t`` (round 0: the
-    initial head). ``predicted_gram`` is the exact recursion's prediction for the *next* round,
-    ``S(G_t)`` applied to this round's measured Gram. ``trajectory_error`` is the median over
-    rounds 1..t of ``e_F(G_s, recursion from the run's own G_0)``. Quantities that need
-    ``G_star`` or the recursion are ``None`` outside the fully active regime (see
-    :class:`Targets`).
-
-    A new measurement is one declaration: :meth:`to_dict` and :meth:`scalars` are generated from
-    the fields (a float field with ``metadata=_scalar()`` is a scalar; ``extra`` entries are
-    flattened into both).
-    """
-
-    round: int
-    gram: np.ndarray
-    bias: np.ndarray
-    e_f_star: float | None = field(metadata=_scalar())
-    e_f_cen: float | None = field(metadata=_scalar())
-    e_f_within: float | None = field(metadata=_scalar())
-    d_star: float | None = field(metadata=_scalar())
-    d_cen: float | None = field(metadata=_scalar())
-    d_within: float | None = field(metadata=_scalar())
-    e_f_reference: float | None = field(metadata=_scalar())
-    recursion_gram: np.ndarray | None
-    e_f_recursion: float | None = field(metadata=_scalar())
-    trajectory_error: float | None = field(metadata=_scalar())
-    predicted_gram: np.ndarray | None
-    delta: float | None = field(default=None, metadata=_scalar())
-    objective_gaps: list[float] | None = None
-    trained_gaps: list[float] | None = None
-    local_epochs: list[int] | None = None
-    max_trained_gap: float | None = field(default=None, metadata=_scalar())
-    train_mse: float | None = field(default=None, metadata=_scalar())
-    test_mse: float | None = field(default=None, metadata=_scalar())
-    client_metrics: list[dict[str, float]] = field(default_factory=list)
-    extra: dict[str, float | None] = field(default_factory=dict)  # None: an undefined measurement (null)
-    dropped: list[dict[str, Any]] = field(default_factory=list)  # clients left out (failure policy)
-
-    def scalars(self) -> dict[str, float]:
-        """Every defined scalar of the record (for TensorBoard and progress lines)."""
-        out = {
-            f.name: float(getattr(self, f.name))
-            for f in fields(self)
-            if f.metadata.get("scalar") and getattr(self, f.name) is not None
-        }
-        if self.objective_gaps:
-            for i, g in enumerate(self.objective_gaps):
-                out[f"objective_gap/client_{i}"] = float(g)
-        out.update({k: float(v) for k, v in self.extra.items() if v is not None})
-        return out
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready dict: every field (arrays as lists), ``extra`` flattened in."""
-        out = {f.name: _json(getattr(self, f.name)) for f in fields(self) if f.name != "extra"}
-        out.update({k: None if v is None else float(v) for k, v in self.extra.items()})
-        return out
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> RoundRecord:
-        """The record of a :meth:`to_dict` (checkpoints): arrays back to float64, the keys that
-        are not fields back into ``extra``."""
-        names = {f.name for f in fields(cls)}
-        arrays = ("gram", "bias", "recursion_gram", "predicted_gram")
-        kw = {
-            k: (None if v is None else np.asarray(v, dtype=np.float64)) if k in arrays else v
-            for k, v in d.items()
-            if k in names and k != "extra"
-        }
-        kw["extra"] = {k: None if v is None else float(v) for k, v in d.items() if k not in names}
-        return cls(**kw)
 
 
 class RoundTracker:

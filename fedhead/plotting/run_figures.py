@@ -1,4 +1,4 @@
-"""Figures of finished runs from their ``results.json`` content (docs/theory.md §11 displays).
+"""Figures of finished runs from their results.json (docs/theory.md §11 displays).
 
 :func:`run_error_figure`: one run's errors ``e_F(G_t, .)`` to every reference per round.
 :func:`procedures_figure`: the paper-style summary, error to ``G_star`` and to ``G_cen`` per round
@@ -17,6 +17,8 @@ from matplotlib.figure import Figure
 from fedhead.plotting.canvas import blank_figure, new_figure
 from fedhead.plotting.curves import plot_error_curves
 from fedhead.plotting.style import _CYCLE_COLORS, PALETTE, PROCEDURE_COLORS, error_label, gram_label, gram_style
+from fedhead.results.rounds import RoundRecord
+from fedhead.results.schema import Results
 
 
 def _num(v: object) -> float:
@@ -28,28 +30,27 @@ _REF_KEY = {"star": "G_star", "cen": "G_cen", "within": "G_within", "recursion":
 E_F_AXIS = r"relative error $e_F = \|G_t - G'\|_F / \|G'\|_F$ (unitless)"
 
 
-def _procedure_name(results: Mapping) -> str:
-    proc = results.get("procedure")
-    if isinstance(proc, Mapping):
-        return str(proc.get("name", "run"))
-    return str(proc) if proc else "run"
+def _procedure_name(results: Results) -> str:
+    return results.name or "run"
 
 
-def _predicted_gaps(results: Mapping) -> tuple[float | None, float | None]:
+def _error(r: RoundRecord, field: str) -> float:
+    return _num(getattr(r, field))
+
+
+def _predicted_gaps(results: Results) -> tuple[float | None, float | None]:
     """``(||G_cen - G_star|| / ||G_cen||, ||G_cen - G_star|| / ||G_star||)`` of one run, or None."""
-    diag = results.get("diagnosis") or {}
-    rel_cen = diag.get("rel_gap")
+    rel_cen = (results.diagnosis or {}).get("rel_gap")
     rel_star = None
-    tg = results.get("targets") or {}
-    if tg.get("g_star") is not None and tg.get("g_cen") is not None:
-        gs, gc = np.asarray(tg["g_star"], dtype=float), np.asarray(tg["g_cen"], dtype=float)
+    gs, gc = results.target("g_star"), results.target("g_cen")
+    if gs is not None and gc is not None:
         rel_star = float(np.linalg.norm(gc - gs) / np.linalg.norm(gs))
         if rel_cen is None:
             rel_cen = float(np.linalg.norm(gc - gs) / np.linalg.norm(gc))
     return (None if rel_cen is None else float(rel_cen)), rel_star
 
 
-def run_error_figure(results: Mapping, *, title: str | None = None) -> Figure:
+def run_error_figure(results: Results, *, title: str | None = None) -> Figure:
     """One run's head-Gram errors per round, as in ``results.json``.
 
     Draws ``e_F(G_t, G_star)``, ``e_F(G_t, G_cen)``, ``e_F(G_t, G_within)`` and
@@ -60,11 +61,10 @@ def run_error_figure(results: Mapping, *, title: str | None = None) -> Figure:
 
     Parameters
     ----------
-    results : mapping
-        The run's ``results.json`` content: ``rounds`` (list of dicts with ``round``,
-        ``e_f_star``, ``e_f_cen``, ``e_f_within``, ``e_f_recursion``; ``None`` = undefined),
-        optionally ``procedure`` (``{"name": ...}``), ``reference``, ``diagnosis``
-        (``rel_gap``), ``targets``.
+    results : Results
+        The run's results.json (:class:`fedhead.results.schema.Results`): its ``rounds``
+        (``e_f_star``, ``e_f_cen``, ``e_f_within``, ``e_f_recursion``; ``None`` = undefined),
+        procedure name, ``reference``, ``diagnosis`` (``rel_gap``) and ``targets``.
     title : str, optional
         Default: ``"<procedure>: head Gram error per round (reference G_<reference>)"``.
 
@@ -72,16 +72,14 @@ def run_error_figure(results: Mapping, *, title: str | None = None) -> Figure:
     -------
     Figure
     """
-    rounds = list(results.get("rounds") or [])
+    rounds = results.rounds
     if not rounds:
         raise ValueError("run_error_figure: results has no rounds")
-    x = np.array([int(r["round"]) for r in rounds], dtype=float)
+    x = np.array([r.round for r in rounds], dtype=float)
     curves: dict[str, np.ndarray] = {}
     styles: dict[str, dict[str, object]] = {}
     for ref, field in _RUN_CURVES:
-        vals = np.array(
-            [np.nan if (ref == "recursion" and int(r["round"]) == 0) else _num(r.get(field)) for r in rounds]
-        )
+        vals = np.array([np.nan if (ref == "recursion" and r.round == 0) else _error(r, field) for r in rounds])
         if np.isfinite(vals).any():
             label = error_label(_REF_KEY[ref])
             curves[label] = vals
@@ -101,7 +99,7 @@ def run_error_figure(results: Mapping, *, title: str | None = None) -> Figure:
             zorder=1.5,
             label=r"predicted gap $\|G_{\mathrm{cen}} - G_\ast\|_F / \|G_{\mathrm{cen}}\|_F$",
         )
-    ref = results.get("reference")
+    ref = results.reference
     if title is None:
         title = f"{_procedure_name(results)}: head Gram error per round"
         if ref in _REF_KEY:
@@ -111,7 +109,7 @@ def run_error_figure(results: Mapping, *, title: str | None = None) -> Figure:
     return fig
 
 
-def procedures_figure(results_list: Sequence[Mapping], *, title: str | None = None) -> Figure:
+def procedures_figure(results_list: Sequence[Results], *, title: str | None = None) -> Figure:
     """Paper-style summary: error to ``G_star`` and to ``G_cen`` per round, per procedure.
 
     Runs with the same procedure name (several seeds) are drawn as their mean with a band of
@@ -122,8 +120,8 @@ def procedures_figure(results_list: Sequence[Mapping], *, title: str | None = No
 
     Parameters
     ----------
-    results_list : sequence of mappings
-        ``results.json`` contents, one per run (see :func:`run_error_figure`).
+    results_list : sequence of Results
+        One per run (see :func:`run_error_figure`).
     title : str, optional
         Figure title (default names the data set when the runs carry one).
 
@@ -134,10 +132,10 @@ def procedures_figure(results_list: Sequence[Mapping], *, title: str | None = No
     """
     if not results_list:
         raise ValueError("procedures_figure: no results")
-    groups: dict[str, list[Mapping]] = {}
+    groups: dict[str, list[Results]] = {}
     for res in results_list:
         groups.setdefault(_procedure_name(res), []).append(res)
-    all_rounds = sorted({int(r["round"]) for res in results_list for r in res.get("rounds") or []})
+    all_rounds = sorted({r.round for res in results_list for r in res.rounds})
     if not all_rounds:
         raise ValueError("procedures_figure: the results have no rounds")
     x = np.asarray(all_rounds, dtype=float)
@@ -192,7 +190,7 @@ def procedures_figure(results_list: Sequence[Mapping], *, title: str | None = No
 
 
 def _procedure_curves(
-    groups: Mapping[str, Sequence[Mapping]],
+    groups: Mapping[str, Sequence[Results]],
     all_rounds: Sequence[int],
     field: str,
 ) -> tuple[dict[str, np.ndarray], dict[str, dict[str, object]]]:
@@ -204,8 +202,8 @@ def _procedure_curves(
     for j, (name, runs) in enumerate(groups.items()):
         arr = np.full((len(runs), len(all_rounds)), np.nan)
         for k, res in enumerate(runs):
-            for r in res.get("rounds") or []:
-                arr[k, pos[int(r["round"])]] = _num(r.get(field))
+            for r in res.rounds:
+                arr[k, pos[r.round]] = _error(r, field)
         if not np.isfinite(arr).any():
             continue
         label = name if len(runs) == 1 else f"{name} ({len(runs)} seeds)"
@@ -228,9 +226,9 @@ def shared_legend(fig: Figure, axes: Sequence[Axes], loc: str = "outside right u
         fig.legend(handles, labels, loc=loc, fontsize="small", handlelength=3.0, ncols=ncols)
 
 
-def _procedures_title(results_list: Sequence[Mapping], groups: Mapping[str, Sequence[Mapping]]) -> str:
+def _procedures_title(results_list: Sequence[Results], groups: Mapping[str, Sequence[Results]]) -> str:
     """Default title of :func:`procedures_figure`: the data sets, and the band when seeds repeat."""
-    names = {str((res.get("dataset") or {}).get("name", "")) for res in results_list} - {""}
+    names = {res.dataset.name for res in results_list} - {""}
     title = "head Gram error per round" + (f" on {', '.join(sorted(names))}" if names else "")
     title += " (mean $\\pm$ 1 sd over seeds)" if any(len(v) > 1 for v in groups.values()) else ""
     return title

@@ -15,10 +15,12 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from fedhead.plotting.canvas import save_figure
 from fedhead.report import figures as F
 from fedhead.report import figures_bars as B
 from fedhead.report import scope_tables, selection_tables
 from fedhead.report.collect import Collection, RunEntry, collect
+from fedhead.report.document import report_markdown
 from fedhead.report.render import write_table
 from fedhead.report.tables import Table
 from fedhead.results.io import write_bytes_atomic
@@ -151,8 +153,6 @@ def figure_jobs(collection: Collection) -> Iterable[tuple[str, str, Callable[[],
 
 def write_figures(collection: Collection, folder: Path) -> tuple[list[FigureInfo], list[str]]:
     """Draw and write every figure the runs fill; a figure that fails is logged and skipped."""
-    from fedhead.plotting.canvas import save_figure
-
     written, errors = [], []
     for name, caption, draw in figure_jobs(collection):
         try:
@@ -198,8 +198,6 @@ def build_report(sweep_dirs: Sequence[str | Path], out: str | Path, *, figures: 
     fedhead.report.collect.ReportInputError
         No manifest found, or a manifest that is not readable JSON.
     """
-    from fedhead.report.document import report_markdown
-
     collection = collect(sweep_dirs)
     out = Path(out)
     report = Report(out=out, collection=collection)

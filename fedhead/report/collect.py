@@ -20,14 +20,16 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
+
+from fedhead.results import schema
+from fedhead.results.schema import Results, SchemaError, Timing
 
 log = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
-RESULTS = "results.json"
 
 
 class ReportInputError(ValueError):
@@ -67,9 +69,9 @@ class RunEntry:
         not JSON or not completed.
     reason : str or None
         Why a run does not count (the manifest's ``error``/``needs``, or the results problem).
-    results : dict or None
-        The run's results.json (counted runs only), without the entries the report never reads
-        (see :func:`slim`).
+    results : Results or None
+        The run's results.json read through :func:`fedhead.results.schema.read` (counted runs
+        only), without the entries the report never reads (see :func:`slim`).
     wall_seconds : float or None
         The manifest's wall time of the run.
     """
@@ -86,7 +88,7 @@ class RunEntry:
     params: dict[str, Any] = field(default_factory=dict)
     status: str = "completed"
     reason: str | None = None
-    results: dict[str, Any] | None = None
+    results: Results | None = None
     wall_seconds: float | None = None
 
     @property
@@ -179,7 +181,7 @@ def _entry(path: Path, sweep_dir: str, manifest: Mapping[str, Any], i: int, run:
     reason = run.get("error") or (f"needs {run['needs']}" if run.get("needs") else None)
     results = None
     if status == "completed":
-        results, problem = _read_results(Path(sweep_dir) / rel / RESULTS)
+        results, problem = _read_results(Path(sweep_dir) / rel / schema.FILE_NAME)
         if problem:
             status, reason = "unreadable", problem
             log.warning("%s: %s", run["id"], problem)
@@ -201,38 +203,38 @@ def _entry(path: Path, sweep_dir: str, manifest: Mapping[str, Any], i: int, run:
     )
 
 
-def _read_results(path: Path) -> tuple[dict[str, Any] | None, str | None]:
+def _read_results(path: Path) -> tuple[Results | None, str | None]:
     """``(results, None)``, or ``(None, why)`` when results.json is missing, bad or not completed."""
     if not path.is_file():
         return None, f"marked completed but {path} is missing"
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        results = schema.read(path)
+    except (OSError, SchemaError) as exc:
         return None, f"unreadable {path} ({exc})"
-    if not isinstance(data, dict) or not data.get("rounds"):
+    if not results.rounds:
         return None, f"{path} has no rounds"
-    if data.get("status") != "completed":
-        return None, f"{path} has status {data.get('status')!r}"
-    return slim(data), None
+    if results.status != "completed":
+        return None, f"{path} has status {results.status!r}"
+    return slim(results), None
 
 
-#: per-round entries the report never reads (dropped on reading: a paper-scale sweep has
-#: thousands of runs); the head Gram is kept for the last round only
-_UNUSED_ROUND_KEYS = ("client_metrics", "recursion_gram", "predicted_gram", "bias")
-_UNUSED_KEYS = ("moments", "provenance", "timing")
-
-
-def slim(results: dict[str, Any]) -> dict[str, Any]:
-    """``results`` without what the report never reads: per-round client metrics, recursion and
-    predicted Grams, biases, the Grams of all but the last round, moments, provenance, timing."""
-    rounds = []
-    last = len(results["rounds"]) - 1
-    for i, r in enumerate(results["rounds"]):
-        keep = {k: v for k, v in r.items() if k not in _UNUSED_ROUND_KEYS and (k != "gram" or i == last)}
-        rounds.append(keep)
-    out = {k: v for k, v in results.items() if k not in _UNUSED_KEYS}
-    out["rounds"] = rounds
-    return out
+def slim(results: Results) -> Results:
+    """``results`` without what the report never reads (a paper-scale sweep has thousands of
+    runs): per-round client metrics, recursion and predicted Grams, biases and the Grams of all
+    but the last round are ``None``/empty, and so are ``moments``, ``provenance`` and ``timing``."""
+    last = len(results.rounds) - 1
+    rounds = [
+        replace(
+            r,
+            client_metrics=[],
+            recursion_gram=None,
+            predicted_gram=None,
+            bias=None,
+            gram=r.gram if i == last else None,
+        )
+        for i, r in enumerate(results.rounds)
+    ]
+    return replace(results, rounds=rounds, moments=None, provenance={}, timing=Timing())
 
 
 def collect(dirs: Iterable[str | Path]) -> Collection:

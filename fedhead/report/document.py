@@ -116,7 +116,7 @@ def sources_section(report: Report) -> list[str]:
         lines.append(f"- {key}: [tables/{key}_sources.csv](tables/{key}_sources.csv)")
     lines += ["", "Sweep folders:", ""]
     lines += [f"- `{s.sweep_dir}` (manifest.json, sweep {s.sweep}, scale {s.scale})" for s in report.collection.sweeps]
-    revs = sorted({str(r.results.get("git_revision", "unknown")) for r in report.collection.runs})
+    revs = sorted({r.results.git_revision for r in report.collection.runs})
     if revs:
         lines += ["", "Code revisions of the counted runs: " + ", ".join(f"`{r}`" for r in revs)]
     return lines + [""]

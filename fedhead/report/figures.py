@@ -17,6 +17,7 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.ticker import NullLocator
 
+from fedhead.data.units import axis_unit
 from fedhead.plotting.canvas import new_figure
 from fedhead.plotting.curves import plot_error_curves
 from fedhead.plotting.ellipses import coordinate_groups, plot_ellipses
@@ -24,16 +25,16 @@ from fedhead.plotting.run_figures import shared_legend
 from fedhead.plotting.style import _CYCLE_COLORS, PROCEDURE_COLORS, gram_label, tex_number
 from fedhead.report import measures
 from fedhead.report.collect import RunEntry
+from fedhead.report.selection_tables import rho_value
 from fedhead.report.tables import group, procedure_label, procedure_order
 
-_MUJOCO = ("swimmer", "hopper", "halfcheetah", "walker2d")
 _REF_LABEL = {"star": "G_star", "cen": "G_cen", "within": "G_within", "corrected": "corrected barycenter"}
 E_F_REF = r"$e_F(G_t, G_{\mathrm{ref}})$ (unitless)"
 
 
 def target_unit(dataset: str) -> str:
     """Unit of the Gram axes: MuJoCo actions keep their stored scale, other targets are standardised."""
-    return "torque command" if dataset in _MUJOCO else "standardised"
+    return axis_unit(dataset)
 
 
 def color(name: str, i: int = 0) -> str:
@@ -96,7 +97,7 @@ def error_curves_figure(runs: Sequence[RunEntry], sweep: str) -> Figure | None:
         curves, styles = {}, {}
         procs = group(members, procedure_label)
         for i, name in enumerate(sorted(procs, key=procedure_order)):
-            ref = _REF_LABEL.get(measures.reference(procs[name][0].results), "reference")
+            ref = _REF_LABEL[measures.reference(procs[name][0].results)]
             lab = f"{name} (to {ref})"
             curves[lab] = _matrix(procs[name], xs, lambda r: dict(zip(*map(list, measures.error_curve(r.results)))))
             styles[lab] = {"color": color(name, i)}
@@ -130,10 +131,10 @@ def ellipses_figure(runs: Sequence[RunEntry], setting: str) -> Figure | None:
     unit = target_unit(procs[names[0]].dataset or setting)
     for row, name in enumerate(names):
         res = procs[name].results
-        t_last = int(measures.last_round(res).get("round", 0))
+        t_last = measures.last_round(res).round
         grams = {f"G_{t_last}": measures.final_gram(res)[:k, :k]}
         for key, gk in (("G_star", "g_star"), ("G_cen", "g_cen")):
-            g = measures.gram(res, gk)
+            g = res.target(gk)
             if g is not None:
                 grams[key] = g[:k, :k]
         for j, pair in enumerate(pairs):
@@ -210,8 +211,6 @@ def rho_positions(rhos: Sequence[float]) -> tuple[dict[float, float], float | No
 def rho_figure(runs: Sequence[RunEntry]) -> Figure | None:
     """δ_last and endpoint e_F against ρ (two panels, one line per setting, mean +- 1 sd over
     seeds); ρ = 0 sits at a placeholder tick labelled 0 left of an axis break."""
-    from fedhead.report.selection_tables import rho_value
-
     runs = [r for r in runs if rho_value(r) is not None]
     if not runs:
         return None

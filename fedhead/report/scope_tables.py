@@ -82,7 +82,10 @@ def variant(run: RunEntry) -> str:
 
 
 def _closer_to_star(members: Sequence[RunEntry]) -> Cell:
-    both = [(r, measures.final(r.results, "d_star"), measures.final(r.results, "d_cen")) for r in members]
+    both = [
+        (r, measures.final(r.results, lambda t: t.d_star), measures.final(r.results, lambda t: t.d_cen))
+        for r in members
+    ]
     both = [(r, s, c) for r, s, c in both if s is not None and c is not None]
     return Cell(sum(1 for _, s, c in both if s < c), tuple(sorted(r.ref for r, _, _ in both)), len(both), "fraction")
 
@@ -101,8 +104,8 @@ def table8(runs: Sequence[RunEntry]) -> list[Table]:
                 "sweep": label(sweep),
                 "variant": label(var),
                 "runs": Cell(len(members), tuple(sorted(r.ref for r in members))),
-                "d_star": metric_cell(members, lambda res: measures.final(res, "d_star")),
-                "d_cen": metric_cell(members, lambda res: measures.final(res, "d_cen")),
+                "d_star": metric_cell(members, lambda res: measures.final(res, lambda t: t.d_star)),
+                "d_cen": metric_cell(members, lambda res: measures.final(res, lambda t: t.d_cen)),
                 "closer": _closer_to_star(members),
             }
         )
@@ -144,7 +147,7 @@ def mse_pairs(runs: Sequence[RunEntry], procedure: str) -> list[tuple[RunEntry, 
 
 def table9_runs(all_runs: Sequence[RunEntry]) -> list[RunEntry]:
     """The runs of Table 9: sweep ``prediction`` and every sweep with a run that has a test MSE."""
-    with_test = {r.sweep for r in all_runs if measures.final(r.results, "test_mse") is not None}
+    with_test = {r.sweep for r in all_runs if measures.final(r.results, lambda t: t.test_mse) is not None}
     return [r for r in all_runs if r.sweep == "prediction" or r.sweep in with_test]
 
 

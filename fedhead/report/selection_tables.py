@@ -40,8 +40,12 @@ TABLE4_COLUMNS = (
     ("endpoint", "endpoint e_F", measures.endpoint_error),
     ("trajectory", "trajectory e_F (uncorrected)", _uncorrected(measures.trajectory_error)),
     ("delta_last", "δ_last", measures.delta_last),
-    ("d_cen_1", "round-1 d(G_1, G_cen) (corrected)", _corrected(lambda r: measures.first_round(r, "d_cen"))),
-    ("e_cen_1", "round-1 e_F(G_1, G_cen) (corrected)", _corrected(lambda r: measures.first_round(r, "e_f_cen"))),
+    ("d_cen_1", "round-1 d(G_1, G_cen) (corrected)", _corrected(lambda r: measures.first_round(r, lambda t: t.d_cen))),
+    (
+        "e_cen_1",
+        "round-1 e_F(G_1, G_cen) (corrected)",
+        _corrected(lambda r: measures.first_round(r, lambda t: t.e_f_cen)),
+    ),
 )
 
 

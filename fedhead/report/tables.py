@@ -8,12 +8,13 @@ every run it came from, so every number of the report can be traced to its run f
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from fedhead.report import measures
 from fedhead.report.collect import RunEntry, RunRef
+from fedhead.results.schema import Results
 
 #: The order procedures appear in tables and figures (presentation only: the procedures a run
 #: knows are the files of ``conf/procedure/``); names not listed sort after these, by name.
@@ -139,7 +140,7 @@ def pooled_median_cell(items: Iterable[tuple[Sequence[float], RunRef]]) -> Cell:
     return Cell(float(statistics.median(values)), tuple(sorted(refs)), len(refs))
 
 
-def metric_cell(runs: Sequence[RunEntry], fn: Callable[[Mapping[str, Any]], float | None]) -> Cell:
+def metric_cell(runs: Sequence[RunEntry], fn: Callable[[Results], float | None]) -> Cell:
     """The median of ``fn(results)`` over ``runs``."""
     return median_cell((fn(r.results), r.ref) for r in runs)
 
@@ -191,7 +192,7 @@ def wins_row(
     runs: Sequence[RunEntry],
     challenger: str,
     baseline: str,
-    metric: Callable[[Mapping[str, Any]], float | None] = measures.endpoint_error,
+    metric: Callable[[Results], float | None] = measures.endpoint_error,
 ) -> dict[str, Cell] | None:
     """A wins row: in how many pairs the challenger's ``metric`` is lower, and the median ratio.
 

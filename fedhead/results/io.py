@@ -9,8 +9,9 @@ import platform
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, BinaryIO, Iterator
+from typing import Any, BinaryIO
 
 import numpy as np
 
@@ -82,14 +83,15 @@ def git_revision(start: str | os.PathLike | None = None) -> str:
     """Return the git commit of the source tree (``+dirty`` if modified), or ``"unknown"``."""
     here = Path(start) if start is not None else Path(__file__).resolve().parent
     try:
-        rev = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=10
-        )
+        rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=10)
         if rev.returncode != 0:
             return "unknown"
         dirty = subprocess.run(
             ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=here, capture_output=True, text=True, timeout=10,
+            cwd=here,
+            capture_output=True,
+            text=True,
+            timeout=10,
         )
         return rev.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
     except (OSError, subprocess.SubprocessError):

@@ -17,7 +17,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import threading
 import time
@@ -26,7 +25,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tqdm.auto import tqdm
+
+from fedhead.analysis.procedure import ConfigError
+from fedhead.data.base import MissingDataError
+from fedhead.driver.checks import check_data_once, data_key, uses_cuda
+from fedhead.driver.errors import one_line
+from fedhead.driver.logs import simulation_logging
+from fedhead.driver.ray_session import shared_ray_session
+from fedhead.driver.simulation import run_federations
+from fedhead.federation.checkpoint import config_hash
 from fedhead.federation.config import JobConfig, compose_config, load_config
+from fedhead.results import schema
+from fedhead.results.io import provenance
+from fedhead.results.schema import Results
 from fedhead.sweep.manifest import Manifest, run_dir
 from fedhead.sweep.presets import RunSpec, plan
 
@@ -55,8 +67,6 @@ class SweepConfig:
     parallel_runs: int = 1
 
     def __post_init__(self) -> None:
-        from fedhead.analysis.procedure import ConfigError
-
         if not isinstance(self.parallel_runs, int) or self.parallel_runs < 1:
             raise ConfigError(f"parallel_runs must be an integer >= 1, got {self.parallel_runs!r}")
 
@@ -76,24 +86,17 @@ def build_job(spec: RunSpec, out: Path, data_roots: dict[str, str], run_override
 
 def finished(job: JobConfig) -> bool:
     """True when ``results.json`` of the job's folder is complete for the same config."""
-    from fedhead.federation.checkpoint import config_hash
-
-    path = Path(job.output_dir) / "results.json"
     try:
-        res = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
+        res = schema.read(Path(job.output_dir) / schema.FILE_NAME)
+    except (OSError, schema.SchemaError):
         return False
-    return res.get("status") == "completed" and config_hash(res.get("config") or {}) == job.config_hash
+    return res.status == "completed" and config_hash(res.config) == job.config_hash
 
 
 def check_data(job: JobConfig) -> tuple[str, str | None, str | None]:
     """``(status, error, needs)`` of a job's data: ``("ok", None, None)``, ``("skipped", None,
     what is missing)`` or ``("failed", the error line, None)``. Loads (or generates) the data set
     once in the driver, which warms the cache the Ray workers read."""
-    from fedhead.data.base import MissingDataError
-    from fedhead.driver.errors import one_line
-    from fedhead.driver.simulation import check_data_once
-
     try:
         check_data_once(job)
     except MissingDataError as exc:
@@ -118,8 +121,6 @@ class SweepResult:
 
 def run_sweep(cfg: SweepConfig) -> SweepResult:
     """Run (or continue) a sweep; see the module docstring. Returns when every run is done."""
-    from fedhead.results.io import provenance
-
     t0 = time.perf_counter()
     out = Path(cfg.out)
     specs = plan(cfg.sweep, cfg.scale, seeds=cfg.seeds, settings=cfg.settings)
@@ -174,8 +175,6 @@ def run_sweep(cfg: SweepConfig) -> SweepResult:
 
 def _check_all_data(todo: list[RunSpec], jobs: dict[str, JobConfig], manifest: Manifest) -> list[RunSpec]:
     """Check every distinct data set of the runs to do once; drop (and record) those that cannot run."""
-    from fedhead.driver.simulation import data_key
-
     verdicts: dict[tuple, tuple[str, str | None, str | None]] = {}
     keep = []
     for spec in todo:
@@ -218,10 +217,6 @@ class _Packer:
         return [sorted(g, key=lambda s: (s.dataset, s.setting)) for g in by.values()]
 
     def run(self, ran: list[str]) -> None:
-        from fedhead.driver.logs import simulation_logging
-        from fedhead.driver.ray_session import shared_ray_session
-        from fedhead.driver.simulation import uses_cuda
-
         first = self.jobs[self.todo[0].id]
         init_args = first.resources.backend_config(first.settings.num_clients, uses_cuda(first))["init_args"]
         simulation_logging(init_args)  # Ray's worker output off the console (before Ray starts)
@@ -231,9 +226,6 @@ class _Packer:
         self.bar.close()
 
     def run_group(self, group: list[RunSpec], ran: list[str]) -> None:
-        from fedhead.driver.errors import one_line
-        from fedhead.driver.simulation import run_federations
-
         pending = list(group)
         for attempt in range(1, ENGINE_ATTEMPTS + 1):
             jobs = [self.jobs[s.id] for s in pending]
@@ -263,19 +255,19 @@ class _Packer:
                 continue
             return
 
-    def job_end(self, spec: RunSpec, results: dict[str, Any], ran: list[str]) -> None:
-        status = "completed" if results.get("status") == "completed" else "failed"
-        wall = (results.get("timing") or {}).get("total_seconds")
-        self.manifest.update(spec.id, status=status, error=results.get("error"), wall_seconds=wall)
+    def job_end(self, spec: RunSpec, results: Results, ran: list[str]) -> None:
+        status = "completed" if results.status == "completed" else "failed"
+        wall = results.timing.total_seconds or None
+        error = results.error or None
+        self.manifest.update(spec.id, status=status, error=error, wall_seconds=wall)
         with self._lock:
             ran.append(spec.id)
             self.done += 1
             done = self.done
             self.bar.update(1)
-        rounds = results.get("rounds") or []
-        last = rounds[-1] if rounds else {}
-        err = last.get("e_f_reference")
-        gap = last.get("max_trained_gap")
+        last = results.last
+        err = None if last is None else last.e_f_reference
+        gap = None if last is None else last.max_trained_gap
         log.info(
             "[%d/%d] %s %s in %.1f s%s%s",
             done,
@@ -283,14 +275,12 @@ class _Packer:
             spec.id,
             status,
             wall or 0.0,
-            "" if err is None else f", e_F(G_T, G_{results.get('reference')}) {err:.3g}",
+            "" if err is None else f", e_F(G_T, G_{results.reference}) {err:.3g}",
             "" if gap is None else f", local gap {gap:.2g}",
         )
         if status == "failed":
-            log.warning("%s failed: %s", spec.id, results.get("error"))
+            log.warning("%s failed: %s", spec.id, error)
 
 
 def _progress(total: int, show: bool):
-    from tqdm.auto import tqdm
-
     return tqdm(total=total, unit="run", desc="sweep", disable=not show, dynamic_ncols=True)

@@ -16,6 +16,7 @@ from fedhead.clients.state import federated_data, simulation_state_dir
 from fedhead.driver.recorder import RunRecorder
 from fedhead.driver.server import serve
 from fedhead.federation.config import ConfigError, compose_config, load_config
+from fedhead.results.rounds import CLIENT_METRIC_KEYS
 
 
 def _job(tmp_path: Path, *overrides: str):
@@ -38,7 +39,7 @@ def _serve(job, run_id: int = 11):
     grid = InProcessGrid(make_client_app(job), job.settings.num_clients, run_id=run_id)
     recorder = RunRecorder(job, show_progress=False)
     serve(grid, job, recorder, show_progress=False)
-    return recorder.finish("completed"), grid
+    return recorder.finish("completed").to_dict(), grid  # the JSON object results.json holds
 
 
 TINY = ["model=resmlp_small", "model.width=16", "model.feature_dim=8", "local_epochs=3", "rounds=2"]
@@ -98,6 +99,7 @@ def test_trained_procedures_complete_and_keep_backbones_private(tmp_path, task_i
         assert last["alignment_gram_error"] < 1e-5
     # the clients' own distance data agree with the server's selection distance
     cm = last["client_metrics"]
+    assert set().union(*cm) <= {k.name for k in CLIENT_METRIC_KEYS}  # every per-client metric is declared
     p = np.asarray(res["moments"]["weights"])
     assert last["delta"] == pytest.approx(sum(w * c["distance_to_selection"] for w, c in zip(p, cm)), rel=1e-5)
 
@@ -170,7 +172,7 @@ def test_diagnose_only_exchanges_moments_and_trains_nothing(tmp_path, task_ident
     grid = InProcessGrid(make_client_app(job), 3)
     recorder = RunRecorder(job, show_progress=False)
     serve(grid, job, recorder, show_progress=False)
-    res = recorder.finish("diagnosed")
+    res = recorder.finish("diagnosed").to_dict()
     assert {m.metadata.message_type for m in grid.sent} == {"query"}
     assert res["rounds"] == [] and res["diagnosis"]["fully_active"]
     d = res["diagnosis"]
@@ -187,7 +189,7 @@ def test_node_config_state_dir_and_partition_count(tmp_path, task_identity):
         ctx.node_config["state-dir"] = str(tmp_path / f"node{n}")
     recorder = RunRecorder(job, show_progress=False)
     serve(grid, job, recorder, show_progress=False)
-    assert recorder.finish("completed")["status"] == "completed"
+    assert recorder.finish("completed").status == "completed"
     from fedhead.clients.state import deployment_run_key
 
     key = deployment_run_key(job, 5)  # not flwr's run id: a resumed deployment repeats the key
@@ -265,7 +267,7 @@ def test_a_message_window_gives_the_same_run(tmp_path, task_identity):
         grid = InProcessGrid(make_client_app(job), job.settings.num_clients, run_id=11)
         recorder = RunRecorder(job, show_progress=False)
         pgrid = serve(grid, job, recorder, show_progress=False, window=window)
-        res = recorder.finish("completed")
+        res = recorder.finish("completed").to_dict()
         assert [kind for kind, _, _ in pgrid.phases].count("train") == 2
         rounds[window] = [{k: v for k, v in r.items() if k != "client_metrics"} for r in res["rounds"]]
     assert rounds[1] == rounds[None]

@@ -147,7 +147,7 @@ def _serve(tmp_path, name: str, *overrides: str):
     grid = InProcessGrid(make_client_app(job), job.settings.num_clients, run_id=11)
     recorder = RunRecorder(job, show_progress=False)
     serve(grid, job, recorder, show_progress=False)
-    return job, recorder.finish("completed"), grid
+    return job, recorder.finish("completed").to_dict(), grid  # the JSON object results.json holds
 
 
 @pytest.mark.parametrize("evaluate", [True, False])
@@ -215,7 +215,7 @@ def test_clients_initial_backbones_follow_init(tmp_path, init):
     ]
     same = [all(np.array_equal(states[0][k], s[k]) for k in s) for s in states[1:]]
     assert same == ([True, True] if init == "common" else [False, False])
-    assert RunRecorder(job, show_progress=False).results["seeds"]["init"] == init
+    assert RunRecorder(job, show_progress=False).results.seeds["init"] == init
 
 
 @pytest.mark.parametrize(

@@ -18,10 +18,11 @@ from app_helpers import InProcessGrid, captured_strategies_log
 
 from fedhead.clients import make_client_app
 from fedhead.data import OutsideRegimeError, OutsideRegimeWarning
+from fedhead.driver.checks import prepare_data
 from fedhead.driver.recorder import RunRecorder
 from fedhead.driver.server import serve
-from fedhead.driver.simulation import prepare_data
 from fedhead.federation.config import compose_config, load_config
+from fedhead.results import schema
 
 OUTSIDE = [
     "model=free",
@@ -61,8 +62,8 @@ def test_outside_regime_is_refused_by_default(tmp_path, task_identity):
     with pytest.raises(OutsideRegimeError, match=r"lambda_min\(Sigma_m\) <= lambda_H \* lambda_W"):
         serve(grid, job, recorder, show_progress=False)
     res = recorder.finish("failed", error="refused")
-    assert res["diagnosis"]["fully_active"] is False and min(res["diagnosis"]["margins"]) < 0
-    assert res["rounds"] == []
+    assert res.diagnosis["fully_active"] is False and min(res.diagnosis["margins"]) < 0
+    assert res.rounds == [] and res.status == "failed" and res.error == "refused"
     assert [m.metadata.message_type for m in grid.sent] == ["query"] * 3  # nobody trained
 
 
@@ -71,10 +72,11 @@ def test_diagnose_only_works_outside_the_regime(tmp_path, task_identity):
     prepare_data(job)  # no refusal: the diagnosis is what the user asked for
     recorder = RunRecorder(job, show_progress=False)
     serve(InProcessGrid(make_client_app(job), 3), job, recorder, show_progress=False)
-    res = recorder.finish("diagnosed")
-    assert res["diagnosis"]["fully_active"] is False
-    assert "outside the fully active regime" in res["diagnosis"]["recommendation"]
-    assert res["diagnosis"]["rel_gap"] is None  # NaN written as null
+    recorder.finish("diagnosed")
+    res = schema.read(job.output_dir / schema.FILE_NAME)
+    assert res.status == "diagnosed" and res.diagnosis["fully_active"] is False
+    assert "outside the fully active regime" in res.diagnosis["recommendation"]
+    assert res.diagnosis["rel_gap"] is None  # NaN written as null
 
 
 def test_override_trains_and_records_undefined_references_as_null(tmp_path, task_identity, caplog):
@@ -122,5 +124,5 @@ def test_override_trains_and_records_undefined_references_as_null(tmp_path, task
     assert on_disk["rounds"][-1]["e_f_cen"] == pytest.approx(
         np.linalg.norm(g2 - g_cen) / np.linalg.norm(g_cen), rel=1e-12
     )
-    assert res["figures"] == ["error_curves.png", "ellipses.png"]
+    assert res.figures == ["error_curves.png", "ellipses.png"]
     assert list((job.output_dir / "tensorboard").glob("events.out.tfevents.*"))

@@ -79,7 +79,7 @@ class CrashingGrid(InProcessGrid):
 def _run(job, grid, resume=None):
     rec = RunRecorder(job, show_progress=False)
     serve(grid, job, rec, show_progress=False, resume=resume)
-    return rec.finish("completed")
+    return rec.finish("completed").to_dict()  # the JSON object results.json holds
 
 
 def _fresh_process_caches():

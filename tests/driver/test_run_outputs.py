@@ -21,9 +21,11 @@ matplotlib.use("Agg")
 from fedhead import plotting
 from fedhead.clients import make_client_app
 from fedhead.driver import logs
-from fedhead.driver.recorder import RunRecorder, start_line, target_axes, write_procedures_figure
+from fedhead.driver.checks import prepare_data
+from fedhead.driver.console import start_line
+from fedhead.driver.figures import write_procedures_figure
+from fedhead.driver.recorder import RunRecorder, target_axes
 from fedhead.driver.server import finish_job, serve
-from fedhead.driver.simulation import prepare_data
 from fedhead.federation.config import compose_config, load_config
 
 HOPPER_ACTIONS = ["thigh_joint", "leg_joint", "foot_joint"]
@@ -170,14 +172,14 @@ def test_console_and_run_log_of_a_run(tmp_path, task_identity, run_logging, monk
     for job in jobs:
         res = job.output_dir / "results.json"
         assert res.is_file() and (job.output_dir / "ellipses.png").is_file()
-    assert np.isfinite(results[0]["rounds"][-1]["e_f_star"])
+    assert np.isfinite(results[0].last.e_f_star)
 
 
 def test_console_filter_keeps_actionable_warnings_only(tmp_path):
     stream = io.StringIO()
     try:
         logs.configure_run_logging(tmp_path, stream=stream)
-        logging.getLogger("strategies.x").warning("a client failed: raise local_epochs")
+        logging.getLogger("fedhead.strategies.x").warning("a client failed: raise local_epochs")
         logging.getLogger("ray").warning("ray internals")
         logging.getLogger("flwr").error("a ClientApp raised (reported by the driver)")
         logging.getLogger("ray").error("a worker died")

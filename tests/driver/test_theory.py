@@ -63,7 +63,7 @@ def _serve(job):
     grid.handlers = {node: capture(h) for node, h in grid.handlers.items()}
     recorder = RunRecorder(job, show_progress=False)
     serve(grid, job, recorder, show_progress=False)
-    return recorder.finish("completed"), heads
+    return recorder.finish("completed").to_dict(), heads  # the JSON object results.json holds
 
 
 def rel(a, b):

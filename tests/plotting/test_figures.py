@@ -18,6 +18,8 @@ from matplotlib.lines import Line2D
 
 from fedhead import plotting
 from fedhead.driver import tensorboard
+from fedhead.results.rounds import RoundRecord
+from fedhead.results.schema import SCHEMA_VERSION, DatasetInfo, Results, Timing
 
 
 @pytest.fixture(autouse=True)
@@ -48,22 +50,39 @@ def _results(proc, ref, seed=0, gap=0.3, n_rounds=8):
             es, ec = 1.2 * gap, (dec if t == 0 else 0.0)
         rec = es if ref == "star" else ec
         rounds.append(
-            {
-                "round": t,
-                "e_f_star": es,
-                "e_f_cen": ec,
-                "e_f_within": 0.5 * gap + dec,
-                "e_f_recursion": None if t == 0 else rec,
-            }
+            RoundRecord(
+                round=t,
+                gram=np.eye(2),
+                bias=np.zeros(2),
+                e_f_star=es,
+                e_f_cen=ec,
+                e_f_within=0.5 * gap + dec,
+                d_star=None,
+                d_cen=None,
+                d_within=None,
+                e_f_reference=None,
+                recursion_gram=None,
+                e_f_recursion=None if t == 0 else rec,
+                trajectory_error=None,
+                predicted_gram=None,
+            )
         )
-    return {
-        "procedure": {"name": proc},
-        "reference": ref,
-        "diagnosis": {"rel_gap": gap},
-        "rounds": rounds,
-        "dataset": {"name": "hopper"},
-        "targets": {"g_star": np.eye(2).tolist(), "g_cen": (1.3 * np.eye(2)).tolist()},
-    }
+    return Results(
+        schema_version=SCHEMA_VERSION,
+        status="completed",
+        procedure={"name": proc},
+        reference=ref,
+        config={},
+        seeds={},
+        git_revision="unknown",
+        provenance={},
+        dataset=DatasetInfo(name="hopper", num_clients=2),
+        diagnosis={"rel_gap": gap},
+        moments=None,
+        targets={"g_star": np.eye(2).tolist(), "g_cen": (1.3 * np.eye(2)).tolist()},
+        rounds=rounds,
+        timing=Timing(),
+    )
 
 
 def _drawn(fig):

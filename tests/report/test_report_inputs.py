@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
+from results_helpers import typed_results
 
 from fedhead.cli.report import main
 from fedhead.report import measures
@@ -67,20 +69,28 @@ def test_rho_zero_gets_a_placeholder_left_of_the_smallest_rho():
 
 
 def test_mismatch_costs_from_the_round_keys():
-    res = {
-        "rounds": [
-            {"round": 0},
-            {
-                "round": 1,
-                "mismatch_objective_local": 1.0,
-                "mismatch_objective_trained": 3.0,
-                "mismatch_objective_aligned": 1.5,
-            },
-        ]
-    }
+    res = typed_results(
+        {},
+        {
+            "mismatch_objective_local": 1.0,
+            "mismatch_objective_trained": 3.0,
+            "mismatch_objective_aligned": 1.5,
+        },
+    )
+    assert res.rounds[1].extra["mismatch_objective_trained"] == 3.0  # not a field: a strategy's extra
     m = measures.mismatch(res)
     assert m == {"trained_minus_local": 2.0, "aligned_minus_local": 0.5, "removed": 0.75}
-    assert measures.mismatch({"rounds": [{"round": 1}]})["removed"] is None
+    assert measures.mismatch(typed_results({}, {}))["removed"] is None
+    recorded = typed_results({}, {"mismatch_objective_local": 1.0, "mismatch_removed": 0.1})
+    assert measures.mismatch(recorded)["removed"] == 0.1
+
+
+def test_measures_read_the_typed_rounds():
+    res = typed_results({"e_f_star": 0.5}, {"e_f_star": 0.2, "e_f_reference": None, "d_cen": 0.3, "test_mse": 4.0})
+    assert measures.endpoint_error(res) == 0.2  # e_f_reference null: the error to the named reference
+    assert measures.first_round(res, lambda t: t.d_cen) == 0.3 and measures.final_mse(res) == (4.0, "test")
+    np.testing.assert_array_equal(measures.error_curve(res)[1], [0.5, 0.2])
+    assert measures.first_round(typed_results({}), lambda t: t.d_cen) is None
 
 
 def test_a_second_report_removes_the_files_the_first_wrote_and_it_does_not(tmp_path):

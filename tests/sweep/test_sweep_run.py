@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from fedhead.federation import protocol as P
+from fedhead.results import schema
 from fedhead.sweep import SweepConfig, run_sweep
 from fedhead.sweep.presets import MAIN_PROCEDURES
 
@@ -162,13 +163,13 @@ def test_a_failed_run_is_recorded_and_the_next_one_runs(tmp_path):
         show_progress=False,
         keep_going=True,
         client_app=_failing_first_job_app(jobs),
-        on_job_end=lambda i, res: seen.append((i, res["status"])),
+        on_job_end=lambda i, res: seen.append((i, res.status)),  # a typed Results
     )
     assert [r["status"] for r in results] == ["failed", "completed"]
     assert "job 0 exploded on purpose" in results[0]["error"]
     assert seen == [(0, "failed"), (1, "completed")]
-    on_disk = json.loads((tmp_path / "run0" / "results.json").read_text())
-    assert on_disk["status"] == "failed" and "exploded" in on_disk["error"]
+    on_disk = schema.read(tmp_path / "run0" / "results.json")
+    assert on_disk.status == "failed" and "exploded" in on_disk.error
 
 
 @pytest.mark.timeout(300)

@@ -1,0 +1,365 @@
+"""results.json of a federation: its one writer (:func:`write`) and its one reader (:func:`read`).
+
+Every top-level key is a field of :class:`Results`, every ``timing`` key a field of
+:class:`Timing`, every ``local_optimality`` key a field of :class:`LocalOptimality` and every
+``dataset`` key a field of :class:`DatasetInfo`; the per-round and per-client keys are declared
+in :mod:`fedhead.results.rounds`. Each field's metadata (:func:`fedhead.results.rounds.key`)
+says what it means; the JSON object, the reader's checks and the README's schema section
+(:mod:`fedhead.results.schema_doc`) are generated from the fields. A new top-level key is one
+field here plus its computation.
+
+A field whose default is :data:`ABSENT` is left out of the file while it has no value (``error``
+of a run that did not fail, ``figures`` before they are drawn, ...); ``None`` is written as
+``null``. The reader accepts :data:`SCHEMA_VERSION` and every older version with an entry in
+:data:`UPGRADES`, and rejects any other with :class:`SchemaError`.
+
+When a key changes meaning (or is renamed or dropped), ``SCHEMA_VERSION`` goes up by one and
+``UPGRADES[old]`` turns an object of the old version into one of the next, so files written
+before the change stay readable (:func:`from_dict` applies the upgrades in turn).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import MISSING, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fedhead.results.io import write_json_atomic
+from fedhead.results.rounds import RoundRecord, key
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "KNOWN_VERSIONS",
+    "UPGRADES",
+    "ABSENT",
+    "SchemaError",
+    "Timing",
+    "LocalOptimality",
+    "DatasetInfo",
+    "Results",
+    "write",
+    "read",
+    "from_dict",
+]
+
+#: The version :func:`write` writes.
+SCHEMA_VERSION = 1
+#: version -> the function that turns a results.json object of that version into one of the
+#: next version (its ``schema_version`` included). Empty: no key has changed meaning since 1.
+UPGRADES: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {}
+#: Every version :func:`read` accepts: the older ones with an upgrade, and the current one.
+KNOWN_VERSIONS = (*sorted(UPGRADES), SCHEMA_VERSION)
+#: The file name of a federation's results in its output folder.
+FILE_NAME = "results.json"
+
+
+class _Absent:
+    """The value of an optional key that the file does not hold (falsy; see the module doc)."""
+
+    _instance: _Absent | None = None
+
+    def __new__(cls) -> _Absent:
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __bool__(self) -> bool:
+        return False
+
+    def __repr__(self) -> str:
+        return "ABSENT"
+
+
+ABSENT: Any = _Absent()
+
+
+class SchemaError(ValueError):
+    """A results.json that is not of a known schema version or misses a required key."""
+
+
+def _to_dict(obj: Any) -> dict[str, Any]:
+    """The fields of a schema dataclass in declaration order, :data:`ABSENT` ones left out."""
+    out = {}
+    for f in fields(obj):
+        v = getattr(obj, f.name)
+        if v is ABSENT:
+            continue
+        out[f.name] = v.to_dict() if hasattr(v, "to_dict") else v
+    return out
+
+
+def _kwargs(cls: type, d: Any, where: str) -> dict[str, Any]:
+    """``d``'s values of ``cls``'s fields; :class:`SchemaError` for a required one that is missing."""
+    if not isinstance(d, Mapping):
+        raise SchemaError(f"{where}: expected a JSON object, got {type(d).__name__}")
+    required = [f.name for f in fields(cls) if f.default is MISSING and f.default_factory is MISSING]
+    missing = [n for n in required if n not in d]
+    if missing:
+        raise SchemaError(f"{where}: missing key(s) {', '.join(missing)}")
+    return {f.name: d[f.name] for f in fields(cls) if f.name in d}
+
+
+@dataclass(frozen=True)
+class Timing:
+    """``timing``: where a federation's wall time went (seconds); keys absent when not measured."""
+
+    ray_init_seconds: float = field(default=ABSENT, metadata=key("`ray.init` (simulation only)", "float"))
+    simulation_seconds: float = field(
+        default=ABSENT, metadata=key("the procedure's part of the run_simulation call", "float")
+    )
+    startup_seconds: float | None = field(
+        default=ABSENT, metadata=key("from the ServerApp's start to its first message phase", "float")
+    )
+    phase_seconds: dict[str, float] = field(
+        default=ABSENT, metadata=key("`query`/`train`/`evaluate` message phases, summed by type", "object")
+    )
+    phases: list[list[Any]] = field(default=ABSENT, metadata=key("every phase in order, `[type, seconds]`", "list"))
+    client_train_seconds: float = field(
+        default=ABSENT, metadata=key("sum of the clients' local training loops", "float")
+    )
+    round_train_seconds: list[float] = field(
+        default=ABSENT, metadata=key("the same per round (`[t - 1]`: round t)", "(T)")
+    )
+    client_local_seconds: float = field(
+        default=ABSENT,
+        metadata=key("sum of the clients' whole local computation (set-up, epochs, finishing step)", "float"),
+    )
+    round_local_seconds: list[float] = field(default=ABSENT, metadata=key("the same per round", "(T)"))
+    total_seconds: float = field(
+        default=ABSENT,
+        metadata=key(
+            "the procedure's wall time (the first procedure of a `fedhead-run` includes data preparation "
+            "and the Ray start)",
+            "float",
+        ),
+    )
+    figures_wait_seconds: float = field(
+        default=ABSENT,
+        metadata=key("last procedure of a simulation only: the wait for the figures drawn in the background", "float"),
+    )
+
+    def to_dict(self) -> dict[str, Any]:
+        return _to_dict(self)
+
+    @classmethod
+    def from_dict(cls, d: Any) -> Timing:
+        return cls(**_kwargs(cls, d, "timing"))
+
+
+@dataclass(frozen=True)
+class LocalOptimality:
+    """``local_optimality``: did every client reach its local optimum, per round?"""
+
+    threshold: float = field(metadata=key("the relative gap a client must reach (1e-2)", "float"))
+    rounds_above_threshold: list[int] = field(
+        metadata=key("rounds in which some client's trained gap exceeded it", "list")
+    )
+    last_round_max_trained_gap: float | None = field(metadata=key("the last round's `max_trained_gap`", "float"))
+    last_round_max_objective_gap: float | None = field(
+        metadata=key("the last round's largest `objective_gaps` entry", "float")
+    )
+    reached: bool | None = field(metadata=key("every client within the threshold at the last round", "bool"))
+
+    def to_dict(self) -> dict[str, Any]:
+        return _to_dict(self)
+
+    @classmethod
+    def from_dict(cls, d: Any) -> LocalOptimality:
+        return cls(**_kwargs(cls, d, "local_optimality"))
+
+
+@dataclass(frozen=True)
+class DatasetInfo:
+    """``dataset``: the federation's data set."""
+
+    name: str = field(metadata=key("the data set (`dataset.name`)", "str"))
+    num_clients: int = field(metadata=key("M", "int"))
+    counts: list[int] = field(
+        default=ABSENT, metadata=key("N_m per client, partition order (after the exchange)", "(M)")
+    )
+
+    def to_dict(self) -> dict[str, Any]:
+        return _to_dict(self)
+
+    @classmethod
+    def from_dict(cls, d: Any) -> DatasetInfo:
+        return cls(**_kwargs(cls, d, "dataset"))
+
+
+@dataclass
+class Results:
+    """The content of one federation's results.json (see the module docstring).
+
+    Mutable: the recorder fills it in as the run goes (diagnosis after the exchange, a round
+    after every aggregation, timing at the end) and writes it with :func:`write` each time.
+    """
+
+    schema_version: int = field(metadata=key("the schema version of the file", "int"))
+    status: str = field(
+        metadata=key("`running` (during the run), `completed`, `diagnosed` (`diagnose_only=true`) or `failed`", "str")
+    )
+    procedure: dict[str, Any] = field(
+        metadata=key(
+            "`name, rho, gamma, align, centered, full_model, exact` (rho after the top-level `rho=`, "
+            "which sets procedures with a proximal term only)",
+            "object",
+        )
+    )
+    reference: str = field(
+        metadata=key(
+            "the Gram the procedure should reach: `star`, `cen` (full correction, gamma = 1), `corrected` "
+            "(partial correction 0 < gamma < 1: the BW barycenter of the corrected client Grams, "
+            "`targets.g_corrected`) or `within` (centred)",
+            "str",
+        )
+    )
+    config: dict[str, Any] = field(
+        metadata=key("the resolved Hydra config of the run (every group and top-level key)", "object")
+    )
+    seeds: dict[str, Any] = field(
+        metadata=key(
+            "`seed` (model init + minibatch order), `dataset_seed`, `init` (`common`/`independent`), "
+            "`backbone_seeds` (each client's initial-backbone seed, `fedhead.analysis.seeds.backbone_seed`)",
+            "object",
+        )
+    )
+    git_revision: str = field(metadata=key("commit of the source tree (`+dirty` when modified), or `unknown`", "str"))
+    provenance: dict[str, Any] = field(
+        metadata=key(
+            "`git_revision, python, platform, numpy, argv, seeds`; under `flwr run` also `fab` (`fab_id, "
+            "fab_version, fab_hash, run_id`: a deployed ServerApp runs from the installed FAB, where "
+            "`git_revision` is `unknown`) and `run_config`",
+            "object",
+        )
+    )
+    dataset: DatasetInfo = field(metadata=key("see `dataset` below", "object"))
+    diagnosis: dict[str, Any] | None = field(
+        metadata=key("see `diagnosis` below (computed right after the moment exchange, before training)", "object")
+    )
+    moments: dict[str, Any] | None = field(
+        metadata=key(
+            "exchanged statistics: `counts (M)`, `weights (M)` = N_m/N, `means (M,C)`, `covs (M,C,C)`, "
+            "`sigma_cen (C,C)`, `sigma_within (C,C)`",
+            "object",
+        )
+    )
+    targets: dict[str, Any] | None = field(
+        metadata=key(
+            "`g_star, g_cen, g_within (C,C)`, `grams (M,C,C)` = phi(Sigma_m), `client_grams (M,C,C)` = the "
+            "optimal Grams the procedure's clients fit (phi((1-gamma) Sigma_m + gamma Sigma_cen)), `weights (M)`, "
+            "`reference`, `fully_active`, `g_corrected` (C,C) and `corrected_converged` (partial correction "
+            "only, else `null`). Outside the fully active regime (only with `dataset.allow_outside_regime=true`) "
+            "phi is the PSD minimiser with clipped eigenvalues, so `g_cen, g_within, grams, client_grams` are "
+            "still given, but `g_star` is `null`",
+            "object",
+        )
+    )
+    rounds: list[RoundRecord] = field(
+        metadata=key("one entry per round `0..T` (round 0 = the initial head), see `rounds[t]` below", "list")
+    )
+    timing: Timing = field(metadata=key("see `timing` below", "object"))
+    resumed_after_round: int = field(
+        default=ABSENT, metadata=key("only in a resumed run: the checkpointed round it continued after", "int")
+    )
+    error: str = field(default=ABSENT, metadata=key('only when `status == "failed"`: the exception', "str"))
+    local_optimality: LocalOptimality = field(
+        default=ABSENT, metadata=key("at the end of the run, see `local_optimality` below", "object")
+    )
+    figures: list[str] = field(default=ABSENT, metadata=key("PNG files written next to results.json", "list"))
+
+    # ------------------------------------------------------------------ typed views
+    @property
+    def name(self) -> str:
+        """The procedure's name."""
+        return str(self.procedure.get("name", ""))
+
+    @property
+    def gamma(self) -> float:
+        """The procedure's correction strength (0 when not recorded)."""
+        g = self.procedure.get("gamma")
+        return float(g) if isinstance(g, (int, float)) and not isinstance(g, bool) else 0.0
+
+    @property
+    def last(self) -> RoundRecord | None:
+        """The last recorded round, or None."""
+        return self.rounds[-1] if self.rounds else None
+
+    def round_at(self, t: int) -> RoundRecord | None:
+        """Round ``t``, or None when it was not recorded."""
+        return next((r for r in self.rounds if r.round == t), None)
+
+    def target(self, name: str) -> np.ndarray | None:
+        """A Gram of ``targets`` (``g_star``, ``g_cen``, ...) as a float64 array, or None."""
+        g = (self.targets or {}).get(name)
+        return None if g is None else np.asarray(g, dtype=np.float64)
+
+    # ------------------------------------------------------------------ JSON
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON object of results.json (arrays as nested lists)."""
+        out = _to_dict(self)
+        out["rounds"] = [r.to_dict() for r in self.rounds]
+        return out
+
+
+def from_dict(d: Any, *, where: str = FILE_NAME) -> Results:
+    """The :class:`Results` of a results.json object.
+
+    Raises
+    ------
+    SchemaError
+        Not an object, an unknown (e.g. newer) ``schema_version``, or a required key missing.
+    """
+    if not isinstance(d, Mapping):
+        raise SchemaError(f"{where}: expected a JSON object, got {type(d).__name__}")
+    version = d.get("schema_version")
+    known = (*sorted(UPGRADES), SCHEMA_VERSION)
+    if isinstance(version, bool) or version not in known:
+        raise SchemaError(
+            f"{where}: schema_version {version!r} is not one this fedhead reads "
+            f"({', '.join(map(str, known))}); a newer fedhead wrote it?"
+        )
+    while version != SCHEMA_VERSION:
+        d = UPGRADES[version](dict(d))
+        if d.get("schema_version") != version + 1:
+            raise SchemaError(f"{where}: the upgrade of schema_version {version} did not give {version + 1}")
+        version += 1
+    kw = _kwargs(Results, d, where)
+    try:
+        kw["rounds"] = [RoundRecord.from_dict(r) for r in kw["rounds"]]
+    except KeyError as exc:
+        raise SchemaError(f"{where}: a round misses key(s) {exc.args[0]}") from exc
+    except (TypeError, AttributeError) as exc:
+        raise SchemaError(f"{where}: rounds must be a list of objects ({exc})") from exc
+    kw["dataset"] = DatasetInfo.from_dict(kw["dataset"])
+    kw["timing"] = Timing.from_dict(kw["timing"])
+    if "local_optimality" in kw:
+        kw["local_optimality"] = LocalOptimality.from_dict(kw["local_optimality"])
+    return Results(**kw)
+
+
+def write(path: str | os.PathLike, results: Results) -> Path:
+    """Write ``results`` to ``path`` atomically (:func:`fedhead.results.io.write_json_atomic`)."""
+    return write_json_atomic(path, results.to_dict())
+
+
+def read(path: str | os.PathLike) -> Results:
+    """Read a results.json.
+
+    Raises
+    ------
+    SchemaError
+        See :func:`from_dict`; also for a file that is not JSON.
+    OSError
+        The file cannot be read.
+    """
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise SchemaError(f"{path}: not JSON ({exc})") from exc
+    return from_dict(data, where=str(path))
