@@ -22,7 +22,7 @@ from fedhead.analysis.procedure import reference_name
 from fedhead.federation.aggregation import LocalFit, effective_covariances
 from fedhead.results.rounds import RoundRecord, json_value
 
-__all__ = ["Targets", "RoundRecord", "RoundTracker", "reference_targets", "selected_heads", "selection_distance"]
+__all__ = ["Targets", "RoundRecord", "RoundTracker", "reference_targets", "selected_heads"]
 
 
 @dataclass(frozen=True)
@@ -115,13 +115,6 @@ def selected_heads(broadcast: np.ndarray, client_grams: np.ndarray) -> np.ndarra
     """``Pi_m(W_t)`` for every client, shape ``(M, C, P)`` (theory.md §5)."""
     w = np.asarray(broadcast, dtype=np.float64)
     return ufm.closest_head(w, np.asarray(client_grams, dtype=np.float64))  # one batched call for all M
-
-
-def selection_distance(
-    heads: np.ndarray, broadcast: np.ndarray, client_grams: np.ndarray, weights: np.ndarray
-) -> float:
-    """``delta_t = sum_m p_m ||W~_{m,t} - Pi_m(W_t)||_F`` (theory.md §11); heads ``(M,C,P)``."""
-    return metrics.selection_distance(heads, selected_heads(broadcast, client_grams), weights)
 
 
 class RoundTracker:
@@ -233,7 +226,7 @@ class RoundTracker:
             if present is not None and len(present) != len(weights):
                 idx = np.asarray(present, dtype=int)
                 grams, weights = np.asarray(grams)[idx], np.asarray(weights)[idx] / np.sum(np.asarray(weights)[idx])
-            delta = selection_distance(client_heads, broadcast, grams, weights)
+            delta = metrics.selection_distance(client_heads, selected_heads(broadcast, grams), weights)
         rec = self._measure(
             t,
             weight,

@@ -10,6 +10,7 @@ import pytest
 
 from fedhead import ufm
 from fedhead.analysis.diagnosis import diagnose
+from fedhead.analysis.metrics import selection_distance
 from fedhead.federation import aggregation as agg
 from fedhead.federation import tracking
 
@@ -198,7 +199,9 @@ def test_selection_distance_matches_definition(fig2_targets):
     w = rng.standard_normal((2, 3))
     heads = rng.standard_normal((3, 2, 3))
     expected = sum(p * np.linalg.norm(h - ufm.closest_head(w, g)) for p, h, g in zip(moments.weights, heads, grams))
-    assert tracking.selection_distance(heads, w, grams, moments.weights) == pytest.approx(expected, rel=1e-13)
+    assert selection_distance(heads, tracking.selected_heads(w, grams), moments.weights) == pytest.approx(
+        expected, rel=1e-13
+    )
 
 
 def test_weighted_mean():

@@ -10,6 +10,7 @@ from app_helpers import FakeGrid, NumpyClient, Recorder, captured_strategies_log
 from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, MetricRecord, RecordDict
 
 from fedhead import ufm
+from fedhead.analysis.metrics import selection_distance
 from fedhead.federation import aggregation as agg
 from fedhead.federation import protocol as P
 from fedhead.federation import tracking
@@ -104,7 +105,9 @@ def test_head_averaging_aggregates_hand_made_replies(task_identity, fig2_targets
     np.testing.assert_allclose(b, p @ np.array([[0, 0], [1, 1], [2, 2]]), rtol=0, atol=1e-14)
     rec = obs.records[-1]
     assert rec.round == 1 and rec.objective_gaps == pytest.approx([0.01, 0.02, 0.03])
-    assert rec.delta == pytest.approx(tracking.selection_distance(heads, w0, ex.targets.client_grams, p), rel=1e-13)
+    assert rec.delta == pytest.approx(
+        selection_distance(heads, tracking.selected_heads(w0, ex.targets.client_grams), p), rel=1e-13
+    )
     assert metrics["e_f_star"] == pytest.approx(rec.e_f_star)
 
 
