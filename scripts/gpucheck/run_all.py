@@ -34,7 +34,7 @@ from gpumon import Monitor  # noqa: E402
 STEPS = {
     "train": ("step_train.py", 200, 150),
     "concurrency": ("step_concurrency.py", 140, 150),
-    "deploy": ("step_deploy.py", 230, 210),
+    "deploy": ("step_deploy.py", 230, 240),
 }
 RESERVE_S = 15  # kept back at the end for the table
 
@@ -45,13 +45,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--out", type=Path, default=None, help="results folder (default $OUT or results/gpu-check-*)")
     ap.add_argument("--work", type=Path, default=None, help="scratch folder (default a new temporary folder)")
     ap.add_argument("--steps", default=",".join(STEPS), help=f"comma-separated subset of {list(STEPS)}")
-    ap.add_argument("--budget", type=float, default=None, help="seconds for all steps (default 450 GPU, 300 dry run)")
+    ap.add_argument("--budget", type=float, default=None, help="seconds for all steps (default 450 GPU, 330 dry run)")
     args = ap.parse_args(argv)
     unknown = [s for s in args.steps.split(",") if s not in STEPS]
     if unknown:
         ap.error(f"unknown steps {unknown}; choose from {list(STEPS)}")
     if args.budget is None:
-        args.budget = 300.0 if args.cpu_dry_run else 450.0
+        args.budget = 330.0 if args.cpu_dry_run else 450.0
     if args.budget <= RESERVE_S:
         ap.error(f"--budget must exceed {RESERVE_S} s")
     return args

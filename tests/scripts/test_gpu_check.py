@@ -145,7 +145,7 @@ def test_run_all_arguments(gc):
     a = gc.run_all.parse_args([])
     assert not a.cpu_dry_run and a.budget == 450 and a.steps == "train,concurrency,deploy"
     a = gc.run_all.parse_args(["--cpu-dry-run", "--steps", "train,deploy", "--out", "x"])
-    assert a.cpu_dry_run and a.budget == 300 and a.out == Path("x")
+    assert a.cpu_dry_run and a.budget == 330 and a.out == Path("x")
     with pytest.raises(SystemExit):
         gc.run_all.parse_args(["--steps", "train,typo"])
     with pytest.raises(SystemExit):
@@ -286,7 +286,8 @@ def test_cpu_dry_run(tmp_path):
     out = tmp_path / "out"
     t0 = time.monotonic()
     res = subprocess.run(
-        ["bash", str(REPO / "scripts" / "gpu_check.sh"), "--cpu-dry-run", "--out", str(out)],
+        # a generous budget: on 2 cores shared with other work each Python start of the deployment takes 10-30 s
+        ["bash", str(REPO / "scripts" / "gpu_check.sh"), "--cpu-dry-run", "--out", str(out), "--budget", "600"],
         capture_output=True,
         text=True,
         timeout=840,
