@@ -17,6 +17,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import signal
 import subprocess
 import sys
@@ -200,6 +201,8 @@ def main(argv: list[str] | None = None) -> int:
             write_json(out / "steps.json", {"steps": steps, "monitor": mon.note, "budget_s": args.budget})
             write_table(out, args.cpu_dry_run)
     mon.stop()
+    if args.work is None:  # our own temporary scratch (logs of a failed step are in its JSON)
+        shutil.rmtree(work, ignore_errors=True)
     text = write_table(out, args.cpu_dry_run)
     total = time.time() - t_begin
     write_json(out / "steps.json", {"steps": steps, "monitor": mon.note, "budget_s": args.budget, "total_s": total})
