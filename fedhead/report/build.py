@@ -12,15 +12,17 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from fedhead.plotting.canvas import save_figure
 from fedhead.report import figures as F
 from fedhead.report import figures_bars as B
-from fedhead.report import scope_tables, selection_tables
+from fedhead.report import paper, scope_tables, selection_tables
+from fedhead.report.claims import Claim, Verdict, evaluate
 from fedhead.report.collect import Collection, RunEntry, collect
-from fedhead.report.document import report_markdown
+from fedhead.report.document import claims_csv, report_markdown
+from fedhead.report.paper_claims import CLAIMS
 from fedhead.report.render import write_table
 from fedhead.report.tables import Table
 from fedhead.results.io import write_bytes_atomic
@@ -80,6 +82,8 @@ class Report:
     figures : list of FigureInfo
     figure_errors : list of str
         Figures that failed to draw (one line each; the report goes on without them).
+    claims : list of (Claim, Verdict)
+        The paper's claims (:data:`fedhead.report.paper_claims.CLAIMS`) with their verdicts.
     """
 
     out: Path
@@ -88,6 +92,7 @@ class Report:
     missing: list[TableSpec] = field(default_factory=list)
     figures: list[FigureInfo] = field(default_factory=list)
     figure_errors: list[str] = field(default_factory=list)
+    claims: list[tuple[Claim, Verdict]] = field(default_factory=list)
 
     @property
     def markdown(self) -> Path:
@@ -105,8 +110,22 @@ def compute_tables(collection: Collection) -> tuple[dict[str, Table], list[Table
         if not built:
             missing.append(spec)
         for t in built:
-            tables[t.key] = t
+            tables[t.key] = paper.attach(t)
     return tables, missing
+
+
+def judge_claims(collection: Collection) -> list[tuple[Claim, Verdict]]:
+    """Every claim of the paper with its verdict on the counted runs (tables of a run subset are
+    computed once per subset)."""
+    cache: dict[tuple[int, ...], dict[str, Table]] = {}
+
+    def tables_of(runs: Sequence[RunEntry]) -> dict[str, Table]:
+        key = tuple(id(r) for r in runs)
+        if key not in cache:
+            cache[key] = compute_tables(replace(collection, runs=list(runs)))[0]
+        return cache[key]
+
+    return [(claim, evaluate(claim, collection, tables_of)) for claim in CLAIMS]
 
 
 def slug(text: str) -> str:
@@ -207,6 +226,8 @@ def build_report(sweep_dirs: Sequence[str | Path], out: str | Path, *, figures: 
     if figures:
         report.figures, report.figure_errors = write_figures(collection, out / "figures")
         remove_stale(out / "figures", "*.png", [f.path for f in report.figures])
+    report.claims = judge_claims(collection)
+    write_bytes_atomic(out / "claims.csv", claims_csv(report).encode("utf-8"), sync=False)
     write_bytes_atomic(report.markdown, report_markdown(report).encode("utf-8"), sync=False)
     log.info("report: %d tables, %d figures -> %s", len(report.tables), len(report.figures), report.markdown)
     return report

@@ -6,7 +6,9 @@ from __future__ import annotations
 import datetime as _dt
 from typing import TYPE_CHECKING
 
-from fedhead.report.render import to_markdown
+from fedhead.report.claims import NOT_MEASURED, OPTIMUM_GAP, runs_text
+from fedhead.report.render import csv_text, to_markdown
+from fedhead.report.tables import fmt
 
 if TYPE_CHECKING:  # pragma: no cover
     from fedhead.report.build import Report
@@ -23,6 +25,49 @@ def duration(seconds: float) -> str:
     if seconds < 60:
         return f"{seconds:.0f} s"
     return f"{seconds / 60:.1f} min" if seconds < 3600 else f"{seconds / 3600:.1f} h"
+
+
+CLAIMS_INTRO = (
+    "Each claim of the paper about the network experiments, with the criterion the report tests, the "
+    "numbers and the runs behind them. `holds` / `does not hold`: the verdict on the runs whose clients "
+    f"reached their local optima (largest trained gap <= {fmt(OPTIMUM_GAP)} at the last round; runs with a "
+    "proximal weight ρ > 1e-3 are not judged by the gap, which is of the unpenalised objective); a claim "
+    "that does not hold there is a finding. `not testable`: only runs whose clients stopped short of their "
+    "optima measure it, so the numbers would measure the optimiser, not the theory. `not measured`: no run "
+    "measures it (the sweep that fills it is named). Every claim's runs: claims.csv."
+)
+
+
+def claims_section(report: Report) -> list[str]:
+    """The paper's claims: those on the tables filled (or with a verdict) first, then the rest."""
+    filled = {n for n in range(4, 10)} - {s.number for s in report.missing}
+    lines = ["## Claims of the paper", "", CLAIMS_INTRO, ""]
+    rest = []
+    for claim, v in report.claims:
+        tables = ", ".join(f"Table {t}" for t in claim.tables) or "no table"
+        if v.status == NOT_MEASURED and not filled & set(claim.tables):
+            rest.append(f"- **{claim.id}** ({tables}) {claim.text} — **{v.status}**: {_escape(v.detail)}")
+            continue
+        lines.append(f"- **{claim.id}** ({tables}) {claim.text} — **{v.status}**")
+        if claim.criterion:
+            lines.append(f"  - criterion: {claim.criterion}")
+        lines.append(f"  - {_escape(v.detail)}")
+        if v.runs:
+            lines.append(f"  - runs: {runs_text(v.runs)}")
+    if rest:
+        lines += ["", "Claims on tables or figures these runs do not fill:", ""] + rest
+    return lines + [""]
+
+
+def claims_csv(report: Report) -> str:
+    """``claims.csv``: one line per (claim, run) with the verdict (a claim without runs: one line)."""
+    rows: list[list[object]] = [["claim", "verdict", "tables", "detail", "sweep_dir", "run_dir"]]
+    for claim, v in report.claims:
+        tables = " ".join(str(t) for t in claim.tables)
+        for ref in v.runs or (None,):
+            where = [ref.sweep_dir, ref.run_dir] if ref else ["", ""]
+            rows.append([claim.id, v.status, tables, v.detail, *where])
+    return csv_text(rows)
 
 
 def sweeps_section(report: Report) -> list[str]:
@@ -130,10 +175,10 @@ def report_markdown(report: Report) -> str:
         "# fedhead report",
         "",
         f"Generated {now} by `fedhead-report` from {len(c.sweeps)} sweep folder(s): {len(c.runs)} runs "
-        f"counted, {len(c.excluded)} not counted. Contents: sweeps found, tables, figures, runs not counted, "
-        "sources.",
+        f"counted, {len(c.excluded)} not counted. Contents: claims of the paper, sweeps found, tables, "
+        "figures, runs not counted, sources.",
         "",
     ]
-    parts = head + sweeps_section(report) + tables_section(report) + figures_section(report)
+    parts = head + claims_section(report) + sweeps_section(report) + tables_section(report) + figures_section(report)
     parts += excluded_section(report) + sources_section(report)
     return "\n".join(parts)

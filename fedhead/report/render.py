@@ -22,10 +22,13 @@ def row_name(table: Table, row: dict[str, Cell]) -> str:
 
 
 def _md_cell(cell: Cell, runs: int | None) -> str:
-    """A Markdown cell: the value, and ``(n=k)`` when fewer runs than the row's define it."""
+    """A Markdown cell: the value, ``(n=k)`` when fewer runs than the row's define it, and the
+    paper's value with the ratio ours / paper where the paper has the cell."""
     text = cell.text()
     if cell.kind in ("number", "percent") and cell.value is not None and runs is not None and cell.count != runs:
         text += f" (n={cell.count})"
+    if cell.paper is not None:
+        text += f" ({cell.paper_text()})"
     return text.replace("|", "\\|")
 
 
@@ -48,7 +51,7 @@ def to_markdown(table: Table) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _csv_text(rows: list[list[object]]) -> str:
+def csv_text(rows: list[list[object]]) -> str:
     buf = io.StringIO()
     csv.writer(buf, lineterminator="\n").writerows(rows)
     return buf.getvalue()
@@ -61,19 +64,32 @@ def _csv_value(cell: Cell) -> object:
     return cell.value if cell.kind == "label" else repr(cell.value)
 
 
+def paper_columns(table: Table) -> set[str]:
+    """The value columns where some row has a paper value."""
+    return {k for k, _ in table.values if any(row[k].paper is not None for row in table.rows if k in row)}
+
+
+def _num(x: float | None) -> object:
+    return "" if x is None else repr(x)
+
+
 def to_csv(table: Table) -> str:
     """The table as CSV: label columns, then each value column ``key`` at full precision with
-    ``key_n`` (runs, or pairs for a fraction) beside it (``runs`` has no ``_n``)."""
+    ``key_n`` (runs, or pairs for a fraction) beside it (``runs`` has no ``_n``); where the paper
+    has a value in the column, ``key_paper`` and ``key_ratio`` (ours / paper) follow."""
+    with_paper = paper_columns(table)
     head: list[object] = [k for k, _ in table.labels]
     for k, _ in table.values:
         head += [k] if k == "runs" else [k, f"{k}_n"]
+        head += [f"{k}_paper", f"{k}_ratio"] if k in with_paper else []
     rows = [head]
     for row in table.rows:
         out: list[object] = [_csv_value(row[k]) for k, _ in table.labels]
         for k, _ in table.values:
             out += [_csv_value(row[k])] if k == "runs" else [_csv_value(row[k]), row[k].count]
+            out += [_num(row[k].paper), _num(row[k].ratio)] if k in with_paper else []
         rows.append(out)
-    return _csv_text(rows)
+    return csv_text(rows)
 
 
 def sources_csv(table: Table) -> str:
@@ -85,7 +101,7 @@ def sources_csv(table: Table) -> str:
             cell = row[k]
             for ref in cell.runs:
                 rows.append([table.key, name, k, _csv_value(cell), ref.sweep_dir, ref.run_dir])
-    return _csv_text(rows)
+    return csv_text(rows)
 
 
 def write_table(table: Table, folder: Path) -> dict[str, Path]:

@@ -45,12 +45,41 @@ class Cell:
         Runs (or run pairs for a ``"fraction"``) behind the value; default ``len(runs)``.
     kind : {"number", "fraction", "label", "percent"}
         ``fraction``: ``value`` wins out of ``n`` pairs; ``percent``: a number shown with %.
+    paper : float or None
+        The paper's value of this cell (:mod:`fedhead.report.paper`; a percentage for a
+        ``fraction`` or ``percent`` cell), None where the paper has none.
     """
 
     value: float | int | str | None
     runs: tuple[RunRef, ...] = ()
     n: int | None = None
     kind: str = "number"
+    paper: float | None = None
+
+    @property
+    def comparable(self) -> float | None:
+        """The value on the paper's scale: a fraction as a percentage of ``n``, else the value."""
+        if self.kind == "label" or self.value is None:
+            return None
+        if self.kind == "fraction":
+            return 100.0 * float(self.value) / self.count if self.count else None
+        return float(self.value)
+
+    @property
+    def ratio(self) -> float | None:
+        """Ours / paper (None without a paper value, a value of ours, or when the paper's is 0)."""
+        ours = self.comparable
+        if self.paper is None or ours is None or self.paper == 0:
+            return None
+        return ours / self.paper
+
+    def paper_text(self) -> str:
+        """``paper 2.9e-04, ×0.79`` (``%`` for fractions and percentages); empty without a paper value."""
+        if self.paper is None:
+            return ""
+        unit = " %" if self.kind in ("fraction", "percent") else ""
+        ratio = self.ratio
+        return f"paper {fmt(self.paper)}{unit}, ×" + ("-" if ratio is None else fmt(ratio))
 
     @property
     def count(self) -> int:

@@ -131,3 +131,16 @@ def test_build_report_api_gives_the_rows(sweeps, tmp_path):
     assert {s.number for s in rep.missing} == {5, 6, 7, 8, 9}  # prediction sweep not given: no test MSE
     assert {e.status for e in rep.collection.excluded} == {"skipped", "failed"}
     assert not (tmp_path / "out" / "figures").exists()
+
+
+def test_report_md_opens_with_the_claims(report_dir):
+    """The tiny sweep's clients stop above the 1e-3 gap: its Table 4 claims are not testable."""
+    text = (report_dir / "report.md").read_text()
+    sections = [ln for ln in text.splitlines() if ln.startswith("## ")]
+    assert sections[0] == "## Claims of the paper"
+    claims = text.split("## Claims of the paper")[1].split("\n## ")[0]
+    line = next(ln for ln in claims.splitlines() if ln.startswith("- **C2**"))
+    assert line.endswith("**not testable**")
+    assert "measures the optimiser" in claims and "- **C13** (Table 5)" in claims and "sweep=rho" in claims
+    assert (report_dir / "claims.csv").read_text().startswith("claim,verdict,tables,detail,sweep_dir,run_dir")
+    assert "(paper 0.00029, ×" in (report_dir / "tables" / "table4.md").read_text()
