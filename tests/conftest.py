@@ -50,3 +50,16 @@ def task_identity():
     TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 7, 0, 1
     yield
     TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id = saved
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    """One Ray session for every Ray simulation of the test session (started by the first one).
+
+    Inside it a simulation leaves Ray running (``fedhead.driver.ray_session.shared_ray_session``,
+    re-entrant, so a sweep's own session reuses it): Ray's ~5-10 s start on 2 cores is paid once.
+    """
+    from fedhead.driver.ray_session import shared_ray_session
+
+    with shared_ray_session({}, start=False):
+        yield

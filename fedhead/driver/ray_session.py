@@ -43,21 +43,32 @@ def stop_ray() -> None:
         ray.shutdown()
 
 
-#: True inside :func:`shared_ray_session`: simulations leave Ray running for the next one.
-_SHARED_RAY = False
+#: Depth of :func:`shared_ray_session` contexts: above 0, simulations leave Ray running for the next one.
+_SHARED_DEPTH = 0
 
 
 @contextlib.contextmanager
-def shared_ray_session(init_args: dict[str, Any]) -> Iterator[None]:
-    """One Ray session for several :func:`run_federations` calls (``fedhead-sweep``).
+def shared_ray_session(init_args: dict[str, Any], *, start: bool = True) -> Iterator[None]:
+    """One Ray session for several :func:`run_federations` calls (``fedhead-sweep``, the tests).
 
     flwr's Ray backend shuts Ray down when a simulation ends (``RayBackend.terminate``); inside
     this context its actors are still terminated but Ray keeps running, so the ~5-10 s start of
     Ray (GCS, raylet, workers) is paid once per sweep, not once per simulation. Ray is shut down
-    when the context exits, also on errors.
+    when the outermost context exits, also on errors.
+
+    Re-entrant: a context opened inside another one (a sweep inside the test session's) reuses
+    the outer session and neither starts nor stops Ray. ``start=False`` leaves the start to the
+    first simulation (``init_args`` are then that simulation's): a session that may run none
+    costs nothing.
     """
-    global _SHARED_RAY
-    # Ray (seconds to import): only when a simulation starts
+    global _SHARED_DEPTH
+    if _SHARED_DEPTH > 0:
+        _SHARED_DEPTH += 1
+        try:
+            yield
+        finally:
+            _SHARED_DEPTH -= 1
+        return
     from flwr.server.superlink.fleet.vce.backend import raybackend
 
     original = raybackend.RayBackend.terminate
@@ -67,16 +78,17 @@ def shared_ray_session(init_args: dict[str, Any]) -> Iterator[None]:
             self.pool.terminate_all_actors()
 
     raybackend.RayBackend.terminate = terminate_actors_only
-    _SHARED_RAY = True
+    _SHARED_DEPTH = 1
     try:
-        start_ray(init_args)
+        if start:
+            start_ray(init_args)
         yield
     finally:
-        _SHARED_RAY = False
+        _SHARED_DEPTH = 0
         raybackend.RayBackend.terminate = original
         stop_ray()
 
 
 def shared() -> bool:
     """True inside :func:`shared_ray_session` (a simulation then leaves Ray running)."""
-    return _SHARED_RAY
+    return _SHARED_DEPTH > 0

@@ -24,6 +24,8 @@ from fedhead.analysis.mismatch_cost import (
 )
 from fedhead.federation.config import compose_config, load_config
 
+pytestmark = pytest.mark.usefixtures("ray_session")  # one Ray start for the session (tests/conftest.py)
+
 
 def _run(tmp_path: Path, *overrides: str) -> dict[str, dict]:
     from fedhead.driver.simulation import run_federations
@@ -70,9 +72,18 @@ def _check_round(r1: dict, tol: float) -> None:
     assert r1[MISMATCH_REMOVED] == pytest.approx((tr - al) / (tr - loc), rel=1e-9)
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_mismatch_measurement_in_a_tiny_simulation(tmp_path):
-    """Mechanics on a tiny ResMLP (fast): the keys are in results.json rounds[1], finite, and the
-    local models cost less than either average."""
+    """Mechanics on a tiny ResMLP through Ray: the keys are in results.json rounds[1], finite, and
+    the local models cost less than either average.
+
+    Slow (two trained ResMLP federations, ~1 min of the default suite): the default suite covers
+    the same handlers and measurement in process in
+    ``test_mismatch_server.py::test_round_one_measurement_is_recorded_and_changes_nothing`` (keys in
+    results.json round 1 only, local below both averages), the two inits in
+    ``test_mismatch_server.py::test_clients_initial_backbones_follow_init``, and the Ray transport
+    and results.json in ``test_simulation.py::test_trained_simulation_meets_the_theory``."""
     rounds = _run(tmp_path, "model.width=32", "model.feature_dim=16", "local_epochs=600", "train.lr=1e-2")
     for r1 in rounds.values():
         _check_round(r1, tol=0.05)

@@ -18,6 +18,8 @@ import pytest
 from fedhead import ufm
 from fedhead.federation.config import compose_config, load_config
 
+pytestmark = pytest.mark.usefixtures("ray_session")  # one Ray start for the session (tests/conftest.py)
+
 REPO = Path(__file__).resolve().parents[2]
 
 

@@ -20,6 +20,8 @@ import pytest
 from fedhead.federation.checkpoint import checkpoint_path, read_checkpoint
 from fedhead.federation.config import compose_config, load_config
 
+pytestmark = pytest.mark.usefixtures("ray_session")  # one Ray start for the session (tests/conftest.py)
+
 GRACE = 5  # timeouts.straggler of these tests (default 45); straggler_factor stays 2: the query
 # phase's replies come as each Ray actor has started (tens of seconds apart on a busy machine)
 HUNG = 1  # the partition whose ClientApp never answers a training message

@@ -9,6 +9,6 @@ from report_helpers import build_sweeps
 
 
 @pytest.fixture(scope="session")
-def sweeps(tmp_path_factory) -> Path:
+def sweeps(tmp_path_factory, ray_session) -> Path:
     """``<root>/main`` and ``<root>/prediction`` sweep folders of real runs (see report_helpers)."""
     return build_sweeps(tmp_path_factory.mktemp("sweeps"))
