@@ -21,6 +21,7 @@ server certificates and the SuperNode key pairs.
 
 from __future__ import annotations
 
+import socket
 from dataclasses import dataclass
 
 SUPERLINK_PORT = 8000  # Fleet + Control + ServerApp runtime API (flwr 1.42 default)
@@ -140,3 +141,17 @@ def _isolation(isolation: str) -> str:
     if isolation not in ("subprocess", "process"):
         raise ValueError(f"isolation must be 'subprocess' or 'process', got {isolation!r}")
     return isolation
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct free TCP ports on 127.0.0.1 (held open together while chosen, so they differ)."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()

@@ -26,20 +26,7 @@ from pathlib import Path
 
 from common import REPO, SIZES, now, write_json
 
-from fedhead.driver.deploy import ServerTls, cli_connection_toml, superlink_command, supernode_command
-
-
-def free_ports(n: int) -> list[int]:
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
+from fedhead.driver.deploy import ServerTls, cli_connection_toml, free_ports, superlink_command, supernode_command
 
 
 class Procs:

@@ -17,7 +17,6 @@ import math
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -25,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from fedhead.driver.deploy import ServerTls, cli_connection_toml, superlink_command, supernode_command
+from fedhead.driver.deploy import ServerTls, cli_connection_toml, free_ports, superlink_command, supernode_command
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -34,19 +33,6 @@ N_CLIENTS = 2
 ROUNDS = 1
 RUN_LIMIT_S = 600  # `flwr run` (about 60-90 s on 2 busy cores)
 START_LIMIT_S = 90  # SuperLink answering, SuperNodes online
-
-
-def _free_ports(n: int) -> list[int]:
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def _descendants(pid: int) -> list[int]:
@@ -161,7 +147,7 @@ def loopback(tmp_path):
         capture_output=True,
         timeout=60,
     )
-    link_port, *node_ports = _free_ports(1 + N_CLIENTS)
+    link_port, *node_ports = free_ports(1 + N_CLIENTS)
     env = dict(
         os.environ,
         FLWR_HOME=str(tmp_path / "flwr-home"),
