@@ -294,17 +294,17 @@ def test_gram_ellipse_figure_3d_view():
 
 # ----------------------------------------------------------------------------- fig2
 def test_fig2_figures_are_readable(tmp_path, monkeypatch):
-    from fedhead.experiments import reference
+    from fedhead.experiments import reference, reference_figure
 
     figs = []
-    real = reference.save_figure
+    real = reference_figure.save_figure
 
     def capture(fig, path, **kw):
         fig.canvas.draw()
         figs.append(fig)
         return real(fig, path, **kw)
 
-    monkeypatch.setattr(reference, "save_figure", capture)
+    monkeypatch.setattr(reference_figure, "save_figure", capture)
     reference.run(reference.Settings.quick(), tmp_path)
     main, grams = figs
     a, b, c, d, e, f = main.axes

@@ -23,14 +23,60 @@ import pytest
         (["out={out}", "parallel_runs=0"], "parallel_runs must be an integer >= 1"),
     ],
 )
-def test_bad_input_is_one_line_and_exit_2(tmp_path, args, message):
+def _fedhead_sweep_checks(args: list[str]) -> int:
+    """What ``fedhead-sweep ARGS`` does before its first output, in process: the override check,
+    the composed config, :func:`typed_config` (with the preset plan) and the one-line report."""
+    from hydra import compose, initialize_config_module
+    from hydra.core.global_hydra import GlobalHydra
+
+    from fedhead.cli.sweep import typed_config
+    from fedhead.driver.errors import check_overrides, report
+
+    try:
+        check_overrides("fedhead-sweep", "sweep", args)
+        GlobalHydra.instance().clear()
+        with initialize_config_module(config_module="fedhead.conf", version_base=None):
+            cfg = compose(config_name="sweep", overrides=args)
+        typed_config(cfg)
+    except SystemExit as exc:
+        return exc.code
+    except Exception as exc:  # noqa: BLE001 - the CLI reports every error as one line
+        return report("fedhead-sweep", exc)
+    finally:
+        GlobalHydra.instance().clear()
+    return 0
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["sweep=foo", "out={out}"], "is not a preset"),
+        (["scale=huge", "out={out}"], "choose smoke or paper"),
+        (["out={out}", "data_roots.beijing={out}/missing"], "is not a folder"),
+        (["out={out}", "data_roots.mnist=/tmp"], "Could not override 'data_roots.mnist'"),
+        (["out={out}", "foo.bar=1"], "Could not override 'foo.bar'"),
+        (["out={out}", "settings=[mnist]"], "unknown data sets"),
+        (["out={out}", "seeds=3"], "seeds must be a list"),
+        (["out={out}", "sweep=rho", "settings=[mpiigaze]"], "has no run on settings"),
+        (["out={out}", "parallel_runs=0"], "parallel_runs must be an integer >= 1"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, args, message):
     out = tmp_path / "sweep"
-    cmd = [sys.executable, "-m", "fedhead.cli.sweep", *[a.format(out=out) for a in args]]
+    assert _fedhead_sweep_checks([a.format(out=out) for a in args]) == 2
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("fedhead-sweep: error: ") and message in lines[0], lines
+    assert not out.exists()
+
+
+def test_the_console_command_refuses_bad_input_with_one_line_and_exit_2(tmp_path):
+    """The same path as a user's shell: the real entry point in its own process."""
+    cmd = [sys.executable, "-m", "fedhead.cli.sweep"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert proc.returncode == 2, proc.stderr
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
-    assert len(lines) == 1 and lines[0].startswith("fedhead-sweep: error: ") and message in lines[0], proc.stderr
-    assert not out.exists()
+    assert lines == [lines[0]] and lines[0].startswith("fedhead-sweep: error: out= is required"), proc.stderr
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_an_out_folder_of_another_sweep_is_refused(tmp_path):
