@@ -82,11 +82,19 @@ def file_key(path) -> str:
     return h.hexdigest()[:16]
 
 
-def read_site(cfg: TableConfig, path, index: int) -> Site:
-    """Client ``index``'s file alone: the run's columns, rows with NaN/Inf refused or dropped
+def split_index(key: str) -> int:
+    """The index a file's ``test_fraction`` split is drawn with, ``(seed, index)``: from its key
+    (its bytes), so that a site splits alike wherever it is read and whatever its client number."""
+    return int(key[:8], 16)
+
+
+def read_site(cfg: TableConfig, path) -> Site:
+    """One client's file alone: the run's columns, rows with NaN/Inf refused or dropped
     (``dataset.missing``), the test split (``test_column``, or ``test_fraction`` drawn from
-    ``(seed, index)`` as the pooled loader does), at least ``C + 1`` training rows."""
+    ``(seed, split_index)`` as the pooled loader does), at least ``C + 1`` training rows."""
     table = read_file(path, cfg)
+    key = file_key(path)
+    index = split_index(key)
     targets, features = run_columns(cfg, table)
     x, y = site_arrays(cfg, table, targets, features)
     label = file_label(table.path)
@@ -107,7 +115,7 @@ def read_site(cfg: TableConfig, path, index: int) -> Site:
         raise TableError(f"{label}: no test rows (dataset.test_column / dataset.test_fraction)")
     return Site(
         label=label,
-        key=file_key(path),
+        key=key,
         columns=column_signature(table),
         target_names=targets,
         x=x[~test],

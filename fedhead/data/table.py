@@ -32,7 +32,16 @@ import numpy as np
 from fedhead.analysis.standardization import INPUT_MODES, TARGET_MODES
 from fedhead.data.base import RawDataset
 from fedhead.data.config import DatasetConfig
-from fedhead.data.site import finite_rows, run_columns, site_arrays, standardize_per_site, standardize_pooled, test_rows
+from fedhead.data.site import (
+    file_key,
+    finite_rows,
+    run_columns,
+    site_arrays,
+    split_index,
+    standardize_per_site,
+    standardize_pooled,
+    test_rows,
+)
 from fedhead.data.tables import (
     SUFFIXES,
     SitePart,
@@ -254,9 +263,10 @@ def load(cfg: TableConfig) -> RawDataset:
             t = test[rows] if test is not None else test_rows(cfg, site, rows.size, i)
             parts.append(SitePart(label, x[rows], y[rows], t))
     else:
-        for i, site in enumerate(sites):
+        for site in sites:
             x, y = site_arrays(cfg, site, targets, features)
-            parts.append(SitePart(file_label(site.path), x, y, test_rows(cfg, site, y.shape[0], i)))
+            index = split_index(file_key(site.path))  # as a site read alone (fedhead.data.site)
+            parts.append(SitePart(file_label(site.path), x, y, test_rows(cfg, site, y.shape[0], index)))
     names = tuple(targets) + tuple(features)
     for p in parts:
         keep = finite_rows(cfg, p.label, p.x, p.y, names)

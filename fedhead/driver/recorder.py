@@ -121,6 +121,9 @@ class RunRecorder:
         }
         if exchange.targets is not None:
             self.results.targets = exchange.targets.to_dict()
+        st = getattr(exchange, "standardization", None)
+        if st is not None:  # the federation's pooled offsets and scales (statistics exchange)
+            self.results.standardization = st.to_dict()
         self.results.dataset = dataclasses.replace(
             self.results.dataset, counts=np.asarray(m.counts).astype(int).tolist()
         )

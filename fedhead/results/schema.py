@@ -271,6 +271,15 @@ class Results:
         default=ABSENT, metadata=key("at the end of the run, see `local_optimality` below", "object")
     )
     figures: list[str] = field(default=ABSENT, metadata=key("PNG files written next to results.json", "list"))
+    standardization: dict[str, Any] = field(
+        default=ABSENT,
+        metadata=key(
+            "site-local `dataset=table` runs: the federation's standardisation from the exchanged "
+            "moments, `{targets: {mode, offset (C), scale (C)}, inputs: {mode, offset (F), scale (F)}}` "
+            "(`y = offset + scale * y_std` maps a prediction back; input arrays empty unless `pooled`)",
+            "object",
+        ),
+    )
 
     # ------------------------------------------------------------------ typed views
     @property
