@@ -25,6 +25,7 @@ from fedhead.federation.job import JobConfig
 
 _SITES: dict[tuple[str, str], S.Site] = {}
 _LOCAL: dict[tuple, tuple[FederatedData, ClientData]] = {}
+_LOCAL_KEEP = 16
 _LOCK = threading.Lock()
 
 
@@ -111,8 +112,9 @@ def local_data(job: JobConfig, context: Context, msg: Message, pid: int) -> tupl
         )
         hit = (data, cd)
         with _LOCK:
-            _LOCAL.clear()  # one site per process and standardisation
             _LOCAL[key] = hit
+            while len(_LOCAL) > _LOCAL_KEEP:  # a simulation's worker serves several sites
+                _LOCAL.pop(next(iter(_LOCAL)))
     return hit
 
 

@@ -14,8 +14,14 @@ the site or test column). Clients:
 ``y``'s columns); ``dataset.features`` the inputs (default: every other numeric column but the site
 and test columns). A held-out test split comes from ``dataset.test_column`` (truthy rows are test
 rows) or ``dataset.test_fraction`` (that fraction of every site's rows, chosen by ``seed``).
-Tabular inputs are standardised with the pooled training statistics (``standardize_features``),
-targets by the pipeline (pooled, docs/theory.md §10). ``n_train=null`` keeps every training row.
+Targets (``standardize_targets=pooled|none``) and tabular inputs (``standardize_inputs=pooled|
+site|none``) are standardised with the pooled training statistics (docs/theory.md §10). With one
+file per client and every row (:meth:`TableConfig.site_local`) a federation never pools rows:
+each client reads only its own file (:mod:`fedhead.data.site`; a deployed SuperNode's node
+config ``data-path``, then ``dataset.files=[] dataset.num_clients=M``) and the pooled
+statistics come from the exchanged moments (:mod:`fedhead.analysis.standardization`);
+:func:`load` gives the same numbers on one machine (the simulation's checks before Ray).
+``n_train=null`` keeps every training row.
 
 Every problem with the files is a :class:`TableError` (a data and a configuration error: one
 line naming the file and column, exit status 2 in ``fedhead-run``), raised before training.
