@@ -100,10 +100,10 @@ def test_table_run_g_cen_equals_the_pooled_standardised_rows(tmp_path, task_iden
 
 def test_data_path_nodes_open_only_their_file_and_match_the_simulation(tmp_path, task_identity, monkeypatch):
     files = _sites(tmp_path)
-    sim = _job(tmp_path / "sim", files, "procedure=proximal", "local_epochs=2")
+    sim = _job(tmp_path / "sim", files, "procedure=proximal", "local_epochs=2", "measure_mismatch=true")
     sim_res = _serve(sim, InProcessGrid(make_client_app(sim), 3)).finish("completed")
 
-    job = _job(tmp_path / "dep", None, "procedure=proximal", "local_epochs=2")
+    job = _job(tmp_path / "dep", None, "procedure=proximal", "local_epochs=2", "measure_mismatch=true")
     assert job.dataset.files == () and job.settings.num_clients == 3
     opened: list[str] = []
     real = data_site.read_file
@@ -125,10 +125,16 @@ def test_data_path_nodes_open_only_their_file_and_match_the_simulation(tmp_path,
     assert sorted(res.dataset.counts) == sorted(SIZES)
     for key in ("g_cen", "g_star", "g_within"):
         np.testing.assert_allclose(np.asarray(res.targets[key]), np.asarray(sim_res.targets[key]), rtol=0, atol=1e-10)
-    assert res.standardization == sim_res.standardization
+    for part in ("targets", "inputs"):  # the same pooled statistics (summed in another client order)
+        for key in ("offset", "scale"):
+            got, want = res.standardization[part][key], sim_res.standardization[part][key]
+            np.testing.assert_allclose(got, want, rtol=1e-13)
     sent = [m for m in grid.sent if m.metadata.message_type == "train"]
     assert {int(m.content.config_records["config"]["partition-id"]) for m in sent} == {0, 1, 2}
     assert all("standardization" in m.content.array_records for m in sent)
+    mismatch = [m for m in grid.sent if m.content.config_records["config"].get("stage") == "mismatch"]
+    assert len(mismatch) == 3 and all("partition-id" in m.content.config_records["config"] for m in mismatch)
+    assert res.rounds[1].extra["mismatch_objective_local"] is not None  # the round-1 measurement ran
     assert len(list((tmp_path / "nodes").rglob("site_*"))) == 3  # private state keyed by the node's data-path
 
 
