@@ -274,9 +274,11 @@ class Results:
     standardization: dict[str, Any] = field(
         default=ABSENT,
         metadata=key(
-            "site-local `dataset=table` runs: the federation's standardisation from the exchanged "
-            "moments, `{targets: {mode, offset (C), scale (C)}, inputs: {mode, offset (F), scale (F)}}` "
-            "(`y = offset + scale * y_std` maps a prediction back; input arrays empty unless `pooled`)",
+            "the targets' standardisation, `{targets: {mode, offset (C), scale (C)}, inputs: {mode, "
+            "offset (F), scale (F)}}` (`y = offset + scale * y_std` maps a prediction back): site-local "
+            "`dataset=table` runs, the federation's from the exchanged moments (input arrays empty "
+            "unless `pooled`); other simulations, the loaded data set's (inputs `loader`: the loader's "
+            "own, not recorded); absent where the server has neither (a deployment of a built-in data set)",
             "object",
         ),
     )

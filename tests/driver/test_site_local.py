@@ -156,3 +156,26 @@ def test_a_node_without_data_path_or_with_other_columns_is_refused(tmp_path, tas
     else:
         assert "its columns differ from the run's (missing [], extra ['extra'])" in text
     assert [m.metadata.message_type for m in grid.sent] == ["query"] * 3  # refused before any training
+
+
+def test_a_built_in_data_set_records_its_target_standardisation(tmp_path, task_identity):
+    from fedhead.data.registry import load_federated
+
+    cfg = load_config(
+        compose_config(
+            ["dataset.n_train=240", f"dataset.cache_dir={tmp_path / 'cache'}", "num_clients=3", "model=free"]
+            + ["procedure=exact", "rounds=1", "output.tensorboard=false", "output.figures=false"]
+        )
+    )
+    job = cfg.jobs(tmp_path / "out")[0]
+    res = _serve(job, InProcessGrid(make_client_app(job), 3)).finish("completed")
+    data = load_federated(job.dataset, num_clients=3)
+    stored_scale = not data.target_offset.any() and np.all(data.target_scale == 1.0)  # MuJoCo keeps its units
+    assert res.standardization["targets"]["mode"] == ("none" if stored_scale else "pooled")
+    assert res.standardization["inputs"]["mode"] == "loader"
+    np.testing.assert_allclose(res.standardization["targets"]["offset"], data.target_offset, rtol=1e-15)
+    np.testing.assert_allclose(res.standardization["targets"]["scale"], data.target_scale, rtol=1e-15)
+    exchanged = np.asarray(res.moments["covs"])  # the built-in path is the moment query, unchanged
+    for m, c in enumerate(data.clients):
+        y = c.y_train.double().numpy()
+        np.testing.assert_allclose(exchanged[m], np.cov(y.T, bias=True), rtol=0, atol=1e-12)
