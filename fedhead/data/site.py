@@ -19,7 +19,8 @@ import numpy as np
 import torch
 
 from fedhead.analysis.standardization import Standardization
-from fedhead.data.base import ClientData
+from fedhead.data.base import ClientData, RawDataset
+from fedhead.data.pipeline import resize_images
 from fedhead.data.tables import SitePart, SiteTable, TableError, file_label, numeric, read_file, truthy
 
 if TYPE_CHECKING:
@@ -113,14 +114,19 @@ def read_site(cfg: TableConfig, path) -> Site:
     has_test = cfg.test_column is not None or cfg.test_fraction > 0
     if has_test and not test.any():
         raise TableError(f"{label}: no test rows (dataset.test_column / dataset.test_fraction)")
+    x_train, x_test = x[~test], x[test] if has_test else None
+    if is_image and cfg.image_size is not None:  # dataset.image_size, as the pooled loader resamples
+        raw = RawDataset(cfg.name, x_train, y[~test], targets, x_test, y[test] if has_test else None)
+        raw = resize_images(raw, cfg.image_size)
+        x_train, x_test = raw.x, raw.x_test
     return Site(
         label=label,
         key=key,
         columns=column_signature(table),
         target_names=targets,
-        x=x[~test],
+        x=x_train,
         y=np.ascontiguousarray(y[~test], dtype=np.float64),
-        x_test=x[test] if has_test else None,
+        x_test=x_test,
         y_test=np.ascontiguousarray(y[test], dtype=np.float64) if has_test else None,
         is_image=is_image,
     )

@@ -70,3 +70,33 @@ def test_files_on_the_supernodes_need_num_clients_and_one_client_per_file(tmp_pa
         load_federated(cfg, use_cache=False)
     with pytest.raises(TableError, match="standardize_inputs must be one of"):
         TableConfig(files=[], targets=["t1"], num_clients=3, standardize_inputs="global")
+
+
+@pytest.mark.parametrize("image_size", [None, 4])
+def test_npz_images_and_tables_read_alone_equal_the_pooled_loader(tmp_path, image_size):
+    rng = np.random.default_rng(3)
+    for i in range(2):
+        n = 14 + 3 * i
+        np.savez(tmp_path / f"im{i}.npz", x=rng.integers(0, 255, (n, 1, 8, 8), dtype=np.uint8), y=rng.normal(size=n))
+        np.savez(tmp_path / f"t{i}.npz", x=rng.normal(size=(n, 4)) * (i + 1), y=rng.normal(size=(n, 2)))
+    for stem, targets in (("im", ["angle"]), ("t", None)):
+        cfg = TableConfig(
+            files=[str(tmp_path / f"{stem}{i}.npz") for i in range(2)],
+            targets=targets,
+            test_fraction=0.25,
+            image_size=image_size if stem == "im" else None,
+        )
+        fed = load_federated(cfg, use_cache=False)
+        _, clients = _federated_by_sites(cfg)
+        for a, b in zip(fed.clients, clients):
+            for name in ("x_train", "y_train", "x_test", "y_test"):
+                assert (
+                    getattr(a, name).dtype == getattr(b, name).dtype
+                    and getattr(a, name).shape == getattr(b, name).shape
+                )
+                np.testing.assert_allclose(getattr(b, name).numpy(), getattr(a, name).numpy(), rtol=0, atol=2e-6)
+        if stem == "im":
+            assert (
+                clients[0].x_train.shape[-1] == (image_size or 8)
+                and clients[0].x_train.dtype.is_floating_point is False
+            )
