@@ -224,19 +224,19 @@ def test_rows(cfg: TableConfig, site: SiteTable, n: int, index: int) -> np.ndarr
     return test
 
 
-def standardize_per_site(x, x_test, parts: list[SitePart], eigen: bool):
-    """Each site's inputs with its own training mean and std (``standardize_inputs=site``)."""
-    if eigen:
+def standardize_per_site(x, x_test, groups, groups_test):
+    """Each site's inputs with its own training mean and std (``standardize_inputs=site``);
+    ``groups`` (``groups_test``) name every training (test) row's site."""
+    if groups is None:
         raise TableError("dataset.standardize_inputs=site needs sites (files or site_column), not partition=eigen")
-    xs, xts, i, j = np.empty_like(x), None if x_test is None else np.empty_like(x_test), 0, 0
-    for p in parts:
-        n, k = int((~p.test).sum()), int(p.test.sum())
-        mean, std = x[i : i + n].mean(axis=0), x[i : i + n].std(axis=0)
+    xs, xts = np.empty_like(x), None if x_test is None else np.empty_like(x_test)
+    for g in np.unique(groups):
+        rows = groups == g
+        mean, std = x[rows].mean(axis=0), x[rows].std(axis=0)
         std = np.where(std > 0, std, 1.0)
-        xs[i : i + n] = (x[i : i + n] - mean) / std
+        xs[rows] = (x[rows] - mean) / std
         if xts is not None:
-            xts[j : j + k] = (x_test[j : j + k] - mean) / std
-        i, j = i + n, j + k
+            xts[groups_test == g] = (x_test[groups_test == g] - mean) / std
     return xs, xts
 
 

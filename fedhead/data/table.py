@@ -329,7 +329,7 @@ def _assemble(cfg: TableConfig, parts: list[SitePart], targets, features, *, is_
         if cfg.standardize_inputs == "pooled":
             x, x_test = standardize_pooled(x, x_test)
         elif cfg.standardize_inputs == "site":
-            x, x_test = standardize_per_site(x, x_test, parts, eigen)
+            x, x_test = standardize_per_site(x, x_test, None if eigen else groups, groups_test)
         x = x.astype(np.float32)
         x_test = None if x_test is None else x_test.astype(np.float32)
     label = f"{parts[0].label}" if len(parts) == 1 else f"{parts[0].label} ... ({len(parts)} sites)"

@@ -100,3 +100,20 @@ def test_npz_images_and_tables_read_alone_equal_the_pooled_loader(tmp_path, imag
                 clients[0].x_train.shape[-1] == (image_size or 8)
                 and clients[0].x_train.dtype.is_floating_point is False
             )
+
+
+def test_site_inputs_of_one_file_split_by_site_after_subsampling(tmp_path):
+    f = write_csv(tmp_path / "all.csv", _rows(120, 4))
+    cfg = TableConfig(files=[str(f)], targets=["t1", "t2"], site_column="site", n_train=90, standardize_inputs="site")
+    assert not cfg.site_local()  # one file split by site: the pooled rows are loaded together
+    fed = load_federated(cfg, use_cache=False)
+    assert sum(c.n_train for c in fed.clients) == 90
+    for c in fed.clients:
+        x = c.x_train.double().numpy()
+        np.testing.assert_allclose(x.mean(0), 0.0, atol=1e-5)
+        np.testing.assert_allclose(x.std(0)[x.std(0) > 0], 1.0, atol=1e-5)
+    eigen = TableConfig(
+        files=[str(f)], targets=["t1", "t2"], partition="eigen", num_clients=2, standardize_inputs="site"
+    )
+    with pytest.raises(TableError, match="standardize_inputs=site needs sites"):
+        load_federated(eigen, use_cache=False)
