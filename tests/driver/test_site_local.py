@@ -179,3 +179,56 @@ def test_a_built_in_data_set_records_its_target_standardisation(tmp_path, task_i
     for m, c in enumerate(data.clients):
         y = c.y_train.double().numpy()
         np.testing.assert_allclose(exchanged[m], np.cov(y.T, bias=True), rtol=0, atol=1e-12)
+
+
+class _Crash(RuntimeError):
+    pass
+
+
+class _CrashingGrid(InProcessGrid):
+    """Raises when the server sends the evaluate messages of round 2 (the clients stored round 2)."""
+
+    def push_messages(self, messages):
+        messages = list(messages)
+        for m in messages:
+            cfg = m.content.config_records.get("config")
+            if m.metadata.message_type == "evaluate" and int(cfg["server-round"]) == 2:
+                raise _Crash("killed in round 2")
+        return super().push_messages(messages)
+
+
+def test_a_data_path_deployment_resumes_with_its_sites_on_other_node_ids(tmp_path, task_identity):
+    """The ServerApp and ClientApp of ``flwr run .``: a run killed in round 2 resumes
+    (``resume=true``) with every site behind another node id; the server numbers the sites as
+    before (by their files) and each finds its private backbone (keyed by its data-path)."""
+    from fedhead import client_app, server_app
+    from fedhead.clients import BackboneStore
+    from fedhead.clients import state as client_state
+
+    files = _sites(tmp_path)
+    overrides = "dataset=table dataset.files=[] dataset.num_clients=3 dataset.targets=[t1,t2] model=free "
+    overrides += "procedure=proximal rounds=3 local_epochs=2 output.tensorboard=false output.figures=false"
+
+    def grid(cls, resume: bool, order):
+        run_config = {"overrides": overrides, "output-dir": str(tmp_path / "out"), "resume": resume}
+        g = cls(client_app.app, 3, run_id=31 + resume, run_config=run_config)
+        for node, site in zip(sorted(g.contexts), order):  # a site keeps its file and state-dir
+            g.contexts[node].node_config = {"data-path": str(files[site]), "state-dir": str(tmp_path / f"site{site}")}
+        return g
+
+    with pytest.raises(_Crash):
+        crashed = grid(_CrashingGrid, False, [0, 1, 2])
+        server_app.app(crashed, next(iter(crashed.contexts.values())))
+    BackboneStore.clear_cache()  # new processes
+    client_state._BACKBONES.clear()
+    resumed = grid(InProcessGrid, True, [2, 0, 1])
+    server_app.app(resumed, next(iter(resumed.contexts.values())))
+    from fedhead.results import schema
+
+    res = schema.read(tmp_path / "out" / "proximal" / "results.json")
+    assert res.status == "completed" and res.resumed_after_round == 1 and [r.round for r in res.rounds] == [0, 1, 2, 3]
+    parts = {m.metadata.dst_node_id: m.content.config_records["config"]["partition-id"] for m in resumed.sent[3:6]}
+    before = {m.metadata.dst_node_id: m.content.config_records["config"]["partition-id"] for m in crashed.sent[3:6]}
+    site_of = {n: s for n, s in zip(sorted(resumed.contexts), [2, 0, 1])}
+    site_before = {n: s for n, s in zip(sorted(crashed.contexts), [0, 1, 2])}
+    assert {site_of[n]: p for n, p in parts.items()} == {site_before[n]: p for n, p in before.items()}
