@@ -1,6 +1,9 @@
 """The fedhead ClientApp (flwr 1.42 Message API): ``query``, ``train`` and ``evaluate`` handlers.
 
-* ``query``: the client's ``(N_m, mu_m, Sigma_m)`` (only these O(C^2) numbers leave the client).
+* ``query``: the client's ``(N_m, mu_m, Sigma_m)`` (only these O(C^2) numbers leave the client);
+  ``stage="statistics"`` (site-local ``dataset=table``): its raw statistics
+  (:func:`fedhead.clients.site.handle_statistics`), after which every message carries the
+  federation's standardisation and the client reads only its own file.
 * ``train``: runs :func:`fedhead.train.train_local` on the client's partition with the
   procedure's terms (proximal ``rho``, correction ``gamma`` with the server's ``Sigma_cen``,
   target centring), optionally aligns the trained head to the broadcast, and uploads the head
@@ -33,10 +36,10 @@ import torch
 from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
+from fedhead.clients.site import handle_statistics, local_data
 from fedhead.clients.state import (
     ClientError,
     apply_shared_state,
-    client_data,
     client_moments,
     is_free,
     limit_threads,
@@ -72,8 +75,10 @@ def handle_query(job: JobConfig, msg: Message, context: Context) -> Message:
     cfg = msg.content.config_records.get(P.CONFIG)
     if cfg is not None and cfg.get(P.STAGE) == P.STAGE_MISMATCH:
         return handle_mismatch(job, msg, context)
-    pid = partition_of(context, job)
-    _, cd = client_data(job, pid)
+    if cfg is not None and cfg.get(P.STAGE) == P.STAGE_STATISTICS:
+        return handle_statistics(job, msg, context)
+    pid = partition_of(context, job, msg)
+    _, cd = local_data(job, context, msg, pid)
     y, mu, sigma = client_moments(job, pid, cd)
     content = RecordDict(
         {
@@ -90,8 +95,8 @@ def handle_mismatch(job: JobConfig, msg: Message, context: Context) -> Message:
     its aligned backbone (:func:`fedhead.train.mismatch_objectives`; the stored backbone of the
     message's round is only read)."""
     limit_threads(job)
-    pid = partition_of(context, job)
-    data, cd = client_data(job, pid)
+    pid = partition_of(context, job, msg)
+    data, cd = local_data(job, context, msg, pid)
     if P.MISMATCH not in msg.content.array_records:
         raise ClientError(f"partition {pid}: mismatch query without the '{P.MISMATCH}' record")
     rec = msg.content.array_records[P.MISMATCH]
@@ -133,9 +138,9 @@ def handle_mismatch(job: JobConfig, msg: Message, context: Context) -> Message:
 def handle_train(job: JobConfig, msg: Message, context: Context) -> Message:
     """One round of local work: train (or the closed-form rule) and upload the head."""
     limit_threads(job)
-    pid = partition_of(context, job)
+    pid = partition_of(context, job, msg)
     rnd = round_of(msg)
-    data, cd = client_data(job, pid)
+    data, cd = local_data(job, context, msg, pid)
     w_t, b_t = P.read_head(msg.content.array_records[P.HEAD])
     sigma_cen = sigma_cen_of(msg, job, pid)
     y = cd.y_train
@@ -219,8 +224,8 @@ def handle_train(job: JobConfig, msg: Message, context: Context) -> Message:
 def handle_evaluate(job: JobConfig, msg: Message, context: Context) -> Message:
     """MSE of the shared head with the client's own backbone on its train (and test) data."""
     limit_threads(job)
-    pid = partition_of(context, job)
-    data, cd = client_data(job, pid)
+    pid = partition_of(context, job, msg)
+    data, cd = local_data(job, context, msg, pid)
     w, b = P.read_head(msg.content.array_records[P.HEAD])
     backbone = load_backbone(job, context, pid, data, cd, required=True, expected_round=round_of(msg))
     if job.procedure.full_model:

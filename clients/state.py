@@ -31,6 +31,7 @@ log = logging.getLogger(__name__)
 PARTITION_ID_KEY = "partition-id"
 NUM_PARTITIONS_KEY = "num-partitions"
 STATE_DIR_KEY = "state-dir"
+DATA_PATH_KEY = "data-path"  # Flower's node config key of a SuperNode's own data (dataset=table)
 
 _DATA: dict[tuple[str, int], FederatedData] = {}
 #: data sets kept in memory per process (least recently used dropped; the disk cache stays)
@@ -47,8 +48,16 @@ class ClientError(RuntimeError):
 
 
 # -------------------------------------------------------------------------------- helpers
-def partition_of(context: Context, job: JobConfig) -> int:
-    """The client's partition id (``partition-id`` of the node config), checked against M."""
+def partition_of(context: Context, job: JobConfig, msg: Message | None = None) -> int:
+    """The client's partition id, checked against M: the server's number in the message's config
+    (SuperNodes known by their ``data-path``, :mod:`fedhead.strategies.statistics`), else the
+    node config's ``partition-id``."""
+    cfg = None if msg is None else msg.content.config_records.get(P.CONFIG)
+    if cfg is not None and P.PARTITION_ID in cfg:
+        pid = int(cfg[P.PARTITION_ID])
+        if not 0 <= pid < job.settings.num_clients:
+            raise ClientError(f"the server numbered this node {pid}, outside 0..{job.settings.num_clients - 1}")
+        return pid
     if PARTITION_ID_KEY not in context.node_config:
         raise ClientError(f"node config lacks '{PARTITION_ID_KEY}' (got {dict(context.node_config)})")
     pid = int(context.node_config[PARTITION_ID_KEY])
@@ -138,10 +147,13 @@ def store_of(job: JobConfig, context: Context) -> BackboneStore:
     (deployments: a folder local to the client), else :func:`simulation_state_dir`
     (simulation, single machine)."""
     node_dir = context.node_config.get(STATE_DIR_KEY)
+    site = context.node_config.get(DATA_PATH_KEY)  # a node known by its file: its state under its own key
+    site_dir = f"site_{hashlib.sha256(str(site).encode()).hexdigest()[:12]}" if site else ""
     if node_dir:
-        return BackboneStore(Path(str(node_dir)) / job.name / f"run_{deployment_run_key(job, context.run_id)}")
+        root = Path(str(node_dir)) / job.name / f"run_{deployment_run_key(job, context.run_id)}"
+        return BackboneStore(root / site_dir)
     # the simulation's temporary state folder: atomic files, no fsync (a per-round cost per client)
-    return BackboneStore(simulation_state_dir(job, context.run_id), sync=False)
+    return BackboneStore(simulation_state_dir(job, context.run_id) / site_dir, sync=False)
 
 
 def load_backbone(

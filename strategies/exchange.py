@@ -26,6 +26,7 @@ from flwr.serverapp import Grid
 from fedhead import ufm
 from fedhead.analysis.diagnosis import Diagnosis, diagnose
 from fedhead.analysis.regime import OutsideRegimeWarning, ensure_fully_active
+from fedhead.analysis.standardization import Standardization
 from fedhead.federation import aggregation as agg
 from fedhead.federation import protocol as P
 from fedhead.federation.deploy_checks import FederationMismatch, check_node_count, check_partitions
@@ -50,6 +51,10 @@ class MomentExchange:
     node_ids: tuple[int, ...]  # ordered by partition id (the clients that take part)
     partition_ids: tuple[int, ...]
     dropped: tuple[Dropped, ...] = ()  # clients left out by the failure policy
+    #: after a statistics exchange (:mod:`fedhead.strategies.statistics`): the pooled offsets and
+    #: scales every message carries, and whether the server numbered the clients
+    standardization: Standardization | None = None
+    assigned_partitions: bool = False
 
 
 def wait_for_nodes(grid: Grid, min_nodes: int, timeout: float) -> list[int]:

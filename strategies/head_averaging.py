@@ -1,7 +1,7 @@
 """:class:`HeadAveraging`, fedhead's strategy on flwr's Message API (a :class:`flwr.serverapp.strategy.FedAvg`).
 
-Before round 1 a ``query`` asks every client for ``(N_m, mu_m, Sigma_m)`` (the moment exchange:
-diagnosis, fully active check, reference Grams). Each round broadcasts the head (and ``Sigma_cen``
+Before round 1 a ``query`` asks every client for ``(N_m, mu_m, Sigma_m)`` (the moment exchange;
+site-local tables: :mod:`~fedhead.strategies.statistics`). Each round broadcasts the head (and ``Sigma_cen``
 when the clients correct), averages the returned heads with weights ``N_m / N`` and measures the
 round (theory.md §11); an ``evaluate`` phase then collects the shared head's MSE on each client's own
 backbone. The strategy is thin and does no I/O: the numbers come from the numpy layers, the steps
@@ -50,6 +50,7 @@ from fedhead.strategies.replies import (
     parse_train_reply,
 )
 from fedhead.strategies.rounds import RoundState
+from fedhead.strategies.statistics import exchange_statistics, node_messages
 
 __all__ = ["FederationError", "HeadAveraging", "MomentExchange", "RunObserver"]
 
@@ -86,6 +87,8 @@ class HeadAveraging(FedAvg):
         Outside the fully active regime the run refuses to train (after the diagnosis) unless True
         (``dataset.allow_outside_regime=true``); then it trains with the partial targets of
         :class:`fedhead.federation.tracking.Targets` (``G_star`` and the recursion null) and a warning.
+    site_statistics : (str, str), optional
+        ``(standardize_targets, standardize_inputs)``: the statistics exchange replaces the moment query.
     """
 
     def __init__(
@@ -102,6 +105,7 @@ class HeadAveraging(FedAvg):
         min_clients: int | None = None,
         message_config: dict[str, int | float | str | bool] | None = None,
         allow_outside_regime: bool = False,
+        site_statistics: tuple[str, str] | None = None,
     ) -> None:
         super().__init__(
             fraction_train=1.0,
@@ -128,6 +132,7 @@ class HeadAveraging(FedAvg):
         self._round_dropped: list[Dropped] = []
         self.message_config = dict(message_config or {})
         self.allow_outside_regime = bool(allow_outside_regime)
+        self.site_statistics = site_statistics
         self.exchange: MomentExchange | None = None
         #: the head, the measurements and the resume offset between rounds (what a checkpoint holds)
         self.rounds = RoundState()
@@ -135,8 +140,8 @@ class HeadAveraging(FedAvg):
         self._on_round_end: Callable[[ServerState], None] | None = None
 
     def summary(self) -> None:
-        args = (self.lambda_h, self.lambda_w, self.gamma, self.centered, self.min_nodes)
-        log.info("%s: lambda_h=%g lambda_w=%g gamma=%g centered=%s clients=%d", type(self).__name__, *args)
+        args = (type(self).__name__, self.lambda_h, self.lambda_w, self.gamma, self.centered, self.min_nodes)
+        log.info("%s: lambda_h=%g lambda_w=%g gamma=%g centered=%s clients=%d", *args)
 
     # ---------------------------------------------------------------- moment exchange
     def aggregate_moments(
@@ -160,25 +165,25 @@ class HeadAveraging(FedAvg):
     def exchange_moments(self, grid: Grid) -> MomentExchange:
         """Run the one-time moment exchange over ``grid`` and report it to the observer."""
         node_ids = self._wait_for_nodes(grid)
-        queries = query_messages(node_ids, self.message_config)
-        replies = grid.send_and_receive(queries, timeout=self.timeouts.exchange)
-        self.exchange = self.aggregate_moments(replies, expected_nodes=node_ids)
+        if self.site_statistics is not None:  # a site-local dataset=table run
+            self.exchange = exchange_statistics(self, grid, node_ids)
+        else:
+            queries = query_messages(node_ids, self.message_config)
+            replies = grid.send_and_receive(queries, timeout=self.timeouts.exchange)
+            self.exchange = self.aggregate_moments(replies, expected_nodes=node_ids)
         for line in self.exchange.diagnosis.format().splitlines():
             log.info("diagnosis: %s", line)
         self.observer.on_exchange(self.exchange)
         return self.exchange
 
     def check_regime(self) -> None:
-        """Refuse to train outside the fully active regime unless explicitly allowed
-        (:func:`fedhead.strategies.exchange.enforce_regime`)."""
+        """Refuse to train outside the fully active regime unless allowed (:func:`~.exchange.enforce_regime`)."""
         if self.exchange is None:
             raise RuntimeError("exchange_moments must run before the regime check")
         enforce_regime(self.exchange, self.lambda_h, self.lambda_w, self.allow_outside_regime)
 
     def _wait_for_nodes(self, grid: Grid) -> list[int]:
-        """The nodes to message: before the exchange, exactly ``min_nodes`` connected SuperNodes
-        (waiting at most ``timeouts.nodes``; :func:`fedhead.strategies.exchange.wait_for_nodes`),
-        afterwards the clients that took part in the exchange."""
+        """Before the exchange ``min_nodes`` SuperNodes (:func:`~.exchange.wait_for_nodes`), then its clients."""
         if self.exchange is not None:
             return sorted(self.exchange.node_ids)
         return wait_for_nodes(grid, self.min_nodes, self.timeouts.nodes)
@@ -207,20 +212,18 @@ class HeadAveraging(FedAvg):
         return self.rounds.server_state(self.exchange.moments, self._extra_state())
 
     def restore(self, state: ServerState) -> None:
-        """Continue after checkpointed round ``state.round`` (after :meth:`exchange_moments`, whose
-        moments must be the checkpoint's)."""
+        """Continue after checkpointed round ``state.round`` (the exchange's moments must be its)."""
         if self.exchange is None:
             raise RuntimeError("exchange_moments must run before a restore")
         self.rounds.restore(state, self.exchange.moments, self.exchange.targets)
         self.check_regime()
         self._restore_extra(state.extra)
 
-    def _extra_state(self) -> dict[str, np.ndarray]:
-        """Hook: strategy state beyond the head to checkpoint (arrays)."""
+    def _extra_state(self) -> dict[str, np.ndarray]:  # hook: strategy state beyond the head to checkpoint
         return {}
 
-    def _restore_extra(self, extra: dict[str, np.ndarray]) -> None:
-        """Hook: restore what :meth:`_extra_state` saved."""
+    def _restore_extra(self, extra: dict[str, np.ndarray]) -> None:  # restore what _extra_state saved
+        pass
 
     def train_content(self, arrays: ArrayRecord, config: ConfigRecord) -> RecordDict:
         """Content of a training message (head, config, Sigma_cen for corrected clients)."""
@@ -254,7 +257,7 @@ class HeadAveraging(FedAvg):
         self._extend_train_content(content, arrays)
         node_ids = self._wait_for_nodes(grid)
         self._sent[kind] = list(node_ids)
-        return [Message(content=content, dst_node_id=n, message_type=message_type) for n in node_ids]
+        return node_messages(content, node_ids, message_type, self.exchange)
 
     def _extend_train_content(self, content: RecordDict, arrays: ArrayRecord) -> None:
         """Hook for subclasses that broadcast more than the head."""
@@ -276,11 +279,8 @@ class HeadAveraging(FedAvg):
     def parse_train_replies(
         self, replies: Iterable[Message]
     ) -> tuple[list[Message], np.ndarray, np.ndarray, np.ndarray]:
-        """Validated heads ``(M,C,P)``, biases ``(M,C)``, counts ``(M,)`` ordered by partition.
-
-        Invalid, error and missing replies are dropped by the failure policy (kept in
-        :attr:`_round_dropped`); the arrays cover the surviving clients only.
-        """
+        """Validated heads ``(M,C,P)``, biases ``(M,C)``, counts ``(M,)`` ordered by partition, of the
+        surviving clients (the failure policy's drops are kept in :attr:`_round_dropped`)."""
         if self.exchange is None:
             raise RuntimeError("begin() must record the initial head before training")
         expected_n = dict(zip(self.exchange.partition_ids, np.asarray(self.exchange.moments.counts)))

@@ -27,6 +27,7 @@ from fedhead.federation import protocol as P
 from fedhead.federation.tracking import RoundRecord
 from fedhead.strategies.head_averaging import HeadAveraging
 from fedhead.strategies.replies import metrics_of, partition_of
+from fedhead.strategies.statistics import node_messages
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +106,7 @@ class MismatchHeadAveraging(HeadAveraging):
                 }
             )
             content = RecordDict({P.MISMATCH: record, P.CONFIG: config})
-            out.append(Message(content=content, dst_node_id=int(node), message_type=MessageType.QUERY))
+            out += node_messages(content, [int(node)], MessageType.QUERY, self.exchange)
         return out
 
     def parse_mismatch_replies(self, replies: Iterable[Message]) -> tuple[np.ndarray, np.ndarray]:

@@ -14,8 +14,14 @@ the site or test column). Clients:
 ``y``'s columns); ``dataset.features`` the inputs (default: every other numeric column but the site
 and test columns). A held-out test split comes from ``dataset.test_column`` (truthy rows are test
 rows) or ``dataset.test_fraction`` (that fraction of every site's rows, chosen by ``seed``).
-Tabular inputs are standardised with the pooled training statistics (``standardize_features``),
-targets by the pipeline (pooled, docs/theory.md §10). ``n_train=null`` keeps every training row.
+Targets (``standardize_targets=pooled|none``) and tabular inputs (``standardize_inputs=pooled|
+site|none``) are standardised with the pooled training statistics (docs/theory.md §10). With one
+file per client and every row (:meth:`TableConfig.site_local`) a federation never pools rows:
+each client reads only its own file (:mod:`fedhead.data.site`; a deployed SuperNode's node
+config ``data-path``, then ``dataset.files=[] dataset.num_clients=M``) and the pooled
+statistics come from the exchanged moments (:mod:`fedhead.analysis.standardization`);
+:func:`load` gives the same numbers on one machine (the simulation's checks before Ray).
+``n_train=null`` keeps every training row.
 
 Every problem with the files is a :class:`TableError` (a data and a configuration error: one
 line naming the file and column, exit status 2 in ``fedhead-run``), raised before training.
@@ -29,8 +35,19 @@ from pathlib import Path
 
 import numpy as np
 
+from fedhead.analysis.standardization import INPUT_MODES, TARGET_MODES
 from fedhead.data.base import RawDataset
 from fedhead.data.config import DatasetConfig
+from fedhead.data.site import (
+    file_key,
+    finite_rows,
+    run_columns,
+    site_arrays,
+    split_index,
+    standardize_per_site,
+    standardize_pooled,
+    test_rows,
+)
 from fedhead.data.tables import (
     SUFFIXES,
     SitePart,
@@ -38,10 +55,8 @@ from fedhead.data.tables import (
     TableError,
     check_same_columns,
     file_label,
-    numeric,
     read_file,
     site_values,
-    truthy,
 )
 
 __all__ = ["TableConfig", "TableError", "SiteTable", "read_file", "load", "SUFFIXES"]
@@ -83,8 +98,12 @@ class TableConfig(DatasetConfig):
         Hold out this fraction of every site's rows (chosen by ``seed``); 0: no test split.
     missing : str
         ``refuse`` (NaN/Inf in a used column is an error) or ``drop`` (drop those rows, logged).
-    standardize_features : bool
-        Standardise tabular inputs with the pooled training mean and standard deviation.
+    standardize_targets : str
+        ``pooled`` (the pooled training mean and std, from the exchanged moments in a federation)
+        or ``none`` (the stored units).
+    standardize_inputs : str
+        Tabular inputs: ``pooled`` (pooled training mean and std), ``site`` (each client its own)
+        or ``none``.
     n_train : int or None
         None keeps every training row; an integer keeps that many, chosen by ``seed``.
     num_clients : int or None
@@ -104,7 +123,8 @@ class TableConfig(DatasetConfig):
     test_column: str | None = None
     test_fraction: float = 0.0
     missing: str = "refuse"
-    standardize_features: bool = True
+    standardize_targets: str = "pooled"
+    standardize_inputs: str = "pooled"
     n_train: int | None = None
     n_test: int = 0
     num_clients: int | None = None
@@ -116,8 +136,19 @@ class TableConfig(DatasetConfig):
         if self.files is None or isinstance(self.files, (str, bytes)):
             raise TableError(f"dataset.files must be a list of files, got {self.files!r}")
         self.files = tuple(str(f) for f in self.files)
-        if not self.files:
-            raise TableError("dataset=table needs dataset.files=[FILE, ...] (one file per client, or one file)")
+        if self.standardize_targets not in TARGET_MODES:
+            raise TableError(
+                f"dataset.standardize_targets must be one of {TARGET_MODES}, got {self.standardize_targets!r}"
+            )
+        if self.standardize_inputs not in INPUT_MODES:
+            raise TableError(
+                f"dataset.standardize_inputs must be one of {INPUT_MODES}, got {self.standardize_inputs!r}"
+            )
+        if not self.files and self.num_clients is None:
+            raise TableError(
+                "dataset=table needs dataset.files=[FILE, ...] (one file per client, or one file), or, in a "
+                "deployment whose SuperNodes name their own file (node config data-path), dataset.num_clients=M"
+            )
         self.targets = _str_list(self.targets, "targets")
         self.features = _str_list(self.features, "features")
         if self.partition not in _PARTITIONS:
@@ -140,6 +171,9 @@ class TableConfig(DatasetConfig):
             raise TableError(
                 f"dataset=table reads files only: dataset.source must be auto or files, got {self.source!r}"
             )
+        if not self.files:  # the sites' files are on the SuperNodes (data-path): one client per node
+            self._check_node_files()
+            return
         paths = [Path(f).expanduser() for f in self.files]
         seen: dict[Path, str] = {}
         for f, p in zip(self.files, paths):
@@ -189,100 +223,59 @@ class TableConfig(DatasetConfig):
             raise TableError(f"dataset.num_clients={given} but the files give {n} clients; leave it unset")
         self.num_clients = n
 
+    def _check_node_files(self) -> None:
+        if self.partition != "natural" or self.site_column is not None:
+            raise TableError(
+                "dataset.files=[] (each SuperNode's data-path) is one client per file: no site_column, eigen"
+            )
+        if isinstance(self.num_clients, bool) or not isinstance(self.num_clients, int) or self.num_clients < 1:
+            raise TableError(f"dataset.num_clients must be a positive integer, got {self.num_clients!r}")
+        if self.n_train is not None:
+            raise TableError("dataset.n_train subsamples the pooled rows; with data-path files leave it null")
+
     def use_files(self) -> bool:
         return True
 
+    def site_local(self) -> bool:
+        """Whether each client reads only its own file (one file per client, every row) and the
+        federation standardises from the exchanged moments (:mod:`fedhead.data.site`); otherwise
+        (one file split by site or eigen, ``n_train``) the pooled rows are loaded together."""
+        return self.partition == "natural" and self.site_column is None and self.n_train is None
+
 
 # --------------------------------------------------------------------------- reading
-def _feature_names(cfg: TableConfig, site: SiteTable, targets: tuple[str, ...]) -> tuple[str, ...]:
-    if cfg.features is not None:
-        return cfg.features
-    skip = set(targets) | {cfg.site_column, cfg.test_column}
-    names = tuple(c for c in site.columns if c in site.numeric and c not in skip)
-    if not names:
-        raise TableError(f"{file_label(site.path)}: no numeric column is left for the inputs (dataset.features)")
-    return names
-
-
-def _site_arrays(cfg: TableConfig, site: SiteTable, targets, features) -> tuple[np.ndarray, np.ndarray]:
-    if site.y is not None:
-        return site.x, site.y
-    for t in targets:
-        if t in features:
-            raise TableError(f"{file_label(site.path)}: column {t!r} is both a target and a feature")
-    y = np.stack([numeric(site, t, "targets") for t in targets], axis=1)
-    x = np.stack([numeric(site, f, "features") for f in features], axis=1)
-    return x, y
-
-
-def _finite_rows(cfg: TableConfig, label: str, x: np.ndarray, y: np.ndarray, names: tuple[str, ...]) -> np.ndarray:
-    """Rows without NaN/Inf in a used column; refuse them unless ``missing=drop``."""
-    cols = np.concatenate([y, x.reshape(x.shape[0], -1)], axis=1) if x.dtype.kind == "f" else y
-    bad = ~np.isfinite(cols)
-    rows = bad.any(axis=1)
-    if not rows.any():
-        return np.ones(y.shape[0], dtype=bool)
-    if cfg.missing == "refuse":
-        per_col = bad.sum(axis=0)
-        where = ", ".join(f"{names[i] if i < len(names) else 'x'}: {int(c)}" for i, c in enumerate(per_col) if c)
-        raise TableError(
-            f"{label}: {int(rows.sum())} row(s) have NaN or Inf in a used column ({where}); "
-            "clean the file or set dataset.missing=drop"
-        )
-    log.info("%s: dropped %d row(s) with NaN or Inf in a used column (dataset.missing=drop)", label, int(rows.sum()))
-    return ~rows
-
-
-def _test_rows(cfg: TableConfig, site: SiteTable, n: int, index: int) -> np.ndarray:
-    if cfg.test_column is not None:
-        return truthy(site, cfg.test_column)
-    test = np.zeros(n, dtype=bool)
-    if cfg.test_fraction:
-        k = int(round(cfg.test_fraction * n))
-        rng = np.random.default_rng([int(cfg.seed), index])
-        test[rng.choice(n, size=k, replace=False)] = True
-    return test
-
-
 def load(cfg: TableConfig) -> RawDataset:
     """Read, check and assemble the user's files (see the module docstring)."""
+    if not cfg.files:
+        raise TableError(
+            "dataset.files=[]: the sites' files are on the SuperNodes (node config data-path); "
+            "only a deployment can read them"
+        )
     sites = [read_file(f, cfg) for f in cfg.files]
     check_same_columns(sites)
     first = sites[0]
-    is_npz = first.y is not None
-    if is_npz:
-        c = first.y.shape[1]
-        targets = cfg.targets or tuple(f"y{i}" for i in range(c))
-        if len(targets) != c:
-            raise TableError(f"{file_label(first.path)}: dataset.targets names {len(targets)} columns but y has {c}")
-        if cfg.features is not None:
-            raise TableError(
-                f"{file_label(first.path)}: dataset.features applies to CSV/Parquet tables, not .npz (x is used)"
-            )
-        features: tuple[str, ...] = ()
-    else:
-        targets = cfg.targets
-        features = _feature_names(cfg, first, targets)
+    targets, features = run_columns(cfg, first)
     parts: list[SitePart] = []
     if cfg.site_column is not None:
         site = sites[0]
-        x, y = _site_arrays(cfg, site, targets, features)
-        test = _test_rows(cfg, site, y.shape[0], 0) if cfg.test_column else None
+        x, y = site_arrays(cfg, site, targets, features)
+        test = test_rows(cfg, site, y.shape[0], 0) if cfg.test_column else None
         raw_v = site.columns[cfg.site_column]
         values = site_values(site, cfg.site_column, site.path)
         key = raw_v if cfg.site_column in site.numeric else np.asarray([str(s) for s in raw_v], dtype=object)
         for i, v in enumerate(values):
             rows = np.flatnonzero(key == v)
             label = f"{file_label(site.path)} [{cfg.site_column}={v}]"
-            t = test[rows] if test is not None else _test_rows(cfg, site, rows.size, i)
+            t = test[rows] if test is not None else test_rows(cfg, site, rows.size, i)
             parts.append(SitePart(label, x[rows], y[rows], t))
     else:
-        for i, site in enumerate(sites):
-            x, y = _site_arrays(cfg, site, targets, features)
-            parts.append(SitePart(file_label(site.path), x, y, _test_rows(cfg, site, y.shape[0], i)))
+        for site in sites:
+            x, y = site_arrays(cfg, site, targets, features)
+            index = split_index(file_key(site.path))  # as a site read alone (fedhead.data.site)
+            parts.append(SitePart(file_label(site.path), x, y, test_rows(cfg, site, y.shape[0], index)))
     names = tuple(targets) + tuple(features)
     for p in parts:
-        keep = _finite_rows(cfg, p.label, p.x, p.y, names)
+        keep = finite_rows(cfg, p.label, p.x, p.y, names)
         p.x, p.y, p.test = p.x[keep], p.y[keep], p.test[keep]
     return _assemble(cfg, parts, tuple(targets), features, is_image=first.x is not None and first.x.ndim == 4)
 
@@ -333,8 +326,10 @@ def _assemble(cfg: TableConfig, parts: list[SitePart], targets, features, *, is_
     else:
         x = x.reshape(x.shape[0], -1).astype(np.float64)
         x_test = None if x_test is None else x_test.reshape(x_test.shape[0], -1).astype(np.float64)
-        if cfg.standardize_features:
-            x, x_test = _standardize_inputs(x, x_test)
+        if cfg.standardize_inputs == "pooled":
+            x, x_test = standardize_pooled(x, x_test)
+        elif cfg.standardize_inputs == "site":
+            x, x_test = standardize_per_site(x, x_test, None if eigen else groups, groups_test)
         x = x.astype(np.float32)
         x_test = None if x_test is None else x_test.astype(np.float32)
     label = f"{parts[0].label}" if len(parts) == 1 else f"{parts[0].label} ... ({len(parts)} sites)"
@@ -347,15 +342,6 @@ def _assemble(cfg: TableConfig, parts: list[SitePart], targets, features, *, is_
         y_test=None if y_test is None else np.ascontiguousarray(y_test, dtype=np.float64),
         groups=None if eigen else groups,
         groups_test=None if eigen else groups_test,
-        standardize=True,
+        standardize=cfg.standardize_targets == "pooled",
         source=f"table {label}; inputs {list(features) if features else 'x'}",
     )
-
-
-def _standardize_inputs(x: np.ndarray, x_test: np.ndarray | None) -> tuple[np.ndarray, np.ndarray | None]:
-    """Pooled training mean and standard deviation (a constant column is only centred)."""
-    mean = x.mean(axis=0)
-    std = x.std(axis=0)
-    std = np.where(std > 0, std, 1.0)
-    xs = (x - mean) / std
-    return xs, None if x_test is None else (x_test - mean) / std

@@ -40,13 +40,21 @@ class ServerTls:
         return ["--ssl-ca-certfile", self.ca, "--ssl-certfile", self.cert, "--ssl-keyfile", self.key]
 
 
-def node_config(partition_id: int, num_partitions: int, state_dir: str | None = None) -> str:
-    """The ``--node-config`` value read by the fedhead ClientApp (see clients/app.py)."""
-    parts = [f"partition-id={int(partition_id)}", f"num-partitions={int(num_partitions)}"]
-    if state_dir is not None:
-        if "'" in state_dir or " " in state_dir:
-            raise ValueError(f"state-dir must not contain quotes or spaces: {state_dir!r}")
-        parts.append(f"state-dir='{state_dir}'")
+def node_config(
+    partition_id: int | None, num_partitions: int | None, state_dir: str | None = None, data_path: str | None = None
+) -> str:
+    """The ``--node-config`` value read by the fedhead ClientApp (see clients/state.py, clients/site.py):
+    ``partition-id`` and ``num-partitions``, or, for ``dataset=table``, the node's own file
+    ``data-path`` (then no partition: the server numbers the nodes), and the ``state-dir``."""
+    if partition_id is None and data_path is None:
+        raise ValueError("a SuperNode needs a partition-id or a data-path")
+    parts = [] if partition_id is None else [f"partition-id={int(partition_id)}"]
+    parts += [] if num_partitions is None else [f"num-partitions={int(num_partitions)}"]
+    for key, value in (("data-path", data_path), ("state-dir", state_dir)):
+        if value is not None:
+            if "'" in value or " " in value:
+                raise ValueError(f"{key} must not contain quotes or spaces: {value!r}")
+            parts.append(f"{key}='{value}'")
     return " ".join(parts)
 
 
@@ -85,16 +93,17 @@ def supernode_command(
     superlink: str,
     host: str,
     port: int = SUPERNODE_RUNTIME_PORT,
-    partition_id: int,
-    num_partitions: int,
+    partition_id: int | None,
+    num_partitions: int | None,
     state_dir: str | None,
     root_ca: str | None,
     auth_key: str | None = None,
     isolation: str = "subprocess",
     runtime_tls: ServerTls | None = None,
     superexec_secret: str | None = None,
+    data_path: str | None = None,
 ) -> list[str]:
-    """``flower-supernode`` for one partition.
+    """``flower-supernode`` for one partition (or one site's file, ``data_path``).
 
     ``root_ca`` None means ``--insecure`` (no TLS to the SuperLink). ``runtime_tls`` secures
     the SuperNode's own runtime API, which the ClientApp's SuperExec reaches over the network
@@ -114,7 +123,7 @@ def supernode_command(
         if isolation != "process":
             raise ValueError("superexec_secret only applies to isolation='process'")
         cmd += ["--superexec-auth-secret-file", superexec_secret]
-    cmd += ["--node-config", node_config(partition_id, num_partitions, state_dir)]
+    cmd += ["--node-config", node_config(partition_id, num_partitions, state_dir, data_path)]
     return cmd
 
 

@@ -25,7 +25,8 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from fedhead.analysis.seeds import backbone_seed
-from fedhead.data.pipeline import memo_get
+from fedhead.analysis.standardization import Standardization
+from fedhead.data.pipeline import memo_get, standardize_targets
 from fedhead.data.registry import coerce_config
 from fedhead.data.units import axis_unit
 from fedhead.driver.console import diagnosis_lines, final_summary, fmt, local_gap_advice, round_line, round_log_line
@@ -121,6 +122,9 @@ class RunRecorder:
         }
         if exchange.targets is not None:
             self.results.targets = exchange.targets.to_dict()
+        st = getattr(exchange, "standardization", None) or loaded_standardization(self.job)
+        if st is not None:  # the federation's pooled offsets and scales, or the loaded data set's
+            self.results.standardization = st.to_dict()
         self.results.dataset = dataclasses.replace(
             self.results.dataset, counts=np.asarray(m.counts).astype(int).tolist()
         )
@@ -252,6 +256,22 @@ def target_axes(job: JobConfig) -> tuple[list[str] | None, str]:
     except Exception:
         log.debug("target names of %s not available", name, exc_info=True)
     return names, axis_unit(name, names, standardized=standardized)
+
+
+def loaded_standardization(job: JobConfig) -> Standardization | None:
+    """The target standardisation of a data set this process has loaded (the simulation driver
+    has; a deployed ServerApp has not: None), computed as the data pipeline does; its inputs are
+    the loader's (``mode="loader"``, not recorded)."""
+    try:
+        raw = memo_get(coerce_config(job.dataset))
+    except Exception:
+        log.debug("data set of %s not available", job.dataset.name, exc_info=True)
+        return None
+    if raw is None:
+        return None
+    st = standardize_targets(raw.y, enabled=raw.standardize)
+    mode = "pooled" if raw.standardize else "none"
+    return Standardization(mode, "loader", st.offset, st.scale, np.zeros(0), np.zeros(0))
 
 
 def init_seeds(job: JobConfig) -> dict[str, Any]:

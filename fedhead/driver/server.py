@@ -77,7 +77,16 @@ def make_job_strategy(job: JobConfig, observer: Any, message_config: dict[str, A
         allow_outside_regime=bool(job.dataset.allow_outside_regime),
         timeouts=job.timeouts,
         min_clients=job.failure.min_clients,
+        site_statistics=site_statistics(job),
     )
+
+
+def site_statistics(job: JobConfig) -> tuple[str, str] | None:
+    """``(standardize_targets, standardize_inputs)`` when the job's clients read only their own
+    file (a site-local ``dataset=table`` run: the statistics exchange), else None."""
+    ds = job.dataset
+    local = getattr(ds, "site_local", None)
+    return (ds.standardize_targets, ds.standardize_inputs) if local is not None and local() else None
 
 
 def serve(

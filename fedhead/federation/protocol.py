@@ -6,7 +6,8 @@ the private-state rule, and converts records to and from plain numpy, so that th
 neutral module; neither imports the other.
 
 Server -> client
-    ``query``  : ``config`` ConfigRecord (``stage="moments"``); with ``measure_mismatch=true``, once
+    ``query``  : ``config`` ConfigRecord (``stage="moments"``; for a site-local ``dataset=table``
+                 run ``stage="statistics"`` instead: the raw statistics below); with ``measure_mismatch=true``, once
                  after round 1, ``stage="mismatch"`` (+ ``server-round``) and a ``mismatch``
                  ArrayRecord (the client's own trained head ``own_weight``/``own_bias``, the
                  trained average ``trained_weight``, the aligned average ``aligned_weight``, their
@@ -16,12 +17,19 @@ Server -> client
                  (``sigma_cen (C,C)``, corrected procedures), optional ``backbone`` ArrayRecord
                  (full-model averaging; BatchNorm statistics never included).
     ``evaluate``: ``head`` ArrayRecord, ``config`` ConfigRecord.
+    After a statistics exchange every message also carries a ``standardization`` ArrayRecord
+    (``target_offset``, ``target_scale`` ``(C,)``, ``input_offset``, ``input_scale`` ``(F,)`` or
+    empty) and, when the server numbered the SuperNodes, ``config["partition-id"]``.
 
 Client -> server
     ``query``  : ``moments`` ArrayRecord (``mean (C,)``, ``cov (C,C)``), ``metrics``
                  MetricRecord (``num-examples``, ``partition-id``); the mismatch query's reply:
                  ``metrics`` with ``mismatch_local``, ``mismatch_trained``, ``mismatch_aligned``
-                 (the client's objectives, :mod:`fedhead.analysis.mismatch_cost`).
+                 (the client's objectives, :mod:`fedhead.analysis.mismatch_cost`);
+                 ``stage="statistics"``: ``site_stats`` ArrayRecord (raw ``y_mean (C,)``,
+                 ``y_cov (C,C)``, ``x_mean``, ``x_var`` ``(F,)``), ``site`` ConfigRecord
+                 (``columns``: the file's column signature, ``site-key``: hash of its bytes),
+                 ``metrics`` (``num-examples``, ``partition-id`` when the node config has one).
     ``train``  : ``head`` ArrayRecord, ``metrics`` MetricRecord (``num-examples``,
                  ``partition-id``, ``objective_gap``, local metrics), optional ``checks``
                  ArrayRecord (``trained_gram (C,C)`` before alignment), optional ``backbone``.
@@ -50,6 +58,9 @@ CHECKS = "checks"
 CONFIG = "config"
 METRICS = "metrics"
 MISMATCH = "mismatch"  # the mismatch query's heads and rotation (measure_mismatch=true, round 1)
+SITE_STATS = "site_stats"  # a site's raw statistics (stage="statistics")
+SITE = "site"  # its column signature and key (stage="statistics")
+STANDARDIZATION = "standardization"  # the federation's pooled offsets and scales (after the statistics)
 
 # array keys
 WEIGHT = "weight"  # in HEAD: W (C, P)
@@ -64,11 +75,16 @@ TRAINED_WEIGHT = "trained_weight"  # in MISMATCH: sum_m p_m W~_m (C, P)
 ALIGNED_WEIGHT = "aligned_weight"  # in MISMATCH: sum_m p_m W~_m Q_m (C, P)
 AVERAGE_BIAS = "average_bias"  # in MISMATCH: sum_m p_m b~_m (C,)
 ROTATION = "rotation"  # in MISMATCH: the client's Q_m (P, P); its aligned features are Q_m^T h
+Y_MEAN, Y_COV, X_MEAN, X_VAR = "y_mean", "y_cov", "x_mean", "x_var"  # in SITE_STATS (raw units)
+TARGET_OFFSET, TARGET_SCALE = "target_offset", "target_scale"  # in STANDARDIZATION: (C,)
+INPUT_OFFSET, INPUT_SCALE = "input_offset", "input_scale"  # in STANDARDIZATION: (F,), empty unless pooled
+COLUMNS, SITE_KEY = "columns", "site-key"  # in SITE (config)
 
 # config keys
 STAGE = "stage"
 STAGE_MOMENTS = "moments"
 STAGE_MISMATCH = "mismatch"
+STAGE_STATISTICS = "statistics"
 SERVER_ROUND = ClientMetric.SERVER_ROUND.name  # also echoed in the train reply's metrics
 JOB = "job"  # index of the job when one simulation serves several procedures
 

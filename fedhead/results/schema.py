@@ -271,6 +271,17 @@ class Results:
         default=ABSENT, metadata=key("at the end of the run, see `local_optimality` below", "object")
     )
     figures: list[str] = field(default=ABSENT, metadata=key("PNG files written next to results.json", "list"))
+    standardization: dict[str, Any] = field(
+        default=ABSENT,
+        metadata=key(
+            "the targets' standardisation, `{targets: {mode, offset (C), scale (C)}, inputs: {mode, "
+            "offset (F), scale (F)}}` (`y = offset + scale * y_std` maps a prediction back): site-local "
+            "`dataset=table` runs, the federation's from the exchanged moments (input arrays empty "
+            "unless `pooled`); other simulations, the loaded data set's (inputs `loader`: the loader's "
+            "own, not recorded); absent where the server has neither (a deployment of a built-in data set)",
+            "object",
+        ),
+    )
 
     # ------------------------------------------------------------------ typed views
     @property

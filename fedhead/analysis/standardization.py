@@ -1,0 +1,143 @@
+"""Standardisation from exchanged moments (numpy only): no row leaves a client.
+
+Each client reports the raw moments of its training rows: targets ``(N_m, mu_m (C,), Sigma_m
+(C, C))`` (population covariance, ``ddof=0``) and inputs ``(N_m, mean (F,), var (F,))``. The
+pooled statistics of all rows follow exactly (law of total variance):
+
+    mean   = sum_m p_m mu_m,          p_m = N_m / N
+    var_i  = sum_m p_m (Sigma_m,ii + (mu_m,i - mean_i)^2)
+
+and the moments of the standardised targets ``y' = (y - o) / s`` are exact functions of the raw
+ones: ``mu'_m = (mu_m - o) / s``, ``Sigma'_m = D^-1 Sigma_m D^-1`` with ``D = diag(s)``
+(:func:`standardized_moments`). The theory (diagnosis, ``G_cen``) uses these.
+
+Modes: targets ``pooled`` | ``none``; inputs ``pooled`` | ``site`` (each client its own mean and
+std, nothing pooled) | ``none``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "TARGET_MODES",
+    "INPUT_MODES",
+    "StandardizationError",
+    "Standardization",
+    "pooled_mean_std",
+    "standardized_moments",
+    "pooled_standardization",
+]
+
+TARGET_MODES = ("pooled", "none")
+INPUT_MODES = ("pooled", "site", "none")
+
+
+class StandardizationError(ValueError):
+    """The exchanged statistics cannot be standardised (a constant target, bad shapes)."""
+
+
+@dataclass(frozen=True)
+class Standardization:
+    """What every client applies: ``y' = (y - target_offset) / target_scale`` and, for
+    ``input_mode="pooled"``, ``x' = (x - input_offset) / input_scale`` (``site``: each client its
+    own; ``none``: raw inputs; the input arrays are then empty)."""
+
+    target_mode: str
+    input_mode: str
+    target_offset: np.ndarray  # (C,)
+    target_scale: np.ndarray  # (C,)
+    input_offset: np.ndarray  # (F,) or (0,)
+    input_scale: np.ndarray  # (F,) or (0,)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The results.json ``standardization`` object."""
+        return {
+            "targets": {
+                "mode": self.target_mode,
+                "offset": np.asarray(self.target_offset, dtype=float).tolist(),
+                "scale": np.asarray(self.target_scale, dtype=float).tolist(),
+            },
+            "inputs": {
+                "mode": self.input_mode,
+                "offset": np.asarray(self.input_offset, dtype=float).tolist(),
+                "scale": np.asarray(self.input_scale, dtype=float).tolist(),
+            },
+        }
+
+
+def pooled_mean_std(counts, means, variances) -> tuple[np.ndarray, np.ndarray]:
+    """Pooled per-coordinate mean and population standard deviation of all rows.
+
+    ``counts`` ``(M,)``, ``means`` and ``variances`` ``(M, K)`` (each site's population
+    variance). Exact up to rounding (law of total variance).
+    """
+    n = np.asarray(counts, dtype=np.float64)
+    mu = np.asarray(means, dtype=np.float64)
+    var = np.asarray(variances, dtype=np.float64)
+    if n.ndim != 1 or mu.shape != var.shape or mu.ndim != 2 or mu.shape[0] != n.shape[0]:
+        raise StandardizationError(
+            f"counts (M,), means and variances (M, K) expected, got {n.shape}, {mu.shape}, {var.shape}"
+        )
+    if np.any(n <= 0):
+        raise StandardizationError(f"counts must be positive, got {n.tolist()}")
+    p = n / n.sum()
+    mean = p @ mu
+    pooled = p @ (var + (mu - mean) ** 2)
+    return mean, np.sqrt(np.maximum(pooled, 0.0))
+
+
+def standardized_moments(means, covs, offset, scale) -> tuple[np.ndarray, np.ndarray]:
+    """``(mu' (M, C), Sigma' (M, C, C))`` of ``y' = (y - offset) / scale`` from the raw moments."""
+    mu = np.asarray(means, dtype=np.float64)
+    cov = np.asarray(covs, dtype=np.float64)
+    o = np.asarray(offset, dtype=np.float64)
+    s = np.asarray(scale, dtype=np.float64)
+    if np.any(~(s > 0)):
+        raise StandardizationError(f"scales must be positive, got {s.tolist()}")
+    inv = 1.0 / s
+    return (mu - o) * inv, cov * inv[:, None] * inv[None, :]
+
+
+def pooled_standardization(
+    counts,
+    target_means,
+    target_covs,
+    input_means=None,
+    input_vars=None,
+    *,
+    target_mode: str = "pooled",
+    input_mode: str = "pooled",
+) -> Standardization:
+    """The federation's standardisation from the clients' exchanged statistics.
+
+    Targets: ``pooled`` (pooled mean and std; a constant target column is an error) or ``none``
+    (offset 0, scale 1). Inputs (``(M, F)`` means and variances; ``None`` or ``F = 0`` for image
+    inputs, which are never standardised here): ``pooled`` (a constant column is only centred),
+    ``site`` or ``none`` (empty arrays: nothing pooled).
+    """
+    if target_mode not in TARGET_MODES:
+        raise StandardizationError(f"target mode must be one of {TARGET_MODES}, got {target_mode!r}")
+    if input_mode not in INPUT_MODES:
+        raise StandardizationError(f"input mode must be one of {INPUT_MODES}, got {input_mode!r}")
+    covs = np.asarray(target_covs, dtype=np.float64)
+    c = covs.shape[-1]
+    if target_mode == "pooled":
+        t_off, t_scale = pooled_mean_std(counts, target_means, np.diagonal(covs, axis1=-2, axis2=-1))
+        bad = np.flatnonzero(~(t_scale > 0))
+        if bad.size:
+            raise StandardizationError(
+                f"target column(s) {bad.tolist()} are constant over every client's training rows; "
+                "they cannot be standardised"
+            )
+    else:
+        t_off, t_scale = np.zeros(c), np.ones(c)
+    empty = np.zeros(0)
+    i_off, i_scale = empty, empty
+    if input_mode == "pooled" and input_means is not None and np.asarray(input_means).size:
+        i_off, i_scale = pooled_mean_std(counts, input_means, input_vars)
+        i_scale = np.where(i_scale > 0, i_scale, 1.0)
+    return Standardization(target_mode, input_mode, t_off, t_scale, i_off, i_scale)

@@ -1,0 +1,249 @@
+"""One site of ``dataset=table``: reading one client's file alone, its exchanged statistics and
+its local standardisation (and the row helpers :mod:`fedhead.data.table` shares).
+
+In a run where every client reads only its own file (:meth:`fedhead.data.table.TableConfig.site_local`;
+a deployed SuperNode's ``data-path``), the client reads its file with :func:`read_site`, reports
+:func:`site_statistics` (raw target moments, per-feature count/mean/variance, its column
+signature: no rows), and standardises locally with the federation's pooled offsets and scales
+(:func:`client_data`, :class:`fedhead.analysis.standardization.Standardization`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from fedhead.analysis.standardization import Standardization
+from fedhead.data.base import ClientData, RawDataset
+from fedhead.data.pipeline import resize_images
+from fedhead.data.tables import SitePart, SiteTable, TableError, file_label, numeric, read_file, truthy
+
+if TYPE_CHECKING:
+    from fedhead.data.table import TableConfig
+
+log = logging.getLogger("fedhead.data.table")  # the logger of dataset=table's messages
+
+
+def run_columns(cfg: TableConfig, site: SiteTable) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The target and input names of the run, as one file gives them."""
+    if site.y is not None:
+        c = site.y.shape[1]
+        targets = cfg.targets or tuple(f"y{i}" for i in range(c))
+        if len(targets) != c:
+            raise TableError(f"{file_label(site.path)}: dataset.targets names {len(targets)} columns but y has {c}")
+        if cfg.features is not None:
+            raise TableError(
+                f"{file_label(site.path)}: dataset.features applies to CSV/Parquet tables, not .npz (x is used)"
+            )
+        return tuple(targets), ()
+    if not cfg.targets:
+        raise TableError(
+            f"{file_label(site.path)}: dataset.targets=[COLUMN, ...] is required for CSV and Parquet files"
+        )
+    return tuple(cfg.targets), feature_names(cfg, site, tuple(cfg.targets))
+
+
+def column_signature(site: SiteTable) -> tuple[str, ...]:
+    """What must agree between the sites: the sorted column names (and ``.npz`` shapes)."""
+    cols = sorted(site.columns)
+    if site.x is not None:
+        cols += [f"x{list(site.x.shape[1:])}", f"y[{site.y.shape[1]}]"]
+    return tuple(cols)
+
+
+@dataclass
+class Site:
+    """One client's rows in the stored units (float64 tabular inputs), split into train and test."""
+
+    label: str
+    key: str  # sha256 of the file's bytes (16 hex digits): the site's identity, stable across restarts
+    columns: tuple[str, ...]
+    target_names: tuple[str, ...]
+    x: np.ndarray
+    y: np.ndarray
+    x_test: np.ndarray | None
+    y_test: np.ndarray | None
+    is_image: bool
+
+    @property
+    def n_train(self) -> int:
+        return int(self.y.shape[0])
+
+
+def file_key(path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()[:16]
+
+
+def split_index(key: str) -> int:
+    """The index a file's ``test_fraction`` split is drawn with, ``(seed, index)``: from its key
+    (its bytes), so that a site splits alike wherever it is read and whatever its client number."""
+    return int(key[:8], 16)
+
+
+def read_site(cfg: TableConfig, path) -> Site:
+    """One client's file alone: the run's columns, rows with NaN/Inf refused or dropped
+    (``dataset.missing``), the test split (``test_column``, or ``test_fraction`` drawn from
+    ``(seed, split_index)`` as the pooled loader does), at least ``C + 1`` training rows."""
+    table = read_file(path, cfg)
+    key = file_key(path)
+    index = split_index(key)
+    targets, features = run_columns(cfg, table)
+    x, y = site_arrays(cfg, table, targets, features)
+    label = file_label(table.path)
+    part = SitePart(label, x, y, test_rows(cfg, table, y.shape[0], index))
+    keep = finite_rows(cfg, label, part.x, part.y, targets + features)
+    x, y, test = part.x[keep], part.y[keep], part.test[keep]
+    is_image = x.ndim == 4
+    if not is_image:
+        x = x.reshape(x.shape[0], -1).astype(np.float64)
+    need = len(targets) + 1
+    if int((~test).sum()) < need:
+        raise TableError(
+            f"{label}: {int((~test).sum())} training row(s), but a client needs at least C + 1 = {need} "
+            f"({len(targets)} target(s): its target covariance must be full rank)"
+        )
+    has_test = cfg.test_column is not None or cfg.test_fraction > 0
+    if has_test and not test.any():
+        raise TableError(f"{label}: no test rows (dataset.test_column / dataset.test_fraction)")
+    x_train, x_test = x[~test], x[test] if has_test else None
+    if is_image and cfg.image_size is not None:  # dataset.image_size, as the pooled loader resamples
+        raw = RawDataset(cfg.name, x_train, y[~test], targets, x_test, y[test] if has_test else None)
+        raw = resize_images(raw, cfg.image_size)
+        x_train, x_test = raw.x, raw.x_test
+    return Site(
+        label=label,
+        key=key,
+        columns=column_signature(table),
+        target_names=targets,
+        x=x_train,
+        y=np.ascontiguousarray(y[~test], dtype=np.float64),
+        x_test=x_test,
+        y_test=np.ascontiguousarray(y[test], dtype=np.float64) if has_test else None,
+        is_image=is_image,
+    )
+
+
+def site_statistics(site: Site) -> dict[str, np.ndarray]:
+    """What the site reports (no rows): ``y_mean (C,)``, ``y_cov (C, C)`` (population) of its
+    training targets and ``x_mean``, ``x_var`` ``(F,)`` of its tabular inputs (empty for images)."""
+    y = site.y
+    mu = y.mean(axis=0)
+    d = y - mu
+    out = {"y_mean": mu, "y_cov": d.T @ d / y.shape[0]}
+    if site.is_image:
+        out["x_mean"] = out["x_var"] = np.zeros(0)
+    else:
+        out["x_mean"], out["x_var"] = site.x.mean(axis=0), site.x.var(axis=0)
+    return out
+
+
+def client_data(site: Site, st: Standardization) -> ClientData:
+    """The client's tensors, standardised locally with the federation's ``st`` (float32 targets;
+    tabular inputs float32, images as stored)."""
+
+    def targets(y):
+        return torch.from_numpy(np.ascontiguousarray((y - st.target_offset) / st.target_scale, dtype=np.float32))
+
+    def inputs(x):
+        if site.is_image:
+            return torch.from_numpy(np.ascontiguousarray(x if x.dtype == np.uint8 else x.astype(np.float32)))
+        if st.input_mode == "pooled" and st.input_offset.size:
+            if st.input_offset.shape != (x.shape[1],):
+                raise TableError(
+                    f"{site.label}: {x.shape[1]} inputs but the federation standardises {st.input_offset.size}"
+                )
+            x = (x - st.input_offset) / st.input_scale
+        return torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))
+
+    if not site.is_image and st.input_mode == "site":
+        x, xt = standardize_pooled(site.x, site.x_test)  # this site's own mean and std
+        site = Site(**{**site.__dict__, "x": x, "x_test": xt})
+    cd = ClientData(x_train=inputs(site.x), y_train=targets(site.y))
+    if site.y_test is not None:
+        cd.x_test, cd.y_test = inputs(site.x_test), targets(site.y_test)
+    return cd
+
+
+# --------------------------------------------------------------------------- row helpers
+def feature_names(cfg: TableConfig, site: SiteTable, targets: tuple[str, ...]) -> tuple[str, ...]:
+    if cfg.features is not None:
+        return cfg.features
+    skip = set(targets) | {cfg.site_column, cfg.test_column}
+    names = tuple(c for c in site.columns if c in site.numeric and c not in skip)
+    if not names:
+        raise TableError(f"{file_label(site.path)}: no numeric column is left for the inputs (dataset.features)")
+    return names
+
+
+def site_arrays(cfg: TableConfig, site: SiteTable, targets, features) -> tuple[np.ndarray, np.ndarray]:
+    if site.y is not None:
+        return site.x, site.y
+    for t in targets:
+        if t in features:
+            raise TableError(f"{file_label(site.path)}: column {t!r} is both a target and a feature")
+    y = np.stack([numeric(site, t, "targets") for t in targets], axis=1)
+    x = np.stack([numeric(site, f, "features") for f in features], axis=1)
+    return x, y
+
+
+def finite_rows(cfg: TableConfig, label: str, x: np.ndarray, y: np.ndarray, names: tuple[str, ...]) -> np.ndarray:
+    """Rows without NaN/Inf in a used column; refuse them unless ``missing=drop``."""
+    cols = np.concatenate([y, x.reshape(x.shape[0], -1)], axis=1) if x.dtype.kind == "f" else y
+    bad = ~np.isfinite(cols)
+    rows = bad.any(axis=1)
+    if not rows.any():
+        return np.ones(y.shape[0], dtype=bool)
+    if cfg.missing == "refuse":
+        per_col = bad.sum(axis=0)
+        where = ", ".join(f"{names[i] if i < len(names) else 'x'}: {int(c)}" for i, c in enumerate(per_col) if c)
+        raise TableError(
+            f"{label}: {int(rows.sum())} row(s) have NaN or Inf in a used column ({where}); "
+            "clean the file or set dataset.missing=drop"
+        )
+    log.info("%s: dropped %d row(s) with NaN or Inf in a used column (dataset.missing=drop)", label, int(rows.sum()))
+    return ~rows
+
+
+def test_rows(cfg: TableConfig, site: SiteTable, n: int, index: int) -> np.ndarray:
+    if cfg.test_column is not None:
+        return truthy(site, cfg.test_column)
+    test = np.zeros(n, dtype=bool)
+    if cfg.test_fraction:
+        k = int(round(cfg.test_fraction * n))
+        rng = np.random.default_rng([int(cfg.seed), index])
+        test[rng.choice(n, size=k, replace=False)] = True
+    return test
+
+
+def standardize_per_site(x, x_test, groups, groups_test):
+    """Each site's inputs with its own training mean and std (``standardize_inputs=site``);
+    ``groups`` (``groups_test``) name every training (test) row's site."""
+    if groups is None:
+        raise TableError("dataset.standardize_inputs=site needs sites (files or site_column), not partition=eigen")
+    xs, xts = np.empty_like(x), None if x_test is None else np.empty_like(x_test)
+    for g in np.unique(groups):
+        rows = groups == g
+        mean, std = x[rows].mean(axis=0), x[rows].std(axis=0)
+        std = np.where(std > 0, std, 1.0)
+        xs[rows] = (x[rows] - mean) / std
+        if xts is not None:
+            xts[groups_test == g] = (x_test[groups_test == g] - mean) / std
+    return xs, xts
+
+
+def standardize_pooled(x: np.ndarray, x_test: np.ndarray | None) -> tuple[np.ndarray, np.ndarray | None]:
+    """Pooled training mean and standard deviation (a constant column is only centred)."""
+    mean = x.mean(axis=0)
+    std = x.std(axis=0)
+    std = np.where(std > 0, std, 1.0)
+    xs = (x - mean) / std
+    return xs, None if x_test is None else (x_test - mean) / std

@@ -1,0 +1,113 @@
+"""with-own-data.yml (each SuperNode reads only its own site's file) against fedhead/driver/deploy.py.
+
+No docker needed: the merged commands equal :func:`fedhead.driver.deploy.supernode_command` with
+``data_path`` and no partition, parse with flwr 1.42's parsers (the node config too), and each
+site's folder is mounted read-only into its own clientapp container and nowhere else.
+``docker-compose config`` validates the files where docker-compose is installed.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from fedhead.driver.deploy import SUPERLINK_PORT, SUPERNODE_RUNTIME_PORT, ServerTls, node_config, supernode_command
+
+REPO = Path(__file__).resolve().parents[2]
+FILES = ("docker-compose.yml", "with-tls.yml", "with-own-data.yml")
+DATA_PATH = "/data/site/site.csv"
+
+
+def _target(volume: str) -> str:
+    """A mount's container path (``${VAR:-default}`` in the source removed first)."""
+    return re.sub(r"\$\{[^}]*\}", "", volume).split(":")[1]
+
+
+def _merged(*names: str) -> dict[str, dict]:
+    services: dict[str, dict] = {}
+    for name in names:
+        for svc, spec in (yaml.safe_load((REPO / name).read_text()).get("services") or {}).items():
+            merged = services.setdefault(svc, {})
+            for key, value in spec.items():
+                if key == "volumes":  # compose merges mounts by container path
+                    mounts = {_target(v): v for v in merged.get("volumes", [])}
+                    mounts.update({_target(v): v for v in value})
+                    merged["volumes"] = list(mounts.values())
+                else:
+                    merged[key] = value
+    return services
+
+
+def _expected_supernode(k: int) -> list[str]:
+    ca = "/certs/ca.crt"
+    return supernode_command(
+        superlink=f"superlink:{SUPERLINK_PORT}",
+        host="0.0.0.0",
+        port=SUPERNODE_RUNTIME_PORT,
+        partition_id=None,
+        num_partitions=None,
+        state_dir="/data/state",
+        root_ca=ca,
+        isolation="process",
+        auth_key=f"/certs/supernode-{k}.auth",
+        runtime_tls=ServerTls(ca, f"/certs/supernode-{k}.crt", f"/certs/supernode-{k}.key"),
+        superexec_secret="/certs/superexec.secret",
+        data_path=DATA_PATH,
+    )
+
+
+def test_supernodes_name_their_file_and_parse_with_flwr():
+    from flwr.common.config import parse_config_args
+    from flwr.supernode.cli.flower_supernode import _parse_args_run_supernode
+
+    services = _merged(*FILES)
+    for k in (1, 2):
+        cmd = list(services[f"supernode-{k}"]["entrypoint"]) + list(services[f"supernode-{k}"]["command"])
+        assert cmd == _expected_supernode(k)
+        args = _parse_args_run_supernode().parse_args(cmd[1:])
+        assert parse_config_args([args.node_config]) == {"data-path": DATA_PATH, "state-dir": "/data/state"}
+
+
+def test_each_site_is_mounted_read_only_into_its_own_clientapp_only():
+    services = _merged(*FILES)
+    sites = {
+        name: [v for v in spec.get("volumes", []) if _target(v) == "/data/site"] for name, spec in services.items()
+    }
+    assert {n: v for n, v in sites.items() if v} == {
+        f"clientapp-{k}": [f"${{FEDHEAD_SITES:-./sites}}/site-{k}:/data/site:ro"] for k in (1, 2)
+    }
+    assert all(f"client-{k}:/data" in services[f"clientapp-{k}"]["volumes"] for k in (1, 2))  # private state kept
+
+
+def test_node_config_needs_a_partition_or_a_data_path():
+    assert node_config(None, None, None, "/d/a.csv") == "data-path='/d/a.csv'"
+    assert node_config(0, 2, "/s") == "partition-id=0 num-partitions=2 state-dir='/s'"
+    with pytest.raises(ValueError, match="partition-id or a data-path"):
+        node_config(None, None, "/s")
+    with pytest.raises(ValueError, match="data-path must not contain quotes or spaces"):
+        node_config(None, None, None, "/my data/a.csv")
+
+
+@pytest.mark.skipif(shutil.which("docker-compose") is None, reason="docker-compose not installed")
+def test_docker_compose_config_validates_the_overlay():
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+    env.update(FEDHEAD_SITES="/srv/sites")
+    res = subprocess.run(
+        ["docker-compose", *(a for f in FILES for a in ("-f", f)), "config"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    assert res.returncode == 0, res.stderr
+    services = yaml.safe_load(res.stdout)["services"]
+    assert "/srv/site-a" in str(services["clientapp-1"]["volumes"]) and "/srv/site-a" not in str(
+        services["clientapp-2"]
+    )
