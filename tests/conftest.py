@@ -16,6 +16,23 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from app_helpers import rotation, targets_with_moments
 
+#: The longest test files (a real smoke sweep, the report's sweep, the Ray federations), started
+#: first so that the two pytest-xdist workers (``-n 2 --dist loadfile``) finish together.
+LONGEST_FIRST = (
+    "tests/sweep/test_sweep_run.py",
+    "tests/report/test_report.py",
+    "tests/driver/test_simulation.py",
+    "tests/data/test_shapes3d.py",
+    "tests/train/test_train_optimum.py",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    def rank(item) -> int:
+        return next((i for i, f in enumerate(LONGEST_FIRST) if item.nodeid.startswith(f)), len(LONGEST_FIRST))
+
+    items.sort(key=rank)  # stable: the order within a file and among the rest is unchanged
+
 
 @pytest.fixture
 def one_torch_thread():

@@ -93,8 +93,12 @@ def _no_engine_threads_left(deadline: float = 10.0) -> None:
         time.sleep(0.1)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_a_silent_client_stops_the_run_soon_after_the_others_replied(tmp_path):
+    """In a real Ray simulation (slow: mostly waiting for the rule's deadline). The default suite
+    checks the same rule in process: tests/strategies/test_failure_policy.py::
+    test_the_straggler_rule_drops_a_silent_client_long_before_the_phase_deadline."""
     from fedhead.driver.simulation import run_federations
     from fedhead.strategies.failures import TooFewReplies
 

@@ -2,9 +2,9 @@
 manifest, skipped settings, one Ray session for the sweep, restart that recomputes nothing, and
 ``fedhead-report`` whose Table 4 equals values recomputed from the runs' results.json.
 
-The runs keep the smoke scale's rounds but train the free-feature model (``run_overrides``,
-appended after the preset's, as ``fedhead-sweep`` appends them): what is tested is the sweep's
-bookkeeping, not the backbone; trained ResMLPs run in ``tests/train``."""
+The runs train the free-feature model for 2 rounds (``run_overrides``, appended after the
+preset's, as ``fedhead-sweep`` appends them): what is tested is the sweep's bookkeeping, not the
+backbone or the rounds; trained ResMLPs run in ``tests/train``."""
 
 from __future__ import annotations
 
@@ -32,7 +32,13 @@ def sweep(tmp_path_factory):
         scale="smoke",
         out=out,
         settings=("hopper", "beijing"),
-        run_overrides=(f"dataset.cache_dir={cache}", "model=free", "model.feature_dim=8", "local_epochs=60"),
+        run_overrides=(
+            f"dataset.cache_dir={cache}",
+            "model=free",
+            "model.feature_dim=8",
+            "local_epochs=60",
+            "rounds=2",
+        ),
         show_progress=False,
     )
     result = run_sweep(cfg)
@@ -57,7 +63,7 @@ def test_manifest_lists_every_run_with_status_hash_and_time(sweep):
         from fedhead.federation.checkpoint import config_hash
 
         assert res["status"] == "completed" and config_hash(res["config"]) == run["config_hash"]
-        assert len(res["rounds"]) == 4 and res["local_optimality"]["last_round_max_trained_gap"] is not None
+        assert len(res["rounds"]) == 3 and res["local_optimality"]["last_round_max_trained_gap"] is not None
         assert res["procedure"]["name"] == proc and res["seeds"]["seed"] == 0
         assert not (cfg.out / run["dir"] / "client_state").exists()  # private backbones removed after a run
     for proc in MAIN_PROCEDURES:  # Beijing has no offline generator: skipped with the file it needs
