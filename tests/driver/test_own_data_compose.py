@@ -108,6 +108,6 @@ def test_docker_compose_config_validates_the_overlay():
     )
     assert res.returncode == 0, res.stderr
     services = yaml.safe_load(res.stdout)["services"]
-    assert "/srv/site-a" in str(services["clientapp-1"]["volumes"]) and "/srv/site-a" not in str(
-        services["clientapp-2"]
-    )
+    one, two = str(services["clientapp-1"]["volumes"]), str(services["clientapp-2"]["volumes"])
+    assert "/srv/sites/site-1:/data/site:ro" in one and "/srv/sites/site-1" not in two
+    assert "/srv/sites/site-2:/data/site:ro" in two and "/srv/sites/site-2" not in one
