@@ -8,21 +8,6 @@ import sys
 import pytest
 
 
-@pytest.mark.parametrize(
-    "args, message",
-    [
-        ([], "out= is required"),
-        (["sweep=foo", "out={out}"], "is not a preset"),
-        (["scale=huge", "out={out}"], "choose smoke or paper"),
-        (["out={out}", "data_roots.beijing={out}/missing"], "is not a folder"),
-        (["out={out}", "data_roots.mnist=/tmp"], "Could not override 'data_roots.mnist'"),
-        (["out={out}", "foo.bar=1"], "Could not override 'foo.bar'"),
-        (["out={out}", "settings=[mnist]"], "unknown data sets"),
-        (["out={out}", "seeds=3"], "seeds must be a list"),
-        (["out={out}", "sweep=rho", "settings=[mpiigaze]"], "has no run on settings"),
-        (["out={out}", "parallel_runs=0"], "parallel_runs must be an integer >= 1"),
-    ],
-)
 def _fedhead_sweep_checks(args: list[str]) -> int:
     """What ``fedhead-sweep ARGS`` does before its first output, in process: the override check,
     the composed config, :func:`typed_config` (with the preset plan) and the one-line report."""
