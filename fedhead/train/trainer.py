@@ -11,8 +11,12 @@ the optimum and every stationary point of the objective stay where they are:
   mean; with minibatches ``m`` is the previous epoch's mean feature, the first epoch using each
   batch's own).
 * The last layer (``cfg.solve_last_layer``). Before training it is set to the (ridge-filtered)
-  minimiser for the initial head, the rest of the network fixed
-  (:func:`fedhead.train.last_layer.solve_output_layer`).
+  minimiser for the broadcast head, the rest of the network fixed, and at every tolerance check and
+  after training to the minimiser for the current head
+  (:func:`fedhead.train.last_layer.solve_output_layer`), each time only where that lowers the
+  objective. The optimiser fits the part of the optimal features that lies along weak directions
+  of the layer's inputs last (their curvature is their squared singular value): the slowest
+  direction once the bias is held at its optimum.
 * The finishing step (``cfg.finish_features``, ``cfg.finish_rotation``). After training the
   features are mapped by ``h -> P_W (h - m)`` through the last layer (the least feature penalty
   among the maps that keep every prediction) and ``b = mu``; with a proximal term the head and
@@ -189,7 +193,7 @@ class _TrainLoop:
         self.y = (y.detach().to(dev, torch.float32) - offset).contiguous()
         self.weight = head.weight
         if cfg.solve_last_layer:
-            self._solve_last_layer()
+            self._solve_last_layer(keep_better=False)
         if cfg.optimal_bias:
             with torch.no_grad():
                 head.bias.copy_(torch.as_tensor(terms.mu, dtype=head.bias.dtype, device=dev))
@@ -237,8 +241,8 @@ class _TrainLoop:
         self.gap_trace: list[tuple[int, float]] = []
         self.seconds = 0.0
 
-    def _solve_last_layer(self) -> None:
-        solve_output_layer(
+    def _solve_last_layer(self, *, keep_better: bool) -> bool:
+        return solve_output_layer(
             self.backbone,
             self.x,
             self.y,
@@ -248,6 +252,8 @@ class _TrainLoop:
             device=self.dev,
             channels_last=self.channels_last,
             ridge=self.cfg.last_layer_ridge,
+            keep_better=keep_better,
+            finish=self.cfg.finish_features,
         )
 
     def _prepare(self, xb: torch.Tensor) -> torch.Tensor:
@@ -328,6 +334,25 @@ class _TrainLoop:
             rotate_to=self.terms.broadcast if rotate else None,
         )
 
+    def _check(self) -> float:
+        """The trained gap of the model as :meth:`finish` would leave it now (last layer solved).
+
+        The solved layer is kept only when it ends training (gap within ``local_tol``): training on
+        from it would start from the large weights that the weak directions of the layer's inputs
+        need, a stiff point for the optimiser.
+        """
+        if not self.cfg.solve_last_layer:
+            return relative(self._evaluate().trained_objective, self.trained_l_star)
+        layer = self.backbone.output_layer() if hasattr(self.backbone, "output_layer") else None
+        saved = None if layer is None else [t.detach().clone() for t in (layer.weight, layer.bias)]
+        changed = self._solve_last_layer(keep_better=True)
+        gap = relative(self._evaluate().trained_objective, self.trained_l_star)
+        if changed and saved is not None and not gap <= self.cfg.local_tol:
+            with torch.no_grad():
+                layer.weight.copy_(saved[0])
+                layer.bias.copy_(saved[1])
+        return gap
+
     def run(self) -> None:
         """Epochs up to ``problem.epochs``, stopping early once ``cfg.local_tol`` is reached."""
         cfg, n_epochs = self.cfg, self.problem.epochs
@@ -341,8 +366,7 @@ class _TrainLoop:
             self._epoch()
             self.epochs_run = e + 1
             if tol is not None and (e + 1) % every == 0 and e + 1 < n_epochs:
-                fit = self._evaluate()
-                gap = relative(fit.trained_objective, self.trained_l_star)
+                gap = self._check()
                 self.gap_trace.append((e + 1, gap))
                 if gap <= tol:
                     break
@@ -353,6 +377,8 @@ class _TrainLoop:
     @torch.no_grad()
     def finish(self) -> LocalResult:
         """The final evaluation and the finishing step (``cfg.finish_features``)."""
+        if self.cfg.solve_last_layer:
+            self._solve_last_layer(keep_better=True)
         fit = self._evaluate(final=True)
         if fit.feature_map is not None:
             self.backbone.map_features(*fit.feature_map)
