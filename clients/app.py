@@ -28,18 +28,15 @@ from __future__ import annotations
 import hashlib
 import logging
 import pickle
-import time
 from collections.abc import Callable, Sequence
 
 import numpy as np
-import torch
-from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from fedhead.clients.site import handle_statistics, local_data
 from fedhead.clients.state import (
     ClientError,
-    apply_shared_state,
     client_moments,
     is_free,
     limit_threads,
@@ -47,31 +44,21 @@ from fedhead.clients.state import (
     partition_of,
     round_of,
     save_backbone,
-    shared_state,
-    sigma_cen_of,
     train_inputs,
 )
+from fedhead.clients.step import evaluate_step, moment_reply, train_step
 from fedhead.federation import protocol as P
 from fedhead.federation.job import JobConfig
-from fedhead.results.rounds import ClientMetric as CM
-from fedhead.train import (
-    align,
-    evaluate_local,
-    exact_head,
-    head_distances,
-    mismatch_objectives,
-    round_seed,
-    select_device,
-    train_local,
-)
+from fedhead.train import mismatch_objectives, select_device
 
 log = logging.getLogger(__name__)
 
 
 # -------------------------------------------------------------------------------- handlers
 def handle_query(job: JobConfig, msg: Message, context: Context) -> Message:
-    """Reply with ``(N_m, mu_m, Sigma_m)`` of the client's training targets (theory.md §3), or,
-    for ``stage="mismatch"``, with the mismatch objectives (:func:`handle_mismatch`)."""
+    """Reply with ``(N_m, mu_m, Sigma_m)`` of the client's training targets (theory.md §3,
+    :func:`fedhead.clients.step.moment_reply`), or, for ``stage="mismatch"``, with the mismatch
+    objectives (:func:`handle_mismatch`)."""
     cfg = msg.content.config_records.get(P.CONFIG)
     if cfg is not None and cfg.get(P.STAGE) == P.STAGE_MISMATCH:
         return handle_mismatch(job, msg, context)
@@ -80,13 +67,7 @@ def handle_query(job: JobConfig, msg: Message, context: Context) -> Message:
     pid = partition_of(context, job, msg)
     _, cd = local_data(job, context, msg, pid)
     y, mu, sigma = client_moments(job, pid, cd)
-    content = RecordDict(
-        {
-            P.MOMENTS: ArrayRecord({P.MEAN: Array(mu), P.COV: Array(sigma)}),
-            P.METRICS: MetricRecord({P.NUM_EXAMPLES: int(y.shape[0]), P.PARTITION_ID: pid}),
-        }
-    )
-    return Message(content, reply_to=msg)
+    return Message(moment_reply(y, pid, moments=(mu, sigma)), reply_to=msg)
 
 
 def handle_mismatch(job: JobConfig, msg: Message, context: Context) -> Message:
@@ -136,129 +117,54 @@ def handle_mismatch(job: JobConfig, msg: Message, context: Context) -> Message:
 
 
 def handle_train(job: JobConfig, msg: Message, context: Context) -> Message:
-    """One round of local work: train (or the closed-form rule) and upload the head."""
+    """One round of local work (:func:`fedhead.clients.step.train_step`) on the client's partition
+    and its stored private backbone, which is saved afterwards."""
     limit_threads(job)
     pid = partition_of(context, job, msg)
     rnd = round_of(msg)
     data, cd = local_data(job, context, msg, pid)
-    w_t, b_t = P.read_head(msg.content.array_records[P.HEAD])
-    sigma_cen = sigma_cen_of(msg, job, pid)
-    y = cd.y_train
-    n = int(y.shape[0])
-    content = RecordDict()
-    metrics: dict[str, float | int] = {CM.NUM_EXAMPLES.name: n, CM.PARTITION_ID.name: pid, CM.SERVER_ROUND.name: rnd}
-    proc, lh, lw = job.procedure, job.settings.lambda_h, job.settings.lambda_w
     _, mu, sigma = client_moments(job, pid, cd)
-
-    if proc.exact:
-        t0 = time.perf_counter()
-        weight, bias, gap, trained_gap = exact_head(
-            mu, sigma, w_t, sigma_cen, gamma=proc.gamma, centered=proc.centered, lambda_h=lh, lambda_w=lw
-        )
-        metrics.update(
-            {
-                CM.OBJECTIVE_GAP.name: float(gap),
-                CM.TRAINED_GAP.name: float(trained_gap),
-                CM.N_STEPS.name: 0,
-                CM.LOCAL_EPOCHS.name: 0,
-                CM.LOCAL_SECONDS.name: time.perf_counter() - t0,
-            }
-        )
-    else:
-        device = select_device(job.settings.device)
+    backbone = None
+    if not job.procedure.exact:
         backbone = load_backbone(job, context, pid, data, cd, required=False, expected_round=rnd - 1)
-        if job.procedure.full_model:
-            apply_shared_state(backbone, msg.content.array_records.get(P.BACKBONE), pid)
-        head = torch.nn.Linear(w_t.shape[1], w_t.shape[0])
-        with torch.no_grad():
-            head.weight.copy_(torch.as_tensor(w_t, dtype=torch.float32))
-            head.bias.copy_(torch.as_tensor(b_t, dtype=torch.float32))
-        t0 = time.perf_counter()
-        result = train_local(
-            backbone,
-            head,
-            train_inputs(job, cd),
-            y,
-            job.train,
-            job.local_problem(),
-            broadcast_weight=w_t,
-            sigma_cen=sigma_cen,
-            device=device,
-            seed=round_seed(job.settings.seed, rnd, pid),
-        )
-        local_seconds = time.perf_counter() - t0
-        weight, bias = result.weight, result.bias
-        lm = result.metrics
-        metrics.update(
-            {
-                CM.OBJECTIVE_GAP.name: float(lm.relative_gap),
-                CM.TRAINED_GAP.name: float(lm.trained_gap),
-                CM.OBJECTIVE.name: float(lm.objective),
-                CM.OPTIMAL_OBJECTIVE.name: float(lm.optimal_objective),
-                CM.LOCAL_TRAIN_MSE.name: float(lm.train_mse),
-                CM.TRAIN_SECONDS.name: float(lm.seconds),
-                CM.N_STEPS.name: int(lm.n_steps),
-                CM.LOCAL_EPOCHS.name: int(lm.epochs),
-                CM.LOCAL_SECONDS.name: local_seconds,
-            }
-        )
-        if job.procedure.align:
-            trained_gram = weight @ weight.T
-            aligned = align(head, backbone, w_t)
-            weight, bias = aligned.weight, aligned.bias
-            metrics[CM.ALIGN_DISTANCE_BEFORE.name] = float(aligned.distance_before)
-            metrics[CM.ALIGN_DISTANCE_AFTER.name] = float(aligned.distance_after)
-            content[P.CHECKS] = ArrayRecord({P.TRAINED_GRAM: Array(np.asarray(trained_gram, dtype=np.float64))})
-        if job.procedure.full_model:
-            content[P.BACKBONE] = shared_state(backbone)
+    content = train_step(
+        msg.content,
+        backbone,
+        None if backbone is None else train_inputs(job, cd),
+        cd.y_train,
+        procedure=job.procedure,
+        problem=job.local_problem(),
+        train=job.train,
+        partition_id=pid,
+        seed=job.settings.seed,
+        device=job.settings.device,
+        moments=(mu, sigma),
+    )
+    if backbone is not None:
         save_backbone(job, context, pid, rnd, backbone)
-    dist = head_distances(sigma, w_t, weight, sigma_cen, gamma=proc.gamma, lambda_h=lh, lambda_w=lw)
-    metrics[CM.DISTANCE_TO_BROADCAST.name] = dist.to_broadcast
-    metrics[CM.DISTANCE_TO_SELECTION.name] = dist.to_selection
-    metrics[CM.RELATIVE_DISTANCE_TO_SELECTION.name] = dist.relative_to_selection
-    content[P.HEAD] = P.head_record(weight, bias)
-    content[P.METRICS] = MetricRecord(metrics)
     return Message(content, reply_to=msg)
 
 
 def handle_evaluate(job: JobConfig, msg: Message, context: Context) -> Message:
-    """MSE of the shared head with the client's own backbone on its train (and test) data."""
+    """MSE of the shared head with the client's own backbone on its train (and test) data
+    (:func:`fedhead.clients.step.evaluate_step`)."""
     limit_threads(job)
     pid = partition_of(context, job, msg)
     data, cd = local_data(job, context, msg, pid)
-    w, b = P.read_head(msg.content.array_records[P.HEAD])
     backbone = load_backbone(job, context, pid, data, cd, required=True, expected_round=round_of(msg))
-    if job.procedure.full_model:
-        apply_shared_state(backbone, msg.content.array_records.get(P.BACKBONE), pid)
-    device = select_device(job.settings.device)
-    backbone.to(device)
-    offset = None
-    if job.procedure.centered:
-        offset = cd.y_train.detach().cpu().double().mean(0).numpy()
-    lh, lw = job.settings.lambda_h, job.settings.lambda_w
-    ev = evaluate_local(
+    has_test = cd.x_test is not None and cd.y_test is not None and cd.y_test.shape[0] > 0 and not is_free(job)
+    content = evaluate_step(
+        msg.content,
         backbone,
-        (w, b),
         train_inputs(job, cd),
         cd.y_train,
-        lambda_h=lh,
-        lambda_w=lw,
-        target_offset=offset,
-        device=device,
+        procedure=job.procedure,
+        problem=job.local_problem(),
+        partition_id=pid,
+        test=(cd.x_test, cd.y_test) if has_test else None,
+        device=job.settings.device,
     )
-    metrics: dict[str, float | int] = {
-        P.NUM_EXAMPLES: int(cd.n_train),
-        P.PARTITION_ID: pid,
-        P.TRAIN_MSE: float(ev.mse),
-        P.SHARED_OBJECTIVE: float(ev.objective),
-    }
-    if cd.x_test is not None and cd.y_test is not None and cd.y_test.shape[0] > 0 and not is_free(job):
-        et = evaluate_local(
-            backbone, (w, b), cd.x_test, cd.y_test, lambda_h=lh, lambda_w=lw, target_offset=offset, device=device
-        )
-        metrics[P.TEST_MSE] = float(et.mse)
-        metrics[P.NUM_TEST_EXAMPLES] = int(cd.y_test.shape[0])
-    return Message(RecordDict({P.METRICS: MetricRecord(metrics)}), reply_to=msg)
+    return Message(content, reply_to=msg)
 
 
 # -------------------------------------------------------------------------------- the app

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from flwr.app import Array, ArrayRecord, Context, Message
+from flwr.app import Array, ArrayRecord, Context, Message, RecordDict
 
 from fedhead.analysis.seeds import backbone_seed
 from fedhead.clients.store import BackboneStore
@@ -242,18 +242,20 @@ def shared_state(backbone: torch.nn.Module) -> ArrayRecord:
     )
 
 
-def sigma_cen_of(msg: Message, job: JobConfig, pid: int) -> np.ndarray | None:
-    """The pooled ``Sigma_cen`` a correcting procedure (``gamma > 0``) receives; None otherwise."""
-    if job.procedure.gamma <= 0:
+def sigma_cen_of(content: RecordDict, gamma: float, pid: int) -> np.ndarray | None:
+    """The pooled ``Sigma_cen (C, C)`` a correcting procedure (``gamma > 0``) receives in a training
+    message's ``content``; None otherwise."""
+    if gamma <= 0:
         return None
-    if P.SIGMA_CEN not in msg.content.array_records:
+    if P.SIGMA_CEN not in content.array_records:
         raise ClientError(f"partition {pid}: corrected procedure but the message carries no Sigma_cen")
-    return msg.content.array_records[P.SIGMA_CEN][P.SIGMA_CEN_ARRAY].numpy().astype(np.float64)
+    return content.array_records[P.SIGMA_CEN][P.SIGMA_CEN_ARRAY].numpy().astype(np.float64)
 
 
-def round_of(msg: Message) -> int:
-    """The server round a message names (``config["server_round"]``)."""
-    cfg = msg.content.config_records.get(P.CONFIG)
+def round_of(msg: Message | RecordDict) -> int:
+    """The server round a message (or its content) names (``config["server-round"]``)."""
+    content = msg.content if isinstance(msg, Message) else msg
+    cfg = content.config_records.get(P.CONFIG)
     if cfg is None or P.SERVER_ROUND not in cfg:
         raise ClientError(f"message lacks config[{P.SERVER_ROUND!r}]")
     return int(cfg[P.SERVER_ROUND])

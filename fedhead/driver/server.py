@@ -23,6 +23,7 @@ import numpy as np
 from flwr.app import Context
 from flwr.serverapp import Grid
 
+from fedhead import models
 from fedhead.driver.console import diagnosis_lines, error_table
 from fedhead.driver.recorder import RunRecorder
 from fedhead.driver.timing import timing_summary
@@ -36,7 +37,6 @@ from fedhead.federation.checkpoint import (
 )
 from fedhead.federation.config import JobConfig, job_from_context
 from fedhead.federation.progress_grid import ProgressGrid
-from fedhead.models import build_head
 from fedhead.strategies import make_strategy
 
 log = logging.getLogger(__name__)
@@ -44,8 +44,7 @@ log = logging.getLogger(__name__)
 
 def initial_head(job: JobConfig, n_targets: int) -> tuple[np.ndarray, np.ndarray]:
     """The common initial head ``Linear(P, C)`` from the run seed (float64 arrays)."""
-    head = build_head(job.model.feature_dim, n_targets, job.settings.seed)
-    return (head.weight.detach().double().numpy().copy(), head.bias.detach().double().numpy().copy())
+    return models.initial_head(job.model.feature_dim, n_targets, job.settings.seed)
 
 
 def measures_mismatch(job: JobConfig) -> bool:

@@ -169,14 +169,9 @@ class JobConfig:
         ``lambda_h``, ``lambda_w``). Built on demand, never stored."""
         from fedhead.train.problem import LocalProblem  # torch: this module is imported without it
 
-        st, proc = self.settings, self.procedure
-        return LocalProblem(
-            epochs=st.local_epochs,
-            lambda_h=st.lambda_h,
-            lambda_w=st.lambda_w,
-            rho=float(proc.rho),
-            gamma=float(proc.gamma),
-            center_targets=bool(proc.centered),
+        st = self.settings
+        return LocalProblem.from_procedure(
+            self.procedure, epochs=st.local_epochs, lambda_h=st.lambda_h, lambda_w=st.lambda_w
         )
 
 

@@ -12,6 +12,7 @@ from fedhead.models.backbones import (
     ResidualBlock,
     ResMLP,
     build_head,
+    initial_head,
     residual_cnn,
     rotate_linear_output,
     seeded,
@@ -25,9 +26,13 @@ from fedhead.models.config import (
     ResNetConfig,
     build_backbone,
 )
+from fedhead.models.user import UserBackbone, UserModelError, as_backbone
 
 __all__ = [
     "Backbone",
+    "UserBackbone",
+    "UserModelError",
+    "as_backbone",
     "FreeFeatureBackbone",
     "FreeFeatureConfig",
     "ImageBackbone",
@@ -40,6 +45,7 @@ __all__ = [
     "ResidualCNNConfig",
     "build_backbone",
     "build_head",
+    "initial_head",
     "residual_cnn",
     "rotate_linear_output",
     "seeded",

@@ -298,3 +298,10 @@ def build_head(feature_dim: int, n_targets: int, seed: int) -> nn.Linear:
         raise ModelError(f"head needs P >= C (docs/theory.md notation), got P={feature_dim} < C={n_targets}")
     with seeded(seed):
         return nn.Linear(feature_dim, n_targets)
+
+
+def initial_head(feature_dim: int, n_targets: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """The arrays ``(W_0 (C, P), b_0 (C,))`` float64 of :func:`build_head` ``(feature_dim, n_targets, seed)``:
+    the common initial head a server broadcasts first."""
+    head = build_head(feature_dim, n_targets, seed)
+    return head.weight.detach().double().numpy().copy(), head.bias.detach().double().numpy().copy()

@@ -35,7 +35,7 @@ from fedhead.analysis.procedure import ConfigError
 from fedhead.models.backbones import Backbone, ModelError, map_linear_output, rotate_linear_output
 from fedhead.models.config import ModelConfig
 
-__all__ = ["TorchModelConfig", "UserBackbone", "UserModelError", "import_class", "check_user_model"]
+__all__ = ["TorchModelConfig", "UserBackbone", "UserModelError", "as_backbone", "check_user_model", "import_class"]
 
 #: Constructor parameters fedhead fills from the data when the class takes them.
 _AUTO = ("in_features", "in_channels", "input_shape", "feature_dim")
@@ -195,9 +195,38 @@ class TorchModelConfig(ModelConfig):
             raise UserModelError(
                 f"model.module={self.module}: {cls.__name__}(**{kwargs}) failed ({type(exc).__name__}: {exc})"
             ) from exc
-        backbone = UserBackbone(net, input_shape, self.feature_dim, self.module)
-        _check_output(backbone)
-        return backbone
+        return as_backbone(net, input_shape, feature_dim=self.feature_dim, name=self.module)
+
+
+def as_backbone(
+    net: nn.Module, input_shape: tuple[int, ...], *, feature_dim: int | None = None, name: str | None = None
+) -> UserBackbone:
+    """A user's ``nn.Module`` as a fedhead backbone (what :func:`fedhead.train.train_local` and
+    :func:`fedhead.clients.step.train_step` train), checked on a batch of two.
+
+    Parameters
+    ----------
+    net : nn.Module
+        Maps inputs ``(N, *input_shape)`` to features ``(N, P)`` through a final ``nn.Linear`` with
+        a bias (nothing after it): the warm start, finishing step and alignment act on that layer.
+    input_shape : tuple of int
+        One sample's shape, e.g. ``(F,)``.
+    feature_dim : int, optional
+        ``P`` (default: the final layer's outputs); checked when given.
+    name : str, optional
+        How error messages name the module (default: its class name).
+
+    Raises
+    ------
+    UserModelError
+        No final ``nn.Linear`` with bias, another ``P``, a forward pass that fails or returns
+        anything but features ``(2, P)`` that move with the final layer's bias.
+    """
+    spec = name or type(net).__name__
+    p = _final_linear(net, spec).out_features if feature_dim is None else int(feature_dim)
+    backbone = UserBackbone(net, input_shape, p, spec)
+    _check_output(backbone)
+    return backbone
 
 
 def check_user_model(model: ModelConfig, input_shape: tuple[int, ...], n_samples: int = 2) -> None:

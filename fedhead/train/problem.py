@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fedhead.analysis.procedure import gamma_problem, penalty_problem, rho_problem
+from fedhead.analysis.procedure import ProcedureConfig, gamma_problem, penalty_problem, rho_problem
 from fedhead.train.config import TrainInputError
 
 
@@ -69,3 +69,20 @@ class LocalProblem:
         ):
             if problem:
                 raise bad(field, problem)
+
+    @classmethod
+    def from_procedure(
+        cls, procedure: ProcedureConfig, *, epochs: int, lambda_h: float, lambda_w: float
+    ) -> LocalProblem:
+        """The problem of ``procedure`` (its ``rho``, ``gamma`` and centring) with the budget
+        ``epochs`` and the penalties ``lambda_h``, ``lambda_w``: the one place a procedure's
+        switches become the trainer's terms (a run's :meth:`fedhead.federation.job.JobConfig.local_problem`,
+        a user's own ClientApp, docs/library.md)."""
+        return cls(
+            epochs=epochs,
+            lambda_h=lambda_h,
+            lambda_w=lambda_w,
+            rho=float(procedure.rho),
+            gamma=float(procedure.gamma),
+            center_targets=bool(procedure.centered),
+        )
