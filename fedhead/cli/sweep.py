@@ -38,7 +38,7 @@ def typed_config(cfg: Any) -> SweepConfig:
     if raw.get("sweep") not in PRESETS:
         raise ConfigError(f"sweep={raw.get('sweep')!r} is not a preset; choose from {sorted(PRESETS)}")
     if raw.get("scale") not in SCALES:
-        raise ConfigError(f"scale={raw.get('scale')!r}: choose smoke or paper")
+        raise ConfigError(f"scale={raw.get('scale')!r}: choose one of {sorted(SCALES)}")
     if not raw.get("out"):
         raise ConfigError("out= is required: the sweep folder (restarting with the same out= skips finished runs)")
     roots = raw.get("data_roots") or {}

@@ -135,7 +135,7 @@ def _spec(
 
 
 def _settings(name: str, scale: Scale, paper: Sequence[str]) -> Sequence[str]:
-    if scale.name == "paper":
+    if scale.all_settings:
         return paper
     smoke = _SMOKE_SETTINGS.get(name, _SMOKE_DEFAULT)
     return [s for s in paper if s in smoke] or list(smoke)
@@ -263,10 +263,10 @@ def mismatch(scale: Scale, seeds: Sequence[int]) -> list[RunSpec]:
 
 def architectures(scale: Scale, seeds: Sequence[int]) -> list[RunSpec]:
     """Image settings: residual CNN (GroupNorm), residual CNN + correction, ResNet-34."""
-    smoke = scale.name == "smoke"
+    widths = scale.image_widths
     models = {
-        "rescnn": ("model=rescnn",) + (("model.width=8", "model.groups=4") if smoke else ()),
-        "resnet34": ("model=resnet34",) + (("model.width=8",) if smoke else ()),
+        "rescnn": ("model=rescnn", *widths),
+        "resnet34": ("model=resnet34", *(o for o in widths if not o.startswith("model.groups="))),
     }
     out = []
     for s in _settings("architectures", scale, IMAGE):
@@ -293,7 +293,7 @@ def data_size(scale: Scale, seeds: Sequence[int]) -> list[RunSpec]:
     e = scale.epochs(1000)
     out = []
     for s in _settings("data_size", scale, ("shapes3d", "cifar_geo")):
-        n = (256 if scale.name == "smoke" else 12000) * scale.large_factor
+        n = scale.large_n_train * scale.large_factor
         for p in ("ordinary", "corrected"):
             for seed in seeds:
                 out.append(
@@ -373,7 +373,7 @@ def plan(
     if name not in PRESETS:
         raise ConfigError(f"sweep={name!r} is not a preset; choose from {sorted(PRESETS)}")
     if scale not in SCALES:
-        raise ConfigError(f"scale={scale!r}: choose smoke or paper")
+        raise ConfigError(f"scale={scale!r}: choose one of {sorted(SCALES)}")
     sc = SCALES[scale]
     builder, main_seeds = PRESETS[name]
     if seeds is not None:

@@ -36,7 +36,7 @@ def _fedhead_sweep_checks(args: list[str]) -> int:
     "args, message",
     [
         (["sweep=foo", "out={out}"], "is not a preset"),
-        (["scale=huge", "out={out}"], "choose smoke or paper"),
+        (["scale=huge", "out={out}"], "choose one of ['cpu', 'paper', 'smoke']"),
         (["out={out}", "data_roots.beijing={out}/missing"], "is not a folder"),
         (["out={out}", "data_roots.mnist=/tmp"], "Could not override 'data_roots.mnist'"),
         (["out={out}", "foo.bar=1"], "Could not override 'foo.bar'"),
