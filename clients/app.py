@@ -36,6 +36,7 @@ import torch
 from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
+from fedhead.clients.export import is_final, save_final_model
 from fedhead.clients.site import handle_statistics, local_data
 from fedhead.clients.state import (
     ClientError,
@@ -258,6 +259,11 @@ def handle_evaluate(job: JobConfig, msg: Message, context: Context) -> Message:
         )
         metrics[P.TEST_MSE] = float(et.mse)
         metrics[P.NUM_TEST_EXAMPLES] = int(cd.y_test.shape[0])
+    if is_final(msg):
+        try:
+            save_final_model(job, context, msg, pid, cd, backbone, (w, b), offset, round_of(msg))
+        except Exception as exc:  # noqa: BLE001 - the run's results stand; the model is lost, said once
+            log.warning("partition %d: the final model could not be saved: %s: %s", pid, type(exc).__name__, exc)
     return Message(RecordDict({P.METRICS: MetricRecord(metrics)}), reply_to=msg)
 
 
