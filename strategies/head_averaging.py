@@ -338,7 +338,7 @@ class HeadAveraging(FedAvg):
         if not self.evaluate_mse:
             return []
         head = ArrayRecord({k: arrays[k] for k in (P.WEIGHT, P.BIAS)})
-        config = self._phase_config(server_round, config)
+        config = self._phase_config(server_round, ConfigRecord(dict(config)))  # a fresh record per round
         if self.num_rounds is not None and config[P.SERVER_ROUND] == self.num_rounds:
             config[P.FINAL_ROUND] = True  # the final shared head: each client saves its model
         content = RecordDict({P.HEAD: head, P.CONFIG: config})
