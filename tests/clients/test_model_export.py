@@ -97,3 +97,33 @@ def test_predictions_of_the_saved_model_are_the_run_s_model(tmp_path, task_ident
     reported = res.rounds[-1].train_mse
     assert reported is not None and reported > 1e-3  # a real fit, not a constant
     assert weighted / n_total == pytest.approx(reported, rel=1e-5)
+
+
+def _job(tmp_path: Path, *overrides: str):
+    for i, name in enumerate(("a.csv", "b.csv")):
+        if not (tmp_path / name).exists():
+            _site_file(tmp_path / name, 20, i)
+    base = ["dataset=table", f'dataset.files=["{tmp_path / "a.csv"}","{tmp_path / "b.csv"}"]', "dataset.targets=[t1]"]
+    return load_config(compose_config([*base, "model=resmlp_small", *overrides])).jobs(tmp_path / "out")[0]
+
+
+def test_the_model_folder_is_the_node_s_state_dir_or_the_run_folder(tmp_path):
+    from flwr.app import Context, RecordDict
+
+    from fedhead.clients.export import exportable, model_folder
+    from fedhead.clients.state import store_of
+
+    job = _job(tmp_path, "procedure=proximal")
+    node = {"state-dir": str(tmp_path / "node"), "data-path": "/srv/site-a/visits.csv"}
+    deployed = Context(run_id=5, node_id=1, node_config=node, state=RecordDict(), run_config={})
+    folder = model_folder(job, deployed, 1)
+    assert folder == store_of(job, deployed).root / "models" / "partition_1"
+    assert folder.is_relative_to(tmp_path / "node" / "proximal") and folder.parent.parent.name.startswith("site_")
+    simulated = Context(run_id=5, node_id=1, node_config={"partition-id": 1}, state=RecordDict(), run_config={})
+    assert model_folder(job, simulated, 1) == tmp_path / "out" / "proximal" / "models" / "partition_1"
+    assert exportable(job) is None
+    assert exportable(_job(tmp_path, "procedure=exact")) == "the exact procedure has no backbone"
+    assert exportable(_job(tmp_path, "model=free")).startswith("free features")
+    assert exportable(_job(tmp_path, "output.export_model=false")) == "output.export_model=false"
+    pooled = _job(tmp_path, "dataset.n_train=10")
+    assert exportable(pooled).startswith("only site-local dataset=table runs")
