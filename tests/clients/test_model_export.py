@@ -104,7 +104,8 @@ def _job(tmp_path: Path, *overrides: str):
         if not (tmp_path / name).exists():
             _site_file(tmp_path / name, 20, i)
     base = ["dataset=table", f'dataset.files=["{tmp_path / "a.csv"}","{tmp_path / "b.csv"}"]', "dataset.targets=[t1]"]
-    return load_config(compose_config([*base, "model=resmlp_small", *overrides])).jobs(tmp_path / "out")[0]
+    base += ["model=resmlp_small", "output.tensorboard=false", "output.figures=false"]
+    return load_config(compose_config([*base, *overrides])).jobs(tmp_path / "out")[0]
 
 
 def test_the_model_folder_is_the_node_s_state_dir_or_the_run_folder(tmp_path):
