@@ -34,6 +34,7 @@ import numpy as np
 from flwr.app import Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
+from fedhead.clients.export import is_final, save_final_model
 from fedhead.clients.site import handle_statistics, local_data
 from fedhead.clients.state import (
     ClientError,
@@ -164,6 +165,13 @@ def handle_evaluate(job: JobConfig, msg: Message, context: Context) -> Message:
         test=(cd.x_test, cd.y_test) if has_test else None,
         device=job.settings.device,
     )
+    if is_final(msg):
+        w, b = P.read_head(msg.content.array_records[P.HEAD])
+        offset = cd.y_train.detach().cpu().double().mean(0).numpy() if job.procedure.centered else None
+        try:
+            save_final_model(job, context, msg, pid, cd, backbone, (w, b), offset, round_of(msg))
+        except Exception as exc:  # noqa: BLE001 - the run's results stand; the model is lost, said once
+            log.warning("partition %d: the final model could not be saved: %s: %s", pid, type(exc).__name__, exc)
     return Message(content, reply_to=msg)
 
 

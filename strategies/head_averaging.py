@@ -138,6 +138,8 @@ class HeadAveraging(FedAvg):
         self.rounds = RoundState()
         self._broadcast: tuple[np.ndarray, np.ndarray] | None = None
         self._on_round_end: Callable[[ServerState], None] | None = None
+        #: the run's number of rounds (set by :meth:`run`): its last evaluate message says ``final-round``
+        self.num_rounds: int | None = None
 
     def summary(self) -> None:
         args = (type(self).__name__, self.lambda_h, self.lambda_w, self.gamma, self.centered, self.min_nodes)
@@ -336,7 +338,10 @@ class HeadAveraging(FedAvg):
         if not self.evaluate_mse:
             return []
         head = ArrayRecord({k: arrays[k] for k in (P.WEIGHT, P.BIAS)})
-        content = RecordDict({P.HEAD: head, P.CONFIG: self._phase_config(server_round, config)})
+        config = self._phase_config(server_round, ConfigRecord(dict(config)))  # a fresh record per round
+        if self.num_rounds is not None and config[P.SERVER_ROUND] == self.num_rounds:
+            config[P.FINAL_ROUND] = True  # the final shared head: each client saves its model
+        content = RecordDict({P.HEAD: head, P.CONFIG: config})
         return self._phase_messages(grid, "evaluate", MessageType.EVALUATE, content, arrays)
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
@@ -375,6 +380,7 @@ class HeadAveraging(FedAvg):
         receives the server state after every complete round, round 0 included.
         """
         self._on_round_end = on_round_end
+        self.num_rounds = int(num_rounds)
         exchange = self.exchange_moments(grid)
         if diagnose_only:
             return None

@@ -69,6 +69,7 @@ class Site:
     x_test: np.ndarray | None
     y_test: np.ndarray | None
     is_image: bool
+    features: tuple[str, ...] = ()  # the input columns in order (CSV/Parquet; empty for .npz)
 
     @property
     def n_train(self) -> int:
@@ -129,6 +130,7 @@ def read_site(cfg: TableConfig, path) -> Site:
         x_test=x_test,
         y_test=np.ascontiguousarray(y[test], dtype=np.float64) if has_test else None,
         is_image=is_image,
+        features=tuple(features),
     )
 
 
@@ -232,18 +234,23 @@ def standardize_per_site(x, x_test, groups, groups_test):
     xs, xts = np.empty_like(x), None if x_test is None else np.empty_like(x_test)
     for g in np.unique(groups):
         rows = groups == g
-        mean, std = x[rows].mean(axis=0), x[rows].std(axis=0)
-        std = np.where(std > 0, std, 1.0)
+        mean, std = input_offset_scale(x[rows])
         xs[rows] = (x[rows] - mean) / std
         if xts is not None:
             xts[groups_test == g] = (x_test[groups_test == g] - mean) / std
     return xs, xts
 
 
-def standardize_pooled(x: np.ndarray, x_test: np.ndarray | None) -> tuple[np.ndarray, np.ndarray | None]:
-    """Pooled training mean and standard deviation (a constant column is only centred)."""
+def input_offset_scale(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(mean (F,), std (F,))`` of training inputs ``x`` ``(N, F)``: population std, 1 for a
+    constant column (it is only centred)."""
     mean = x.mean(axis=0)
     std = x.std(axis=0)
-    std = np.where(std > 0, std, 1.0)
+    return mean, np.where(std > 0, std, 1.0)
+
+
+def standardize_pooled(x: np.ndarray, x_test: np.ndarray | None) -> tuple[np.ndarray, np.ndarray | None]:
+    """Pooled training mean and standard deviation (a constant column is only centred)."""
+    mean, std = input_offset_scale(x)
     xs = (x - mean) / std
     return xs, None if x_test is None else (x_test - mean) / std

@@ -51,11 +51,12 @@ def file_label(path: str | os.PathLike) -> str:
     return Path(path).name
 
 
-def read_file(path: str | os.PathLike, cfg: TableConfig | None = None) -> SiteTable:
+def read_file(path: str | os.PathLike, cfg: TableConfig | None = None, *, targets: bool = True) -> SiteTable:
     """Read one CSV, Parquet or ``.npz`` file (by suffix) into a :class:`SiteTable`.
 
     Raises :class:`TableError` naming the file when it is missing, unreadable or empty, or when
-    an ``.npz`` lacks ``x``/``y`` or their lengths differ.
+    an ``.npz`` lacks ``x``/``y`` or their lengths differ. ``targets=False`` (inputs to predict
+    from): an ``.npz`` needs ``x`` only (``y``, when present, is read as well).
     """
     p = Path(path)
     name = file_label(p)
@@ -65,7 +66,7 @@ def read_file(path: str | os.PathLike, cfg: TableConfig | None = None) -> SiteTa
         raise TableError(f"{name}: the file is empty")
     suffix = p.suffix.lower()
     if suffix == ".npz":
-        return _read_npz(p)
+        return _read_npz(p, targets=targets)
     try:
         if suffix == ".csv":
             import pyarrow.csv as pcsv
@@ -103,17 +104,19 @@ def read_file(path: str | os.PathLike, cfg: TableConfig | None = None) -> SiteTa
     return SiteTable(path=str(p), columns=columns, numeric=numeric)
 
 
-def _read_npz(p: Path) -> SiteTable:
+def _read_npz(p: Path, *, targets: bool = True) -> SiteTable:
     name = file_label(p)
     try:
         with np.load(p, allow_pickle=False) as z:
             arrays = {k: z[k] for k in z.files}
     except Exception as exc:
         raise TableError(f"{name}: cannot read it as .npz ({type(exc).__name__}: {exc})") from exc
-    missing = [k for k in ("x", "y") if k not in arrays]
+    missing = [k for k in (("x", "y") if targets else ("x",)) if k not in arrays]
     if missing:
-        raise TableError(f"{name}: the .npz has no array(s) {missing} (needs x (N, F) or (N, C, H, W) and y (N, C))")
-    x, y = arrays.pop("x"), arrays.pop("y")
+        need = "x (N, F) or (N, C, H, W) and y (N, C)" if targets else "x (N, F) or (N, C, H, W)"
+        raise TableError(f"{name}: the .npz has no array(s) {missing} (needs {need})")
+    x = arrays.pop("x")
+    y = arrays.pop("y") if "y" in arrays else np.zeros((x.shape[0] if x.ndim else 0, 0))
     if y.ndim == 1:
         y = y[:, None]
     if x.ndim not in (2, 4) or y.ndim != 2:

@@ -93,6 +93,9 @@ class OutputConfig:
     tensorboard: bool = True
     figures: bool = True
     keep_client_state: bool = False
+    #: each client saves its final model (backbone + shared head + offsets and scales) for
+    #: ``fedhead-predict``: :mod:`fedhead.clients.export`
+    export_model: bool = True
 
 
 @dataclass(frozen=True)

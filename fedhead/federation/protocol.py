@@ -16,7 +16,10 @@ Server -> client
                  ConfigRecord (``server-round``), optional ``sigma_cen`` ArrayRecord
                  (``sigma_cen (C,C)``, corrected procedures), optional ``backbone`` ArrayRecord
                  (full-model averaging; BatchNorm statistics never included).
-    ``evaluate``: ``head`` ArrayRecord, ``config`` ConfigRecord.
+    ``evaluate``: ``head`` ArrayRecord, ``config`` ConfigRecord; in the run's last round the
+                 config also has ``final-round=true``: the head is the run's final shared head,
+                 and each client saves its final model (:mod:`fedhead.clients.export`,
+                 ``output.export_model``).
     After a statistics exchange every message also carries a ``standardization`` ArrayRecord
     (``target_offset``, ``target_scale`` ``(C,)``, ``input_offset``, ``input_scale`` ``(F,)`` or
     empty) and, when the server numbered the SuperNodes, ``config["partition-id"]``.
@@ -86,6 +89,7 @@ STAGE_MOMENTS = "moments"
 STAGE_MISMATCH = "mismatch"
 STAGE_STATISTICS = "statistics"
 SERVER_ROUND = ClientMetric.SERVER_ROUND.name  # also echoed in the train reply's metrics
+FINAL_ROUND = "final-round"  # true in the evaluate config of the run's last round (the client saves its model)
 JOB = "job"  # index of the job when one simulation serves several procedures
 
 # metric keys: a train reply's metrics are results.json's per-client metrics, declared (with

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -136,3 +137,6 @@ def test_simulation_on_three_csv_sites_with_a_user_backbone(tmp_path, monkeypatc
     np.testing.assert_allclose(np.array(res["targets"]["g_cen"]), g_cen, rtol=0, atol=1e-8)
     assert res["local_optimality"]["reached"] is True, res["local_optimality"]
     assert res["diagnosis"]["fully_active"]
+    for k in range(3):  # each client saved its final model (clients/export.py), through the Ray workers
+        meta = json.loads((tmp_path / "out" / "proximal" / "models" / f"partition_{k}" / "model.json").read_text())
+        assert (meta["model"], meta["partition"], meta["round"]) == ("torch", k, 1)

@@ -153,6 +153,19 @@ def test_full_loop_with_exact_clients_follows_recursion(task_identity, fig2_targ
     assert obs.records[-1].e_f_star < obs.records[1].e_f_star
 
 
+def test_only_the_last_round_s_evaluate_says_final_round(task_identity, fig2_targets):
+    """The flag on which each client saves its final model (clients/export.py), one record per round."""
+    clients = {n: NumpyClient(y, pid, LH, LW) for pid, (n, y) in enumerate(zip(NODES, fig2_targets))}
+    grid = FakeGrid(clients)
+    _strategy().run(grid, (np.eye(2), np.zeros(2)), num_rounds=3)
+    flags = [
+        (m.content.config_records[P.CONFIG][P.SERVER_ROUND], m.content.config_records[P.CONFIG].get(P.FINAL_ROUND))
+        for m in grid.sent
+        if m.metadata.message_type == "evaluate"
+    ]
+    assert flags == [(1, None)] * 3 + [(2, None)] * 3 + [(3, True)] * 3
+
+
 def test_corrected_clients_receive_sigma_cen_and_reach_g_cen(task_identity, fig2_targets):
     obs = Recorder()
     clients = {n: NumpyClient(y, pid, LH, LW, gamma=1.0) for pid, (n, y) in enumerate(zip(NODES, fig2_targets))}

@@ -1,0 +1,217 @@
+"""A client's trained model as files that load with plain torch: ``model.pt2`` + ``model.json``.
+
+At the end of a run each client saves its final model (:mod:`fedhead.clients.export` decides
+when and where): its private backbone, the final shared head ``(W, b)``, the federation's input
+and target offsets and scales, as one :class:`PredictionModule` written with
+:func:`torch.export.save` (``model.pt2``), plus ``model.json`` (the feature and target names,
+the offsets and scales, the input shape and dtype, the data set, the procedure, the round, the
+versions; :data:`FORMAT_VERSION`). ``fedhead-predict`` (:mod:`fedhead.cli.predict`) runs it.
+
+Loading needs torch only (no fedhead code, no training code)::
+
+    import json, torch
+    meta = json.load(open("model/model.json"))
+    model = torch.export.load("model/model.pt2").module()
+    y = model(torch.as_tensor(x, dtype=torch.float64))   # x (N, F) in the file's units -> y (N, C)
+
+The module maps inputs in the units of the client's file to predictions in the original target
+units (float64): ``x' = (x - input_offset) / input_scale`` (tabular inputs, when the run
+standardised them; images: uint8 -> ``[0, 1]``), ``h = backbone(x')`` (float32, eval mode:
+BatchNorm uses its running statistics), ``y_std = W h + b`` (+ the client's own target mean
+when its procedure centres targets), ``y = target_offset + target_scale * y_std``.
+"""
+
+from __future__ import annotations
+
+import copy
+import io
+import json
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from fedhead.data.base import batch_to_float
+from fedhead.models.backbones import ModelError
+from fedhead.results.io import write_bytes_atomic, write_json_atomic
+
+log = logging.getLogger(__name__)
+
+#: Version of the folder's layout and of ``model.json``'s keys (bumped when either changes meaning).
+FORMAT_VERSION = 1
+FORMAT_NAME = "fedhead-model"
+PROGRAM_FILE = "model.pt2"
+META_FILE = "model.json"
+
+
+class ModelFileError(ValueError):
+    """A model folder cannot be used: the message names the folder or file and the cause."""
+
+
+class PredictionModule(nn.Module):
+    """Inputs in the file's units -> predictions ``(N, C)`` float64 in the original target units.
+
+    Parameters
+    ----------
+    backbone : nn.Module
+        The client's backbone (copied to the CPU and put in eval mode; the caller's is untouched).
+    weight, bias : ndarray
+        The shared head ``W`` ``(C, P)`` and ``b`` ``(C,)`` (standardised target units).
+    target_offset, target_scale : ndarray (C,)
+        ``y = target_offset + target_scale * y_std``.
+    input_offset, input_scale : ndarray (F,), optional
+        ``x' = (x - input_offset) / input_scale`` for tabular inputs (None: used as they are).
+    image : bool
+        Image inputs ``(N, ch, H, W)``: uint8 become ``[0, 1]``, float32 pass through
+        (:func:`fedhead.data.base.batch_to_float`, as in training).
+    """
+
+    def __init__(
+        self,
+        backbone: nn.Module,
+        weight: np.ndarray,
+        bias: np.ndarray,
+        target_offset: np.ndarray,
+        target_scale: np.ndarray,
+        input_offset: np.ndarray | None = None,
+        input_scale: np.ndarray | None = None,
+        *,
+        image: bool = False,
+    ):
+        super().__init__()
+        w = torch.as_tensor(np.asarray(weight, dtype=np.float64))
+        b = torch.as_tensor(np.asarray(bias, dtype=np.float64))
+        c = w.shape[0]
+        if w.ndim != 2 or b.shape != (c,):
+            raise ModelError(f"head weight must be (C, P) and bias (C,), got {tuple(w.shape)} and {tuple(b.shape)}")
+        t_off = torch.as_tensor(np.asarray(target_offset, dtype=np.float64))
+        t_scale = torch.as_tensor(np.asarray(target_scale, dtype=np.float64))
+        if t_off.shape != (c,) or t_scale.shape != (c,):
+            raise ModelError(
+                f"target offset and scale must be ({c},), got {tuple(t_off.shape)}, {tuple(t_scale.shape)}"
+            )
+        self.backbone = copy.deepcopy(backbone).cpu().eval()
+        self.image = bool(image)
+        self.standardize_inputs = input_offset is not None and np.asarray(input_offset).size > 0
+        self.register_buffer("head_weight", w)
+        self.register_buffer("head_bias", b)
+        self.register_buffer("target_offset", t_off)
+        self.register_buffer("target_scale", t_scale)
+        if self.standardize_inputs:  # no empty buffers: torch.export.save refuses them
+            i_off = torch.as_tensor(np.asarray(input_offset, dtype=np.float64))
+            i_scale = torch.as_tensor(np.asarray(input_scale, dtype=np.float64))
+            if i_off.ndim != 1 or i_scale.shape != i_off.shape:
+                raise ModelError(
+                    f"input offset and scale must be (F,), got {tuple(i_off.shape)}, {tuple(i_scale.shape)}"
+                )
+            self.register_buffer("input_offset", i_off)
+            self.register_buffer("input_scale", i_scale)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.image:
+            xf = batch_to_float(x)
+        elif self.standardize_inputs:
+            xf = ((x.to(torch.float64) - self.input_offset) / self.input_scale).to(torch.float32)
+        else:
+            xf = x.to(torch.float32)
+        h = self.backbone(xf).to(torch.float64)
+        return self.target_offset + self.target_scale * (h @ self.head_weight.T + self.head_bias)
+
+
+def export_model(folder: str | os.PathLike, module: PredictionModule, example: torch.Tensor, meta: dict) -> Path:
+    """Write ``module`` as ``folder/model.pt2`` (:func:`torch.export.export`, dynamic batch size)
+    and ``meta`` plus the format keys as ``folder/model.json``, each file atomically (the JSON
+    last: a folder with ``model.json`` is complete).
+
+    ``example`` is a batch ``(B, ...)`` of inputs with the dtype the module will be called with.
+    Returns the folder.
+    """
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    module.eval()
+    batch = torch.export.Dim("batch", min=1)
+    with torch.no_grad():
+        program = torch.export.export(module, (example,), dynamic_shapes={"x": {0: batch}})
+    buf = io.BytesIO()
+    torch.export.save(program, buf)
+    write_bytes_atomic(folder / PROGRAM_FILE, buf.getvalue())
+    payload = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, "program": PROGRAM_FILE, **meta}
+    write_json_atomic(folder / META_FILE, payload)
+    log.info("saved the trained model to %s", folder)
+    return folder
+
+
+@dataclass
+class SavedModel:
+    """A loaded model folder: ``meta`` (``model.json``) and ``module`` (``x -> y (N, C)`` float64)."""
+
+    folder: Path
+    meta: dict[str, Any]
+    module: nn.Module
+
+    @property
+    def target_names(self) -> list[str]:
+        return list(self.meta["targets"]["names"])
+
+    @property
+    def inputs(self) -> dict[str, Any]:
+        return self.meta["inputs"]
+
+    def predict(self, x: np.ndarray, *, batch_size: int = 4096) -> np.ndarray:
+        """Predictions ``(N, C)`` float64 in the original target units of inputs ``x`` (file units:
+        ``(N, F)`` tabular or ``(N, ch, H, W)`` images of the dtype ``model.json`` names)."""
+        dtype = getattr(torch, self.inputs["dtype"])
+        out = []
+        with torch.no_grad():
+            for s in range(0, x.shape[0], batch_size):
+                xb = torch.as_tensor(np.ascontiguousarray(x[s : s + batch_size])).to(dtype)
+                out.append(self.module(xb).detach().numpy())
+        return np.concatenate(out) if out else np.zeros((0, len(self.target_names)))
+
+
+_REQUIRED = {"inputs": ("kind", "shape", "dtype"), "targets": ("names",)}
+
+
+def read_meta(folder: str | os.PathLike) -> dict[str, Any]:
+    """``model.json`` of a model folder, checked (:class:`ModelFileError` naming the file)."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise ModelFileError(f"{folder}: no such model folder")
+    path = folder / META_FILE
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ModelFileError(f"{path}: no such file (a model folder holds {META_FILE} and {PROGRAM_FILE})") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ModelFileError(f"{path}: cannot read it as JSON ({type(exc).__name__}: {exc})") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT_NAME:
+        found = meta.get("format") if isinstance(meta, dict) else type(meta).__name__
+        raise ModelFileError(f"{path}: not a {FORMAT_NAME} file (its 'format' is {found!r})")
+    if meta.get("format_version") != FORMAT_VERSION:
+        raise ModelFileError(
+            f"{path}: format_version {meta.get('format_version')!r}, this fedhead reads version {FORMAT_VERSION}"
+        )
+    for section, keys in _REQUIRED.items():
+        missing = [k for k in keys if not isinstance(meta.get(section), dict) or k not in meta[section]]
+        if missing:
+            raise ModelFileError(f"{path}: lacks {section}.{missing[0]}")
+    return meta
+
+
+def load_model(folder: str | os.PathLike) -> SavedModel:
+    """Load a model folder written by :func:`export_model` (:class:`ModelFileError` naming the file)."""
+    folder = Path(folder)
+    meta = read_meta(folder)
+    path = folder / str(meta.get("program", PROGRAM_FILE))
+    if not path.is_file():
+        raise ModelFileError(f"{path}: no such file")
+    try:
+        program = torch.export.load(str(path))
+    except Exception as exc:  # noqa: BLE001 - torch raises many types for a damaged archive
+        raise ModelFileError(f"{path}: cannot load it with torch.export.load ({type(exc).__name__}: {exc})") from None
+    return SavedModel(folder=folder, meta=meta, module=program.module())
