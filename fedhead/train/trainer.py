@@ -17,6 +17,10 @@ the optimum and every stationary point of the objective stay where they are:
   objective. The optimiser fits the part of the optimal features that lies along weak directions
   of the layer's inputs last (their curvature is their squared singular value): the slowest
   direction once the bias is held at its optimum.
+* The head (``cfg.solve_last_layer``). After training the head goes to the minimiser of its
+  profiled objective plus the proximal term that L-BFGS reaches from the trained head
+  (:func:`fedhead.ufm.local_head`) and the last layer is solved for it, kept only where that lowers
+  the objective: where the layer's inputs span the client's samples, the exact local optimum.
 * The finishing step (``cfg.finish_features``, ``cfg.finish_rotation``). After training the
   features are mapped by ``h -> P_W (h - m)`` through the last layer (the least feature penalty
   among the maps that keep every prediction) and ``b = mu``; with a proximal term the head and
@@ -76,7 +80,7 @@ from fedhead.train.steps import (
     place_for_training,
     select_device,
 )
-from fedhead.ufm import optimal_loss
+from fedhead.ufm import local_head, optimal_loss
 
 __all__ = ["train_local"]
 
@@ -334,6 +338,52 @@ class _TrainLoop:
             rotate_to=self.terms.broadcast if rotate else None,
         )
 
+    def _full_objective(self) -> float:
+        """The objective the client minimises, proximal term included, as :meth:`finish` leaves the model."""
+        fit = self._evaluate()
+        if self.broadcast is None:
+            return fit.trained_objective
+        diff = self.weight.detach().double() - self.broadcast.double()
+        return fit.trained_objective + 0.5 * self.problem.rho * float((diff * diff).sum())
+
+    @torch.no_grad()
+    def _solve_head(self) -> bool:
+        """The head and last layer at their joint optimum, the rest of the network fixed.
+
+        The head goes to the minimiser of the profiled objective (plus the proximal term) that
+        L-BFGS reaches from the trained head (:func:`fedhead.ufm.local_head`), and the last layer is
+        solved for it. Where the layer's inputs span the client's samples (``N - 1 <= width``) this
+        is the exact joint minimiser: the client ends at its local optimum. Kept only where it lowers
+        the objective (proximal term included).
+        """
+        layer = self.backbone.output_layer() if hasattr(self.backbone, "output_layer") else None
+        if layer is None and not getattr(self.backbone, "expects_indices", False):
+            return False
+        before = self._full_objective()
+        w_now = self.weight.detach().clone()
+        saved = (
+            [t.detach().clone() for t in (layer.weight, layer.bias)]
+            if layer is not None
+            else [self.backbone.table.detach().clone()]
+        )
+        sol = local_head(
+            w_now.cpu().double().numpy(),
+            self.terms.trained_sigma,
+            self.problem.lambda_h,
+            self.problem.lambda_w,
+            rho=self.problem.rho,
+            w_ref=self.terms.broadcast,
+        )
+        self.weight.copy_(torch.as_tensor(sol.head, dtype=self.weight.dtype, device=self.weight.device))
+        self._solve_last_layer(keep_better=True)
+        if self._full_objective() < before:
+            return True
+        self.weight.copy_(w_now)
+        targets = (layer.weight, layer.bias) if layer is not None else (self.backbone.table,)
+        for t, v in zip(targets, saved, strict=True):
+            t.copy_(v)
+        return False
+
     def _check(self) -> float:
         """The trained gap of the model as :meth:`finish` would leave it now (last layer solved).
 
@@ -379,6 +429,7 @@ class _TrainLoop:
         """The final evaluation and the finishing step (``cfg.finish_features``)."""
         if self.cfg.solve_last_layer:
             self._solve_last_layer(keep_better=True)
+            self._solve_head()
         fit = self._evaluate(final=True)
         if fit.feature_map is not None:
             self.backbone.map_features(*fit.feature_map)

@@ -212,6 +212,89 @@ def scipy_callables(objective: Callable[[np.ndarray], ObjectiveValue], shape: tu
     return fun, jac, hess
 
 
+class LocalHead(NamedTuple):
+    """A local minimiser of the profiled objective reached from a given head (:func:`local_head`).
+
+    Attributes
+    ----------
+    head : ndarray, shape (C, P)
+    value : float
+        ``F(W; T) + rho/2 ||W - W_ref||_F^2`` there.
+    grad_norm : float
+        Frobenius norm of its gradient there.
+    iterations : int
+    converged : bool
+        Whether the gradient norm reached ``gtol max(1, ||grad at W0||)``.
+    """
+
+    head: np.ndarray
+    value: float
+    grad_norm: float
+    iterations: int
+    converged: bool
+
+
+def local_head(
+    W0, T, lambda_h: float, lambda_w: float, *, rho: float = 0.0, w_ref=None, gtol: float = 1e-9, max_iter: int = 2000
+) -> LocalHead:
+    """The minimiser of ``F(W; T) + rho/2 ||W - W_ref||_F^2`` that L-BFGS reaches from ``W0``.
+
+    ``F(W; T) = lambda_H/2 Tr(T A^{-1}) + lambda_W/2 ||W||_F^2``, ``A = W W^T + lambda_H I``
+    (:func:`profiled_objective`). With ``rho = 0`` the minimisers form the orbit ``W* Q`` (``Q``
+    orthogonal) and the one reached lies near ``W0``; with ``rho > 0`` (inside the fully active
+    regime) the minimiser near ``W_ref`` is the proximal step of the local objective, the head that
+    a client of the proximal procedure returns at its local optimum.
+
+    Parameters
+    ----------
+    W0 : array_like, shape (C, P)
+        Starting head (a trained head: the result is its nearby exact optimum).
+    T : array_like, shape (C, C)
+        Symmetric PSD target covariance (``Sigma_m``, or the corrected covariance).
+    lambda_h, lambda_w : float, > 0
+    rho : float, >= 0
+    w_ref : array_like, shape (C, P), optional
+        Proximal reference head; required when ``rho > 0``.
+    gtol : float
+        Stop once the gradient's Frobenius norm is at most ``gtol max(1, ||grad at W0||)``.
+    max_iter : int
+
+    Returns
+    -------
+    LocalHead
+    """
+    from scipy.optimize import minimize  # scipy.optimize: only here
+
+    W0 = as_float_array("W0", W0, ndim=2)
+    shape = W0.shape
+
+    def objective(W: np.ndarray) -> ObjectiveValue:
+        return profiled_objective(W, T, lambda_h, lambda_w, rho=rho, w_ref=w_ref, hessian=False)
+
+    start = objective(W0)
+    g0 = float(np.linalg.norm(start.grad))
+    target = gtol * max(g0, 1.0)
+    fun, jac, _ = scipy_callables(objective, shape)
+    res = minimize(
+        fun,
+        W0.ravel(),
+        jac=jac,
+        method="L-BFGS-B",
+        options={"maxiter": int(max_iter), "gtol": 0.0, "ftol": 0.0, "maxcor": 30},
+        callback=lambda xk: np.linalg.norm(jac(xk)) <= target and _stop(),
+    )
+    head = np.asarray(res.x, dtype=np.float64).reshape(shape)
+    end = objective(head)
+    if end.value > start.value:  # never worse than the start
+        head, end = W0.copy(), start
+    gn = float(np.linalg.norm(end.grad))
+    return LocalHead(head, float(end.value), gn, int(res.nit), bool(gn <= target))
+
+
+def _stop():
+    raise StopIteration
+
+
 # ---------------------------------------------------------------------------------- joint UFM
 
 

@@ -222,7 +222,9 @@ def test_local_tol_stops_once_the_gap_is_reached(clients):
     epochs = [e for e, _ in m.gap_trace]
     assert epochs == list(range(10, m.epochs + 1, 10)) and m.gap_trace[-1][1] <= 1e-4
     assert all(g > 1e-4 for _, g in m.gap_trace[:-1])  # it stopped at the first check below the tolerance
-    r = train_local(free(n), head_at(W0), torch.arange(n), y, *cfg(n, epochs=20, local_tol=1e-12), device="cpu")
+    # without the closing solves nothing reaches 1e-12 in 20 epochs, and the run says so
+    short = cfg(n, epochs=20, local_tol=1e-12, solve_last_layer=False)
+    r = train_local(free(n), head_at(W0), torch.arange(n), y, *short, device="cpu")
     assert r.metrics.converged is False and r.metrics.epochs == 20
     r = train_local(free(n), head_at(W0), torch.arange(n), y, *cfg(n, epochs=20), device="cpu")
     assert r.metrics.converged is None and r.metrics.gap_trace == ()
@@ -242,3 +244,53 @@ def test_bad_tolerance_or_cap_is_one_clear_config_error(override, msg):
 
     with pytest.raises(ConfigError, match=msg):
         load_config(compose_config([override]))
+
+
+# ------------------------------------------------------------------ the closing solves: head and last layer
+@pytest.mark.parametrize("kind", ["free", "resmlp"])
+@pytest.mark.parametrize("rho", [0.0, 1e-3])
+def test_short_training_ends_at_the_exact_local_optimum(kind, rho, make_targets):
+    """After 30 epochs (far from the optimum for the optimiser alone) the closing solves put the
+    head on the minimiser of F(W; Sigma_m) + rho/2 ||W - W_t||^2 and the features on the optimal ones
+    for it: the trained gap is at rounding level and the head is the exact proximal step (rho > 0)
+    or on the optimal Gram (rho = 0). The ResMLP's last layer has 16 inputs for 10 samples."""
+    n = 10
+    y = torch.tensor(make_targets(n, MEANS[0], COVS[0], seed=1), dtype=torch.float32)
+    sigma = np.cov(y.double().numpy().T, bias=True)
+    bb = free(n) if kind == "free" else build_backbone(ResMLPConfig(width=16, depth=1, feature_dim=P), (3,), n, seed=0)
+    x = torch.arange(n) if kind == "free" else torch.randn(n, 3, generator=torch.Generator().manual_seed(0))
+    tc, pb = cfg(n, epochs=30, rho=rho)
+    r = train_local(bb, head_at(W0), x, y, tc, pb, broadcast_weight=W0 if rho else None, device="cpu")
+    if rho:  # the proximal step sits above L* by the pull of rho: exactly that much
+        step = ufm.local_head(W0, sigma, LAM, LAM, rho=rho, w_ref=W0).head
+        assert rel(r.weight, step) < 1e-5
+        l_star = float(ufm.optimal_loss(sigma, LAM, LAM))
+        pulled = (ufm.profiled_objective(step, sigma, LAM, LAM, hessian=False).value - l_star) / l_star
+        assert pulled > 1e-7 and r.metrics.trained_gap == pytest.approx(pulled, abs=1e-9)
+    else:
+        assert r.metrics.trained_gap < 1e-9
+        assert rel(r.weight @ r.weight.T, ufm.optimal_gram(sigma, LAM, LAM)) < 1e-6
+    literal = train_local(
+        free(n) if kind == "free" else build_backbone(ResMLPConfig(width=16, depth=1, feature_dim=P), (3,), n, seed=0),
+        head_at(W0),
+        x,
+        y,
+        *cfg(n, epochs=30, rho=rho, solve_last_layer=False),
+        broadcast_weight=W0 if rho else None,
+        device="cpu",
+    )
+    assert literal.metrics.trained_gap > 1e-4  # the optimiser alone is far from it after 30 epochs
+
+
+def test_the_closing_solve_never_raises_the_objective(make_targets):
+    """keep_better: a last layer already at the optimum for W (the exact solve, ridge 0) is left as it
+    is, since every filtered candidate has a higher objective."""
+    n = 10
+    y = torch.tensor(make_targets(n, MEANS[0], COVS[0], seed=1), dtype=torch.float32)
+    bb = build_backbone(ResMLPConfig(width=16, feature_dim=P), (3,), n, seed=0)
+    x = torch.randn(n, 3, generator=torch.Generator().manual_seed(0))
+    solve_output_layer(bb, x, y, W0, LAM, ridge=0.0)
+    before = [t.detach().clone() for t in bb.output_layer().parameters()]
+    assert solve_output_layer(bb, x, y, W0, LAM, ridge=1e-4, keep_better=True) is False
+    for a, b in zip(before, bb.output_layer().parameters(), strict=True):
+        assert torch.equal(a, b)

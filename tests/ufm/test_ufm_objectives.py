@@ -231,3 +231,31 @@ def test_one_round_recovery_by_solving_corrected_proximal_problems(instance):
     # without the correction one round does not reach G_cen
     W_unc = np.einsum("m,mcp->cp", tm.weights, closest_head(Wt, optimal_gram(tm.covs, inst.lh, inst.lw)))
     assert np.linalg.norm(W_unc @ W_unc.T - g_cen) / np.linalg.norm(g_cen) > 1e-2
+
+
+# ------------------------------------------------------------------ local_head: the nearby exact minimiser
+def test_local_head_reaches_the_optimal_gram_and_the_proximal_stationary_point():
+    """rho = 0: the head reached has the closed-form optimal Gram phi(T) (docs/theory.md §4);
+    rho > 0: the gradient of F + rho/2 ||W - W_ref||^2 vanishes there and the trust-region Newton
+    solve from the same start lands on the same head."""
+    from scipy.optimize import minimize
+
+    from fedhead import ufm
+
+    rng = np.random.default_rng(3)
+    C, P, lh, lw = 3, 8, 0.05, 0.02
+    A = rng.normal(size=(C, C))
+    T = A @ A.T + 0.5 * np.eye(C)
+    W0 = 0.5 * rng.normal(size=(C, P))
+    r = ufm.local_head(W0, T, lh, lw)
+    assert r.converged
+    G = r.head @ r.head.T
+    np.testing.assert_allclose(G, ufm.optimal_gram(T, lh, lw), rtol=0, atol=1e-8)
+    w_ref = 0.5 * rng.normal(size=(C, P))
+    r = ufm.local_head(W0, T, lh, lw, rho=1e-2, w_ref=w_ref)
+    val = ufm.profiled_objective(r.head, T, lh, lw, rho=1e-2, w_ref=w_ref)
+    assert np.linalg.norm(val.grad) < 1e-8
+    fun, jac, hess = ufm.scipy_callables(lambda W: ufm.profiled_objective(W, T, lh, lw, rho=1e-2, w_ref=w_ref), (C, P))
+    newton = minimize(fun, W0.ravel(), jac=jac, hess=hess, method="trust-exact", options={"gtol": 1e-12})
+    np.testing.assert_allclose(r.head, newton.x.reshape(C, P), rtol=0, atol=1e-7)
+    assert r.value == pytest.approx(newton.fun, rel=1e-12)
