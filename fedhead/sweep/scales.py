@@ -83,15 +83,17 @@ SMOKE = Scale(
 # The paper's protocol (8 rounds, rho = 1e-3, the same lambdas, every setting) sized so that every
 # client reaches its local optimum on 2 CPU cores: 100 samples per tabular client (the quickstart's
 # size) with the CPU ResMLP, 32 per image client (64 for CIFAR-geo's four) with the width-8
-# residual CNN on 16 x 16 images, P = 64, full-batch training to a relative gap of 1e-4 (E = 2000
-# caps it). Where the layer before the features has at least as many units as a client has samples
-# (all of these), the last-layer solve of every tolerance check reaches the optimum for the current
-# head exactly, so what remains is the head's own convergence.
+# residual CNN on 16 x 16 images, P = 64, full-batch training stopped at a relative gap of 1e-3
+# (E = 2000 caps it). The layer before the features has at least as many units as a client has
+# samples (256 and 64 against 100, 32 and 64), so the closing head and last-layer solves of local
+# training end every client at its exact local optimum (fedhead.train.trainer); the tolerance
+# decides how long the rest of the network trains. Measured (2 busy cores): Hopper proximal,
+# rho = 1e-3, 8 rounds: endpoint e_F 3.1e-4, delta_last 4.7e-3 (the paper: 2.9e-4, 4.5e-3).
 CPU = Scale(
     name="cpu",
     rounds=8,
     local_epochs=2000,
-    local_tol=1e-4,
+    local_tol=1e-3,
     seeds=(0, 1, 2),
     sweep_seeds=(0, 1, 2),
     tabular=("model=resmlp_small", "dataset.n_train=400") + _SMOKE_COMMON,

@@ -71,7 +71,27 @@ def test_narrowing_and_bad_names():
     assert all(s in SETTINGS for s in FILE_ONLY)
     with pytest.raises(ConfigError, match="not a preset"):
         plan("nope", "smoke")
-    with pytest.raises(ConfigError, match="smoke or paper"):
+    with pytest.raises(ConfigError, match=r"choose one of \['cpu', 'paper', 'smoke'\]"):
         plan("main", "huge")
     with pytest.raises(ConfigError, match="unknown data sets"):
         plan("main", "smoke", settings=["mnist"])
+
+
+def test_cpu_main_grid_is_the_protocol_on_every_setting(tmp_path):
+    """scale=cpu: the paper's protocol (8 rounds, rho = 1e-3 for the proximal procedures, the same
+    lambdas, seeds 0-2, every setting) with CPU-sized data and networks and a tolerance stop; a
+    tabular and an image run compose as fedhead-run builds them."""
+    runs = plan("main", "cpu")
+    assert len(runs) == len(SETTINGS) * len(MAIN_PROCEDURES) * 3 and {r.seed for r in runs} == {0, 1, 2}
+    for setting, model in (("hopper", "resmlp_small"), ("dsprites", "rescnn")):
+        spec = [r for r in runs if r.setting == setting and r.procedure == "corrected_proximal" and r.seed == 0][0]
+        job = load_config(compose_config(list(spec.overrides))).jobs(tmp_path)[0]
+        assert (job.settings.rounds, job.procedure.rho, job.settings.lambda_h, job.settings.lambda_w) == (
+            8,
+            1e-3,
+            0.01,
+            0.01,
+        )
+        assert job.model.name == model and job.train.local_tol == 1e-3 and job.train.solve_last_layer
+    narrowed = plan("main", "cpu", seeds=[0], settings=["hopper", "walker2d"])
+    assert len(narrowed) == 2 * len(MAIN_PROCEDURES)
