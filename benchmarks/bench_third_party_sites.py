@@ -9,8 +9,9 @@ The data: ``penguins.csv`` of the ``palmerpenguins`` package (PyPI, CC0; Horst, 
 Palmer Station LTER): 344 penguins of three species on three islands, measured 2007-2009. It is
 not a fedhead dependency; get the file with::
 
-    pip download --no-deps palmerpenguins==0.1.6 -d /tmp/pp && unzip -o /tmp/pp/palmerpenguins-*.whl -d /tmp/pp
-    # the file: /tmp/pp/palmerpenguins/data/penguins.csv
+    pip download --no-deps palmerpenguins==0.1.6 -d /tmp/pp
+    python -m zipfile -e /tmp/pp/palmerpenguins-0.1.6-py3-none-any.whl /tmp/pp
+    # the files: /tmp/pp/palmerpenguins/data/penguins.csv and penguins-raw.csv
 
 What the script does, in one process (the two runs are ``python -m fedhead.cli.run``, i.e.
 ``fedhead-run``, as subprocesses):
@@ -18,9 +19,15 @@ What the script does, in one process (the two runs are ``python -m fedhead.cli.r
 1. Writes one CSV per site (``--sites species``: Adelie 152, Chinstrap 68, Gentoo 124 rows;
    ``--sites island``: Biscoe 168, Dream 124, Torgersen 52) holding the numeric columns a user
    would prepare: the targets (``--targets``, default flipper length, body mass, bill depth),
-   the inputs ``bill_length_mm``, ``year``, ``male`` (0/1 from ``sex``) and one 0/1 column per
+   the other measurements and ``year`` as inputs, the blood isotope ratios ``d15n``, ``d13c``
+   of ``penguins-raw.csv`` (``--inputs isotopes``, the default; the two files list the same
+   penguins in the same order, checked), ``male`` (0/1 from ``sex``) and one 0/1 column per
    value of the other grouping (island or species). Missing values stay ``NA``: the runs drop
-   those rows with ``dataset.missing=drop`` (2 rows without measurements, 9 more without sex).
+   those rows with ``dataset.missing=drop`` (2 rows without measurements, 9 more without sex,
+   and with the isotopes 9 more without them: 139 / 67 / 118 rows by species).
+   ``--inputs basic`` leaves the isotopes out: then some rows of a site share every input
+   (Gentoo: 119 rows, 107 distinct inputs), so no backbone can give them the different
+   features the local optimum needs, and every client stays far from it (README).
 2. Computes ``G_cen`` directly from the pooled rows of those files (the same rows dropped): the
    targets standardised with the pooled mean and population std, ``phi(Sigma)``
    (:func:`fedhead.ufm.optimal_gram`) at the run's ``lambda_H = lambda_W = 0.01``.
@@ -156,7 +163,9 @@ def run(procedure: str, files: list[Path], targets: tuple[str, ...], out: Path, 
     ]
     print("$", " ".join(cmd[1:]), flush=True)
     t0 = time.perf_counter()
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    done = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    if done.returncode != 0:  # its one-line error (and the progress bars before it)
+        sys.exit(f"fedhead-run {procedure} failed (exit status {done.returncode}):\n{done.stderr[-2000:]}")
     return out / procedure / schema.FILE_NAME, time.perf_counter() - t0
 
 
