@@ -47,7 +47,6 @@ from fedhead.data.site import (
     standardize_per_site,
     standardize_pooled,
     test_rows,
-    warn_shared_inputs,
 )
 from fedhead.data.tables import (
     SUFFIXES,
@@ -278,7 +277,6 @@ def load(cfg: TableConfig) -> RawDataset:
     for p in parts:
         keep = finite_rows(cfg, p.label, p.x, p.y, names)
         p.x, p.y, p.test = p.x[keep], p.y[keep], p.test[keep]
-        warn_shared_inputs(p.label, p.x[~p.test], p.y[~p.test])
     return _assemble(cfg, parts, tuple(targets), features, is_image=first.x is not None and first.x.ndim == 4)
 
 
