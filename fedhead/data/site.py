@@ -116,6 +116,7 @@ def read_site(cfg: TableConfig, path) -> Site:
     if has_test and not test.any():
         raise TableError(f"{label}: no test rows (dataset.test_column / dataset.test_fraction)")
     x_train, x_test = x[~test], x[test] if has_test else None
+    warn_shared_inputs(label, x_train, y[~test])
     if is_image and cfg.image_size is not None:  # dataset.image_size, as the pooled loader resamples
         raw = RawDataset(cfg.name, x_train, y[~test], targets, x_test, y[test] if has_test else None)
         raw = resize_images(raw, cfg.image_size)
@@ -213,6 +214,52 @@ def finite_rows(cfg: TableConfig, label: str, x: np.ndarray, y: np.ndarray, name
         )
     log.info("%s: dropped %d row(s) with NaN or Inf in a used column (dataset.missing=drop)", label, int(rows.sum()))
     return ~rows
+
+
+def shared_input_rows(x: np.ndarray, y: np.ndarray) -> int:
+    """Rows whose inputs equal those of another row with different targets.
+
+    A backbone gives such rows the same features, so the local optimum of the unconstrained
+    features (docs/theory.md §2), which gives every row features determined by its own targets,
+    is out of any backbone's reach: local training stops at a relative gap above zero.
+
+    Parameters
+    ----------
+    x : ndarray (N, F)
+        Tabular inputs (other layouts: 0, not checked).
+    y : ndarray (N, C)
+        Targets.
+
+    Returns
+    -------
+    int
+        How many of the N rows are in a group of equal inputs with more than one target vector.
+    """
+    if x.ndim != 2 or x.shape[0] < 2:
+        return 0
+    _, group, counts = np.unique(x, axis=0, return_inverse=True, return_counts=True)
+    group = group.reshape(-1)
+    if counts.max() < 2:
+        return 0
+    pairs = np.unique(np.column_stack([group.astype(np.float64), y.reshape(y.shape[0], -1)]), axis=0)
+    distinct = np.bincount(pairs[:, 0].astype(np.int64), minlength=counts.size)
+    return int(counts[distinct > 1].sum())
+
+
+def warn_shared_inputs(label: str, x: np.ndarray, y: np.ndarray) -> None:
+    """Log a warning naming the site when some of its training rows share their inputs
+    (:func:`shared_input_rows`)."""
+    n = shared_input_rows(x, y)
+    if n:
+        log.warning(
+            "%s: %d of %d training rows share their inputs with a row whose targets differ; a backbone of the "
+            "inputs (any model but model=free) gives them the same features, so this client cannot reach the "
+            "local optimum the theory assumes "
+            "(their relative gap stays above zero): add input columns that tell the rows apart",
+            label,
+            n,
+            y.shape[0],
+        )
 
 
 def test_rows(cfg: TableConfig, site: SiteTable, n: int, index: int) -> np.ndarray:

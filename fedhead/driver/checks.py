@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import math
 import os
+from pathlib import Path
 
 import torch
 
 from fedhead.analysis.regime import ensure_fully_active
 from fedhead.data.registry import load_federated
+from fedhead.data.site import warn_shared_inputs
 from fedhead.federation.config import ConfigError, JobConfig
 from fedhead.models.user import check_user_model
 
@@ -55,11 +57,19 @@ def prepare_data(job: JobConfig):
     """Load (or generate) the job's data once in the driver: validates it, warms the cache the
     Ray workers read, and refuses a federation outside the fully active regime (theory.md §3) before
     any worker starts, unless ``dataset.allow_outside_regime=true`` or ``diagnose_only=true``
-    (the server repeats the check on the exchanged moments, which is what deployments use)."""
+    (the server repeats the check on the exchanged moments, which is what deployments use). Warns,
+    naming the client's file, when a client's training rows share their inputs but not their
+    targets (:func:`fedhead.data.site.warn_shared_inputs`; a deployed client warns in its own log)."""
     data = load_federated(job.dataset, num_clients=job.settings.num_clients)
     check_user_model(job.model, data.input_shape)  # model=torch: its shape once, before Ray starts
     if data.n_clients != job.settings.num_clients:
         raise ValueError(f"data set {data.name} gave {data.n_clients} clients, expected {job.settings.num_clients}")
+    if job.model.name != "free":  # free features ignore the inputs
+        files = getattr(job.dataset, "files", ())
+        for i, c in enumerate(data.clients):
+            if c.x_train.ndim == 2 and c.x_train.dtype.is_floating_point:
+                label = Path(files[i]).name if len(files) == data.n_clients else f"{data.name} client {i}"
+                warn_shared_inputs(label, c.x_train.numpy(), c.y_train.numpy())
     if not job.settings.diagnose_only and not job.dataset.allow_outside_regime:
         # (when allowed, the server reports the regime once, after the exchange)
         ensure_fully_active(data, job.settings.lambda_h, job.settings.lambda_w)

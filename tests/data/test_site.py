@@ -117,3 +117,26 @@ def test_site_inputs_of_one_file_split_by_site_after_subsampling(tmp_path):
     )
     with pytest.raises(TableError, match="standardize_inputs=site needs sites"):
         load_federated(eigen, use_cache=False)
+
+
+def test_shared_input_rows_counts_equal_inputs_with_different_targets():
+    x = np.array([[0.0, 1.0], [0.0, 1.0], [2.0, 3.0], [2.0, 3.0], [4.0, 5.0], [0.0, 1.0]])
+    y = np.array([[1.0, 0.0], [2.0, 0.0], [3.0, 1.0], [3.0, 1.0], [4.0, 0.0], [1.0, 0.0]])
+    assert S.shared_input_rows(x, y) == 3  # the three rows of inputs (0, 1); (2, 3) share their targets too
+    assert S.shared_input_rows(x[2:5], y[2:5]) == 0
+    assert S.shared_input_rows(np.zeros((3, 1, 2, 2)), y[:3]) == 0  # images: not checked
+
+
+def test_a_site_whose_rows_share_inputs_is_named_in_a_warning(tmp_path, caplog):
+    rows = ["f1,f2,t1,t2", "0,1,1.5,2", "0,1,2.5,1", "1,1,0,0", "2,0,1,1", "3,0,2,1"]
+    path, other = tmp_path / "ward_7.csv", tmp_path / "ward_8.csv"
+    path.write_text("\n".join(rows) + "\n")
+    other.write_text("\n".join(rows[:2] + rows[3:]) + "\n")
+    cfg = TableConfig(files=(str(path), str(other)), targets=("t1", "t2"))
+    with caplog.at_level("WARNING", logger="fedhead.data.table"):
+        S.read_site(cfg, path)
+    assert "ward_7.csv: 2 of 5 training rows share their inputs" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="fedhead.data.table"):
+        S.read_site(cfg, other)
+    assert "share their inputs" not in caplog.text
