@@ -106,6 +106,7 @@ CPU = Scale(
         "dataset.n_test=64",
     )
     + _SMOKE_COMMON,
+    extra=("train.check_every=10",),  # a converged client stops within 10 epochs of a warm-started round
     epochs=lambda e: max(2, e // 2),
     large_factor=2,
     one_round_epochs=2000,
