@@ -60,10 +60,15 @@ class TrainConfig:
         Before training, set the backbone's last linear layer to the (slightly ridge-filtered)
         minimiser of the objective for the initial head, the rest of the network fixed
         (:mod:`fedhead.train.last_layer`): the features start where the broadcast head needs them
-        instead of pulling the head toward arbitrary features. An initialisation: changes no optimum.
+        instead of pulling the head toward arbitrary features. At every tolerance check and after
+        training, the layer solved for the current head (kept when it ends training, and only where
+        it lowers the objective), and after training the head and the layer at their joint optimum
+        (:func:`fedhead.ufm.local_head`; with ``rho > 0`` only with ``finish_rotation``). Exact
+        partial minimisations and an initialisation: change no optimum.
     last_layer_ridge : float
-        The filter of that solve, relative to the largest squared singular value of the layer's
-        inputs (0: the exact minimiser, whose weights can be very large).
+        The filter of the solve before training, relative to the largest squared singular value of
+        the layer's inputs (0: the exact minimiser, whose weights can be very large); the later
+        solves try it and six smaller ones and keep the best.
     warmup_steps : int
         Linear learning-rate warm-up over the first steps of each call (100; 0: none). AdamW is
         re-created in every round, and its first steps move every parameter by about ``lr``

@@ -20,7 +20,9 @@ the optimum and every stationary point of the objective stay where they are:
 * The head (``cfg.solve_last_layer``). After training the head goes to the minimiser of its
   profiled objective plus the proximal term that L-BFGS reaches from the trained head
   (:func:`fedhead.ufm.local_head`) and the last layer is solved for it, kept only where that lowers
-  the objective: where the layer's inputs span the client's samples, the exact local optimum.
+  the objective: where the layer's inputs span the client's samples, the exact local optimum. With
+  a proximal term it also selects the head closest to the broadcast, like the finishing rotation,
+  so ``cfg.finish_rotation=False`` turns it off there.
 * The finishing step (``cfg.finish_features``, ``cfg.finish_rotation``). After training the
   features are mapped by ``h -> P_W (h - m)`` through the last layer (the least feature penalty
   among the maps that keep every prediction) and ``b = mu``; with a proximal term the head and
@@ -429,7 +431,10 @@ class _TrainLoop:
         """The final evaluation and the finishing step (``cfg.finish_features``)."""
         if self.cfg.solve_last_layer:
             self._solve_last_layer(keep_better=True)
-            self._solve_head()
+            if self.cfg.finish_rotation or self.broadcast is None:
+                # with a proximal term the solve also moves the head along the symmetry W -> W Q to
+                # the broadcast, as the finishing rotation does: off with it (what rho alone does)
+                self._solve_head()
         fit = self._evaluate(final=True)
         if fit.feature_map is not None:
             self.backbone.map_features(*fit.feature_map)
