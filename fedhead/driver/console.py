@@ -27,6 +27,7 @@ __all__ = [
     "error_table",
     "diagnosis_lines",
     "local_optimality_note",
+    "local_steps_line",
 ]
 
 
@@ -148,4 +149,19 @@ def local_optimality_note(results: Results) -> str | None:
         f"NOTE [{results.name}]: at the last round a client is {lo.last_round_max_trained_gap:.2g} "
         f"from its local optimum (> {lo.threshold:g}): the theory's references assume local optima and do "
         f"not apply yet. Raise local_epochs or train.lr, or set train.local_tol."
+    )
+
+
+def local_steps_line(results: Results) -> str | None:
+    """One end-of-run line: the optimiser steps the clients took against the fixed recipe's (E
+    epochs in each of T rounds) and the median ratio over clients; None without ``local_steps``
+    or where the fixed recipe has no steps (``exact``)."""
+    ls = results.local_steps
+    fixed = [f for f in ls.fixed_steps if f is not None] if ls else []
+    if not fixed:
+        return None
+    t = max(ls.rounds)
+    return (
+        f"[{results.name}] local steps: {sum(ls.steps)} of the fixed recipe's {sum(fixed)} "
+        f"(E × T = {ls.local_epochs} × {t}), ratio {fmt(ls.median_ratio, '.3g')}"
     )

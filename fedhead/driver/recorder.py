@@ -39,8 +39,8 @@ from fedhead.federation.tracking import Targets
 from fedhead.plotting.canvas import DRAWER
 from fedhead.results import schema
 from fedhead.results.io import provenance
-from fedhead.results.rounds import RoundRecord
-from fedhead.results.schema import DatasetInfo, LocalOptimality, Results, Timing
+from fedhead.results.rounds import ClientMetric, RoundRecord
+from fedhead.results.schema import ABSENT, DatasetInfo, LocalOptimality, LocalSteps, Results, Timing
 
 log = logging.getLogger(__name__)
 
@@ -182,7 +182,10 @@ class RunRecorder:
             **(timing or Timing()).to_dict(),
             total_seconds=time.perf_counter() - self.t_start,
         )
-        self.results.local_optimality = local_optimality([self.records[t] for t in sorted(self.records)])
+        records = [self.records[t] for t in sorted(self.records)]
+        self.results.local_optimality = local_optimality(records)
+        steps = local_steps(records, self.job.settings.local_epochs, self.job.settings.num_clients)
+        self.results.local_steps = ABSENT if steps is None else steps
         if self.background and status == "completed":
             self._later(self._write_outputs, status)  # figures, then results.json and the events
         else:
@@ -315,4 +318,61 @@ def local_optimality(records: list[RoundRecord]) -> LocalOptimality:
         last_round_max_trained_gap=None if last is None else last.max_trained_gap,
         last_round_max_objective_gap=None if last is None else float(max(last.objective_gaps)),
         reached=None if last is None else not above or above[-1] != last.round,
+    )
+
+
+def local_steps(records: list[RoundRecord], local_epochs: int, num_clients: int) -> LocalSteps | None:
+    """results.json's ``local_steps``: each client's epochs and optimiser steps summed over the
+    rounds, against the fixed recipe of ``local_epochs`` (E) epochs in each of its rounds.
+
+    Parameters
+    ----------
+    records : list of RoundRecord
+        The run's rounds; a client's round counts where ``client_metrics`` holds its reply
+        (``partition-id``, ``local_epochs``, ``n_steps``).
+    local_epochs : int
+        E, the cap ``local_epochs=``.
+    num_clients : int
+        M; the lists have one entry per partition ``0..M-1``.
+
+    Returns
+    -------
+    LocalSteps or None
+        None when no round holds a client's reply (a diagnosis, a run that failed before round 1).
+        A client's steps per epoch is ``n_steps / local_epochs`` of a round where it ran an epoch
+        (the trainer's ``ceil(N_m / batch size)``); without such a round its fixed steps are None.
+    """
+    pid_key, epochs_key, steps_key = (
+        ClientMetric.PARTITION_ID.name,
+        ClientMetric.LOCAL_EPOCHS.name,
+        ClientMetric.N_STEPS.name,
+    )
+    rounds, epochs, steps = np.zeros(num_clients, int), np.zeros(num_clients, int), np.zeros(num_clients, int)
+    per_epoch: list[int | None] = [None] * num_clients
+    for rec in records:
+        for i, cm in enumerate(rec.client_metrics):
+            if epochs_key not in cm or steps_key not in cm:
+                continue
+            m = int(cm.get(pid_key, i))
+            e, k = int(cm[epochs_key]), int(cm[steps_key])
+            rounds[m] += 1
+            epochs[m] += e
+            steps[m] += k
+            if e > 0 and per_epoch[m] is None:
+                per_epoch[m] = round(k / e)
+    if not rounds.any():
+        return None
+    fixed_epochs = [int(local_epochs * t) for t in rounds]
+    fixed_steps = [None if s is None else f * s for f, s in zip(fixed_epochs, per_epoch)]
+    ratios = [None if not f or not k else f / int(k) for f, k in zip(fixed_steps, steps)]
+    defined = [r for r in ratios if r is not None]
+    return LocalSteps(
+        local_epochs=int(local_epochs),
+        rounds=rounds.tolist(),
+        epochs=epochs.tolist(),
+        steps=steps.tolist(),
+        fixed_epochs=fixed_epochs,
+        fixed_steps=fixed_steps,
+        ratios=ratios,
+        median_ratio=float(np.median(defined)) if defined else None,
     )

@@ -31,7 +31,7 @@ from fedhead.clients.state import simulation_state_dir
 from fedhead.clients.store import BackboneStore
 from fedhead.driver import ray_session
 from fedhead.driver.checks import check_data_once, message_window, preflight, uses_cuda
-from fedhead.driver.console import error_table, local_optimality_note, start_line
+from fedhead.driver.console import error_table, local_optimality_note, local_steps_line, start_line
 from fedhead.driver.errors import debug_enabled, is_flwr_wrapper, one_line
 from fedhead.driver.figures import write_procedures_figure
 from fedhead.driver.logs import console, run_logging_active, simulation_logging
@@ -360,6 +360,9 @@ def run_experiment(cfg: Any, output_dir: str | Path, *, show_progress: bool = Tr
             "client's trained objective to its optimum):"
         )
         print(table)
+    steps = [line for r in results if (line := local_steps_line(r))]
+    if steps:
+        print("\n" + "\n".join(steps))
     for r in results:
         note = local_optimality_note(r)
         if note:

@@ -6,9 +6,10 @@ from __future__ import annotations
 import datetime as _dt
 from typing import TYPE_CHECKING
 
+from fedhead.report import measures
 from fedhead.report.claims import NOT_MEASURED, OPTIMUM_GAP, runs_text
 from fedhead.report.render import csv_text, to_markdown
-from fedhead.report.tables import fmt
+from fedhead.report.tables import fmt, median_cell
 
 if TYPE_CHECKING:  # pragma: no cover
     from fedhead.report.build import Report
@@ -92,6 +93,22 @@ def sweeps_section(report: Report) -> list[str]:
     return lines
 
 
+def local_steps_sentence(report: Report) -> str:
+    """One sentence: the median over all counted runs of the local steps ratio (fixed E × T / used)."""
+    runs = report.collection.runs
+    cell = median_cell((measures.local_steps_ratio(r.results), r.ref) for r in runs)
+    if cell.value is None:
+        return (
+            "Local steps: no counted run records them (results.json without `local_steps`), so the ratio of "
+            "the fixed recipe's steps (E epochs in each of T rounds) to those used is not given."
+        )
+    return (
+        f"Local steps: the fixed recipe (E epochs in each of T rounds) takes {fmt(cell.value)} times the "
+        f"optimiser steps the clients used (stopping at local_tol), median over {cell.count} of "
+        f"{len(runs)} counted runs (each run's median over clients; Table 4's `local steps ratio`)."
+    )
+
+
 def tables_section(report: Report) -> list[str]:
     """Each table inline, with links to its CSV and sources; then the tables that are missing."""
     lines = [
@@ -99,6 +116,8 @@ def tables_section(report: Report) -> list[str]:
         "",
         "Medians over setting–seed combinations; `runs`: the runs of the row; numbers with 3 significant "
         "digits (full precision in the CSV files).",
+        "",
+        local_steps_sentence(report),
         "",
     ]
     for key, table in report.tables.items():

@@ -9,7 +9,10 @@ Definitions (docs/theory.md §11):
   (``e_f_reference``: ``G_star`` uncorrected, ``G_cen`` corrected, ``G_within`` centred);
 * trajectory ``e_F``: the last round's ``trajectory_error`` (median over rounds of the error to
   the exact recursion from the run's own ``G_0``);
-* ``delta_last``: the last round's selection distance ``delta``.
+* ``delta_last``: the last round's selection distance ``delta``;
+* local steps ratio: ``local_steps.median_ratio``, the fixed recipe's optimiser steps (E epochs in
+  each of T rounds) over those the clients used, median over clients (None for results written
+  before it was recorded).
 """
 
 from __future__ import annotations
@@ -74,6 +77,12 @@ def trajectory_error(results: Results) -> float | None:
 def delta_last(results: Results) -> float | None:
     """The last round's selection distance ``delta``."""
     return num(last_round(results).delta)
+
+
+def local_steps_ratio(results: Results) -> float | None:
+    """The run's median over clients of fixed-recipe steps (E × T) / steps used (``local_steps``)."""
+    ls = getattr(results, "local_steps", None)
+    return num(ls.median_ratio) if ls else None
 
 
 def first_round(results: Results, value: Callable[[RoundRecord], Any]) -> float | None:

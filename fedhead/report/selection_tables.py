@@ -46,6 +46,7 @@ TABLE4_COLUMNS = (
         "round-1 e_F(G_1, G_cen) (corrected)",
         _corrected(lambda r: measures.first_round(r, lambda t: t.e_f_cen)),
     ),
+    ("local_steps_ratio", "local steps ratio (fixed E×T / used)", measures.local_steps_ratio),
 )
 
 
@@ -79,7 +80,9 @@ def table4(runs: Sequence[RunEntry]) -> list[Table]:
         procedure_rows(runs, TABLE4_COLUMNS),
         note=ENDPOINT_NOTE + "; trajectory e_F: median over rounds of the error to the exact recursion "
         "from the run's own G_0 (last round's value); δ_last: the last round's selection distance "
-        "Σ p_m ||W_m - Π_m(W_t)||_F; round-1 columns: G_1 against G_cen after one round",
+        "Σ p_m ||W_m - Π_m(W_t)||_F; round-1 columns: G_1 against G_cen after one round; local steps ratio: "
+        "the optimiser steps of the fixed recipe (E epochs in each of T rounds) over those the clients used "
+        "(stopping at local_tol), median over clients",
     )
     out = [main]
     wins = wins_table(

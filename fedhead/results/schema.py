@@ -1,7 +1,8 @@
 """results.json of a federation: its one writer (:func:`write`) and its one reader (:func:`read`).
 
 Every top-level key is a field of :class:`Results`, every ``timing`` key a field of
-:class:`Timing`, every ``local_optimality`` key a field of :class:`LocalOptimality` and every
+:class:`Timing`, every ``local_optimality`` key a field of :class:`LocalOptimality`, every ``local_steps``
+key a field of :class:`LocalSteps` and every
 ``dataset`` key a field of :class:`DatasetInfo`; the per-round and per-client keys are declared
 in :mod:`fedhead.results.rounds`. Each field's metadata (:func:`fedhead.results.rounds.key`)
 says what it means; the JSON object, the reader's checks and the README's schema section
@@ -40,6 +41,7 @@ __all__ = [
     "SchemaError",
     "Timing",
     "LocalOptimality",
+    "LocalSteps",
     "DatasetInfo",
     "Results",
     "write",
@@ -174,6 +176,40 @@ class LocalOptimality:
 
 
 @dataclass(frozen=True)
+class LocalSteps:
+    """``local_steps``: the local work each client used, summed over the run's rounds, against the
+    fixed recipe (``E`` epochs in every round). Every list has one entry per client, partition order."""
+
+    local_epochs: int = field(metadata=key("E, the cap `local_epochs=` (the fixed recipe's epochs per round)", "int"))
+    rounds: list[int] = field(
+        metadata=key("T_m, the rounds with client m's reply (T unless a round dropped it)", "(M)")
+    )
+    epochs: list[int] = field(metadata=key("local epochs client m ran, summed over its rounds", "(M)"))
+    steps: list[int] = field(metadata=key("optimiser steps client m took (`n_steps`), summed over its rounds", "(M)"))
+    fixed_epochs: list[int] = field(metadata=key("the fixed recipe's epochs, E × T_m", "(M)"))
+    fixed_steps: list[int | None] = field(
+        metadata=key(
+            "the fixed recipe's steps, E × T_m × steps per epoch (ceil(N_m / batch size), read off a round as "
+            "`n_steps / local_epochs`); `null` where the client never ran an epoch (`exact`)",
+            "(M)",
+        )
+    )
+    ratios: list[float | None] = field(
+        metadata=key("`fixed_steps / steps` per client (`null` where either is 0 or `null`)", "(M)")
+    )
+    median_ratio: float | None = field(
+        metadata=key("the median of `ratios` over clients: how many times fewer steps than the fixed recipe", "float")
+    )
+
+    def to_dict(self) -> dict[str, Any]:
+        return _to_dict(self)
+
+    @classmethod
+    def from_dict(cls, d: Any) -> LocalSteps:
+        return cls(**_kwargs(cls, d, "local_steps"))
+
+
+@dataclass(frozen=True)
 class DatasetInfo:
     """``dataset``: the federation's data set."""
 
@@ -270,6 +306,14 @@ class Results:
     local_optimality: LocalOptimality = field(
         default=ABSENT, metadata=key("at the end of the run, see `local_optimality` below", "object")
     )
+    local_steps: LocalSteps = field(
+        default=ABSENT,
+        metadata=key(
+            "at the end of a run with a training round, see `local_steps` below (absent in files written "
+            "before it was recorded)",
+            "object",
+        ),
+    )
     figures: list[str] = field(default=ABSENT, metadata=key("PNG files written next to results.json", "list"))
     standardization: dict[str, Any] = field(
         default=ABSENT,
@@ -350,6 +394,8 @@ def from_dict(d: Any, *, where: str = FILE_NAME) -> Results:
     kw["timing"] = Timing.from_dict(kw["timing"])
     if "local_optimality" in kw:
         kw["local_optimality"] = LocalOptimality.from_dict(kw["local_optimality"])
+    if "local_steps" in kw:
+        kw["local_steps"] = LocalSteps.from_dict(kw["local_steps"])
     return Results(**kw)
 
 

@@ -12,7 +12,7 @@ from dataclasses import fields
 from pathlib import Path
 
 from fedhead.results.rounds import CLIENT_METRIC_KEYS, ROUND_EXTRA_KEYS, Key, RoundRecord
-from fedhead.results.schema import SCHEMA_VERSION, DatasetInfo, LocalOptimality, Results, Timing
+from fedhead.results.schema import SCHEMA_VERSION, DatasetInfo, LocalOptimality, LocalSteps, Results, Timing
 
 __all__ = ["BEGIN", "END", "section", "replace_section"]
 
@@ -53,6 +53,10 @@ def section() -> str:
         "#### `local_optimality`",
         "",
         *_table(_keys(LocalOptimality)),
+        "",
+        "#### `local_steps`",
+        "",
+        *_table(_keys(LocalSteps)),
         "",
         "#### `rounds[t]`",
         "",

@@ -128,6 +128,9 @@ def test_crashed_and_resumed_run_matches_an_uninterrupted_run(tmp_path, task_ide
     assert res["resumed_after_round"] == 2
     assert [r["round"] for r in res["rounds"]] == [0, 1, 2, 3, 4]
     assert _strip(res["rounds"]) == _strip(reference["rounds"])  # bit-identical (JSON floats round-trip)
+    # the checkpointed rounds' client metrics count: every client ran 4 rounds of local_epochs=5
+    assert res["local_steps"] == reference["local_steps"] and res["local_steps"]["rounds"] == [4, 4, 4]
+    assert res["local_steps"]["fixed_epochs"] == [20, 20, 20]
     on_disk = json.loads((job.output_dir / "results.json").read_text())
     assert on_disk["status"] == "completed" and [r["round"] for r in on_disk["rounds"]] == [0, 1, 2, 3, 4]
     assert read_checkpoint(checkpoint_path(job.output_dir)).round == 4

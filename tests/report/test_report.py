@@ -39,7 +39,8 @@ def _csv(path: Path) -> list[dict[str, str]]:
 
 def _expected_table4(res: dict) -> dict[str, float | None]:
     """Independent recomputation: the endpoint error is to G_cen for a corrected procedure, to
-    G_star otherwise; trajectory for uncorrected, round-1 d(G_1, G_cen) for corrected runs."""
+    G_star otherwise; trajectory for uncorrected, round-1 d(G_1, G_cen) for corrected runs; the
+    local steps ratio is the run's recorded median over clients."""
     corrected = res["procedure"]["gamma"] > 0
     last, first = res["rounds"][-1], res["rounds"][1]
     return {
@@ -48,6 +49,7 @@ def _expected_table4(res: dict) -> dict[str, float | None]:
         "trajectory": None if corrected else last["trajectory_error"],
         "d_cen_1": first["d_cen"] if corrected else None,
         "e_cen_1": first["e_f_cen"] if corrected else None,
+        "local_steps_ratio": res["local_steps"]["median_ratio"],
     }
 
 
@@ -59,7 +61,7 @@ def test_table4_equals_the_runs_and_lists_its_sources(sweeps, report_dir):
         runs = _results(sweeps / "main", proc)
         assert int(rows[proc]["runs"]) == len(SEEDS)
         expected = [_expected_table4(r) for r in runs.values()]
-        for col in ("endpoint", "delta_last", "trajectory", "d_cen_1", "e_cen_1"):
+        for col in ("endpoint", "delta_last", "trajectory", "d_cen_1", "e_cen_1", "local_steps_ratio"):
             vals = [e[col] for e in expected if e[col] is not None]
             if not vals:
                 assert rows[proc][col] == "" and int(rows[proc][f"{col}_n"]) == 0

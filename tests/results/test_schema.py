@@ -10,7 +10,15 @@ import pytest
 
 from fedhead.results import schema
 from fedhead.results.rounds import RoundRecord
-from fedhead.results.schema import ABSENT, DatasetInfo, LocalOptimality, Results, SchemaError, Timing
+from fedhead.results.schema import (
+    ABSENT,
+    DatasetInfo,
+    LocalOptimality,
+    LocalSteps,
+    Results,
+    SchemaError,
+    Timing,
+)
 from fedhead.results.schema_doc import replace_section
 
 README = Path(__file__).resolve().parents[2] / "README.md"
@@ -119,6 +127,37 @@ def test_the_previous_version_is_read_through_its_upgrade(tmp_path, monkeypatch)
     monkeypatch.setattr(schema, "UPGRADES", {})
     with pytest.raises(SchemaError, match=r"schema_version 1 is not one this fedhead reads \(2\)"):
         schema.read(path)
+
+
+def _local_steps() -> LocalSteps:
+    return LocalSteps(
+        local_epochs=5,
+        rounds=[2, 2],
+        epochs=[4, 10],
+        steps=[8, 30],
+        fixed_epochs=[10, 10],
+        fixed_steps=[20, 30],
+        ratios=[2.5, 1.0],
+        median_ratio=1.75,
+    )
+
+
+def test_local_steps_round_trip_and_old_files_without_them_load(tmp_path):
+    res = _results()
+    res.local_steps = _local_steps()
+    path = schema.write(tmp_path / "results.json", res)
+    raw = json.loads(path.read_text())
+    assert raw["local_steps"]["fixed_steps"] == [20, 30] and raw["local_steps"]["median_ratio"] == 1.75
+    back = schema.read(path)
+    assert back.local_steps == _local_steps() and back.to_dict() == raw
+    # a results.json written before local_steps existed: same version, the key absent
+    del raw["local_steps"]
+    path.write_text(json.dumps(raw))
+    old = schema.read(path)
+    assert old.local_steps is ABSENT and old.schema_version == 1 and "local_steps" not in old.to_dict()
+    raw["local_steps"] = {"local_epochs": 5}
+    with pytest.raises(SchemaError, match="local_steps: missing key.*rounds"):
+        schema.from_dict(raw)
 
 
 def test_missing_keys_are_named(tmp_path):
