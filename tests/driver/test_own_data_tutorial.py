@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import socket
 import time
@@ -32,8 +33,6 @@ from flwr.common.config import parse_config_args
 
 from fedhead.driver.deploy import ServerTls, cli_connection_toml, free_ports, superlink_command, supernode_command
 from fedhead.results import schema
-
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 
 DOC = REPO / "docs" / "own-data.md"
 AUDIT = REPO / "tests" / "open_audit"
@@ -96,6 +95,27 @@ def _targets(path: Path) -> np.ndarray:
     return rows[:, [header.index("t1"), header.index("t2")]]
 
 
+def test_the_tutorial_runs_one_job_in_simulation_and_deployment():
+    """(a) and (b4) name the same job: the same overrides but the files (the simulation's list,
+    the deployment's ``dataset.files=[] dataset.num_clients=3``) and the output folder."""
+    blocks = tutorial_blocks(DOC.read_text())
+    assert tuple(blocks) == BLOCKS
+    sim = shlex.split(blocks["simulation"].replace("\\\n", " "))
+    assert sim[0] == "fedhead-run"
+    files = [f"$WORK/sites/site_{s}.csv" for s in SITES]
+    assert f"dataset.files=[{','.join(files)}]" in sim and "output.dir=$WORK/sim" in sim
+    run = shlex.split(blocks["run"].replace("\\\n", " "))
+    assert run[:6] == ["timeout", "900", "flwr", "run", ".", "loopback"] and run[6:8] == ["--stream", "--run-config"]
+    config = parse_config_args([run[8]])
+    assert config["output-dir"] == "$WORK/out"
+    dep = config["overrides"].split()
+    assert {"dataset.files=[]", f"dataset.num_clients={len(SITES)}"} <= set(dep)
+    common = set(sim[1:]) - {f"dataset.files=[{','.join(files)}]", "output.dir=$WORK/sim"}
+    assert common == set(dep) - {"dataset.files=[]", f"dataset.num_clients={len(SITES)}"}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1500)
 def test_the_own_data_tutorial_runs_as_written(tmp_path):
     for tool in ("bash", "openssl", "ssh-keygen", "flwr", "flower-superlink", "flower-supernode", "fedhead-run"):
         if shutil.which(tool) is None:
