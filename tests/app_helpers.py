@@ -34,6 +34,16 @@ from fedhead import ufm  # noqa: E402
 from fedhead.federation import protocol as P  # noqa: E402
 
 
+def pooled_g_cen(targets: list[np.ndarray], lambda_h: float, lambda_w: float) -> np.ndarray:
+    """``G_cen`` ``(C, C)`` of the sites' training targets ``(N_m, C)`` pooled and standardised
+    directly (every row together, population mean and std; no federation, no exchanged moments):
+    ``phi`` of the covariance of the pooled standardised rows."""
+    y = np.concatenate([np.asarray(t, dtype=np.float64) for t in targets])
+    z = (y - y.mean(0)) / y.std(0)
+    sigma = (z - z.mean(0)).T @ (z - z.mean(0)) / z.shape[0]
+    return ufm.optimal_gram(sigma, lambda_h, lambda_w)
+
+
 def instruction(node_id: int, message_type: str, content: RecordDict | None = None) -> Message:
     """A server -> client message (needs the ``task_identity`` fixture)."""
     return Message(content=content or RecordDict(), dst_node_id=int(node_id), message_type=message_type)

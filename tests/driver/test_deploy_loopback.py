@@ -11,128 +11,24 @@ deadline; every process started here (and its children) is killed in teardown.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import os
 import shutil
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
+from deploy_helpers import REPO, Processes, flwr, online, wait
 
 from fedhead.driver.deploy import ServerTls, cli_connection_toml, free_ports, superlink_command, supernode_command
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
-REPO = Path(__file__).resolve().parents[2]
 N_CLIENTS = 2
 ROUNDS = 1
 RUN_LIMIT_S = 600  # `flwr run` (about 60-90 s on 2 busy cores)
-START_LIMIT_S = 90  # SuperLink answering, SuperNodes online
-
-
-def _descendants(pid: int) -> list[int]:
-    """All live descendants of ``pid`` (from /proc; empty where /proc is missing)."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-        except (OSError, IndexError, ValueError):
-            continue
-    out, todo = [], [pid]
-    while todo:
-        for c in children.get(todo.pop(), []):
-            out.append(c)
-            todo.append(c)
-    return out
-
-
-class Processes:
-    """Started processes, each in its own session; ``stop`` kills them and their children."""
-
-    def __init__(self, logs: Path):
-        self.logs = logs
-        self.procs: dict[str, subprocess.Popen] = {}
-
-    def start(self, name: str, cmd: list[str], env: dict[str, str]) -> subprocess.Popen:
-        log = open(self.logs / f"{name}.log", "wb")  # noqa: SIM115 (closed with the process)
-        proc = subprocess.Popen(
-            cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self.logs, start_new_session=True
-        )
-        log.close()
-        self.procs[name] = proc
-        return proc
-
-    def check_alive(self) -> None:
-        for name, proc in self.procs.items():
-            if proc.poll() is not None:
-                pytest.fail(f"{name} exited with {proc.returncode}:\n{self.tail(name)}")
-
-    def tail(self, name: str, n: int = 4000) -> str:
-        path = self.logs / f"{name}.log"
-        return path.read_text(errors="replace")[-n:] if path.exists() else ""
-
-    def stop(self) -> None:
-        victims = {}
-        for proc in self.procs.values():
-            victims[proc.pid] = None
-            victims.update(dict.fromkeys(_descendants(proc.pid)))
-        for proc in self.procs.values():
-            with _quiet():
-                os.killpg(proc.pid, signal.SIGTERM)
-        deadline = time.monotonic() + 10
-        for proc in self.procs.values():
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-        for pid in victims:  # the groups and the detached SuperExec children
-            with _quiet():
-                os.killpg(pid, signal.SIGKILL)
-            with _quiet():
-                os.kill(pid, signal.SIGKILL)
-        for proc in self.procs.values():
-            with _quiet():
-                proc.wait(timeout=5)
-
-
-class _quiet:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, typ, *_):
-        return typ is not None and issubclass(typ, (ProcessLookupError, PermissionError, subprocess.TimeoutExpired))
-
-
-def _flwr(args: list[str], env: dict[str, str], limit: float = 30) -> subprocess.CompletedProcess:
-    return subprocess.run(["flwr", *args], env=env, cwd=REPO, capture_output=True, text=True, timeout=limit)
-
-
-def _wait(what: str, ok, procs: Processes, limit: float = START_LIMIT_S) -> float:
-    t0 = time.monotonic()
-    while True:
-        procs.check_alive()
-        try:
-            if ok():
-                return time.monotonic() - t0
-        except (subprocess.TimeoutExpired, ValueError, KeyError):
-            pass
-        if time.monotonic() - t0 > limit:
-            pytest.fail(
-                f"timeout after {limit}s waiting for {what}:\n"
-                + "\n".join(f"--- {n}\n{procs.tail(n, 1500)}" for n in procs.procs)
-            )
-        time.sleep(1)
-
-
-def _online(env: dict[str, str]) -> int:
-    res = _flwr(["supernode", "ls", "loopback", "--format", "json"], env)
-    if res.returncode != 0:
-        return -1
-    return sum(n["status"] == "online" for n in json.loads(res.stdout)["nodes"])
 
 
 @pytest.fixture
@@ -177,10 +73,10 @@ def _start_federation(work, certs, link_port, node_ports, env, procs) -> None:
         ),
         env,
     )
-    _wait("the SuperLink (TLS Control API)", lambda: _online(env) >= 0, procs)
+    wait("the SuperLink (TLS Control API)", lambda: online(env) >= 0, procs)
 
     for k in range(1, N_CLIENTS + 1):
-        res = _flwr(
+        res = flwr(
             ["supernode", "register", str(certs / f"supernode-{k}.auth.pub"), "loopback", "--format", "json"], env
         )
         assert res.returncode == 0 and json.loads(res.stdout)["success"], res.stdout + res.stderr
@@ -199,7 +95,7 @@ def _start_federation(work, certs, link_port, node_ports, env, procs) -> None:
             ),
             env,
         )
-    _wait(f"{N_CLIENTS} authenticated SuperNodes online", lambda: _online(env) == N_CLIENTS, procs)
+    wait(f"{N_CLIENTS} authenticated SuperNodes online", lambda: online(env) == N_CLIENTS, procs)
 
 
 def test_loopback_deployment_tls_auth(loopback):
@@ -212,7 +108,7 @@ def test_loopback_deployment_tls_auth(loopback):
         f"dataset.n_train=40 dataset.cache_dir={work / 'cache'}"
     )
     try:
-        run = _flwr(
+        run = flwr(
             ["run", ".", "loopback", "--stream", "--run-config", f'overrides="{overrides}" output-dir="{out}"'],
             env,
             limit=RUN_LIMIT_S,
@@ -250,7 +146,7 @@ def test_loopback_deployment_stopped_and_resumed(loopback):
         f"procedure=proximal model=free num_clients={N_CLIENTS} rounds=2 local_epochs=2 "
         f"dataset.n_train=40 dataset.cache_dir={work / 'cache'}"
     )
-    started = _flwr(
+    started = flwr(
         ["run", ".", "loopback", "--format", "json", "--run-config", f'overrides="{overrides}" output-dir="{out}"'],
         env,
         limit=120,
@@ -258,17 +154,17 @@ def test_loopback_deployment_stopped_and_resumed(loopback):
     assert started.returncode == 0, started.stdout + started.stderr
     run_id = json.loads(started.stdout)["run-id"]
     ckpt = checkpoint_path(out / "proximal")
-    _wait("round 1 checkpointed", lambda: ckpt.is_file() and read_checkpoint(ckpt).round >= 1, procs, limit=RUN_LIMIT_S)
-    stop = _flwr(["stop", str(run_id), "loopback"], env)
+    wait("round 1 checkpointed", lambda: ckpt.is_file() and read_checkpoint(ckpt).round >= 1, procs, limit=RUN_LIMIT_S)
+    stop = flwr(["stop", str(run_id), "loopback"], env)
     at = read_checkpoint(ckpt).round
     assert stop.returncode == 0 and at == 1, (at, stop.stdout + stop.stderr)
-    _wait(
+    wait(
         "the run stopped",
-        lambda: "finished" in _flwr(["ls", "loopback", "--run-id", str(run_id), "--format", "json"], env).stdout,
+        lambda: "finished" in flwr(["ls", "loopback", "--run-id", str(run_id), "--format", "json"], env).stdout,
         procs,
     )
 
-    other = _flwr(
+    other = flwr(
         [
             "run",
             ".",
@@ -285,7 +181,7 @@ def test_loopback_deployment_stopped_and_resumed(loopback):
         or "cannot resume" in (out / "proximal" / "run.log").read_text()
     ), other.stdout[-3000:]
 
-    resumed = _flwr(
+    resumed = flwr(
         ["run", ".", "loopback", "--stream", "--run-config", f'overrides="{overrides}" output-dir="{out}" resume=true'],
         env,
         limit=RUN_LIMIT_S,

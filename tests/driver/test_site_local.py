@@ -13,10 +13,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from app_helpers import InProcessGrid, instruction
+from app_helpers import InProcessGrid, instruction, pooled_g_cen
 from flwr.app import ConfigRecord, RecordDict
 
-from fedhead import ufm
 from fedhead.clients import make_client_app
 from fedhead.data import site as data_site
 from fedhead.driver.recorder import RunRecorder
@@ -75,12 +74,10 @@ def _serve(job, grid):
     return recorder
 
 
-def _pooled_g_cen(files: list[Path], job) -> tuple[np.ndarray, np.ndarray]:
+def _pooled_g_cen(job) -> tuple[np.ndarray, np.ndarray]:
     """G_cen of the pooled rows standardised directly (no federation), and those rows."""
-    y = np.concatenate([np.stack([_rows(n, i)["t1"], _rows(n, i)["t2"]], 1) for i, n in enumerate(SIZES)])
-    z = (y - y.mean(0)) / y.std(0)
-    sigma = (z - z.mean(0)).T @ (z - z.mean(0)) / z.shape[0]
-    return ufm.optimal_gram(sigma, job.settings.lambda_h, job.settings.lambda_w), y
+    ys = [np.stack([_rows(n, i)["t1"], _rows(n, i)["t2"]], 1) for i, n in enumerate(SIZES)]
+    return pooled_g_cen(ys, job.settings.lambda_h, job.settings.lambda_w), np.concatenate(ys)
 
 
 def test_table_run_g_cen_equals_the_pooled_standardised_rows(tmp_path, task_identity):
@@ -88,7 +85,7 @@ def test_table_run_g_cen_equals_the_pooled_standardised_rows(tmp_path, task_iden
     job = _job(tmp_path, files, "procedure=exact")
     rec = _serve(job, InProcessGrid(make_client_app(job), 3))
     res = rec.finish("completed")
-    g_cen, y = _pooled_g_cen(files, job)
+    g_cen, y = _pooled_g_cen(job)
     np.testing.assert_allclose(np.asarray(res.targets["g_cen"]), g_cen, rtol=0, atol=1e-10)
     assert res.dataset.counts == list(SIZES)  # N_m from the exchange, partition (file) order
     st = res.standardization

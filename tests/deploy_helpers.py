@@ -1,0 +1,149 @@
+"""Process helpers of the real deployment tests (importable: ``tests/`` is on sys.path).
+
+``tests/driver/test_deploy_loopback.py`` and ``tests/driver/test_own_data_tutorial.py`` start
+SuperLinks, SuperNodes and shell blocks with :class:`Processes`, wait with :func:`wait` (every
+wait has a deadline) and talk to the SuperLink with :func:`flwr`; :meth:`Processes.stop` kills
+every process they started and their children.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+START_LIMIT_S = 90  # SuperLink answering, SuperNodes online
+
+
+def descendants(pid: int) -> list[int]:
+    """All live descendants of ``pid`` (from /proc; empty where /proc is missing)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+        except (OSError, IndexError, ValueError):
+            continue
+    out, todo = [], [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
+class Processes:
+    """Started processes, each in its own session; ``stop`` kills them and their children.
+
+    ``logs`` holds ``<name>.log`` (stdout and stderr) of every process; ``cwd`` is where they
+    run (default: ``logs``).
+    """
+
+    def __init__(self, logs: Path, cwd: Path | None = None):
+        self.logs = logs
+        self.cwd = cwd or logs
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.extra: set[int] = set()  # pids started by a finished shell block (killed in ``stop``)
+
+    def start(self, name: str, cmd: list[str], env: dict[str, str]) -> subprocess.Popen:
+        log = open(self.logs / f"{name}.log", "wb")  # noqa: SIM115 (closed with the process)
+        proc = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self.cwd, start_new_session=True
+        )
+        log.close()
+        self.procs[name] = proc
+        return proc
+
+    def run(self, name: str, cmd: list[str], env: dict[str, str], limit: float) -> str:
+        """Run ``cmd`` to its end (at most ``limit`` s) and return its output; what it left
+        running in the background (its process group) is stopped with the others."""
+        proc = self.start(name, cmd, env)
+        try:
+            proc.wait(timeout=limit)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"{name} took over {limit}s:\n{self.tail(name)}")
+        return (self.logs / f"{name}.log").read_text(errors="replace")
+
+    def adopt(self, pids: Iterable[int]) -> None:
+        """Also stop these processes (and their children) in :meth:`stop`."""
+        self.extra.update(int(p) for p in pids)
+
+    def check_alive(self) -> None:
+        for name, proc in self.procs.items():
+            if proc.poll() is not None:
+                pytest.fail(f"{name} exited with {proc.returncode}:\n{self.tail(name)}")
+
+    def tail(self, name: str, n: int = 4000) -> str:
+        path = self.logs / f"{name}.log"
+        return path.read_text(errors="replace")[-n:] if path.exists() else ""
+
+    def stop(self) -> None:
+        roots = [proc.pid for proc in self.procs.values()] + sorted(self.extra)
+        victims = dict.fromkeys(roots)
+        for pid in roots:
+            victims.update(dict.fromkeys(descendants(pid)))
+        for pid in roots:
+            with _quiet():
+                os.killpg(pid, signal.SIGTERM)
+            with _quiet():
+                os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        for proc in self.procs.values():
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+        for pid in victims:  # the groups and the detached SuperExec children
+            with _quiet():
+                os.killpg(pid, signal.SIGKILL)
+            with _quiet():
+                os.kill(pid, signal.SIGKILL)
+        for proc in self.procs.values():
+            with _quiet():
+                proc.wait(timeout=5)
+
+
+class _quiet:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, typ, *_):
+        return typ is not None and issubclass(typ, (ProcessLookupError, PermissionError, subprocess.TimeoutExpired))
+
+
+def flwr(args: list[str], env: dict[str, str], limit: float = 30) -> subprocess.CompletedProcess:
+    """``flwr <args>`` from the repository root (the app is ``.``)."""
+    return subprocess.run(["flwr", *args], env=env, cwd=REPO, capture_output=True, text=True, timeout=limit)
+
+
+def wait(what: str, ok: Callable[[], bool], procs: Processes, limit: float = START_LIMIT_S) -> float:
+    """Poll ``ok`` every second until it is true (returns the seconds it took); fail after
+    ``limit`` s or when a started process exited."""
+    t0 = time.monotonic()
+    while True:
+        procs.check_alive()
+        try:
+            if ok():
+                return time.monotonic() - t0
+        except (subprocess.TimeoutExpired, ValueError, KeyError):
+            pass
+        if time.monotonic() - t0 > limit:
+            pytest.fail(
+                f"timeout after {limit}s waiting for {what}:\n"
+                + "\n".join(f"--- {n}\n{procs.tail(n, 1500)}" for n in procs.procs)
+            )
+        time.sleep(1)
+
+
+def online(env: dict[str, str], connection: str = "loopback") -> int:
+    """SuperNodes online at the SuperLink of ``connection`` (-1 while it does not answer)."""
+    res = flwr(["supernode", "ls", connection, "--format", "json"], env)
+    if res.returncode != 0:
+        return -1
+    return sum(n["status"] == "online" for n in json.loads(res.stdout)["nodes"])
