@@ -96,10 +96,14 @@ def check_data_once(job: JobConfig) -> None:
         _DATA_CHECKED.add(key)
 
 
+def client_slots(job: JobConfig) -> int:
+    """Clients a simulation runs at once: the CPUs Ray gets over ``resources.client_cpus``."""
+    cpus = job.resources.ray_num_cpus or os.cpu_count() or 1
+    return max(1, math.floor(cpus / job.resources.client_cpus)) if job.resources.client_cpus > 0 else 1
+
+
 def message_window(job: JobConfig) -> int:
     """Messages in flight in a simulation phase (:class:`fedhead.federation.progress_grid.ProgressGrid`):
     twice the clients Ray runs at once (so a free actor always finds a queued message), at
     least 8."""
-    cpus = job.resources.ray_num_cpus or os.cpu_count() or 1
-    slots = max(1, math.floor(cpus / job.resources.client_cpus)) if job.resources.client_cpus > 0 else 1
-    return max(8, 2 * slots)
+    return max(8, 2 * client_slots(job))

@@ -98,6 +98,7 @@ def serve(
     watch: Any = None,
     resume: Checkpoint | None = None,
     window: int | None = None,
+    concurrency: int | None = None,
 ) -> ProgressGrid:
     """The ServerApp body: moment exchange, diagnosis, then the rounds of the job's procedure.
 
@@ -109,12 +110,14 @@ def serve(
     complete round the server state is checkpointed into ``<job.output_dir>/checkpoint.npz``
     (:mod:`fedhead.federation.checkpoint`); ``resume`` (a checkpoint read by
     :func:`fedhead.federation.checkpoint.load_for_resume`) continues after its round. ``window``: see
-    :class:`fedhead.federation.progress_grid.ProgressGrid` (the simulation's messages in flight).
+    :class:`fedhead.federation.progress_grid.ProgressGrid` (the simulation's messages in flight);
+    ``concurrency``: the clients a simulation runs at once (None: all, a deployment).
     """
     pgrid = ProgressGrid(grid, label=job.name, show=show_progress)
     pgrid.watch = watch
     pgrid.timeouts = job.timeouts  # the straggler rule ends the wait for a client that never answers
     pgrid.window = window
+    pgrid.concurrency = concurrency  # a simulation's clients queue for its slots: the straggler rule waits per wave
     strategy = make_job_strategy(job, recorder, message_config)
     strategy.run(
         pgrid,

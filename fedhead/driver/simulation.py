@@ -30,7 +30,7 @@ from fedhead.clients import make_client_app
 from fedhead.clients.state import simulation_state_dir
 from fedhead.clients.store import BackboneStore
 from fedhead.driver import ray_session
-from fedhead.driver.checks import check_data_once, message_window, preflight, uses_cuda
+from fedhead.driver.checks import check_data_once, client_slots, message_window, preflight, uses_cuda
 from fedhead.driver.console import error_table, local_optimality_note, local_steps_line, start_line
 from fedhead.driver.errors import debug_enabled, is_flwr_wrapper, one_line
 from fedhead.driver.figures import write_procedures_figure
@@ -285,6 +285,7 @@ class _Simulation:
                 watch=self.watch,
                 resume=self.resumes[i],
                 window=message_window(job),
+                concurrency=client_slots(job),
             )
             finish_job(job, rec, self.grids[i], self.sim_start[i] if i else self.t_sim, time.perf_counter())
         except Exception as exc:

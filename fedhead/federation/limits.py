@@ -16,11 +16,12 @@ No flwr, no torch: the config layer and the strategies both import this module.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from fedhead.analysis.procedure import ConfigError
 
-__all__ = ["STRAGGLER_ERROR_CODE", "FailurePolicy", "Timeouts", "straggler_reason"]
+__all__ = ["STRAGGLER_ERROR_CODE", "FailurePolicy", "Timeouts", "straggler_reason", "straggler_waves"]
 
 #: ``Error.code`` of the reply the server makes up for a client the straggler rule gave up on
 #: (flwr's own codes are small non-negative integers; screening maps it to a ``missing`` client).
@@ -80,27 +81,42 @@ class Timeouts:
         assert self.straggler is not None
         return max(self.straggler, self.straggler_factor * max(0.0, float(latest)))
 
-    def straggler_deadline(self, n_clients: int, reply_times: list[float]) -> float | None:
+    def straggler_deadline(
+        self, n_clients: int, reply_times: list[float], concurrency: int | None = None
+    ) -> float | None:
         """When (seconds since the phase began) the outstanding clients become stragglers.
 
         ``reply_times``: when each reply so far arrived (seconds since the phase began). None
         while the rule does not apply: it is off, fewer than half of the ``n_clients`` have
-        replied, or every client has.
+        replied, or every client has. ``concurrency``: how many clients run at once (a
+        simulation's Ray slots; None: all of them, as in a deployment). The outstanding clients
+        then run in ``ceil(outstanding / concurrency)`` waves, and each wave gets the grace.
         """
         if self.straggler is None or not reply_times or len(reply_times) >= n_clients:
             return None
         if 2 * len(reply_times) < n_clients:
             return None
         latest = max(reply_times)
-        return latest + self.straggler_grace(latest)
+        return latest + straggler_waves(n_clients - len(reply_times), concurrency) * self.straggler_grace(latest)
 
 
-def straggler_reason(timeouts: Timeouts, *, waited: float, latest: float, replied: int, n_clients: int) -> str:
+def straggler_waves(outstanding: int, concurrency: int | None) -> int:
+    """Waves in which ``outstanding`` clients run when ``concurrency`` run at once (None: one)."""
+    if concurrency is None or concurrency < 1:
+        return 1
+    return max(1, math.ceil(outstanding / concurrency))
+
+
+def straggler_reason(
+    timeouts: Timeouts, *, waited: float, latest: float, replied: int, n_clients: int, concurrency: int | None = None
+) -> str:
     """Why a client counts as a straggler (one line; the failure policy's records carry it)."""
+    waves = straggler_waves(n_clients - replied, concurrency)
     return (
         f"no reply {waited - latest:.0f} s after the other {replied} of {n_clients} clients had replied "
         f"(the latest after {latest:.1f} s); straggler rule: max(timeouts.straggler={timeouts.straggler:g} s, "
         f"timeouts.straggler_factor={timeouts.straggler_factor:g} x {latest:.1f} s)"
+        + (f" x {waves} waves of {concurrency} clients at once" if waves > 1 else "")
     )
 
 

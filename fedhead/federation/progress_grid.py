@@ -51,6 +51,7 @@ class ProgressGrid(Grid):
         self.phases: list[tuple[str, float, float]] = []  # (type, start, seconds)
         self.watch = None  # fedhead.federation.watchdog.EngineWatch: a dead engine ends every wait
         self.timeouts = None  # fedhead.federation.limits.Timeouts: the straggler rule (None: off)
+        self.concurrency: int | None = None  # clients that run at once (a simulation's slots; None: all)
         self.stragglers: list[tuple[str, int]] = []  # (message type, node) given up on, in order
         self.window: int | None = None
 
@@ -137,7 +138,7 @@ class ProgressGrid(Grid):
     def _stragglers_due(self, n_sent: int, arrived: list[float], t0: float) -> bool:
         if self.timeouts is None:
             return False
-        due = self.timeouts.straggler_deadline(n_sent, arrived)
+        due = self.timeouts.straggler_deadline(n_sent, arrived, self.concurrency)
         return due is not None and time.perf_counter() - t0 >= due
 
     def _give_up(
@@ -145,7 +146,12 @@ class ProgressGrid(Grid):
     ) -> list[Message]:
         """Error replies for the clients the straggler rule gives up on (one line each in the log)."""
         reason = straggler_reason(
-            self.timeouts, waited=time.perf_counter() - t0, latest=max(arrived), replied=len(arrived), n_clients=n_sent
+            self.timeouts,
+            waited=time.perf_counter() - t0,
+            latest=max(arrived),
+            replied=len(arrived),
+            n_clients=n_sent,
+            concurrency=self.concurrency,
         )
         nodes = sorted(int(m.metadata.dst_node_id) for m in pending)
         log.warning(

@@ -289,6 +289,14 @@ def test_the_straggler_rule_waits_for_half_the_clients_and_scales_with_the_phase
     assert t.straggler_deadline(2, [3.0]) == 63.0
     assert t.straggler_deadline(3, [1.0, 2.0, 3.0]) is None  # everyone replied
     assert Timeouts(straggler=None).straggler_deadline(3, [1.0, 2.0]) is None  # off
+    # a simulation of 8 clients on 2 slots: 4 replied after 30.8 s, the other 4 run in 2 more waves
+    assert t.straggler_deadline(8, [15.0, 15.0, 30.8, 30.8], concurrency=2) == pytest.approx(30.8 + 2 * 61.6)
+    assert t.straggler_deadline(8, [15.0, 15.0, 30.8, 30.8], concurrency=4) == pytest.approx(30.8 + 61.6)
+    assert t.straggler_deadline(8, [15.0, 15.0, 30.8, 30.8]) == pytest.approx(30.8 + 61.6)  # a deployment: one wave
+    from fedhead.federation.limits import straggler_reason
+
+    line = straggler_reason(t, waited=200.0, latest=30.8, replied=4, n_clients=8, concurrency=2)
+    assert line.endswith("x 2 waves of 2 clients at once") and "\n" not in line
     from fedhead.federation.config import ConfigError
 
     with pytest.raises(ConfigError, match="timeouts.straggler_factor"):
