@@ -55,6 +55,15 @@ PAPER = Scale(
 # 8: a width-8 BatchNorm ResNet-18 on 16 x 16 images stops 0.2-0.4 above its local optimum after
 # 500 steps, the residual CNN within 3e-3 (dSprites, measured). Same code path as the paper scale.
 _SMOKE_COMMON = ("model.feature_dim=64", "train.lr=3.0e-3")
+#: 32 images per client (16 x 16) and the width-8 residual CNN: the smoke and cpu scales' image runs
+_SMALL_IMAGES = (
+    "model=rescnn",
+    "model.width=8",
+    "model.groups=4",
+    "dataset.image_size=16",
+    "dataset.n_train=256",
+    "dataset.n_test=64",
+) + _SMOKE_COMMON
 SMOKE = Scale(
     name="smoke",
     rounds=3,
@@ -63,15 +72,7 @@ SMOKE = Scale(
     seeds=(0,),
     sweep_seeds=(0,),
     tabular=("model=resmlp_small", "dataset.n_train=200") + _SMOKE_COMMON,
-    image=(
-        "model=rescnn",
-        "model.width=8",
-        "model.groups=4",
-        "dataset.image_size=16",
-        "dataset.n_train=256",
-        "dataset.n_test=64",
-    )
-    + _SMOKE_COMMON,
+    image=_SMALL_IMAGES,
     epochs=lambda e: max(2, e // 20),
     large_factor=2,
     one_round_epochs=1200,  # the three rounds' budget in one round: round 1 starts from a random backbone
@@ -97,15 +98,7 @@ CPU = Scale(
     seeds=(0, 1, 2),
     sweep_seeds=(0, 1, 2),
     tabular=("model=resmlp_small", "dataset.n_train=400") + _SMOKE_COMMON,
-    image=(
-        "model=rescnn",
-        "model.width=8",
-        "model.groups=4",
-        "dataset.image_size=16",
-        "dataset.n_train=256",
-        "dataset.n_test=64",
-    )
-    + _SMOKE_COMMON,
+    image=_SMALL_IMAGES,
     extra=("train.check_every=10",),  # a converged client stops within 10 epochs of a warm-started round
     epochs=lambda e: max(2, e // 2),
     large_factor=2,
