@@ -33,8 +33,6 @@ def _jobs(root: Path, cache: Path):
                     "local_epochs=150",
                     "train.lr=3e-3",
                     "local_tol=1e-4",
-                    # no closing solves: these clients stop above the 1e-3 gap (the claims' "not testable")
-                    "train.solve_last_layer=false",
                     f"seed={seed}",
                     "output.figures=false",
                     "output.tensorboard=false",
@@ -45,6 +43,10 @@ def _jobs(root: Path, cache: Path):
         for job in cfg.jobs(root / "unused"):
             rid = f"main/{SETTING}/{job.name}/s{seed}"
             out = root / "runs" / rid
+            if job.name in ("ordinary", "proximal"):
+                # no closing solves: these clients stop above the 1e-3 gap, so Table 4's claims on them
+                # are "not testable" (test_report.py); corrected proximal keeps them (it reaches G_cen)
+                job = dataclasses.replace(job, train=dataclasses.replace(job.train, solve_last_layer=False))
             jobs.append(dataclasses.replace(job, output_dir=out, state_dir=out / "client_state"))
             runs.append(_manifest_run(rid, job.name, seed, "completed", job.config_hash))
     return jobs, runs
