@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -147,3 +148,28 @@ def online(env: dict[str, str], connection: str = "loopback") -> int:
     if res.returncode != 0:
         return -1
     return sum(n["status"] == "online" for n in json.loads(res.stdout)["nodes"])
+
+
+# ------------------------------------------------------------------ docker compose files
+def mount_target(volume: str) -> str:
+    """A compose mount's container path (``${VAR:-default}`` in the source removed first)."""
+    return re.sub(r"\$\{[^}]*\}", "", volume).split(":")[1]
+
+
+def merged_services(repo: Path, *names: str) -> dict[str, dict]:
+    """The services of compose files ``names`` (in ``repo``) after compose's override rules for
+    the keys the tests check: later files replace a key, mounts merge by container path."""
+    import yaml
+
+    services: dict[str, dict] = {}
+    for name in names:
+        for svc, spec in (yaml.safe_load((repo / name).read_text()).get("services") or {}).items():
+            merged = services.setdefault(svc, {})
+            for key, value in spec.items():
+                if key == "volumes":  # compose merges mounts by container path
+                    mounts = {mount_target(v): v for v in merged.get("volumes", [])}
+                    mounts.update({mount_target(v): v for v in value})
+                    merged["volumes"] = list(mounts.values())
+                else:
+                    merged[key] = value
+    return services

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from deploy_helpers import merged_services
 
 from fedhead.driver.deploy import (
     SUPERLINK_PORT,
@@ -33,22 +34,6 @@ REPO = Path(__file__).resolve().parents[2]
 N_NODES = 2
 LINK = f"superlink:{SUPERLINK_PORT}"
 SECRET = "/certs/superexec.secret"
-
-
-def _load(*names: str) -> dict:
-    """Services after compose's override rules for the keys checked here."""
-    services: dict[str, dict] = {}
-    for name in names:
-        for svc, spec in (yaml.safe_load((REPO / name).read_text()).get("services") or {}).items():
-            merged = services.setdefault(svc, {})
-            for key, value in spec.items():
-                if key == "volumes":  # compose merges mounts by container path
-                    mounts = {v.split(":")[1]: v for v in merged.get("volumes", [])}
-                    mounts.update({v.split(":")[1]: v for v in value})
-                    merged["volumes"] = list(mounts.values())
-                else:
-                    merged[key] = value
-    return services
 
 
 def _full(spec: dict) -> list[str]:
@@ -94,7 +79,7 @@ def _expected(tls: bool, state: bool) -> dict[str, list[str]]:
 @pytest.mark.parametrize("state", [False, True], ids=["memory", "state"])
 def test_compose_commands_match_tested_deployment(tls, state):
     files = ["docker-compose.yml"] + (["with-tls.yml"] if tls else []) + (["with-state.yml"] if state else [])
-    services = _load(*files)
+    services = merged_services(REPO, *files)
     expected = _expected(tls, state)
     assert sorted(services) == sorted(expected)
     for name, cmd in expected.items():
@@ -118,7 +103,7 @@ def test_compose_flags_parse_with_flwr():
 
 
 def test_only_superlink_port_published_on_chosen_address():
-    services = _load("docker-compose.yml", "with-tls.yml", "with-state.yml", "with-gpu.yml")
+    services = merged_services(REPO, "docker-compose.yml", "with-tls.yml", "with-state.yml", "with-gpu.yml")
     published = {name: spec["ports"] for name, spec in services.items() if spec.get("ports")}
     assert published == {
         "superlink": [f"${{FEDHEAD_BIND_ADDRESS:-127.0.0.1}}:${{FEDHEAD_SUPERLINK_PORT:-8000}}:{SUPERLINK_PORT}"]
@@ -126,7 +111,7 @@ def test_only_superlink_port_published_on_chosen_address():
 
 
 def test_tls_overlay_mounts_only_what_each_service_needs():
-    services = _load("docker-compose.yml", "with-tls.yml")
+    services = merged_services(REPO, "docker-compose.yml", "with-tls.yml")
     for name, spec in services.items():
         certs = sorted(Path(v.split(":")[1]).name for v in spec.get("volumes", []) if ":/certs/" in v)
         assert all(v.endswith(":ro") for v in spec.get("volumes", []) if ":/certs/" in v), name

@@ -9,39 +9,19 @@ site's folder is mounted read-only into its own clientapp container and nowhere 
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 import yaml
+from deploy_helpers import merged_services, mount_target
 
 from fedhead.driver.deploy import SUPERLINK_PORT, SUPERNODE_RUNTIME_PORT, ServerTls, node_config, supernode_command
 
 REPO = Path(__file__).resolve().parents[2]
 FILES = ("docker-compose.yml", "with-tls.yml", "with-own-data.yml")
 DATA_PATH = "/data/site/site.csv"
-
-
-def _target(volume: str) -> str:
-    """A mount's container path (``${VAR:-default}`` in the source removed first)."""
-    return re.sub(r"\$\{[^}]*\}", "", volume).split(":")[1]
-
-
-def _merged(*names: str) -> dict[str, dict]:
-    services: dict[str, dict] = {}
-    for name in names:
-        for svc, spec in (yaml.safe_load((REPO / name).read_text()).get("services") or {}).items():
-            merged = services.setdefault(svc, {})
-            for key, value in spec.items():
-                if key == "volumes":  # compose merges mounts by container path
-                    mounts = {_target(v): v for v in merged.get("volumes", [])}
-                    mounts.update({_target(v): v for v in value})
-                    merged["volumes"] = list(mounts.values())
-                else:
-                    merged[key] = value
-    return services
 
 
 def _expected_supernode(k: int) -> list[str]:
@@ -66,7 +46,7 @@ def test_supernodes_name_their_file_and_parse_with_flwr():
     from flwr.common.config import parse_config_args
     from flwr.supernode.cli.flower_supernode import _parse_args_run_supernode
 
-    services = _merged(*FILES)
+    services = merged_services(REPO, *FILES)
     for k in (1, 2):
         cmd = list(services[f"supernode-{k}"]["entrypoint"]) + list(services[f"supernode-{k}"]["command"])
         assert cmd == _expected_supernode(k)
@@ -75,9 +55,9 @@ def test_supernodes_name_their_file_and_parse_with_flwr():
 
 
 def test_each_site_is_mounted_read_only_into_its_own_clientapp_only():
-    services = _merged(*FILES)
+    services = merged_services(REPO, *FILES)
     sites = {
-        name: [v for v in spec.get("volumes", []) if _target(v) == "/data/site"] for name, spec in services.items()
+        name: [v for v in spec.get("volumes", []) if mount_target(v) == "/data/site"] for name, spec in services.items()
     }
     assert {n: v for n, v in sites.items() if v} == {
         f"clientapp-{k}": [f"${{FEDHEAD_SITES:-./sites}}/site-{k}:/data/site:ro"] for k in (1, 2)
