@@ -63,17 +63,19 @@ def output_layer_inputs(
 RIDGE_STEPS = 7
 
 
-def _layer_objective(h: np.ndarray, yc: np.ndarray, weight: np.ndarray, lambda_h: float, finish: bool) -> float:
+def _layer_objective(
+    h: np.ndarray, yc: np.ndarray, weight: np.ndarray, lambda_h: float, row_basis: np.ndarray | None
+) -> float:
     """The part of the local objective that the last layer changes, for features ``h`` ``(N, P)``:
-    ``1/(2N) ||(h - m) W^T - Y_c||^2 + lambda_H/(2N) ||h'||^2`` with ``h' = P_W (h - m)`` (``finish``:
-    as the finishing step leaves the features) or ``h' = h``; the bias is at its optimum."""
+    ``1/(2N) ||(h - m) W^T - Y_c||^2 + lambda_H/(2N) ||h'||^2`` with ``h' = P_W (h - m)`` (``row_basis``
+    ``(P, C)``, an orthonormal basis of the head's row space: as the finishing step leaves the
+    features) or ``h' = h`` (None); the bias is at its optimum."""
     n = h.shape[0]
     m = h.mean(0)
     hc = h - m
     fit = hc @ weight.T - yc
-    if finish:
-        q, _ = np.linalg.qr(weight.T)  # (P, C): an orthonormal basis of the head's row space
-        pen = float(np.sum((hc @ q) ** 2))
+    if row_basis is not None:
+        pen = float(np.sum((hc @ row_basis) ** 2))
     else:
         pen = float(np.sum(h**2))
     return 0.5 / n * float(np.sum(fit**2)) + 0.5 * lambda_h / n * pen
@@ -174,10 +176,11 @@ def solve_output_layer(
         v_now = layer.weight.detach().cpu().double().numpy()
         c_now = layer.bias.detach().cpu().double().numpy()
         yc = y64 - y64.mean(0)
-        best_value = _layer_objective(z @ v_now.T + c_now, yc, weight, lambda_h, finish)
+        basis = np.linalg.qr(weight.T)[0] if finish else None
+        best_value = _layer_objective(z @ v_now.T + c_now, yc, weight, lambda_h, basis)
         for r in ridges:
             h = (u * (sv**2 / (sv**2 + r * sv[0] ** 2))) @ ut_target  # Z_c V_r^T, mean zero
-            value = _layer_objective(h, yc, weight, lambda_h, finish)
+            value = _layer_objective(h, yc, weight, lambda_h, basis)
             if value < best_value:
                 best, best_value = r, value
         if best is None:

@@ -361,16 +361,12 @@ class _TrainLoop:
         objective reached from the trained head (moves it off the symmetry orbit, hardly along it:
         the head the proximal term selected stays selected).
         """
-        layer = self.backbone.output_layer() if hasattr(self.backbone, "output_layer") else None
-        if layer is None and not getattr(self.backbone, "expects_indices", False):
+        solved = self._solved_tensors()
+        if not solved:
             return False
         before = self._full_objective()
         w_now = self.weight.detach().clone()
-        saved = (
-            [t.detach().clone() for t in (layer.weight, layer.bias)]
-            if layer is not None
-            else [self.backbone.table.detach().clone()]
-        )
+        saved = [t.detach().clone() for t in solved]
         sol = local_head(
             w_now.cpu().double().numpy(),
             self.terms.trained_sigma,
@@ -384,10 +380,19 @@ class _TrainLoop:
         if self._full_objective() < before:
             return True
         self.weight.copy_(w_now)
-        targets = (layer.weight, layer.bias) if layer is not None else (self.backbone.table,)
-        for t, v in zip(targets, saved, strict=True):
+        for t, v in zip(solved, saved, strict=True):
             t.copy_(v)
         return False
+
+    def _solved_tensors(self) -> tuple[torch.Tensor, ...]:
+        """What a last-layer solve writes: the last ``Linear``'s weight and bias, the free-feature
+        table, or nothing (a backbone without either)."""
+        layer = self.backbone.output_layer() if hasattr(self.backbone, "output_layer") else None
+        if layer is not None:
+            return (layer.weight, layer.bias)
+        if getattr(self.backbone, "expects_indices", False):
+            return (self.backbone.table,)
+        return ()
 
     def _check(self) -> float:
         """The trained gap of the model as :meth:`finish` would leave it now (last layer solved).
@@ -398,14 +403,15 @@ class _TrainLoop:
         """
         if not self.cfg.solve_last_layer:
             return relative(self._evaluate().trained_objective, self.trained_l_star)
-        layer = self.backbone.output_layer() if hasattr(self.backbone, "output_layer") else None
-        saved = None if layer is None else [t.detach().clone() for t in (layer.weight, layer.bias)]
+        # the free-feature table has no stiff directions: its solve is kept
+        solved = () if getattr(self.backbone, "expects_indices", False) else self._solved_tensors()
+        saved = [t.detach().clone() for t in solved]
         changed = self._solve_last_layer(keep_better=True)
         gap = relative(self._evaluate().trained_objective, self.trained_l_star)
-        if changed and saved is not None and not gap <= self.cfg.local_tol:
+        if changed and not gap <= self.cfg.local_tol:
             with torch.no_grad():
-                layer.weight.copy_(saved[0])
-                layer.bias.copy_(saved[1])
+                for t, v in zip(solved, saved, strict=True):
+                    t.copy_(v)
         return gap
 
     def run(self) -> None:

@@ -275,13 +275,18 @@ def local_head(
     g0 = float(np.linalg.norm(start.grad))
     target = gtol * max(g0, 1.0)
     fun, jac, _ = scipy_callables(objective, shape)
+
+    def stop_at_target(xk: np.ndarray) -> None:  # scipy ends the run on StopIteration
+        if np.linalg.norm(jac(xk)) <= target:
+            raise StopIteration
+
     res = minimize(
         fun,
         W0.ravel(),
         jac=jac,
         method="L-BFGS-B",
         options={"maxiter": int(max_iter), "gtol": 0.0, "ftol": 0.0, "maxcor": 30},
-        callback=lambda xk: np.linalg.norm(jac(xk)) <= target and _stop(),
+        callback=stop_at_target,
     )
     head = np.asarray(res.x, dtype=np.float64).reshape(shape)
     end = objective(head)
@@ -289,10 +294,6 @@ def local_head(
         head, end = W0.copy(), start
     gn = float(np.linalg.norm(end.grad))
     return LocalHead(head, float(end.value), gn, int(res.nit), bool(gn <= target))
-
-
-def _stop():
-    raise StopIteration
 
 
 # ---------------------------------------------------------------------------------- joint UFM
