@@ -195,9 +195,12 @@ def epochs(scale: Scale, seeds: Sequence[int]) -> list[RunSpec]:
 
 
 def rho(scale: Scale, seeds: Sequence[int]) -> list[RunSpec]:
-    """Proximal training with rho in {0, 1e-5, ..., 1}. The finishing rotation of local training is
-    off here (``train.finish_rotation=false``): it selects the closest head for any rho > 0 and
-    would hide what rho does."""
+    """Proximal training with rho in {0, 1e-5, ..., 1}, E local epochs in every round (no early
+    stop, as the paper's recipe). What rho does is what it does during training, so nothing that
+    would select the head for it runs: the finishing rotation is off
+    (``train.finish_rotation=false``; it selects the closest head for any rho > 0), and a
+    tolerance stop would end warm-started rounds after a few tens of epochs, before rho has moved
+    the head along its orbit."""
     return [
         _spec(
             "rho",
@@ -208,6 +211,7 @@ def rho(scale: Scale, seeds: Sequence[int]) -> list[RunSpec]:
             {"rho": r},
             (f"rho={r:g}", "train.finish_rotation=false"),
             variant=f"rho{r:g}",
+            tol=False,
         )
         for s in _settings("rho", scale, SETTINGS)
         for r in RHOS

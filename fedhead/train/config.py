@@ -63,8 +63,8 @@ class TrainConfig:
         instead of pulling the head toward arbitrary features. At every tolerance check and after
         training, the layer solved for the current head (kept when it ends training, and only where
         it lowers the objective), and after training the head and the layer at their joint optimum
-        (:func:`fedhead.ufm.local_head`; with ``rho > 0`` and no ``finish_rotation`` the head goes to the
-        nearby optimum of the unpenalised objective, keeping the selection). Exact
+        (:func:`fedhead.ufm.local_head`; not with ``rho > 0`` and no ``finish_rotation``: the head
+        solve would select the head as the rotation does, so the head stays as training left it). Exact
         partial minimisations and an initialisation: change no optimum.
     last_layer_ridge : float
         The filter of the solve before training, relative to the largest squared singular value of

@@ -21,9 +21,10 @@ the optimum and every stationary point of the objective stay where they are:
   profiled objective plus the proximal term that L-BFGS reaches from the trained head
   (:func:`fedhead.ufm.local_head`) and the last layer is solved for it, kept only where that lowers
   the objective: where the layer's inputs span the client's samples, the exact local optimum. With
-  a proximal term it also selects the head closest to the broadcast, like the finishing rotation;
-  with ``cfg.finish_rotation=False`` the head goes to the nearby minimiser of the unpenalised
-  objective instead, which keeps the selection training and ``rho`` made.
+  a proximal term it also selects the head closest to the broadcast, like the finishing rotation,
+  so with ``rho > 0`` and ``cfg.finish_rotation=False`` it does not run: the head stays as
+  training left it (the selection and the pull that ``rho`` made in training), the last layer
+  solved for it.
 * The finishing step (``cfg.finish_features``, ``cfg.finish_rotation``). After training the
   features are mapped by ``h -> P_W (h - m)`` through the last layer (the least feature penalty
   among the maps that keep every prediction) and ``b = mu``; with a proximal term the head and
@@ -350,16 +351,15 @@ class _TrainLoop:
         return fit.trained_objective + 0.5 * self.problem.rho * float((diff * diff).sum())
 
     @torch.no_grad()
-    def _solve_head(self, *, select: bool = True) -> bool:
+    def _solve_head(self) -> bool:
         """The head and last layer at their joint optimum, the rest of the network fixed.
 
         The head goes to the minimiser of the profiled objective (plus the proximal term) that
         L-BFGS reaches from the trained head (:func:`fedhead.ufm.local_head`), and the last layer is
         solved for it. Where the layer's inputs span the client's samples (``N - 1 <= width``) this
         is the exact joint minimiser: the client ends at its local optimum. Kept only where it lowers
-        the objective (proximal term included). ``select=False``: the minimiser of the unpenalised
-        objective reached from the trained head (moves it off the symmetry orbit, hardly along it:
-        the head the proximal term selected stays selected).
+        the objective (proximal term included). With a proximal term this also selects the head
+        closest to the broadcast, as the finishing rotation does.
         """
         solved = self._solved_tensors()
         if not solved:
@@ -372,8 +372,8 @@ class _TrainLoop:
             self.terms.trained_sigma,
             self.problem.lambda_h,
             self.problem.lambda_w,
-            rho=self.problem.rho if select else 0.0,
-            w_ref=self.terms.broadcast if select else None,
+            rho=self.problem.rho,
+            w_ref=self.terms.broadcast,
         )
         self.weight.copy_(torch.as_tensor(sol.head, dtype=self.weight.dtype, device=self.weight.device))
         self._solve_last_layer(keep_better=True)
@@ -440,10 +440,12 @@ class _TrainLoop:
         """The final evaluation and the finishing step (``cfg.finish_features``)."""
         if self.cfg.solve_last_layer:
             self._solve_last_layer(keep_better=True)
-            # with a proximal term the solve would also move the head along the symmetry W -> W Q to
-            # the broadcast, as the finishing rotation does; without that rotation (what rho alone
-            # does) the head goes to the nearby optimum of the unpenalised objective instead
-            self._solve_head(select=self.cfg.finish_rotation)
+            # with a proximal term the head solve also moves the head along the symmetry W -> W Q to
+            # the broadcast, as the finishing rotation does; without that rotation (what rho does in
+            # training: the rho sweep) the head stays as training left it, with the selection and
+            # the pull that rho made, and only the last layer is solved for it
+            if self.cfg.finish_rotation or self.problem.rho == 0:
+                self._solve_head()
         fit = self._evaluate(final=True)
         if fit.feature_map is not None:
             self.backbone.map_features(*fit.feature_map)

@@ -53,6 +53,10 @@ def test_swept_knobs_reach_the_run_config(tmp_path):
     spec = [r for r in rho_runs if r.params["rho"] == 1e-2][0]
     job = load_config(compose_config(list(spec.overrides))).jobs(tmp_path)[0]
     assert job.procedure.rho == 1e-2 and job.train.finish_rotation is False
+    for scale in ("cpu", "smoke"):  # E fixed at every scale: no tolerance stop ends a rho run early
+        spec = [r for r in plan("rho", scale) if r.params["rho"] == 1e-3][0]
+        job = load_config(compose_config(list(spec.overrides))).jobs(tmp_path)[0]
+        assert job.train.local_tol is None and job.train.finish_rotation is False
     e_runs = plan("epochs", "paper")
     assert sorted({r.params["local_epochs"] for r in e_runs}) == list(PAPER_EPOCHS)
     spec = [r for r in e_runs if r.params["local_epochs"] == 200][0]

@@ -282,6 +282,29 @@ def test_short_training_ends_at_the_exact_local_optimum(kind, rho, make_targets)
     assert literal.metrics.trained_gap > 1e-4  # the optimiser alone is far from it after 30 epochs
 
 
+def test_without_the_rotation_a_proximal_head_stays_as_training_left_it(make_targets):
+    """``finish_rotation=False`` with rho > 0 (the rho sweep): no closing head solve, since it would
+    select the closest head for any rho. The head is the one training made (so farther from the
+    exact proximal step than the rotated run's); the last layer is still solved for it, so the
+    trained gap is that head's profiled gap, and the rotated run ends at the proximal step."""
+    n = 10
+    y = torch.tensor(make_targets(n, MEANS[0], COVS[0], seed=1), dtype=torch.float32)
+    sigma = np.cov(y.double().numpy().T, bias=True)
+    x = torch.randn(n, 3, generator=torch.Generator().manual_seed(0))
+    step = ufm.local_head(W0, sigma, LAM, LAM, rho=1e-3, w_ref=W0).head
+    runs = {}
+    for rotate in (True, False):
+        bb = build_backbone(ResMLPConfig(width=16, depth=1, feature_dim=P), (3,), n, seed=0)
+        tc, pb = cfg(n, epochs=30, rho=1e-3, finish_rotation=rotate)
+        runs[rotate] = train_local(bb, head_at(W0), x, y, tc, pb, broadcast_weight=W0, device="cpu")
+    assert rel(runs[True].weight, step) < 1e-5 and rel(runs[False].weight, step) > 1e-3
+    l_star = float(ufm.optimal_loss(sigma, LAM, LAM))
+    profiled = ufm.profiled_objective(runs[False].weight.astype(np.float64), sigma, LAM, LAM, hessian=False).value
+    assert runs[False].metrics.trained_gap == pytest.approx((profiled - l_star) / l_star, rel=1e-4)
+    # not moved to the unpenalised optimum either: the pull and the training of the head stay
+    assert runs[False].metrics.trained_gap > 1e-6
+
+
 def test_the_closing_solve_never_raises_the_objective(make_targets):
     """keep_better: a last layer already at the optimum for W (the exact solve, ridge 0) is left as it
     is, since every filtered candidate has a higher objective."""
