@@ -46,9 +46,6 @@ COPY --from=deps /opt/venv /opt/venv
 WORKDIR /app
 COPY pyproject.toml README.md ./
 COPY fedhead ./fedhead
-COPY strategies ./strategies
-COPY clients ./clients
-COPY conf ./conf
 # setuptools (a torch dependency) is in the venv, so the build needs no network
 RUN pip install --no-deps --no-build-isolation . \
     && python -c "import fedhead, flwr, torch; print('fedhead image:', flwr.__version__, torch.__version__)"

@@ -1,113 +1,12 @@
-"""Share of a default ``fedhead-run``'s wall time spent outside local training.
+"""Share of a default ``fedhead-run``'s wall time spent outside local training (goal: under 5 %).
 
-Runs the default experiment (or the one named by Hydra-style overrides given on the command
-line) and splits every federation's wall time into: simulation start (Ray cluster, worker
-processes, data loading up to the moment exchange), the one-time moment exchange, local
-training, the rest of the train message phase (messaging, model (de)serialisation, backbone
-store, first-message imports), the evaluation phase (shared-head MSE on every client) and the
-server's own work (aggregation, metrics, TensorBoard, results.json, checkpoints; figures drawn
-in the background count here only when the driver has to wait for them after the simulation).
-Goal: under 5 % outside local training.
-
-Local training of a training phase is the first-come-first-served makespan of the clients'
-local computations (``local_seconds``: the whole ``train_local``, set-up, epochs and the exact
-finishing step) on the clients Ray runs at once: the phase's wall time if messaging and every
-other per-message cost were free. (Formerly it was the sum of the epoch loops divided by
-the clients at once: that counted the finishing step, and the idle actor waiting for a client
-that trains 2000 epochs while the others stop early at ``local_tol``, as Flower overhead; the
-old share is still printed.)
-
-The headline share is of the whole call's wall time: it also counts what runs outside the
-procedures' clocks (importing ``flwr.simulation`` in the driver, and the engine's end: flwr's
-worker threads polling their queues once more, actor termination, ``ray.shutdown``). The
-one-time costs are process starts that the Ray backend (flwr 1.42's only simulation backend)
-imposes on every run: ``ray.init`` (GCS, raylet, five Python helper processes: 5-8 s on 2 cores),
-each Ray actor importing flwr (~2 s) and torch (~3 s) for its first message, the moment
-exchange, and at the end ~2.5 s of teardown. ``fedhead.driver.ray_session.start_ray`` starts Ray
-without the ``runtime_env`` flwr would use (saves ~2.5 s per actor start), after the driver has
-prepared the data (a data error ends the run before Ray starts). Each actor's first
-``torch.optim`` use also imports ``torch._dynamo`` (~2.4 s, ``Optimizer.add_param_group`` is
-wrapped in ``torch._disable_dynamo``); it falls inside ``train_local`` and so counts as local
-training here. On 2 cores all of this is CPU-bound: overlapping the driver's imports with
-``ray.init`` (on a thread either way) measured no gain (setup 8.0 s before, 8.0-8.2 s after, 5
-runs each), so it was not kept.
-
-With ``--clients`` it instead measures the fixed cost per client and round at several client
-counts (same total data, only ``num_clients`` changed): for each count it runs one procedure and
-reports the simulation time and ``(train + evaluate phases - local computation / clients at
-once) / (M T)`` in ms (and, as ``epochs only``, the old accounting that subtracts only the epoch
-loops). Goal: <= 20 ms per client-round, not growing with ``M``.
+Splits every federation's wall time into start, moment exchange, local training, train messages,
+evaluation and server work; ``--clients`` measures the fixed cost per client-round instead. What
+is counted where, and the measurements so far: benchmarks/README.md.
 
     python benchmarks/bench_overhead.py                         # the default quickstart
     python benchmarks/bench_overhead.py rounds=2 local_epochs=20
     python benchmarks/bench_overhead.py --clients 4 64 256      # scaling (Hopper 4000, model=free)
-
-Measured when local training became the whole ``train_local`` (2 CPU cores shared with other
-jobs, load average 7-14 throughout, so every wall time is stretched and noisy; the two runs of
-each pair ran back to back):
-
-    default run, before (f568c5a) / after:  wall 355.0 / 245.9 s
-      outside local training (new accounting)         4.8 % / 4.0 %
-      ... without the one-time start and exchange      2.8 % / 0.9 %
-      old accounting                                  13.8 % / 13.9 %  (dominated by stragglers)
-      server s 4.72 / 0.48 (figures drawn in the background, waited 0.0 s after the engine),
-      train msg s 4.22 / 1.03, evaluate s 0.88 / 0.74, start + exchange 7.1 / 7.7 (noise)
-    second pair, load 3-5 (shorter runs, so the one-time start weighs more):
-      wall 133.9 / 169.0 s; outside local training 10.1 % / 7.2 %; without the one-time start
-      and exchange 5.0 % / 1.2 %; old accounting 20.0 % / 18.1 %; server s 3.45 / 0.41, train
-      msg s 2.22 / 0.90, start + exchange 7.2 / 10.2 (Ray start 3.8 / 4.7 s, actor start noise).
-    What is left is the one-time start: ray.init (~4 s) and the actors' first imports (flwr,
-    torch, torch._dynamo: 3-5 s); the goal holds for the steady state, not for the whole run at
-    this length when the cores are less loaded.
-    --clients 4 64 256, before (f568c5a, load 3-5) / after (load 7-9), ms per client-round:
-      clients  sim s (before/after)  old accounting (epochs only)  new accounting
-            4      20.0 / 21.6            446 / 526                   - / 160  (one-time imports)
-           64      29.5 / 31.6             51 / 53                    - / 21.0
-          256     146.9 / 75.9             62 / 32                    - / 18.0
-      At 256 clients flwr's engine scanned every stored message for every node each 0.1 s tick
-      (M^2 = 65k checks, a whole core taken from the 2 actors); a window of messages in flight
-      (fedhead.federation.progress_grid.ProgressGrid) cut the driver's CPU from 26.8 to 8.7 s in a 1-epoch run.
-
-Measured on 2026-12-01 (another 2-core machine, idle, load 1.4-1.7; training ~3x slower than
-above, so the one-time costs are larger too):
-
-    default run, two runs (data cache cold / warm):
-      whole call 306.7 / 382.0 s, local training 287.9 / 356.9 s
-      outside local training, whole call          6.1 % / 6.6 %   (goal < 5 %: not met)
-      ... of the procedures' clocks               4.8 % / 5.4 %
-      ... without the one-time costs              0.9 % / 1.1 %
-      one-time: start 6.8 / 8.5 s (Ray 5.2 / 8.1 s), exchange 5.2 / 8.0 s, outside the
-      procedures' clocks 4.1 / 4.6 s (engine import ~1.6 s, teardown ~2.5 s); steady: train msg
-      0.9 / 1.3 s, evaluate 0.7 / 0.6 s, server 1.1 / 2.2 s over 16 rounds.
-    --clients 4 64 256, message window widened only when it drained between two polls:
-      sim 26.0 / 36.9 / 114.8 s; ms per client-round 107.0 / 25.1 / 25.3 (last round 157.1 /
-      26.6 / 24.0): flat in M, above the 20 ms goal on this machine. With local_epochs=1 at 256
-      clients an evaluate phase took 4.7 s (18 ms per client); py-spy (100 Hz) of that run: of
-      the driver's 24.8 s of CPU, flwr's message injector (``add_messages_to_queue``: every
-      node's store looked up every 0.1 s) 12.9 s, the Ray calls (``RayBackend.process_message``)
-      4.5 s, fedhead's ServerApp 3.1 s; each actor spent 1.8 s in ``handle_evaluate``. Fast
-      replies waited for the engine's 0.1 s hand-over, a window of 8 at a time.
-    ... widened also when half the window is answered within one engine tick
-      (``ProgressGrid._tick_bound``): sim 24.7 / 35.0 / 105.7 s; ms per client-round 56.0 /
-      17.5 / 16.4 (last round 50.7 / 17.4 / 15.1); evaluate phases at 256 clients 8.9 -> 4.5 s,
-      exchange 9.7 -> 6.9 s. local_epochs=1 at 256 clients, old / new rule back to back:
-      sim 37.8 / 30.7 s, evaluate 8.2 / 4.7 s, 23.3 / 17.8 ms per client-round, driver CPU
-      20.4 / 20.3 s (the wider window costs the driver nothing measurable).
-
-Measured on 2026-12-02 (another idle 2-core machine, at 58609a6):
-
-    default run: whole call 248.2 s, local training 228.5 s; outside local training 7.9 % of the
-      whole call (goal < 5 %: not met), 6.3 % of the procedures' clocks, 1.4 % without the
-      one-time costs; one-time: start 6.2 s (Ray 5.9 s), exchange 5.9 s, outside the
-      procedures' clocks 4.4 s. Training was faster than on 2026-12-01, so the same one-time
-      seconds weigh more. Ray 2.55's ray.init starts five Python helper processes whatever
-      ``include_dashboard`` says (dashboard API server, dashboard agent, runtime-env agent, log
-      monitor, autoscaler monitor: 1.0-1.3 s of CPU each, read off psutil after a start);
-      ``ray.init`` offers no switch for them, and not prestarting workers
-      (``prestart_worker_first_driver=False``) changed nothing beyond noise (start and two
-      actors importing flwr and torch: 11.4 / 12.0 s against 11.1 / 11.6 s, and 18.1 s cold).
-    --clients 4 64 256: sim 23.9 / 34.1 / 87.2 s; ms per client-round 137.0 / 20.8 / 19.6 (last
-      round 107.1 / 19.2 / 20.2): at the 20 ms goal, not clearly under it on this machine.
 """
 
 from __future__ import annotations
@@ -173,7 +72,7 @@ def local_training(res: Results, slots: int) -> tuple[float, float]:
 def scaling(counts: list[int], overrides: list[str]) -> list[dict]:
     """Fixed cost per client-round at each client count (one simulation per count)."""
     from fedhead.driver.simulation import run_federations
-    from fedhead.federation.config import compose_config, load_config
+    from fedhead.settings.config import compose_config, load_config
 
     rows = []
     for m in counts:
@@ -255,7 +154,7 @@ def main(argv: list[str] | None = None) -> None:
 def overhead(argv: list[str]) -> list[dict]:
     """The default run's wall-time split (see the module docstring)."""
     from fedhead.driver.simulation import run_federations
-    from fedhead.federation.config import compose_config, load_config
+    from fedhead.settings.config import compose_config, load_config
 
     cfg = load_config(compose_config(argv))
     out = tempfile.mkdtemp(prefix="fedhead-bench-")
@@ -263,6 +162,37 @@ def overhead(argv: list[str]) -> list[dict]:
     t0 = time.perf_counter()
     results = [schema.from_dict(r) for r in run_federations(jobs, show_progress=False)]
     wall_all = time.perf_counter() - t0
+    rows, old_local = _procedure_rows(jobs, results)
+    tot = _print_procedure_table(rows)
+    ray_init = (results[0].timing.ray_init_seconds if results else None) or float("nan")
+    steady = _print_shares(tot, wall_all, ray_init, old_local, out)
+    return [
+        {
+            "procedure": r[0],
+            "wall_s": r[1],
+            "start_s": r[2],
+            "exchange_s": r[3],
+            "local_train_s": r[4],
+            "train_msg_s": r[5],
+            "evaluate_s": r[6],
+            "server_s": r[7],
+        }
+        for r in rows
+    ] + [
+        {
+            "total_wall_s": tot[0],
+            "call_wall_s": wall_all,
+            "outside_training_pct": 100 * (1 - tot[3] / wall_all),
+            "outside_training_procedure_clocks_pct": 100 * (1 - tot[3] / tot[0]),
+            "outside_training_steady_pct": 100 * (1 - tot[3] / steady),
+            "outside_training_old_accounting_pct": 100 * (1 - old_local / tot[0]),
+        }
+    ]
+
+
+def _procedure_rows(jobs: list, results: list[Results]) -> tuple[list[tuple], float]:
+    """Per procedure ``(name, wall, start, exchange, local training, train messages, evaluate, server)``
+    seconds, and the local training of the old accounting summed over procedures."""
     rows = []
     old_local = 0.0
     for job, res in zip(jobs, results):
@@ -280,6 +210,11 @@ def overhead(argv: list[str]) -> list[dict]:
         evaluate = phases.get("evaluate", 0.0)
         server = max(0.0, wall - start - query - phases.get("train", 0.0) - evaluate)
         rows.append((job.name, wall, start, query, local, train_other, evaluate, server))
+    return rows, old_local
+
+
+def _print_procedure_table(rows: list[tuple]) -> list[float]:
+    """Print one line per procedure and the totals; return the totals of the seven columns."""
     head = (
         "procedure",
         "wall s",
@@ -297,8 +232,12 @@ def overhead(argv: list[str]) -> list[dict]:
         tot = [a + b for a, b in zip(tot, vals)]
         print(f"{name:>14}  " + "  ".join(f"{v:14.2f}" for v in vals) + f"  {100 * (1 - vals[3] / vals[0]):13.1f}%")
     print(f"{'total':>14}  " + "  ".join(f"{v:14.2f}" for v in tot) + f"  {100 * (1 - tot[3] / tot[0]):13.1f}%")
+    return tot
+
+
+def _print_shares(tot: list[float], wall_all: float, ray_init: float, old_local: float, out: str) -> float:
+    """Print the shares of wall time outside local training; return the steady-state seconds."""
     steady = tot[0] - tot[1] - tot[2]
-    ray_init = (results[0].timing.ray_init_seconds if results else None) or float("nan")
     outside = wall_all - tot[0]
     print(
         f"\nwall time of the whole call: {wall_all:.1f} s, of which outside the procedures' clocks (importing "
@@ -322,28 +261,7 @@ def overhead(argv: list[str]) -> list[dict]:
         f"(local training = per training phase, the first-come-first-served makespan of the clients' training "
         f"loops on the clients running at once; outputs in {out})"
     )
-    return [
-        {
-            "procedure": r[0],
-            "wall_s": r[1],
-            "start_s": r[2],
-            "exchange_s": r[3],
-            "local_train_s": r[4],
-            "train_msg_s": r[5],
-            "evaluate_s": r[6],
-            "server_s": r[7],
-        }
-        for r in rows
-    ] + [
-        {
-            "total_wall_s": tot[0],
-            "call_wall_s": wall_all,
-            "outside_training_pct": 100 * (1 - tot[3] / wall_all),
-            "outside_training_procedure_clocks_pct": 100 * (1 - tot[3] / tot[0]),
-            "outside_training_steady_pct": 100 * (1 - tot[3] / steady),
-            "outside_training_old_accounting_pct": 100 * (1 - old_local / tot[0]),
-        }
-    ]
+    return steady
 
 
 if __name__ == "__main__":

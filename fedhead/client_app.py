@@ -1,12 +1,21 @@
-"""The fedhead ClientApp of ``flwr run .`` (``[tool.flwr.app.components] clientapp``).
-
-The handlers live in :mod:`fedhead.clients.app`; here the app resolves its job from the run config
-(:func:`fedhead.federation.config.job_from_context`), as the ServerApp of :mod:`fedhead.server_app` does.
+"""The fedhead ClientApp of ``flwr run .`` (``[tool.flwr.app.components] clientapp``): the app of
+[`fedhead.clients.app`][fedhead.clients.app] whose job the run config names, built once per process and run config
+(the process's [`ClientCache`][fedhead.clients.cache.ClientCache]).
 """
 
 from __future__ import annotations
 
-from fedhead.clients import make_client_app
-from fedhead.federation.config import job_from_context
+from flwr.app import Context
 
-app = make_client_app(job_from_context)
+from fedhead.clients import make_client_app
+from fedhead.clients.cache import CLIENT_CACHE
+from fedhead.settings.config import JobConfig, job_from_context
+
+
+def job_of_run(context: Context) -> JobConfig:
+    """The job of ``context``'s run config, built once
+    ([`job_from_context`][fedhead.settings.config.job_from_context])."""
+    return CLIENT_CACHE.job(context, job_from_context)
+
+
+app = make_client_app(job_of_run)

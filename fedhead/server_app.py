@@ -1,7 +1,8 @@
 """The fedhead ServerApp of ``flwr run .`` (``[tool.flwr.app.components] serverapp``).
 
-The body lives in :mod:`fedhead.driver.server`: it reads the job from the run config
-(:func:`fedhead.federation.config.job_from_context`), resumes from ``<output-dir>`` with
+The body lives in [`fedhead.driver.server`][fedhead.driver.server]: it reads the job from the run config
+([`fedhead.settings.config.job_from_context`][fedhead.settings.config.job_from_context]), resumes from ``<output-dir>``
+with
 ``resume = true`` and serves the rounds as the simulation driver does.
 """
 

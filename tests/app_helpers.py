@@ -31,7 +31,7 @@ from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict  # no
 from flwr.serverapp import Grid  # noqa: E402
 
 from fedhead import ufm  # noqa: E402
-from fedhead.federation import protocol as P  # noqa: E402
+from fedhead.federation import protocol  # noqa: E402
 
 
 def pooled_g_cen(targets: list[np.ndarray], lambda_h: float, lambda_w: float) -> np.ndarray:
@@ -54,11 +54,11 @@ def query_reply(msg: Message, y: np.ndarray, pid: int, count: int | None = None)
     return Message(
         RecordDict(
             {
-                P.MOMENTS: ArrayRecord(
+                protocol.MOMENTS: ArrayRecord(
                     {"mean": Array(np.asarray(mom.means[0])), "cov": Array(np.asarray(mom.covs[0]))}
                 ),
-                P.METRICS: MetricRecord(
-                    {P.NUM_EXAMPLES: int(count if count is not None else y.shape[0]), P.PARTITION_ID: pid}
+                protocol.METRICS: MetricRecord(
+                    {protocol.NUM_EXAMPLES: int(count if count is not None else y.shape[0]), protocol.PARTITION_ID: pid}
                 ),
             }
         ),
@@ -69,11 +69,11 @@ def query_reply(msg: Message, y: np.ndarray, pid: int, count: int | None = None)
 def train_reply(msg: Message, weight, bias, n: int, pid: int, **extra_records) -> Message:
     content = RecordDict(
         {
-            P.HEAD: P.head_record(weight, bias),
-            P.METRICS: MetricRecord(
+            protocol.HEAD: protocol.head_record(weight, bias),
+            protocol.METRICS: MetricRecord(
                 {
-                    P.NUM_EXAMPLES: int(n),
-                    P.PARTITION_ID: pid,
+                    protocol.NUM_EXAMPLES: int(n),
+                    protocol.PARTITION_ID: pid,
                     "objective_gap": 0.01 * (pid + 1),
                     "trained_gap": 0.01 * (pid + 1),
                     "local_epochs": 10,
@@ -118,10 +118,10 @@ class NumpyClient:
         if kind == "query":
             return query_reply(msg, self.y, self.pid)
         if kind == "train":
-            w_t, _ = P.read_head(msg.content.array_records[P.HEAD])
+            w_t, _ = protocol.read_head(msg.content.array_records[protocol.HEAD])
             target = self.sigma
             if self.gamma > 0:
-                sc = msg.content.array_records[P.SIGMA_CEN]["sigma_cen"].numpy()
+                sc = msg.content.array_records[protocol.SIGMA_CEN]["sigma_cen"].numpy()
                 self.seen_sigma_cen.append(sc)
                 target = (1 - self.gamma) * self.sigma + self.gamma * sc
             w = ufm.closest_head(w_t, ufm.optimal_gram(target, self.lh, self.lw))
@@ -130,10 +130,10 @@ class NumpyClient:
             return Message(
                 RecordDict(
                     {
-                        P.METRICS: MetricRecord(
+                        protocol.METRICS: MetricRecord(
                             {
-                                P.NUM_EXAMPLES: self.y.shape[0],
-                                P.PARTITION_ID: self.pid,
+                                protocol.NUM_EXAMPLES: self.y.shape[0],
+                                protocol.PARTITION_ID: self.pid,
                                 "train_mse": float(self.pid + 1),
                             }
                         )

@@ -1,19 +1,13 @@
 """Fixtures shared across test folders (``tests/`` mirrors the source tree: ``tests/<layer>/``).
 
 The helpers of the Flower-facing tests (``app_helpers``, ``report_helpers``) sit beside this
-file and are importable from every folder.
+file and are importable from every folder (pytest's ``pythonpath``, pyproject.toml).
 """
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
 from app_helpers import rotation, targets_with_moments
 
 #: The longest test files (a real smoke sweep, the report's sweep, the Ray federations), started

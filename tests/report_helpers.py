@@ -15,7 +15,7 @@ SETTING = "hopper"
 
 def _jobs(root: Path, cache: Path):
     """One job per (seed, procedure), writing into ``<root>/runs/main/hopper/<procedure>/s<seed>``."""
-    from fedhead.federation.config import compose_config, load_config
+    from fedhead.settings.config import compose_config, load_config
 
     jobs, runs = [], []
     for seed in SEEDS:

@@ -1,6 +1,7 @@
 """Diagnosis of a federation before training, from the exchanged moments alone (numpy only).
 
-:func:`diagnose` turns :class:`fedhead.ufm.TargetMoments` into a :class:`Diagnosis`: the fully
+[`diagnose`][fedhead.analysis.diagnosis.diagnose] turns [`fedhead.ufm.TargetMoments`][fedhead.ufm.TargetMoments] into a
+[`Diagnosis`][fedhead.analysis.diagnosis.Diagnosis]: the fully
 active margins (theory.md §3), the gap ``G_cen - G_star`` and its three-term decomposition (theory.md §7),
 whether the barycenter ``G_star`` converged, and a one-line recommendation that says what each
 remedy does.
@@ -18,7 +19,8 @@ from fedhead import ufm
 
 
 def _key(name: str) -> dict[str, str]:
-    """Field metadata: the key of the field in :meth:`Diagnosis.to_dict` (results.json)."""
+    """Field metadata: the key of the field in [`Diagnosis.to_dict`][fedhead.analysis.diagnosis.Diagnosis.to_dict]
+    (results.json)."""
     return {"key": name}
 
 
@@ -26,7 +28,8 @@ def _key(name: str) -> dict[str, str]:
 class Diagnosis:
     """What the theory predicts for a federation, from the exchanged statistics alone.
 
-    A new field is one declaration: :meth:`to_dict` is generated from the fields (the JSON key
+    A new field is one declaration: [`to_dict`][fedhead.analysis.diagnosis.Diagnosis.to_dict] is generated from the
+    fields (the JSON key
     is the field name unless its metadata names another; NaN floats become ``None``).
 
     Attributes
@@ -167,12 +170,14 @@ def diagnose(
 ) -> tuple[Diagnosis, Any]:
     """Diagnose a federation before training from its moments alone.
 
-    Returns the :class:`Diagnosis` and the :class:`fedhead.ufm.GapDecomposition` it came from
+    Returns the [`Diagnosis`][fedhead.analysis.diagnosis.Diagnosis] and the
+    [`fedhead.ufm.GapDecomposition`][fedhead.ufm.GapDecomposition] it came from
     (``g_star, g_cen, g_within, grams, m_mu, m_sigma, m_a, ...``; theory.md §7). Outside the fully
     active regime the closed forms do not hold: the margins and the recommendation are still
     reported (with a ``UserWarning`` unless ``warn_outside_regime=False``, for a caller that
     reports the regime itself), the gap quantities are NaN and the decomposition is None.
-    A barycenter that did not converge keeps its :class:`fedhead.ufm.ConvergenceWarning` and is
+    A barycenter that did not converge keeps its [`fedhead.ufm.ConvergenceWarning`][fedhead.ufm.ConvergenceWarning] and
+    is
     flagged in the diagnosis (``barycenter_converged=False``, format and recommendation).
     """
     report = ufm.fully_active_margins(moments, lambda_h, lambda_w)

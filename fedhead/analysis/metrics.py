@@ -1,4 +1,4 @@
-"""Gram and head metrics of docs/theory.md §11 (numpy, on top of :mod:`fedhead.ufm`).
+"""Gram and head metrics of docs/theory.md §11 (numpy, on top of [`fedhead.ufm`][fedhead.ufm]).
 
 Measured Grams ``G`` and references ``G_ref`` are ``(..., C, C)``; leading axes broadcast.
 """

@@ -1,23 +1,9 @@
 """The cost of mismatched coordinates (docs/theory.md §13), numpy only.
 
-A head-averaging procedure without alignment averages heads ``W~_m`` whose feature coordinates
-were chosen by each client's own training. The measurement of ``measure_mismatch=true`` forms
-two averages from the *same* trained local models of round 1,
-
-* as trained:       ``W_bar   = sum_m p_m W~_m``,
-* after alignment:  ``W_bar_a = sum_m p_m W~_m Q_m``, ``Q_m`` the orthogonal Procrustes rotation
-  aligning ``W~_m`` to the broadcast ``W_t`` (:func:`procrustes_rotation`, the rotation the
-  ``aligned`` procedure applies), with client ``m``'s features rotated ``h -> Q_m^T h`` so that its
-  local model is unchanged;
-
-(biases ``b_bar = sum_m p_m b~_m`` for both: alignment does not touch the bias), and compares the
-weighted training objectives ``L = sum_m p_m L_m`` of the local models, of ``W_bar`` on the trained
-backbones and of ``W_bar_a`` on the aligned backbones (:func:`mismatch_cost`). The clients'
-objectives come from :func:`fedhead.train.mismatch_objectives.mismatch_objectives`; the strategy
-(``strategies/mismatch_heads.py``) only moves the numbers.
-
-:func:`procrustes_rotation` is the one implementation of the alignment rotation
-(:func:`fedhead.train.align.procrustes_rotation` checks its inputs and calls it).
+The two averages of round 1's trained heads (as trained, after alignment) and the weighted
+objectives they are compared by; the clients' objectives come from
+`fedhead.train.mismatch_objectives`. [`procrustes_rotation`][fedhead.analysis.mismatch_cost.procrustes_rotation]
+is the one implementation of the alignment rotation (`fedhead.train.align` checks its inputs and calls it).
 """
 
 from __future__ import annotations
@@ -79,9 +65,10 @@ def procrustes_rotation(weight: np.ndarray, target: np.ndarray) -> np.ndarray:
     """Orthogonal ``Q`` ``(P, P)`` minimising ``||weight Q - target||_F`` (docs/theory.md §5).
 
     ``weight`` and ``target`` are finite ``(C, P)`` float arrays (unchecked here; see
-    :func:`fedhead.train.align.procrustes_rotation`). Among the minimisers, the one closest to
+    [`fedhead.train.align.procrustes_rotation`][fedhead.train.procrustes_rotation]). Among the minimisers, the one
+    closest to
     the identity on the complement of the two row spaces; computed in their joint span
-    (``O(P C^2)`` work). The method is described in :mod:`fedhead.train.align`.
+    (``O(P C^2)`` work). The method is described in [`fedhead.train.align`][fedhead.train.align].
     """
     w = np.asarray(weight, dtype=np.float64)
     t = np.asarray(target, dtype=np.float64)
@@ -111,7 +98,8 @@ def procrustes_rotation(weight: np.ndarray, target: np.ndarray) -> np.ndarray:
 # ------------------------------------------------------------------------------ the two averages
 @dataclass(frozen=True)
 class MismatchAverages:
-    """The two averages of the same trained heads (:func:`mismatch_averages`).
+    """The two averages of the same trained heads
+    ([`mismatch_averages`][fedhead.analysis.mismatch_cost.mismatch_averages]).
 
     Attributes
     ----------
@@ -181,7 +169,8 @@ def mismatch_averages(
 class MismatchCost:
     """Weighted objectives ``sum_m p_m L_m`` and the fraction of the excess alignment removes.
 
-    ``removed`` is :func:`removed_fraction` of the three sums (``None`` when undefined).
+    ``removed`` is [`removed_fraction`][fedhead.analysis.mismatch_cost.removed_fraction] of the three sums (``None``
+    when undefined).
     """
 
     local: float
@@ -212,7 +201,8 @@ def removed_fraction(local: float, trained: float, aligned: float, *, rtol: floa
     """``(trained - aligned) / (trained - local)``: the fraction of the averaging's excess
     objective that alignment removes (1: all of it, 0: none, < 0: alignment made it worse).
 
-    ``None`` (with a :class:`MismatchWarning`) when the denominator is not above
+    ``None`` (with a [`MismatchWarning`][fedhead.analysis.mismatch_cost.MismatchWarning]) when the denominator is not
+    above
     ``rtol * max(|trained|, |local|, tiny)``: the trained average costs (numerically) nothing.
     """
     vals = (float(local), float(trained), float(aligned))
@@ -236,7 +226,8 @@ def removed_fraction(local: float, trained: float, aligned: float, *, rtol: floa
 def mismatch_cost(
     local: np.ndarray, trained: np.ndarray, aligned: np.ndarray, counts: np.ndarray, *, rtol: float = 1e-9
 ) -> MismatchCost:
-    """Weighted objectives of the three models and :func:`removed_fraction` of their sums.
+    """Weighted objectives of the three models and [`removed_fraction`][fedhead.analysis.mismatch_cost.removed_fraction]
+    of their sums.
 
     Parameters
     ----------

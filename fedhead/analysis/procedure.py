@@ -1,12 +1,15 @@
 """The typed local-training procedure every layer reads (Hydra group ``procedure/``).
 
-:class:`ProcedureConfig` carries and validates a procedure's parameters (``rho``, ``gamma``,
-alignment, centring, full-model averaging, the exact rule); :func:`reference_name` is the one
+[`ProcedureConfig`][fedhead.analysis.procedure.ProcedureConfig] carries and validates a procedure's parameters (``rho``,
+``gamma``,
+alignment, centring, full-model averaging, the exact rule);
+[`reference_name`][fedhead.analysis.procedure.reference_name] is the one
 rule for the Gram a procedure should reach. Pure Python: the server, the clients, the training
 layer and the configuration all import it.
 
 A procedure is declared once, as a file ``conf/procedure/<name>.yaml`` naming this class; the
-procedures a run knows are those files (:func:`fedhead.federation.config.procedure_names`).
+procedures a run knows are those files
+([`fedhead.settings.config.procedure_names`][fedhead.settings.config.procedure_names]).
 Every layer acts on the switches below, never on the name, so a procedure that combines existing
 switches differently needs only its yaml file.
 """
@@ -16,7 +19,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from fedhead.analysis.constraints import Together, check
+
 REFERENCES = ("star", "cen", "corrected", "within")
+GAMMA_NEED = "must be >= 0 and <= 1 (correction strength in [0, 1])"
+RHO_NEED = "must be >= 0 (proximal weight)"
 
 
 def _finite(v: object) -> bool:
@@ -26,15 +33,16 @@ def _finite(v: object) -> bool:
 def gamma_problem(value: object) -> str | None:
     """Why ``value`` is not a correction strength ``gamma`` in [0, 1] (None when it is).
 
-    The one rule for ``gamma``, shared by :class:`ProcedureConfig` and the trainer's input check
-    (:class:`fedhead.train.LocalProblem`).
+    The one rule for ``gamma``, shared by [`ProcedureConfig`][fedhead.analysis.procedure.ProcedureConfig] and the
+    trainer's input check
+    ([`fedhead.train.LocalProblem`][fedhead.train.LocalProblem]).
     """
-    return None if _finite(value) and 0.0 <= value <= 1.0 else "must be >= 0 and <= 1 (correction strength in [0, 1])"
+    return None if _finite(value) and 0.0 <= value <= 1.0 else GAMMA_NEED
 
 
 def rho_problem(value: object) -> str | None:
     """Why ``value`` is not a proximal weight ``rho >= 0`` (None when it is); the one rule for ``rho``."""
-    return None if _finite(value) and value >= 0 else "must be >= 0 (proximal weight)"
+    return None if _finite(value) and value >= 0 else RHO_NEED
 
 
 def penalty_problem(value: object) -> str | None:
@@ -60,6 +68,24 @@ def reference_name(gamma: float, centered: bool) -> str:
 
 class ConfigError(ValueError):
     """Invalid configuration: the message names the key, the value and what is allowed."""
+
+
+_PROCEDURE_RULES = (
+    Together(lambda p: not rho_problem(p.rho), "procedure {name!r}: rho " + RHO_NEED + ", got {rho!r}"),
+    Together(lambda p: not gamma_problem(p.gamma), "procedure {name!r}: gamma " + GAMMA_NEED + ", got {gamma!r}"),
+    Together(
+        lambda p: not (p.exact and (p.align or p.full_model)),
+        "procedure {name!r}: exact cannot be combined with align/full_model",
+    ),
+    Together(lambda p: not (p.full_model and p.align), "procedure {name!r}: full_model cannot be combined with align"),
+    # centred clients' covariances average to Sigma_within, not Sigma_cen: the correction toward
+    # the pooled Sigma_cen would put the mean term back (theory.md §7-8)
+    Together(
+        lambda p: not (p.centered and p.gamma > 0),
+        "procedure {name!r}: centered cannot be combined with the moment correction (gamma={gamma}); "
+        "centring already removes the mean term",
+    ),
+)
 
 
 @dataclass(frozen=True)
@@ -94,29 +120,17 @@ class ProcedureConfig:
     exact: bool = False
 
     def __post_init__(self) -> None:
-        for key, problem in (("rho", rho_problem(self.rho)), ("gamma", gamma_problem(self.gamma))):
-            if problem:
-                raise ConfigError(f"procedure {self.name!r}: {key} {problem}, got {getattr(self, key)!r}")
-        if self.exact and (self.align or self.full_model):
-            raise ConfigError(f"procedure {self.name!r}: exact cannot be combined with align/full_model")
-        if self.full_model and self.align:
-            raise ConfigError(f"procedure {self.name!r}: full_model cannot be combined with align")
-        if self.centered and self.gamma > 0:
-            # centred clients' covariances average to Sigma_within, not Sigma_cen: the correction
-            # toward the pooled Sigma_cen would put the mean term back (theory.md §7-8)
-            raise ConfigError(
-                f"procedure {self.name!r}: centered cannot be combined with the moment correction "
-                f"(gamma={self.gamma}); centring already removes the mean term"
-            )
+        check(self, _PROCEDURE_RULES, error=ConfigError)
 
     @property
     def strategy_kind(self) -> str:
-        """``"full_model"``, ``"aligned"`` or ``"head"`` (see :func:`strategies.make_strategy`)."""
+        """``"full_model"``, ``"aligned"`` or ``"head"`` (see
+        [`strategies.make_strategy`][fedhead.strategies.make_strategy])."""
         if self.full_model:
             return "full_model"
         return "aligned" if self.align else "head"
 
     @property
     def reference(self) -> str:
-        """The Gram the procedure should reach; see :func:`reference_name`."""
+        """The Gram the procedure should reach; see [`reference_name`][fedhead.analysis.procedure.reference_name]."""
         return reference_name(self.gamma, self.centered)

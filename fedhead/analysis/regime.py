@@ -1,8 +1,10 @@
 """The fully active regime policy (docs/theory.md §3): margins report and the start-of-run guard (numpy only).
 
 The theory assumes ``lambda_min(Sigma_m) > lambda_H lambda_W`` for every client ``m`` (client
-target covariances in the standardised units the run uses). :func:`client_margins` reports it;
-:func:`ensure_fully_active` refuses to start a run outside that regime unless explicitly allowed.
+target covariances in the standardised units the run uses). [`client_margins`][fedhead.analysis.regime.client_margins]
+reports it;
+[`ensure_fully_active`][fedhead.analysis.regime.ensure_fully_active] refuses to start a run outside that regime unless
+explicitly allowed.
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ __all__ = ["MarginReport", "OutsideRegimeError", "OutsideRegimeWarning", "client
 class OutsideRegimeError(NotFullyActiveError):
     """A data set / partition violates the fully active regime and no override was given.
 
-    A ``ValueError`` (through :class:`fedhead.ufm.NotFullyActiveError`); both the driver (on the
+    A ``ValueError`` (through [`fedhead.ufm.NotFullyActiveError`][fedhead.ufm.NotFullyActiveError]); both the driver (on
+    the
     data) and the server (on the exchanged moments) raise it.
     """
 
@@ -86,15 +89,16 @@ class MarginReport:
 
 
 def _moments(data) -> TargetMoments:
-    """``data`` itself, or ``data.moments()`` (a :class:`fedhead.data.FederatedData`)."""
+    """``data`` itself, or ``data.moments()`` (a [`fedhead.data.FederatedData`][fedhead.data.FederatedData])."""
     return data if isinstance(data, TargetMoments) else data.moments()
 
 
 def client_margins(data, lambda_h: float, lambda_w: float, *, name: str = "") -> MarginReport:
     """Report ``lambda_min(Sigma_m)`` against ``lambda_H lambda_W`` for every client (no raise).
 
-    ``data`` is a :class:`fedhead.ufm.TargetMoments` or anything with a ``moments()`` method
-    (a :class:`fedhead.data.FederatedData`). The margins are :func:`fedhead.ufm.fully_active_margins`.
+    ``data`` is a [`fedhead.ufm.TargetMoments`][fedhead.ufm.TargetMoments] or anything with a ``moments()`` method
+    (a [`fedhead.data.FederatedData`][fedhead.data.FederatedData]). The margins are
+    [`fedhead.ufm.fully_active_margins`][fedhead.ufm.fully_active_margins].
     """
     mom = _moments(data)
     name = name or getattr(data, "name", "")
@@ -118,9 +122,11 @@ def ensure_fully_active(
     lambda_w: float,
     allow_outside_regime: bool = False,
 ) -> MarginReport:
-    """Return the margins; refuse (raise :class:`OutsideRegimeError`) outside the regime.
+    """Return the margins; refuse (raise [`OutsideRegimeError`][fedhead.analysis.regime.OutsideRegimeError]) outside the
+    regime.
 
-    With ``allow_outside_regime=True`` a violation only emits an :class:`OutsideRegimeWarning`.
+    With ``allow_outside_regime=True`` a violation only emits an
+    [`OutsideRegimeWarning`][fedhead.analysis.regime.OutsideRegimeWarning].
     """
     rep = client_margins(data, lambda_h, lambda_w)
     if rep.ok:

@@ -1,9 +1,7 @@
 """Seed rules of the clients' initial backbones (numpy only; shared by clients, recorder and tests).
 
-``init=common`` (the default): every client builds its private backbone from the run seed, so all
-clients start from one common random backbone (and the common initial head). ``init=independent``:
-client ``m`` builds its backbone from :func:`backbone_seed` ``(seed, m)``, its own seed; the initial
-shared head stays common (it is built by the server from the run seed). See docs/theory.md §13.
+``init=common`` builds every client's backbone from the run seed, ``init=independent`` from
+[`backbone_seed`][fedhead.analysis.seeds.backbone_seed]; what each means: docs/theory.md §13.
 """
 
 from __future__ import annotations
@@ -23,7 +21,7 @@ def backbone_seed(seed: int, partition_id: int, init: str = "common") -> int:
     """Seed of client ``partition_id``'s initial backbone.
 
     ``common``: the run seed itself (every client the same backbone). ``independent``: a seed of
-    ``(seed, partition_id)`` from :class:`numpy.random.SeedSequence` (distinct per client, distinct
+    ``(seed, partition_id)`` from `numpy.random.SeedSequence` (distinct per client, distinct
     from the run seed, reproducible from it), a non-negative integer below ``2**32``.
     """
     if init not in INIT_MODES:

@@ -1,18 +1,9 @@
 """Standardisation from exchanged moments (numpy only): no row leaves a client.
 
-Each client reports the raw moments of its training rows: targets ``(N_m, mu_m (C,), Sigma_m
-(C, C))`` (population covariance, ``ddof=0``) and inputs ``(N_m, mean (F,), var (F,))``. The
-pooled statistics of all rows follow exactly (law of total variance):
-
-    mean   = sum_m p_m mu_m,          p_m = N_m / N
-    var_i  = sum_m p_m (Sigma_m,ii + (mu_m,i - mean_i)^2)
-
-and the moments of the standardised targets ``y' = (y - o) / s`` are exact functions of the raw
-ones: ``mu'_m = (mu_m - o) / s``, ``Sigma'_m = D^-1 Sigma_m D^-1`` with ``D = diag(s)``
-(:func:`standardized_moments`). The theory (diagnosis, ``G_cen``) uses these.
-
+The pooled offsets and scales of targets and inputs from each client's raw moments, and the exact
+moments of the standardised targets (derivation: docs/theory.md §3, "Standardised units").
 Modes: targets ``pooled`` | ``none``; inputs ``pooled`` | ``site`` (each client its own mean and
-std, nothing pooled) | ``none``.
+std) | ``none``.
 """
 
 from __future__ import annotations

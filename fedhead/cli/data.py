@@ -9,7 +9,7 @@ Hydra command with the same ``dataset`` group (``conf/dataset/``) and overrides 
 
 Prints the input/target shapes, client sizes, target moments (docs/theory.md §3) and fully active margins,
 and for image data sets writes a PNG grid of sample images titled with their client and targets
-(original values with units, :mod:`fedhead.data.units`) next to the run: ``figure=PATH``, else
+(original values with units, [`fedhead.data.units`][fedhead.data.units]) next to the run: ``figure=PATH``, else
 ``out_dir`` / the Hydra output folder, as ``<dataset>-samples.png``.
 """
 
@@ -39,7 +39,7 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class PrepareResult:
-    """What :func:`prepare` produced: the data, its cache file, margins and the figure path."""
+    """What [`prepare`][fedhead.cli.data.prepare] produced: the data, its cache file, margins and the figure path."""
 
     data: FederatedData
     cache: Path
@@ -49,7 +49,7 @@ class PrepareResult:
 
 def sample_grid_figure(fed: FederatedData, path: str | Path, n: int = 16) -> Path:
     """Write a PNG grid of up to ``n`` training images (taken round-robin over the clients),
-    each titled with its client and its targets in original units (:func:`sample_grid`)."""
+    each titled with its client and its targets in original units ([`sample_grid`][fedhead.cli.data.sample_grid])."""
     # imported when the command runs, not at start-up (--help stays fast)
     import matplotlib.pyplot as plt
 
@@ -61,7 +61,8 @@ def sample_grid_figure(fed: FederatedData, path: str | Path, n: int = 16) -> Pat
 
 
 def sample_grid(fed: FederatedData, n: int = 16):
-    """The matplotlib Figure of :func:`sample_grid_figure`: titles ``name = value unit`` per
+    """The matplotlib Figure of [`sample_grid_figure`][fedhead.cli.data.sample_grid_figure]: titles ``name = value
+    unit`` per
     target, a suptitle with the image size in pixels and, for CIFAR-geo, the source images."""
     # imported when the command runs, not at start-up (--help stays fast)
     import matplotlib
@@ -178,7 +179,7 @@ def prepare(
 
 
 def run_from_config(cfg) -> PrepareResult:
-    """Turn the composed Hydra config into typed objects once and run :func:`prepare`."""
+    """Turn the composed Hydra config into typed objects once and run [`prepare`][fedhead.cli.data.prepare]."""
     # imported when the command runs, not at start-up (--help stays fast)
     from hydra.utils import instantiate
 
@@ -207,11 +208,7 @@ def _hydra_output_dir() -> Path | None:
         return None
 
 
-def _hydra_main():
-    # imported when the command runs, not at start-up (--help stays fast)
-    import hydra
-
-    @hydra.main(config_path="pkg://conf", config_name="data", version_base=None)
+def _hydra_task():
     def _main(cfg) -> None:
         # imported when the command runs, not at start-up (--help stays fast)
         from fedhead.driver.errors import debug_enabled, report
@@ -229,10 +226,9 @@ def _hydra_main():
 def main() -> None:
     """Console entry point ``fedhead-data`` (Hydra parses ``sys.argv``)."""
     # imported when the command runs, not at start-up (--help stays fast)
-    from fedhead.driver.errors import check_overrides
+    from fedhead.driver.errors import run_hydra_app
 
-    check_overrides("fedhead-data", "data")
-    _hydra_main()()
+    run_hydra_app("fedhead-data", "data", _hydra_task())
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """``fedhead-predict MODEL_DIR FILE --out OUT``: a client's saved model on new rows.
 
 MODEL_DIR is a folder a client wrote at the end of a run (``model.json`` + ``model.pt2``,
-:mod:`fedhead.models.export`); FILE a CSV, Parquet or ``.npz`` file with the model's feature
+[`fedhead.models.export`][fedhead.models.export]); FILE a CSV, Parquet or ``.npz`` file with the model's feature
 columns (CSV/Parquet, by name, in any order; other columns are ignored) or an ``x`` array
 (``.npz``: ``(N, F)``, or images ``(N, ch, H, W)`` of the model's shape). OUT gets one column
 per target, in the original target units, one row per input row, as CSV, Parquet or ``.npz``
@@ -49,7 +49,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def model_inputs(meta: dict, path: str | Path) -> np.ndarray:
     """The model's inputs ``(N, ...)`` from ``path`` (checked against ``meta["inputs"]``)."""
-    from fedhead.data.tables import TableError, file_label, numeric, read_file
+    from fedhead.data.table_files import TableError, file_label, numeric, read_file
 
     inputs = meta["inputs"]
     shape = tuple(int(s) for s in inputs["shape"])
@@ -115,8 +115,8 @@ def write_predictions(path: str | Path, y: np.ndarray, names: Sequence[str]) -> 
 
 def predict_file(model_dir: str | Path, path: str | Path, out: str | Path, *, batch_size: int = 4096):
     """Check everything, load the model, predict ``path``'s rows and write ``out``; returns
-    ``(y (N, C), meta)``. Bad input raises :class:`PredictInputError` (or
-    :class:`fedhead.models.export.ModelFileError`) before the model is loaded."""
+    ``(y (N, C), meta)``. Bad input raises [`PredictInputError`][fedhead.cli.predict.PredictInputError] (or
+    [`fedhead.models.export.ModelFileError`][fedhead.models.export.ModelFileError]) before the model is loaded."""
     from fedhead.models.export import load_model, read_meta
 
     if Path(out).suffix.lower() not in OUT_SUFFIXES:

@@ -5,21 +5,16 @@ from __future__ import annotations
 import logging
 import sys
 
-from fedhead.driver.errors import check_overrides, debug_enabled, report
+from fedhead.driver.errors import debug_enabled, report, run_hydra_app
 from fedhead.driver.logs import configure_run_logging
 from fedhead.driver.simulation import run_experiment
-from fedhead.federation.config import hydra_config_path, load_config
+from fedhead.settings.config import load_config
 
 
 def main() -> None:
     """Console entry point ``fedhead-run`` (Hydra; see ``conf/config.yaml``)."""
-    # imported when the command runs, not at start-up (--help stays fast)
-    import hydra
-
     logging.getLogger("alembic").setLevel(logging.WARNING)  # flwr's link state: plugin set-up chatter
-    check_overrides("fedhead-run", "config")
 
-    @hydra.main(config_path=hydra_config_path(), config_name="config", version_base=None)
     def _app(cfg) -> None:
         # imported when the command runs, not at start-up (--help stays fast)
         from hydra.core.hydra_config import HydraConfig
@@ -34,7 +29,7 @@ def main() -> None:
                 raise
             sys.exit(report("fedhead-run", exc, unused_dir=out))
 
-    _app()
+    run_hydra_app("fedhead-run", "config", _app)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -1,7 +1,8 @@
 """``fedhead-sweep sweep=NAME scale=smoke|paper out=DIR`` (Hydra, ``conf/sweep.yaml``).
 
-:func:`typed_config` turns the composed config into a :class:`fedhead.sweep.runner.SweepConfig`
-(the one place its keys are read and checked); :func:`main` runs it with a progress bar over
+[`typed_config`][fedhead.cli.sweep.typed_config] turns the composed config into a
+[`fedhead.sweep.runner.SweepConfig`][fedhead.sweep.SweepConfig]
+(the one place its keys are read and checked); [`main`][fedhead.cli.sweep.main] runs it with a progress bar over
 runs, the console showing one line per finished run and ``<out>/run.log`` everything.
 """
 
@@ -30,11 +31,11 @@ def _str_list(value: Any, key: str) -> tuple[str, ...] | None:
 
 
 def typed_config(cfg: Any) -> SweepConfig:
-    """Validate the composed ``conf/sweep.yaml`` and build the :class:`SweepConfig`."""
+    """Validate the composed ``conf/sweep.yaml`` and build the [`SweepConfig`][fedhead.sweep.SweepConfig]."""
     # imported when the command runs, not at start-up (--help stays fast)
-    from omegaconf import OmegaConf
+    from fedhead.settings.config import plain_mapping
 
-    raw = OmegaConf.to_container(cfg, resolve=True)
+    raw = plain_mapping(cfg, "the sweep config")
     if raw.get("sweep") not in PRESETS:
         raise ConfigError(f"sweep={raw.get('sweep')!r} is not a preset; choose from {sorted(PRESETS)}")
     if raw.get("scale") not in SCALES:
@@ -44,7 +45,7 @@ def typed_config(cfg: Any) -> SweepConfig:
     roots = raw.get("data_roots") or {}
     if not isinstance(roots, dict):
         raise ConfigError(f"data_roots must be a mapping data set -> folder, got {roots!r}")
-    roots = {ROOT_KEYS.get(k, k): v for k, v in roots.items()}
+    roots = {ROOT_KEYS.get(str(k), str(k)): v for k, v in roots.items()}
     unknown = sorted(set(roots) - set(SETTINGS))
     if unknown:
         raise ConfigError(f"data_roots: unknown data sets {unknown}; choose from {list(SETTINGS)}")
@@ -73,19 +74,10 @@ def typed_config(cfg: Any) -> SweepConfig:
 def main() -> None:
     """Console entry point ``fedhead-sweep`` (Hydra; see ``conf/sweep.yaml``)."""
     # imported when the command runs, not at start-up (--help stays fast)
-    import hydra
-
-    from fedhead.driver.errors import debug_enabled, report
-    from fedhead.federation.config import hydra_config_path
+    from fedhead.driver.errors import debug_enabled, report, run_hydra_app
 
     logging.getLogger("alembic").setLevel(logging.WARNING)
 
-    # imported when the command runs, not at start-up (--help stays fast)
-    from fedhead.driver.errors import check_overrides
-
-    check_overrides("fedhead-sweep", "sweep")
-
-    @hydra.main(config_path=hydra_config_path(), config_name="sweep", version_base=None)
     def _app(cfg) -> None:
         try:
             typed = typed_config(cfg)
@@ -104,7 +96,7 @@ def main() -> None:
         if c["failed"]:
             sys.exit(1)
 
-    _app()
+    run_hydra_app("fedhead-sweep", "sweep", _app)
 
 
 def _console(out: Path) -> None:

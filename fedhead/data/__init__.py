@@ -1,6 +1,6 @@
 """Data-set layer (docs/theory.md §10): loaders, offline generators, partition, standardisation, cache.
 
-Entry point: :func:`load_federated` (``cfg`` from ``conf/dataset/<name>.yaml``). Data-set
+Entry point: [`load_federated`][fedhead.data.load_federated] (``cfg`` from ``conf/dataset/<name>.yaml``). Data-set
 modules (gymnasium, h5py, scipy.io, ...) are imported only when their data set is loaded.
 """
 

@@ -1,6 +1,6 @@
 """Helpers shared by the data-set loaders (size checks, train/test split, file lookup, grids).
 
-Private to :mod:`fedhead.data`; every loader module keeps its own public names and calls these.
+Private to [`fedhead.data`][fedhead.data]; every loader module keeps its own public names and calls these.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from fedhead.data.config import DatasetConfig
 
 
 def check_split_sizes(cfg: DatasetConfig, label: str) -> None:
-    """``cfg.n_train > 0`` and ``cfg.n_test >= 0``, else a :class:`DataError` naming ``label``."""
+    """``cfg.n_train > 0`` and ``cfg.n_test >= 0``, else a [`DataError`][fedhead.data.DataError] naming ``label``."""
     if cfg.n_train <= 0 or cfg.n_test < 0:
         raise DataError(f"{label}: n_train must be > 0 and n_test >= 0, got {cfg.n_train}, {cfg.n_test}")
 

@@ -1,8 +1,8 @@
 """Data-set containers shared by every loader, generator and partitioner.
 
-A loader or generator returns a :class:`RawDataset` (numpy, original target units). The pipeline
-(:mod:`fedhead.data.pipeline`) standardises targets, partitions into clients and turns the result
-into a :class:`FederatedData` of torch tensors that the trainer and the Flower client consume.
+A loader or generator returns a [`RawDataset`][fedhead.data.RawDataset] (numpy, original target units). The pipeline
+([`fedhead.data.pipeline`][fedhead.data.pipeline]) standardises targets, partitions into clients and turns the result
+into a [`FederatedData`][fedhead.data.FederatedData] of torch tensors that the trainer and the Flower client consume.
 """
 
 from __future__ import annotations
@@ -125,7 +125,7 @@ class ClientData:
 
 @dataclass
 class FederatedData:
-    """A partitioned data set: one :class:`ClientData` per client plus its standardisation."""
+    """A partitioned data set: one [`ClientData`][fedhead.data.ClientData] per client plus its standardisation."""
 
     name: str
     clients: list[ClientData]
@@ -145,7 +145,7 @@ class FederatedData:
         return len(self.target_names)
 
     def moments(self):
-        """Training-target moments with weights N_m / N (:class:`fedhead.ufm.TargetMoments`)."""
+        """Training-target moments with weights N_m / N ([`fedhead.ufm.TargetMoments`][fedhead.ufm.TargetMoments])."""
         return TargetMoments.from_targets([c.y_train.detach().cpu().numpy().astype(np.float64) for c in self.clients])
 
 

@@ -70,7 +70,7 @@ STATIONS = (
 _PATTERN = "PRSA_Data_{station}_20130301-20170228.csv"
 
 
-@dataclass
+@dataclass(frozen=True)
 class BeijingConfig(DatasetConfig):
     """Beijing options. ``stations``: station names to use (None: every station file found)."""
 

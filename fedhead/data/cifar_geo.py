@@ -3,16 +3,18 @@
 Every sample is one source image placed in a black ``frame_size x frame_size`` canvas after a
 zoom ``z`` and a shift ``(dx, dy)``; the targets are ``(shift_x, shift_y, log_zoom)`` =
 ``(dx, dy, log z)`` in pixels / natural log. Geometry (continuous, bilinear resampling with
-zero fill outside the source, :func:`place_images`): the source image is first scaled so that
+zero fill outside the source, [`place_images`][fedhead.data.cifar_geo.place_images]): the source image is first scaled
+so that
 its side spans ``32 z`` frame pixels (so ``z = 1`` puts a CIFAR-10 image at its native size),
 then its centre is put at ``(frame_size / 2 + dx, frame_size / 2 + dy)``; ``dx`` grows to the
 right and ``dy`` downwards. Parts that leave the frame are cut off.
 
-Four designed client groups (:data:`GROUPS`) draw ``(dx, dy, log z)`` from different Gaussians
+Four designed client groups ([`GROUPS`][fedhead.data.cifar_geo.GROUPS]) draw ``(dx, dy, log z)`` from different
+Gaussians
 (different means and covariances), truncated to ``|dx|, |dy| <= max_shift`` and
 ``log z`` in ``[log 0.5, log 1.3]`` by redrawing. Training samples are split as equally as
 possible over the groups (3,000 each for 12,000), and so are test samples (750 each);
-:class:`~fedhead.data.base.RawDataset` carries the group of every sample in ``groups`` /
+[`RawDataset`][fedhead.data.RawDataset] carries the group of every sample in ``groups`` /
 ``groups_test``, sorted by group.
 
 Image sources (``image_source``):
@@ -107,12 +109,12 @@ GROUPS: tuple[GeoGroup, ...] = (
 # group means by less than 0.01 of a standard deviation.
 
 
-@dataclass
+@dataclass(frozen=True)
 class CifarGeoConfig(DatasetConfig):
     """CIFAR-geo configuration (``_target_: fedhead.data.cifar_geo.CifarGeoConfig``).
 
     Attributes (defaults; ``source``, ``cache_dir`` and ``allow_outside_regime`` as in
-    :class:`~fedhead.data.config.DatasetConfig`)
+    [`DatasetConfig`][fedhead.data.DatasetConfig])
     ---------------------
     name : str = "cifar_geo"
     root : str or None = None
@@ -125,7 +127,7 @@ class CifarGeoConfig(DatasetConfig):
     n_train : int = 12000
     n_test : int = 3000
     num_clients : int = 4
-        The construction always has the 4 designed groups of :data:`GROUPS`.
+        The construction always has the 4 designed groups of [`GROUPS`][fedhead.data.cifar_geo.GROUPS].
     seed : int = 0
     image_source : str = "fashion_mnist"
         ``"cifar10"`` or ``"fashion_mnist"``.
@@ -146,7 +148,7 @@ class CifarGeoConfig(DatasetConfig):
     max_shift: float = 8.0
 
     def effective_image_source(self) -> str:
-        """The image source that :func:`load` reads (``fashion_mnist`` when generating)."""
+        """The image source that [`load`][fedhead.data.cifar_geo.load] reads (``fashion_mnist`` when generating)."""
         if self.image_source not in ("cifar10", "fashion_mnist"):
             raise ValueError(f"dataset.image_source must be 'cifar10' or 'fashion_mnist', got {self.image_source!r}")
         return self.image_source if self.use_files() else "fashion_mnist"

@@ -1,7 +1,9 @@
 """Typed data-set configuration (built once from Hydra's ``dataset`` group via ``_target_``).
 
 Every file of ``conf/dataset/`` names one of these classes (or a subclass defined next to its
-loader) as ``_target_``. Nothing below the entry points reads raw config keys.
+loader) as ``_target_``. Frozen and checked by a constraint table
+([`fedhead.analysis.constraints`][fedhead.analysis.constraints]) without touching a file; what
+needs the files is [`DatasetConfig.preflight`][fedhead.data.config.DatasetConfig.preflight].
 """
 
 from __future__ import annotations
@@ -10,13 +12,21 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from fedhead.analysis.constraints import Field, check, integer, one_of, optional
+
+SOURCES = ("auto", "files", "generate")
+_RULES = (
+    Field("image_size", optional(integer(4)), "must be null or an integer >= 4"),
+    Field("source", one_of(SOURCES), "must be 'auto', 'files' or 'generate'"),
+)
+
 
 def default_cache_dir() -> Path:
     """``$FEDHEAD_CACHE`` or ``~/.cache/fedhead``: where prepared/generated data sets are kept."""
     return Path(os.environ.get("FEDHEAD_CACHE", Path.home() / ".cache" / "fedhead"))
 
 
-@dataclass
+@dataclass(frozen=True)
 class DatasetConfig:
     """Options shared by every data set.
 
@@ -33,7 +43,7 @@ class DatasetConfig:
     num_clients : int
         Default client count of the data set (docs/theory.md §10 table); ``num_clients=`` overrides it.
     cache_dir : str or None
-        Where prepared or generated tensors are cached (default :func:`default_cache_dir`).
+        Where prepared or generated tensors are cached (default [`default_cache_dir`][fedhead.data.default_cache_dir]).
     seed : int
         Seed of the generator and of every deterministic subsample.
     allow_outside_regime : bool
@@ -56,18 +66,28 @@ class DatasetConfig:
     image_size: int | None = None
 
     def __post_init__(self) -> None:
-        if self.image_size is not None and (
-            isinstance(self.image_size, bool) or not isinstance(self.image_size, int) or self.image_size < 4
-        ):
-            raise ValueError(f"dataset.image_size must be null or an integer >= 4, got {self.image_size!r}")
+        check(self, _RULES, prefix="dataset.", error=ValueError)
+
+    def preflight(self) -> DatasetConfig:
+        """The config checked against its files before anything starts (the data layer's one
+        place for file access of a config); built-in data sets have nothing to check."""
+        return self
 
     def use_files(self) -> bool:
         """True when the published files are to be read, False when the generator runs."""
-        if self.source not in ("auto", "files", "generate"):
-            raise ValueError(f"dataset.source must be 'auto', 'files' or 'generate', got {self.source!r}")
         if self.source == "auto":
             return self.root is not None
         return self.source == "files"
 
     def cache_path(self) -> Path:
         return Path(self.cache_dir) if self.cache_dir else default_cache_dir()
+
+    def site_local(self) -> bool:
+        """Whether each client reads only its own file (a site-local table,
+        [`fedhead.data.site`][fedhead.data.site])."""
+        return False
+
+    @property
+    def files(self) -> tuple[str, ...]:
+        """The data set's files, one per client, where it names them (``dataset=table``); else ``()``."""
+        return ()

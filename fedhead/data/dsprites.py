@@ -1,6 +1,6 @@
 """dSprites (docs/theory.md §10): 64x64 binary sprites, targets x position, y position and scale.
 
-Two sources, both returning a :class:`~fedhead.data.base.RawDataset` with images
+Two sources, both returning a [`RawDataset`][fedhead.data.RawDataset] with images
 ``(N, 1, 64, 64)`` uint8 in {0, 255} and targets ``(N, 3)`` float64 ``(pos_x, pos_y, scale)`` in
 the data set's own units (positions in [0, 1], scale in [0.5, 1]):
 
@@ -8,7 +8,8 @@ the data set's own units (positions in [0, 1], scale in [0.5, 1]):
   ``(737280, 64, 64)`` uint8 in {0, 1}, ``latents_values`` ``(737280, 6)``, ``latents_classes``),
   read from ``dataset.root``; the images are streamed out of the archive, so the 3 GB image array
   is never held in memory;
-* :func:`render_sprites`, a vectorised numpy rasteriser of the same factor grid (3 shapes
+* [`render_sprites`][fedhead.data.dsprites.render_sprites], a vectorised numpy rasteriser of the same factor grid (3
+shapes
   square/ellipse/heart, 6 scales 0.5..1, 40 orientations 0..2pi, 32x32 positions), the offline
   default. Its sprites follow the published factor grid; they are not pixel-identical to the
   official images (the original generator was not released).
@@ -26,11 +27,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from tqdm.auto import tqdm
 
 from fedhead.data._common import check_split_sizes, draw_grid_indices, resolve_file, split_samples
 from fedhead.data.base import DataError, RawDataset
 from fedhead.data.config import DatasetConfig
+from fedhead.progress import progress
 
 __all__ = [
     "DSpritesConfig",
@@ -62,12 +63,12 @@ _POS_LO, _POS_HI = 12.0, 52.0  # sprite centre for pos = 0 and pos = 1
 _HALF_SIZE = 10.0  # half extent of a scale-1 sprite
 
 
-@dataclass
+@dataclass(frozen=True)
 class DSpritesConfig(DatasetConfig):
     """dSprites configuration (``_target_: fedhead.data.dsprites.DSpritesConfig``).
 
     Attributes (defaults; ``source``, ``cache_dir`` and ``allow_outside_regime`` as in
-    :class:`~fedhead.data.config.DatasetConfig`)
+    [`DatasetConfig`][fedhead.data.DatasetConfig])
     ---------------------
     name : str = "dsprites"
     root : str or None = None
@@ -218,7 +219,7 @@ def _stream_rows(path: Path, key: str, wanted_sorted: np.ndarray, chunk: int) ->
             done = 0
             last = int(wanted_sorted[-1]) + 1 if wanted_sorted.size else 0
             steps = range(0, last, chunk)
-            for lo in tqdm(steps, desc="dsprites images", unit="chunk", leave=False):
+            for lo in progress(steps, desc="dsprites images", unit="chunk"):
                 hi = min(last, lo + chunk)
                 buf = fh.read((hi - lo) * row_bytes)
                 if len(buf) != (hi - lo) * row_bytes:

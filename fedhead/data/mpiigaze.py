@@ -21,8 +21,8 @@ Sample selection (deterministic under ``seed``, independent of the order files a
 every eye image gets a uniform key from ``default_rng([seed, crc32(relative path), eye])``; the
 ``n_train + n_test`` smallest keys are kept while streaming the files (memory: the kept images
 plus one file), in increasing key order; the first ``n_train`` are the training split, the rest
-the held-out split. There is no offline generator: without ``dataset.root`` :func:`load` raises
-:class:`~fedhead.data.base.MissingDataError`.
+the held-out split. There is no offline generator: without ``dataset.root`` [`load`][fedhead.data.mpiigaze.load] raises
+[`MissingDataError`][fedhead.data.MissingDataError].
 """
 
 from __future__ import annotations
@@ -34,11 +34,11 @@ from pathlib import Path
 
 import numpy as np
 import scipy.io
-from tqdm.auto import tqdm
 
 from fedhead.data._common import check_split_sizes, split_samples
 from fedhead.data.base import DataError, MissingDataError, RawDataset
 from fedhead.data.config import DatasetConfig
+from fedhead.progress import progress
 
 __all__ = ["MPIIGazeConfig", "load", "gaze_to_pitch_yaw", "read_day_file", "TARGET_NAMES"]
 
@@ -55,12 +55,12 @@ _DAY_FILES = "Data/Normalized/pXX/dayYY.mat"
 _EYES = {"left": 0, "right": 1}
 
 
-@dataclass
+@dataclass(frozen=True)
 class MPIIGazeConfig(DatasetConfig):
     """MPIIGaze configuration (``_target_: fedhead.data.mpiigaze.MPIIGazeConfig``).
 
     Attributes (defaults; ``source``, ``cache_dir`` and ``allow_outside_regime`` as in
-    :class:`~fedhead.data.config.DatasetConfig`)
+    [`DatasetConfig`][fedhead.data.DatasetConfig])
     ---------------------
     name : str = "mpiigaze"
     root : str or None = None
@@ -166,7 +166,7 @@ def load(cfg: MPIIGazeConfig) -> RawDataset:
     imgs = np.empty((0, *EYE_SHAPE), np.uint8)
     ys = np.empty((0, 2))
     n_seen = 0
-    for path in tqdm(files, desc="MPIIGaze files", unit="file", leave=False):
+    for path in progress(files, desc="MPIIGaze files", unit="file"):
         day = read_day_file(path)
         rel = path.relative_to(folder).as_posix()
         file_seed = zlib.crc32(rel.encode())

@@ -1,6 +1,6 @@
 """MuJoCo Swimmer / Hopper / HalfCheetah / Walker2d: observation -> continuous action (docs/theory.md §10).
 
-Two sources, chosen by :meth:`DatasetConfig.use_files`:
+Two sources, chosen by [`DatasetConfig.use_files`][fedhead.data.DatasetConfig.use_files]:
 
 * **files** (``dataset.root`` set): the parquet shards of the public multi-task agent dataset
   "jat-project/jat-dataset" (https://huggingface.co/datasets/jat-project/jat-dataset), configs
@@ -92,7 +92,7 @@ TASKS: dict[str, MujocoTask] = {
 }
 
 
-@dataclass
+@dataclass(frozen=True)
 class MujocoConfig(DatasetConfig):
     """MuJoCo data set options (``name`` is the task: swimmer, hopper, halfcheetah, walker2d).
 

@@ -1,7 +1,9 @@
 """Client partitions of docs/theory.md §10: the leading-eigenvector split and designed groups.
 
-Pure numpy. The pipeline calls :func:`eigen_partition` on (already standardised) training targets
-or :func:`designed_partition` when a data set comes with designed client groups (CIFAR-geo).
+Pure numpy. The pipeline calls [`eigen_partition`][fedhead.data.eigen_partition] on (already standardised) training
+targets
+or [`designed_partition`][fedhead.data.designed_partition] when a data set comes with designed client groups
+(CIFAR-geo).
 """
 
 from __future__ import annotations
@@ -76,7 +78,8 @@ def leading_direction(y: np.ndarray) -> np.ndarray:
 def eigen_partition(y_train: np.ndarray, num_clients: int, y_test: np.ndarray | None = None) -> Partition:
     """Leading-eigenvector partition (docs/theory.md §10).
 
-    Every training target is projected on :func:`leading_direction` ``v``; samples are sorted by
+    Every training target is projected on [`leading_direction`][fedhead.data.leading_direction] ``v``; samples are
+    sorted by
     ``z = Y v`` (stable sort, ties by index) and cut into ``num_clients`` contiguous groups of
     equal size (sizes differ by at most one when ``N`` is not divisible): client 0 holds the
     smallest projections. A test sample goes to the client whose training projection interval

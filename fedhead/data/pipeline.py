@@ -1,4 +1,5 @@
-"""RawDataset -> standardised targets -> client partition -> :class:`FederatedData`, with a cache.
+"""RawDataset -> standardised targets -> client partition -> [`FederatedData`][fedhead.data.FederatedData], with a
+cache.
 
 The expensive part of a data set (reading the published files, or running a generator) is done
 once per configuration and kept as an uncompressed ``.npz`` in ``cfg.cache_path()``, named by the
@@ -179,7 +180,8 @@ def _key_fields(cfg: DatasetConfig) -> dict:
 
 
 def cache_key(cfg: DatasetConfig) -> str:
-    """SHA-256 (hex) of every sample-changing field of ``cfg``, its class and :data:`CACHE_VERSION`.
+    """SHA-256 (hex) of every sample-changing field of ``cfg``, its class and
+    [`CACHE_VERSION`][fedhead.data.pipeline.CACHE_VERSION].
 
     ``source`` enters as the resolved choice (files / generate), ``root`` as an absolute path;
     ``cache_dir``, ``num_clients`` and
@@ -219,7 +221,8 @@ def save_raw(raw: RawDataset, path: str | os.PathLike, config: dict | None = Non
 
 
 def load_raw_file(path: str | os.PathLike) -> RawDataset:
-    """Read a file written by :func:`save_raw` (no pickle). Raises DataError if unreadable."""
+    """Read a file written by [`save_raw`][fedhead.data.pipeline.save_raw] (no pickle). Raises DataError if
+    unreadable."""
     path = Path(path)
     try:
         with np.load(path, allow_pickle=False) as z:

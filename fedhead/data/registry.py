@@ -1,6 +1,7 @@
-"""Data-set names -> config classes and loaders; :func:`load_federated`, the layer's entry point.
+"""Data-set names -> config classes and loaders; [`load_federated`][fedhead.data.load_federated], the layer's entry
+point.
 
-Every data set is a module exposing a :class:`~fedhead.data.config.DatasetConfig` subclass and
+Every data set is a module exposing a [`DatasetConfig`][fedhead.data.DatasetConfig] subclass and
 ``load(cfg) -> RawDataset``. Modules are imported lazily (``fedhead.data`` does not import
 gymnasium or h5py until a data set needs them).
 """
@@ -60,7 +61,7 @@ REGISTRY: dict[str, DatasetEntry] = {
 
 def dataset_names() -> tuple[str, ...]:
     """The ten built-in names accepted by ``dataset=`` (docs/theory.md §10 order); ``table`` (the
-    user's own files) is in :data:`REGISTRY` too."""
+    user's own files) is in [`REGISTRY`][fedhead.data.REGISTRY] too."""
     return tuple(n for n, e in REGISTRY.items() if e.builtin)
 
 
@@ -81,7 +82,7 @@ def _module(entry: DatasetEntry):
 
 
 def config_class(name: str) -> type[DatasetConfig]:
-    """The :class:`DatasetConfig` subclass of data set ``name``."""
+    """The [`DatasetConfig`][fedhead.data.DatasetConfig] subclass of data set ``name``."""
     entry = _entry(name)
     return getattr(_module(entry), entry.config)
 
@@ -98,7 +99,7 @@ def make_config(name: str, **overrides) -> DatasetConfig:
 
 
 def coerce_config(cfg: DatasetConfig) -> DatasetConfig:
-    """Return ``cfg`` as its data set's config class (a plain :class:`DatasetConfig` or another
+    """Return ``cfg`` as its data set's config class (a plain [`DatasetConfig`][fedhead.data.DatasetConfig] or another
     class is rebuilt from the fields both share; unknown extra fields are an error)."""
     if not isinstance(cfg, DatasetConfig):
         raise DataError(f"expected a DatasetConfig, got {type(cfg).__name__}")
@@ -115,7 +116,7 @@ def coerce_config(cfg: DatasetConfig) -> DatasetConfig:
 
 def load_raw(cfg: DatasetConfig, *, use_cache: bool = True) -> RawDataset:
     """Load (or generate) the un-partitioned data set through the cache of
-    :func:`fedhead.data.pipeline.load_raw_cached`."""
+    [`fedhead.data.pipeline.load_raw_cached`][fedhead.data.pipeline.load_raw_cached]."""
     cfg = coerce_config(cfg)
     raw = load_raw_cached(cfg, get_loader(cfg.name), use_cache=use_cache)
     raw = resize_images(raw, cfg.image_size)
@@ -153,7 +154,7 @@ def load_federated(
     FederatedData
         Fresh tensors on every call (safe to modify); the prepared arrays are cached.
     """
-    cfg = coerce_config(cfg)
+    cfg = coerce_config(cfg).preflight()
     if seed is not None and seed != cfg.seed:
         cfg = dataclasses.replace(cfg, seed=int(seed))
     m = cfg.num_clients if num_clients is None else num_clients

@@ -1,6 +1,6 @@
 """3D Shapes (docs/theory.md §10): 64x64 RGB scenes, targets object hue, scale and orientation.
 
-Two sources, both returning a :class:`~fedhead.data.base.RawDataset` with images
+Two sources, both returning a [`RawDataset`][fedhead.data.RawDataset] with images
 ``(N, 3, 64, 64)`` uint8 and targets ``(N, 3)`` float64 ``(object_hue, scale, orientation)`` in
 the data set's own units (hue in [0, 0.9], scale in [0.75, 1.25], orientation in degrees
 [-30, 30]):
@@ -8,7 +8,8 @@ the data set's own units (hue in [0, 0.9], scale in [0.75, 1.25], orientation in
 * the official ``3dshapes.h5`` (datasets ``images`` ``(480000, 64, 64, 3)`` uint8 and ``labels``
   ``(480000, 6)``: floor hue, wall hue, object hue, scale, shape, orientation), read from
   ``dataset.root``; only the drawn rows are read;
-* :func:`render_scenes`, an offline renderer of a floor / two-wall / object scene with MuJoCo's
+* [`render_scenes`][fedhead.data.shapes3d.render_scenes], an offline renderer of a floor / two-wall / object scene with
+MuJoCo's
   OpenGL renderer (offscreen; EGL by default, which runs on the CPU through Mesa's software
   rasteriser where there is no GPU) over the same factors: 10 floor hues, 10 wall hues,
   10 object hues, 8 scales 0.75..1.25, 4 shapes (cube, cylinder, sphere, capsule),
@@ -31,11 +32,11 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
-from tqdm.auto import tqdm
 
 from fedhead.data._common import check_split_sizes, draw_grid_indices, resolve_file, split_samples
 from fedhead.data.base import DataError, RawDataset
 from fedhead.data.config import DatasetConfig
+from fedhead.progress import progress
 
 __all__ = [
     "Shapes3DConfig",
@@ -67,12 +68,12 @@ TARGET_COLUMNS = (2, 3, 5)
 SHAPE_NAMES = ("cube", "cylinder", "sphere", "capsule")
 
 
-@dataclass
+@dataclass(frozen=True)
 class Shapes3DConfig(DatasetConfig):
     """3D Shapes configuration (``_target_: fedhead.data.shapes3d.Shapes3DConfig``).
 
     Attributes (defaults; ``source``, ``cache_dir`` and ``allow_outside_regime`` as in
-    :class:`~fedhead.data.config.DatasetConfig`)
+    [`DatasetConfig`][fedhead.data.DatasetConfig])
     ---------------------
     name : str = "shapes3d"
     root : str or None = None
@@ -190,7 +191,7 @@ def render_scenes(labels: np.ndarray, *, size: int = IMAGE_SIZE, gl_backend: str
     torch's compiler stack: importing ``triton`` (which ``torch._dynamo`` and so torchvision do)
     after an EGL context has existed crashes the process with a segmentation fault. Rendering
     therefore runs in a freshly spawned interpreter; only the uint8 images come back.
-    Parameters and result are those of :func:`render_scenes_in_process`.
+    Parameters and result are those of [`render_scenes_in_process`][fedhead.data.shapes3d.render_scenes_in_process].
     """
     labels = np.asarray(labels, dtype=np.float64)
     with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as ex:
@@ -198,7 +199,8 @@ def render_scenes(labels: np.ndarray, *, size: int = IMAGE_SIZE, gl_backend: str
 
 
 def render_scenes_in_process(labels: np.ndarray, *, size: int = IMAGE_SIZE, gl_backend: str = "egl") -> np.ndarray:
-    """Render one scene per row of ``labels`` in this process (see :func:`render_scenes`).
+    """Render one scene per row of ``labels`` in this process (see
+    [`render_scenes`][fedhead.data.shapes3d.render_scenes]).
 
     Parameters
     ----------
@@ -231,7 +233,7 @@ def render_scenes_in_process(labels: np.ndarray, *, size: int = IMAGE_SIZE, gl_b
 
 
 def _import_mujoco():
-    """Import ``mujoco``; a backend that fails to load at import becomes a :class:`DataError`."""
+    """Import ``mujoco``; a backend that fails to load at import becomes a [`DataError`][fedhead.data.DataError]."""
     try:
         import mujoco
     except Exception as err:  # e.g. MUJOCO_GL names a backend whose libraries are missing
@@ -279,7 +281,7 @@ def _render_rows(mujoco, model, data, gid, labels: np.ndarray, shapes: np.ndarra
         cam.fixedcamid = 0
         rect = mujoco.MjrRect(0, 0, size, size)
         rgb = np.empty((size, size, 3), dtype=np.uint8)
-        for i in tqdm(range(n), desc="3dshapes render", unit="img", leave=False, disable=n < 200):
+        for i in progress(range(n), desc="3dshapes render", unit="img", disable=n < 200):
             _pose_scene(mujoco, model, data, gid, labels[i], shapes[i])
             mujoco.mjv_updateScene(model, data, opt, pert, cam, mujoco.mjtCatBit.mjCAT_ALL, scene)
             mujoco.mjr_render(rect, scene, con)
@@ -365,7 +367,7 @@ def load_file(cfg: Shapes3DConfig) -> RawDataset:
         imgs = np.empty((idx.size, 3, IMAGE_SIZE, IMAGE_SIZE), dtype=np.uint8)
         step = cfg.read_chunk
         try:
-            for lo in tqdm(range(0, srt.size, step), desc="3dshapes images", leave=False):
+            for lo in progress(range(0, srt.size, step), desc="3dshapes images", unit="chunk"):
                 rows = srt[lo : lo + step]
                 imgs[order[lo : lo + step]] = images[rows].transpose(0, 3, 1, 2)
         except (OSError, ValueError) as err:
@@ -379,12 +381,12 @@ def load(cfg: Shapes3DConfig) -> RawDataset:
 
 
 def _check_sizes(cfg: Shapes3DConfig) -> None:
-    """Split sizes (:func:`~fedhead.data._common.check_split_sizes`) and ``read_chunk > 0``."""
+    """Split sizes ([`check_split_sizes`][fedhead.data._common.check_split_sizes]) and ``read_chunk > 0``."""
     check_split_sizes(cfg, "3dshapes")
     if cfg.read_chunk <= 0:
         raise DataError(f"3dshapes: read_chunk must be positive, got {cfg.read_chunk}")
 
 
 def _split(cfg: Shapes3DConfig, imgs: np.ndarray, y: np.ndarray, source: str) -> RawDataset:
-    """Training and held-out :class:`RawDataset` of the 3D Shapes targets."""
+    """Training and held-out [`RawDataset`][fedhead.data.RawDataset] of the 3D Shapes targets."""
     return split_samples(cfg, imgs, y, TARGET_NAMES, source)

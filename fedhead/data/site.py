@@ -1,11 +1,14 @@
 """One site of ``dataset=table``: reading one client's file alone, its exchanged statistics and
-its local standardisation (and the row helpers :mod:`fedhead.data.table` shares).
+its local standardisation (and the row helpers [`fedhead.data.table`][fedhead.data.table] shares).
 
-In a run where every client reads only its own file (:meth:`fedhead.data.table.TableConfig.site_local`;
-a deployed SuperNode's ``data-path``), the client reads its file with :func:`read_site`, reports
-:func:`site_statistics` (raw target moments, per-feature count/mean/variance, its column
+In a run where every client reads only its own file
+([`fedhead.data.table_config.TableConfig.site_local`][fedhead.data.table_config.TableConfig.site_local];
+a deployed SuperNode's ``data-path``), the client reads its file with [`read_site`][fedhead.data.site.read_site],
+reports
+[`site_statistics`][fedhead.data.site.site_statistics] (raw target moments, per-feature count/mean/variance, its column
 signature: no rows), and standardises locally with the federation's pooled offsets and scales
-(:func:`client_data`, :class:`fedhead.analysis.standardization.Standardization`).
+([`client_data`][fedhead.data.site.client_data],
+[`fedhead.analysis.standardization.Standardization`][fedhead.analysis.standardization.Standardization]).
 """
 
 from __future__ import annotations
@@ -13,7 +16,6 @@ from __future__ import annotations
 import hashlib
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -21,10 +23,8 @@ import torch
 from fedhead.analysis.standardization import Standardization
 from fedhead.data.base import ClientData, RawDataset
 from fedhead.data.pipeline import resize_images
-from fedhead.data.tables import SitePart, SiteTable, TableError, file_label, numeric, read_file, truthy
-
-if TYPE_CHECKING:
-    from fedhead.data.table import TableConfig
+from fedhead.data.table_config import TableConfig
+from fedhead.data.table_files import SitePart, SiteTable, TableError, file_label, numeric, read_file, truthy
 
 log = logging.getLogger("fedhead.data.table")  # the logger of dataset=table's messages
 
@@ -94,7 +94,7 @@ def read_site(cfg: TableConfig, path) -> Site:
     """One client's file alone: the run's columns, rows with NaN/Inf refused or dropped
     (``dataset.missing``), the test split (``test_column``, or ``test_fraction`` drawn from
     ``(seed, split_index)`` as the pooled loader does), at least ``C + 1`` training rows."""
-    table = read_file(path, cfg)
+    table = read_file(path)
     key = file_key(path)
     index = split_index(key)
     targets, features = run_columns(cfg, table)
@@ -248,7 +248,7 @@ def shared_input_rows(x: np.ndarray, y: np.ndarray) -> int:
 
 def warn_shared_inputs(label: str, x: np.ndarray, y: np.ndarray) -> None:
     """Log a warning naming the site when some of its training rows share their inputs
-    (:func:`shared_input_rows`)."""
+    ([`shared_input_rows`][fedhead.data.site.shared_input_rows])."""
     n = shared_input_rows(x, y)
     if n:
         log.warning(

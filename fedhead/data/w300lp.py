@@ -18,8 +18,8 @@ Selection (deterministic under ``seed``): the sorted list of candidate images is
 filter (only those .mat and .jpg files are read); the first ``n_train`` are the training split,
 the rest the held-out split. The flipped (``*_Flip``) and multi-pose copies of one face are
 different samples of the release, so one face can appear in both splits, as in the random
-splits of the release. There is no offline generator: without ``dataset.root`` :func:`load`
-raises :class:`~fedhead.data.base.MissingDataError`.
+splits of the release. There is no offline generator: without ``dataset.root`` [`load`][fedhead.data.w300lp.load]
+raises [`MissingDataError`][fedhead.data.MissingDataError].
 """
 
 from __future__ import annotations
@@ -30,11 +30,11 @@ from pathlib import Path
 
 import numpy as np
 import scipy.io
-from tqdm.auto import tqdm
 
 from fedhead.data._common import check_split_sizes, split_samples
 from fedhead.data.base import DataError, MissingDataError, RawDataset
 from fedhead.data.config import DatasetConfig
+from fedhead.progress import progress
 
 __all__ = ["W300LPConfig", "load", "read_pose", "read_image", "TARGET_NAMES"]
 
@@ -48,12 +48,12 @@ TARGET_NAMES = ("head_pitch", "head_yaw", "head_roll")
 _POSE_LAYOUT = "pitch, yaw, roll, tx, ty, tz, scale"
 
 
-@dataclass
+@dataclass(frozen=True)
 class W300LPConfig(DatasetConfig):
     """300W-LP configuration (``_target_: fedhead.data.w300lp.W300LPConfig``).
 
     Attributes (defaults; ``source``, ``cache_dir`` and ``allow_outside_regime`` as in
-    :class:`~fedhead.data.config.DatasetConfig`)
+    [`DatasetConfig`][fedhead.data.DatasetConfig])
     ---------------------
     name : str = "300w_lp"
     root : str or None = None
@@ -130,7 +130,7 @@ def load(cfg: W300LPConfig) -> RawDataset:
     x = np.empty((n_keep, 3, s, s), dtype=np.uint8)
     y = np.empty((n_keep, 3))
     kept = skipped = 0
-    bar = tqdm(total=n_keep, desc="300W-LP", unit="img", leave=False)
+    bar = progress(total=n_keep, desc="300W-LP", unit="img")
     for i in order:
         if kept == n_keep:
             break

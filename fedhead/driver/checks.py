@@ -1,8 +1,10 @@
 """Checks and sizes of a simulation that need no engine: the device, the data and the regime.
 
-:func:`preflight` refuses impossible resources before anything starts; :func:`prepare_data`
-(once per data set and penalties in a process: :func:`check_data_once`) loads the data and
-refuses a federation outside the fully active regime; :func:`message_window` sizes the
+[`preflight`][fedhead.driver.checks.preflight] refuses impossible resources before anything starts;
+[`prepare_data`][fedhead.driver.checks.prepare_data]
+(once per data set and penalties in a process: [`check_data_once`][fedhead.driver.checks.check_data_once]) loads the
+data and
+refuses a federation outside the fully active regime; [`message_window`][fedhead.driver.checks.message_window] sizes the
 messages in flight.
 """
 
@@ -17,15 +19,16 @@ import torch
 from fedhead.analysis.regime import ensure_fully_active
 from fedhead.data.registry import load_federated
 from fedhead.data.site import warn_shared_inputs
-from fedhead.federation.config import ConfigError, JobConfig
 from fedhead.models.user import check_user_model
+from fedhead.settings.config import ConfigError, JobConfig
 
 __all__ = ["preflight", "uses_cuda", "prepare_data", "data_key", "check_data_once", "message_window"]
 
 
 def preflight(jobs: list[JobConfig]) -> None:
     """Checks that need no data and no engine: refuse ``device=cuda`` (or a GPU share) on a
-    machine without a CUDA GPU before anything starts (:class:`fedhead.federation.config.ConfigError`)."""
+    machine without a CUDA GPU before anything starts
+    ([`fedhead.settings.config.ConfigError`][fedhead.analysis.procedure.ConfigError])."""
     if not jobs:
         return
     job = jobs[0]
@@ -59,13 +62,14 @@ def prepare_data(job: JobConfig):
     any worker starts, unless ``dataset.allow_outside_regime=true`` or ``diagnose_only=true``
     (the server repeats the check on the exchanged moments, which is what deployments use). Warns,
     naming the client's file, when a client's training rows share their inputs but not their
-    targets (:func:`fedhead.data.site.warn_shared_inputs`; a deployed client warns in its own log)."""
+    targets ([`fedhead.data.site.warn_shared_inputs`][fedhead.data.site.warn_shared_inputs]; a deployed client warns in
+    its own log)."""
     data = load_federated(job.dataset, num_clients=job.settings.num_clients)
     check_user_model(job.model, data.input_shape)  # model=torch: its shape once, before Ray starts
     if data.n_clients != job.settings.num_clients:
         raise ValueError(f"data set {data.name} gave {data.n_clients} clients, expected {job.settings.num_clients}")
     if job.model.name != "free":  # free features ignore the inputs
-        files = getattr(job.dataset, "files", ())
+        files = job.dataset.files
         for i, c in enumerate(data.clients):
             if c.x_train.ndim == 2 and c.x_train.dtype.is_floating_point:
                 label = Path(files[i]).name if len(files) == data.n_clients else f"{data.name} client {i}"
@@ -77,18 +81,20 @@ def prepare_data(job: JobConfig):
 
 
 def data_key(job: JobConfig) -> tuple[str, int, float, float, bool]:
-    """What :func:`prepare_data`'s verdict depends on: the data set, the client count, the
+    """What [`prepare_data`][fedhead.driver.checks.prepare_data]'s verdict depends on: the data set, the client count,
+    the
     penalties (the regime check) and ``diagnose_only``."""
     st = job.settings
     return repr(job.dataset), st.num_clients, st.lambda_h, st.lambda_w, st.diagnose_only
 
 
-#: :func:`data_key` of every data check that passed in this process
+#: [`data_key`][fedhead.driver.checks.data_key] of every data check that passed in this process
 _DATA_CHECKED: set[tuple[str, int, float, float, bool]] = set()
 
 
 def check_data_once(job: JobConfig) -> None:
-    """:func:`prepare_data` unless the same check already passed in this process (a sweep checks
+    """[`prepare_data`][fedhead.driver.checks.prepare_data] unless the same check already passed in this process (a
+    sweep checks
     every data set before Ray starts, then runs several simulations over them)."""
     key = data_key(job)
     if key not in _DATA_CHECKED:
@@ -103,7 +109,8 @@ def client_slots(job: JobConfig) -> int:
 
 
 def message_window(job: JobConfig) -> int:
-    """Messages in flight in a simulation phase (:class:`fedhead.federation.progress_grid.ProgressGrid`):
+    """Messages in flight in a simulation phase
+    ([`fedhead.federation.progress_grid.ProgressGrid`][fedhead.federation.progress_grid.ProgressGrid]):
     twice the clients Ray runs at once (so a free actor always finds a queued message), at
     least 8."""
     return max(8, 2 * client_slots(job))

@@ -1,7 +1,8 @@
 """Console and log text of a federation: round lines, advice, tables, the diagnosis.
 
-Every function formats; none writes a file. The recorder (:mod:`fedhead.driver.recorder`) logs
-the lines, the drivers (:mod:`fedhead.driver.simulation`, :mod:`fedhead.driver.server`) print
+Every function formats; none writes a file. The recorder ([`fedhead.driver.recorder`][fedhead.driver.recorder]) logs
+the lines, the drivers ([`fedhead.driver.simulation`][fedhead.driver.simulation],
+[`fedhead.driver.server`][fedhead.driver.server]) print
 the tables.
 """
 
@@ -13,9 +14,9 @@ from typing import Any
 import numpy as np
 
 from fedhead.federation.aggregation import LOCAL_GAP_THRESHOLD
-from fedhead.federation.config import JobConfig
 from fedhead.results.rounds import RoundRecord
 from fedhead.results.schema import Results
+from fedhead.settings.config import JobConfig
 
 __all__ = [
     "fmt",
@@ -63,8 +64,8 @@ def round_log_line(job: JobConfig, record: RoundRecord) -> str:
     )
 
 
-def start_line(cfg: Any, jobs: list[JobConfig], root: Path) -> str:
-    """The console's first line: what runs, and where its outputs go."""
+def start_line(experiment: str, jobs: list[JobConfig], root: Path) -> str:
+    """The console's first line: what runs (of ``experiment``, when named), and where its outputs go."""
     if not jobs:
         return f"fedhead-run: nothing to run; outputs in {root}"
     st = jobs[0].settings
@@ -73,9 +74,8 @@ def start_line(cfg: Any, jobs: list[JobConfig], root: Path) -> str:
         if st.diagnose_only
         else f"{', '.join(j.name for j in jobs)}: {st.rounds} rounds x up to {st.local_epochs} local epochs"
     )
-    exp = getattr(getattr(cfg, "experiment", None), "name", "")  # cfg: a FedheadConfig or a test's stand-in
     return (
-        f"fedhead-run{f' {exp}' if exp else ''}: {what}, {st.num_clients} clients on "
+        f"fedhead-run{f' {experiment}' if experiment else ''}: {what}, {st.num_clients} clients on "
         f"{jobs[0].dataset.name}, model {jobs[0].model.name} -> {root} (full log: run.log)"
     )
 
@@ -125,7 +125,8 @@ def error_table(all_results: list[Results]) -> str:
 
 
 def diagnosis_lines(d: dict[str, Any]) -> list[str]:
-    """The diagnosis of a results.json (:attr:`Results.diagnosis`) as console lines."""
+    """The diagnosis of a results.json ([`Results.diagnosis`][fedhead.results.schema.Results.diagnosis]) as console
+    lines."""
     return [
         f"fully active margins: {', '.join(f'{m:.3g}' for m in d['margins'])} (threshold {d['threshold']:.3g})",
         f"relative gap ||G_cen - G_star|| / ||G_cen|| = {d['rel_gap']:.4g}"

@@ -1,8 +1,10 @@
 """One clear line per error from the console entry points (``fedhead-run``, ``fedhead-data``,
 ``fedhead-ufm``).
 
-:func:`report` turns an exception into ``<prog>: error: <what and where>`` on stderr and an exit
-code: 2 for usage/configuration errors (:class:`fedhead.analysis.procedure.ConfigError`, Hydra/OmegaConf
+[`report`][fedhead.driver.errors.report] turns an exception into ``<prog>: error: <what and where>`` on stderr and an
+exit
+code: 2 for usage/configuration errors
+([`fedhead.analysis.procedure.ConfigError`][fedhead.analysis.procedure.ConfigError], Hydra/OmegaConf
 config errors, a deployment whose SuperNodes do not match), 130 for an interrupt, 1 for
 everything else (data, regime, federation, engine failures). With ``FEDHEAD_DEBUG=1`` (or
 ``debug=true`` for the Hydra CLIs) the exception propagates with its traceback instead.
@@ -13,7 +15,9 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from fedhead.analysis.procedure import ConfigError
 from fedhead.federation.deploy_checks import FederationMismatch
@@ -55,6 +59,10 @@ def exit_code(exc: BaseException) -> int:
     return EXIT_USAGE if isinstance(exc, _usage_types()) else EXIT_FAILURE
 
 
+def _is_hydra_error(exc: BaseException) -> bool:
+    return type(exc).__module__.split(".")[0] == "hydra"
+
+
 def root_cause(exc: BaseException) -> BaseException:
     """The innermost explicit cause, skipping flwr's generic wrappers ("An error was
     encountered. Ending simulation.", "Simulation Runtime crashed.")."""
@@ -79,6 +87,8 @@ def one_line(exc: BaseException, limit: int = 800) -> str:
     """``Type: message`` of the exception that says what went wrong, on one line."""
     target = root_cause(exc) if is_flwr_wrapper(exc) else exc
     text = " ".join(str(target).split()) or type(target).__name__
+    if _is_hydra_error(target):  # "Could not override 'x'." + its OmegaConf cause, first lines only
+        text = " ".join(" ".join(str(e).split("\n")[0].split()) for e in (target, target.__cause__) if e is not None)
     if isinstance(target, KeyboardInterrupt):
         text = "interrupted"
     elif not isinstance(target, _usage_types()) and type(target).__module__.split(".")[0] != "fedhead":
@@ -112,43 +122,25 @@ def report(prog: str, exc: BaseException, *, unused_dir: str | Path | None = Non
     return exit_code(exc)
 
 
-def check_overrides(prog: str, config_name: str, argv: list[str] | None = None) -> None:
-    """Compose ``conf/<config_name>.yaml`` with the command line's overrides before Hydra runs,
-    so that a mistyped key or value ends with one ``<prog>: error: ...`` line and exit status 2
-    (Hydra itself prints several lines and exits with 1). Command lines with Hydra's own flags
-    (``--help``, ``--cfg``, ``-m`` ...) and debug runs (``FEDHEAD_DEBUG=1``) go to Hydra as they are.
-    """
-    args = list(sys.argv[1:] if argv is None else argv)
-    if (
-        any(a.startswith("-") for a in args)
-        or debug_enabled()
-        or any(
-            a.split("=", 1)[0].lstrip("+~") == "debug" and a.split("=", 1)[-1].lower() in ("true", "1") for a in args
-        )
-    ):
-        return
-    # Hydra and the config reader: only to report a failed command
-    from hydra import compose, initialize_config_dir, initialize_config_module
-    from hydra.core.global_hydra import GlobalHydra
-
-    from fedhead.federation.config import conf_dir
-
-    root = conf_dir()
-    GlobalHydra.instance().clear()
-    ctx = (
-        initialize_config_dir(config_dir=str(root), version_base=None)
-        if isinstance(root, Path)
-        else initialize_config_module(config_module="fedhead.conf", version_base=None)
+def _debug_requested(args: list[str]) -> bool:
+    """``FEDHEAD_DEBUG=1`` or ``debug=true`` among the command line's overrides."""
+    return debug_enabled() or any(
+        a.split("=", 1)[0].lstrip("+~") == "debug" and a.split("=", 1)[-1].lower() in ("true", "1") for a in args
     )
+
+
+def run_hydra_app(prog: str, config_name: str, task: Callable[[Any], None], argv: list[str] | None = None) -> None:
+    """Run a Hydra entry point on its one composition
+    ([`run_app`][fedhead.settings.config.run_app]): a command line Hydra cannot compose (a
+    mistyped key or value) ends with one ``<prog>: error: ...`` line and exit status 2, where
+    Hydra prints several lines and exits with 1. Debug runs (``FEDHEAD_DEBUG=1``, ``debug=true``)
+    get the traceback."""
+    from fedhead.settings.config import run_app  # Hydra: imported when the command runs
+
+    args = list(sys.argv[1:] if argv is None else argv)
     try:
-        with ctx:
-            compose(config_name=config_name, overrides=args, return_hydra_config=True)
-    except Exception as exc:  # noqa: BLE001 - reported as one line
-        cause = exc.__cause__
-        text = " ".join(str(exc).split("\n")[0].split())
-        if cause is not None:
-            text += " " + " ".join(str(cause).split("\n")[0].split())
-        print(f"{prog}: error: {text}", file=sys.stderr, flush=True)
-        sys.exit(EXIT_USAGE)
-    finally:
-        GlobalHydra.instance().clear()
+        run_app(config_name, task, args, task_name=prog.removeprefix("fedhead-"))
+    except Exception as exc:
+        if _debug_requested(args):
+            raise
+        sys.exit(report(prog, exc))

@@ -22,7 +22,8 @@ def write_run_figures(
     target_names: Sequence[str] | None,
     unit: str,
 ) -> list[Path]:
-    """``error_curves.png`` (:func:`fedhead.plotting.run_error_figure`) and, for ``C >= 2``, the
+    """``error_curves.png`` ([`fedhead.plotting.run_error_figure`][fedhead.plotting.run_error_figure]) and, for ``C >=
+    2``, the
     final Gram ellipses ``ellipses.png`` with the data set's target names and unit, into ``folder``."""
     with FIGURE_LOCK:
         recs = results.rounds
@@ -43,5 +44,5 @@ def write_run_figures(
 
 def write_procedures_figure(results: Sequence[Results], path: str | Path) -> Path:
     """``procedures.png`` of an experiment: per procedure, e_F to G_star and to G_cen per round
-    with the diagnosis's predicted gap (:func:`fedhead.plotting.procedures_figure`)."""
+    with the diagnosis's predicted gap ([`fedhead.plotting.procedures_figure`][fedhead.plotting.procedures_figure])."""
     return plotting.save_figure(plotting.procedures_figure([r for r in results if r.rounds]), path)

@@ -1,17 +1,10 @@
 """Logging of a ``fedhead-run``: a short console, everything else in ``<run dir>/run.log``.
 
-The console shows what a researcher reads during a run: the start line, the diagnosis (once),
-one line per round per procedure, warnings of fedhead (and errors of anyone), and the final
-table (printed by :func:`fedhead.driver.simulation.run_experiment`). Lines are written with ``tqdm.write`` so
-they never break a progress bar. ``run.log`` in the run folder gets every record at INFO and
-above, fedhead's and the libraries' (flwr, Ray, alembic, Python warnings), with time and logger.
-
-* :data:`console` is the logger whose records go to the console; other fedhead loggers reach
-  it only with WARNING and above.
-* :func:`configure_run_logging` sets this up (called once by the Hydra entry point; Hydra's own
-  job logging is off, ``conf/config.yaml``).
-* :func:`simulation_logging` quiets flwr's and Ray's own console output before a simulation
-  (their records still reach ``run.log`` when :func:`configure_run_logging` ran).
+The console shows the start line, the diagnosis (once), one line per round per procedure, the
+lines that replace progress bars off a terminal ([`progress`][fedhead.progress.progress]),
+fedhead's warnings, anyone's errors, and the final table. ``run.log`` gets every record at INFO
+and above, the libraries' included. [`configure_run_logging`][fedhead.driver.logs.configure_run_logging]
+sets this up; [`simulation_logging`][fedhead.driver.logs.simulation_logging] quiets flwr and Ray.
 """
 
 from __future__ import annotations
@@ -24,6 +17,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 import fedhead
+from fedhead.progress import PROGRESS
 
 CONSOLE = "fedhead.console"
 #: Records of this logger (INFO and above) go to the console and to run.log.
@@ -42,8 +36,9 @@ def _own_dirs() -> tuple[str, ...]:
 
 
 class ConsoleFilter(logging.Filter):
-    """Lets through :data:`console` records, WARNING+ of the project (its loggers and its Python
-    warnings), and ERROR+ of anyone but flwr (whose engine errors the driver reports itself)."""
+    """Lets through [`console`][fedhead.driver.logs.console] records, the progress lines, WARNING+ of the project (its
+    loggers and
+    its Python warnings), and ERROR+ of anyone but flwr (whose engine errors the driver reports itself)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -51,7 +46,7 @@ class ConsoleFilter(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         name = record.name
-        if name == CONSOLE or name.startswith(CONSOLE + "."):
+        if name in (CONSOLE, PROGRESS) or name.startswith(CONSOLE + "."):
             return True
         if record.levelno >= logging.ERROR:  # flwr's engine errors: the driver reports them in one line
             return not (name == "flwr" or name.startswith("flwr."))
@@ -93,7 +88,8 @@ def _marked(handler: logging.Handler) -> logging.Handler:
 
 
 def remove_run_logging() -> None:
-    """Remove the handlers :func:`configure_run_logging` installed (idempotent)."""
+    """Remove the handlers [`configure_run_logging`][fedhead.driver.logs.configure_run_logging] installed
+    (idempotent)."""
     root = logging.getLogger()
     marked = [h for h in root.handlers if getattr(h, _MARK, False)]
     for h in marked:
@@ -149,7 +145,7 @@ def configure_run_logging(run_dir: str | Path, *, verbose: bool = False, stream:
 
 
 def run_logging_active() -> bool:
-    """Whether :func:`configure_run_logging` handlers are installed."""
+    """Whether [`configure_run_logging`][fedhead.driver.logs.configure_run_logging] handlers are installed."""
     return any(getattr(h, _MARK, False) for h in logging.getLogger().handlers)
 
 
@@ -170,7 +166,8 @@ def _quiet_flwr(verbose: bool) -> None:
 def simulation_logging(init_args: dict[str, Any], *, verbose: bool = False) -> None:
     """Before a Ray simulation: Ray's and flwr's console output off unless ``verbose``.
 
-    With :func:`configure_run_logging` active, flwr and Ray driver records (INFO and above) go
+    With [`configure_run_logging`][fedhead.driver.logs.configure_run_logging] active, flwr and Ray driver records (INFO
+    and above) go
     to ``run.log``; without it (library use, tests) flwr is set to WARNING and Ray to ERROR.
     The workers' own output stays in Ray's session logs (``log_to_driver=False``).
     """

@@ -43,13 +43,15 @@ def stop_ray() -> None:
         ray.shutdown()
 
 
-#: Depth of :func:`shared_ray_session` contexts: above 0, simulations leave Ray running for the next one.
+#: Depth of [`shared_ray_session`][fedhead.driver.ray_session.shared_ray_session] contexts: above 0, simulations leave
+# Ray running for the next one.
 _SHARED_DEPTH = 0
 
 
 @contextlib.contextmanager
 def shared_ray_session(init_args: dict[str, Any], *, start: bool = True) -> Iterator[None]:
-    """One Ray session for several :func:`run_federations` calls (``fedhead-sweep``, the tests).
+    """One Ray session for several [`run_federations`][fedhead.driver.simulation.run_federations] calls
+    (``fedhead-sweep``, the tests).
 
     flwr's Ray backend shuts Ray down when a simulation ends (``RayBackend.terminate``); inside
     this context its actors are still terminated but Ray keeps running, so the ~5-10 s start of
@@ -90,5 +92,6 @@ def shared_ray_session(init_args: dict[str, Any], *, start: bool = True) -> Iter
 
 
 def shared() -> bool:
-    """True inside :func:`shared_ray_session` (a simulation then leaves Ray running)."""
+    """True inside [`shared_ray_session`][fedhead.driver.ray_session.shared_ray_session] (a simulation then leaves Ray
+    running)."""
     return _SHARED_DEPTH > 0

@@ -1,20 +1,14 @@
-"""The observer of a federation: it keeps results.json, TensorBoard, figures and progress current.
-
-:class:`RunRecorder` implements :class:`strategies.RunObserver`: it fills in the run's
-:class:`fedhead.results.schema.Results` and writes it (:func:`fedhead.results.schema.write`, the
-one writer of results.json) atomically after the exchange and every round, TensorBoard events,
-PNG figures at the end (:mod:`fedhead.driver.figures`), and a tqdm progress bar over rounds.
-With ``background=True`` (the simulation driver) the figures (TensorBoard's per-round ellipses,
-the PNGs at the end) are drawn by one background thread while the clients train, off the
-server's critical path; :meth:`RunRecorder.wait` waits for them. Console text lives in
-:mod:`fedhead.driver.console`, the wall-time split in :mod:`fedhead.driver.timing`.
+"""The run's observer: [`RunRecorder`][fedhead.driver.recorder.RunRecorder] keeps results.json,
+TensorBoard, the figures and the progress bar current as the strategy reports the exchange and
+every round (a [`RunObserver`][fedhead.strategies.observer.RunObserver]). Console text lives in
+[`fedhead.driver.console`][fedhead.driver.console], the wall-time split in
+[`fedhead.driver.timing`][fedhead.driver.timing].
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-import sys
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -22,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from tqdm.auto import tqdm
 
 from fedhead.analysis.seeds import backbone_seed
 from fedhead.analysis.standardization import Standardization
@@ -34,13 +27,15 @@ from fedhead.driver.figures import write_run_figures
 from fedhead.driver.logs import console
 from fedhead.driver.tensorboard import TensorBoardLogger
 from fedhead.federation.aggregation import LOCAL_GAP_THRESHOLD
-from fedhead.federation.config import JobConfig
 from fedhead.federation.tracking import Targets
 from fedhead.plotting.canvas import DRAWER
+from fedhead.progress import progress
 from fedhead.results import schema
 from fedhead.results.io import provenance
 from fedhead.results.rounds import ClientMetric, RoundRecord
 from fedhead.results.schema import ABSENT, DatasetInfo, LocalOptimality, LocalSteps, Results, Timing
+from fedhead.settings.config import JobConfig
+from fedhead.strategies.exchange import MomentExchange
 
 log = logging.getLogger(__name__)
 
@@ -50,8 +45,10 @@ class RunRecorder:
     """Observer of one federation: results.json (atomic, every round), TensorBoard, progress.
 
     ``background=True``: figures are drawn by a background thread (see the module docstring);
-    results.json's final write (with the figure names) follows them; :meth:`wait` blocks until
-    everything is written. :attr:`results` is the run's :class:`fedhead.results.schema.Results`.
+    results.json's final write (with the figure names) follows them; [`wait`][fedhead.driver.recorder.RunRecorder.wait]
+    blocks until
+    everything is written. [`results`][fedhead.driver.recorder.RunRecorder.results] is the run's
+    [`fedhead.results.schema.Results`][fedhead.results.schema.Results].
     """
 
     def __init__(self, job: JobConfig, *, show_progress: bool = True, background: bool = False):
@@ -107,7 +104,7 @@ class RunRecorder:
         schema.write(self.path, self.results)
 
     # RunObserver
-    def on_exchange(self, exchange: Any) -> None:
+    def on_exchange(self, exchange: MomentExchange) -> None:
         self.t_exchange = time.perf_counter()
         m = exchange.moments
         self.targets = exchange.targets
@@ -122,7 +119,7 @@ class RunRecorder:
         }
         if exchange.targets is not None:
             self.results.targets = exchange.targets.to_dict()
-        st = getattr(exchange, "standardization", None) or loaded_standardization(self.job)
+        st = exchange.standardization or loaded_standardization(self.job)
         if st is not None:  # the federation's pooled offsets and scales, or the loaded data set's
             self.results.standardization = st.to_dict()
         self.results.dataset = dataclasses.replace(
@@ -140,8 +137,8 @@ class RunRecorder:
             self.tb.diagnosis(exchange.diagnosis)
         self.write()
         if self.show_progress and not self.job.settings.diagnose_only:
-            self._bar = tqdm(
-                total=self.job.settings.rounds, desc=f"{self.job.name} rounds", unit="round", file=sys.stderr
+            self._bar = progress(  # off a terminal: no line, every round has its own (on_round)
+                total=self.job.settings.rounds, desc=f"{self.job.name} rounds", unit="round", leave=True, summary=False
             )
 
     def on_resume(self, records: list[RoundRecord]) -> None:
@@ -248,7 +245,7 @@ def target_axes(job: JobConfig) -> tuple[list[str] | None, str]:
 
     Names come from the data set if this process has loaded it (the simulation driver has; a
     deployed ServerApp has no data and gets ``None``: axes "coordinate k"); the unit is
-    :func:`fedhead.data.units.axis_unit`'s.
+    [`fedhead.data.units.axis_unit`][fedhead.data.units.axis_unit]'s.
     """
     name = str(job.dataset.name)
     names, standardized = None, True
@@ -278,7 +275,8 @@ def loaded_standardization(job: JobConfig) -> Standardization | None:
 
 
 def init_seeds(job: JobConfig) -> dict[str, Any]:
-    """``init`` and each partition's initial-backbone seed (:func:`fedhead.analysis.seeds.backbone_seed`)."""
+    """``init`` and each partition's initial-backbone seed
+    ([`fedhead.analysis.seeds.backbone_seed`][fedhead.analysis.seeds.backbone_seed])."""
     init = job.settings.init
     return {
         "init": init,

@@ -1,13 +1,7 @@
-"""The ServerApp body: strategy construction, the initial head, serving the rounds, deployment.
-
-* :func:`serve` is the ServerApp body (moment exchange, diagnosis, rounds) used by the
-  simulation driver (:mod:`fedhead.driver.simulation`) and by :data:`app`, the ServerApp of ``flwr run .``
-  (``[tool.flwr.app.components] serverapp``), which reads the job from the run config
-  (``overrides``, ``procedure-index``, ``output-dir``, ``resume``;
-  :func:`fedhead.federation.config.job_from_context`); with ``resume = true`` it continues from the
-  checkpoint in its output folder (:func:`deployment_resume`).
-* :func:`make_job_strategy` builds the procedure's strategy; :func:`initial_head` the common
-  seeded initial head.
+"""The ServerApp body: [`serve`][fedhead.driver.server.serve] (the strategy of a job, the moment
+exchange, the rounds, the checkpoints), used by the simulation driver and by
+[`deployment_main`][fedhead.driver.server.deployment_main], the ServerApp of ``flwr run .``, which
+reads its job from the run config and can resume from its output folder.
 """
 
 from __future__ import annotations
@@ -17,13 +11,13 @@ import shutil
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 from flwr.app import Context
 from flwr.serverapp import Grid
 
 from fedhead import models
+from fedhead.data.table_config import TableConfig
 from fedhead.driver.console import diagnosis_lines, error_table
 from fedhead.driver.recorder import RunRecorder
 from fedhead.driver.timing import timing_summary
@@ -35,9 +29,11 @@ from fedhead.federation.checkpoint import (
     load_for_resume,
     write_checkpoint,
 )
-from fedhead.federation.config import JobConfig, job_from_context
 from fedhead.federation.progress_grid import ProgressGrid
-from fedhead.strategies import make_strategy
+from fedhead.federation.watchdog import EngineWatch
+from fedhead.settings.config import JobConfig, job_from_context
+from fedhead.strategies import HeadAveraging, RunObserver, make_strategy
+from fedhead.strategies.exchange import ConfigValue
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +51,10 @@ def measures_mismatch(job: JobConfig) -> bool:
     return job.settings.measure_mismatch and proc.strategy_kind == "head" and not proc.exact
 
 
-def make_job_strategy(job: JobConfig, observer: Any, message_config: dict[str, Any] | None = None):
+def make_job_strategy(
+    job: JobConfig, observer: RunObserver, message_config: dict[str, ConfigValue] | None = None
+) -> HeadAveraging:
+    """The strategy of ``job``'s procedure ([`make_strategy`][fedhead.strategies.variants.make_strategy])."""
     if job.settings.measure_mismatch and not measures_mismatch(job):
         log.info(
             "%s: measure_mismatch=true applies to trained head averaging without alignment; "
@@ -84,8 +83,9 @@ def site_statistics(job: JobConfig) -> tuple[str, str] | None:
     """``(standardize_targets, standardize_inputs)`` when the job's clients read only their own
     file (a site-local ``dataset=table`` run: the statistics exchange), else None."""
     ds = job.dataset
-    local = getattr(ds, "site_local", None)
-    return (ds.standardize_targets, ds.standardize_inputs) if local is not None and local() else None
+    if not (isinstance(ds, TableConfig) and ds.site_local()):
+        return None
+    return ds.standardize_targets, ds.standardize_inputs
 
 
 def serve(
@@ -94,23 +94,28 @@ def serve(
     recorder: RunRecorder,
     *,
     show_progress: bool = True,
-    message_config: dict[str, Any] | None = None,
-    watch: Any = None,
+    message_config: dict[str, ConfigValue] | None = None,
+    watch: EngineWatch | None = None,
     resume: Checkpoint | None = None,
     window: int | None = None,
     concurrency: int | None = None,
 ) -> ProgressGrid:
     """The ServerApp body: moment exchange, diagnosis, then the rounds of the job's procedure.
 
-    ``watch`` (:class:`fedhead.federation.watchdog.EngineWatch`): every wait for replies ends with
-    :class:`fedhead.federation.watchdog.EngineDied` once it trips (the simulation engine died). The job's
+    ``watch`` ([`fedhead.federation.watchdog.EngineWatch`][fedhead.federation.watchdog.EngineWatch]): every wait for
+    replies ends with
+    [`fedhead.federation.watchdog.EngineDied`][fedhead.federation.watchdog.EngineDied] once it trips (the simulation
+    engine died). The job's
     ``timeouts`` bound every wait, the straggler rule included (a client that never answers is
     given up on once the others have replied;
-    :meth:`fedhead.federation.limits.Timeouts.straggler_deadline`). After every
+    [`fedhead.settings.limits.Timeouts.straggler_deadline`][fedhead.settings.limits.Timeouts.straggler_deadline]). After
+    every
     complete round the server state is checkpointed into ``<job.output_dir>/checkpoint.npz``
-    (:mod:`fedhead.federation.checkpoint`); ``resume`` (a checkpoint read by
-    :func:`fedhead.federation.checkpoint.load_for_resume`) continues after its round. ``window``: see
-    :class:`fedhead.federation.progress_grid.ProgressGrid` (the simulation's messages in flight);
+    ([`fedhead.federation.checkpoint`][fedhead.federation.checkpoint]); ``resume`` (a checkpoint read by
+    [`fedhead.federation.checkpoint.load_for_resume`][fedhead.federation.checkpoint.load_for_resume]) continues after
+    its round. ``window``: see
+    [`fedhead.federation.progress_grid.ProgressGrid`][fedhead.federation.progress_grid.ProgressGrid] (the simulation's
+    messages in flight);
     ``concurrency``: the clients a simulation runs at once (None: all, a deployment).
     """
     pgrid = ProgressGrid(grid, label=job.name, show=show_progress)
@@ -126,6 +131,7 @@ def serve(
         diagnose_only=job.settings.diagnose_only,
         resume=None if resume is None else resume.state,
         on_round_end=None if job.settings.diagnose_only else checkpointer(job),
+        on_resume=recorder.on_resume,
     )
     return pgrid
 
@@ -168,7 +174,8 @@ def deployment_logging(job: JobConfig) -> None:
 
 def deployment_resume(job: JobConfig) -> Checkpoint | None:
     """The checkpoint a deployed ServerApp continues from (``resume`` in the run config), read
-    before anything is written: :class:`fedhead.federation.checkpoint.ResumeError` when there is none or it
+    before anything is written: [`fedhead.federation.checkpoint.ResumeError`][fedhead.federation.checkpoint.ResumeError]
+    when there is none or it
     was written with another config or procedure (the rule of ``fedhead-run resume=``)."""
     if not job.resume:
         return None
@@ -190,7 +197,8 @@ def deployment_resume(job: JobConfig) -> Checkpoint | None:
 
 
 def deployment_main(grid: Grid, context: Context) -> None:
-    """The body of the ServerApp of ``flwr run .``: the job from the run config, then :func:`serve`."""
+    """The body of the ServerApp of ``flwr run .``: the job from the run config, then
+    [`serve`][fedhead.driver.server.serve]."""
     job = job_from_context(context)
     deployment_logging(job)
     try:
@@ -199,7 +207,7 @@ def deployment_main(grid: Grid, context: Context) -> None:
         log.error("%s", exc)  # one line in the streamed log; results.json stays as it was
         raise
     recorder = RunRecorder(job)
-    run = getattr(grid, "run", None)
+    run = grid.run  # None only on a test's in-process grid
     if run is not None:  # the FAB identifies the code when no git checkout is at hand
         recorder.results.provenance["fab"] = {
             "fab_id": run.fab_id,

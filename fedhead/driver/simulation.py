@@ -1,15 +1,18 @@
 """``fedhead-run``: Hydra config -> ServerApp + ClientApp -> Flower simulation (Ray backend).
 
-* :func:`run_federations` runs procedures (:class:`fedhead.federation.config.JobConfig`) one after another
-  in one :func:`flwr.simulation.run_simulation` and returns their results (also written to
+* [`run_federations`][fedhead.driver.simulation.run_federations] runs procedures
+([`fedhead.settings.config.JobConfig`][fedhead.settings.job.JobConfig]) one after another
+  in one `flwr.simulation.run_simulation` and returns their results (also written to
   ``<output>/<procedure>/results.json``, atomically after every round, by
-  :class:`fedhead.driver.recorder.RunRecorder`).
-* :func:`run_experiment` runs every procedure of a typed config and prints a table of ``e_F`` to
+  [`fedhead.driver.recorder.RunRecorder`][fedhead.driver.recorder.RunRecorder]).
+* [`run_experiment`][fedhead.driver.simulation.run_experiment] runs every procedure of a typed config and prints a table
+of ``e_F`` to
   ``G_star`` and ``G_cen`` per round.
 
-The ServerApp body is :func:`fedhead.driver.server.serve`; the ClientApp is
-:func:`clients.make_client_app`. ``flwr run .`` uses :mod:`fedhead.server_app` and
-:mod:`fedhead.client_app` instead of this driver.
+The ServerApp body is [`fedhead.driver.server.serve`][fedhead.driver.server.serve]; the ClientApp is
+[`clients.make_client_app`][fedhead.clients.make_client_app]. ``flwr run .`` uses
+[`fedhead.server_app`][fedhead.server_app] and
+[`fedhead.client_app`][fedhead.client_app] instead of this driver.
 """
 
 from __future__ import annotations
@@ -40,13 +43,13 @@ from fedhead.driver.recorder import RunRecorder
 from fedhead.driver.server import finish_job, serve
 from fedhead.driver.timing import timing_summary
 from fedhead.federation.checkpoint import Checkpoint, ResumeError, resume_checkpoints
-from fedhead.federation.config import JobConfig
 from fedhead.federation.progress_grid import ProgressGrid
 from fedhead.federation.protocol import JOB
 from fedhead.federation.watchdog import EngineDied, EngineWatch, end_hung_clients
 from fedhead.results import schema
 from fedhead.results.io import write_json_atomic
 from fedhead.results.schema import Results, Timing
+from fedhead.settings.config import JobConfig
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +57,7 @@ log = logging.getLogger(__name__)
 def run_federation(job: JobConfig, *, show_progress: bool = True, verbose: bool = False) -> dict[str, Any]:
     """Run one procedure as a Flower simulation on the Ray backend; return its results.
 
-    See :func:`run_federations`.
+    See [`run_federations`][fedhead.driver.simulation.run_federations].
     """
     return run_federations([job], show_progress=show_progress, verbose=verbose)[0]
 
@@ -71,30 +74,15 @@ def run_federations(
 ) -> list[dict[str, Any]]:
     """Run procedures one after another in one Flower simulation (Ray backend).
 
-    Builds the ServerApp (:func:`fedhead.driver.server.serve` for every job in turn, each message
-    naming its job) and the ClientApp (:func:`clients.make_client_app` over all jobs), starts
-    ``num_clients`` virtual SuperNodes with the per-client CPU/GPU resources of the config
-    (fractional GPUs let several clients share a device) and writes results.json, TensorBoard
-    events and PNG figures into each ``job.output_dir``. One Ray start serves every job.
-    ``client_app`` replaces the ClientApp (tests of the failure path).
-
-    Jobs may use different data sets and models (each message names its job; every client
-    loads the job's own data) but share the client count and the resources (one set of virtual
-    SuperNodes).
-
-    Failures end the run, never hang it: a crashed engine trips the ServerApp's watch, every
-    wait has a deadline (``timeouts``); the running procedures' results.json are marked
-    ``failed`` with the reason and the error is raised. With ``keep_going=True`` (sweeps) a job
-    that fails while the engine is alive is marked failed and the next job runs; the results are
-    returned with their ``status`` and nothing is raised for them. ``on_job_end(i, results)`` is
-    called from the ServerApp thread as each job ends (completed or failed). ``parallel > 1``
-    serves that many jobs at once (one server thread each, messages of all of them in flight):
-    the clients of concurrent jobs share the Ray actors, so on a GPU node with fractional
-    ``resources.client_gpus`` several runs share a GPU.
-
-    Inside :func:`fedhead.driver.ray_session.shared_ray_session` the simulation reuses the running Ray instance
-    and leaves
-    it running (one Ray start for many simulations).
+    The ServerApp serves every job in turn ([`serve`][fedhead.driver.server.serve]), the
+    ClientApp ([`make_client_app`][fedhead.clients.make_client_app], or ``client_app``) loads each
+    message's job; ``num_clients`` virtual SuperNodes share one Ray start and the config's
+    resources, and each job writes results.json, TensorBoard events and figures into its
+    ``output_dir``. Failures end the run, never hang it: the running jobs are marked ``failed``
+    and the error is raised; with ``keep_going=True`` (sweeps) a failed job is recorded and the
+    next one runs. ``on_job_end(i, results)`` is called as each job ends; ``parallel > 1`` serves
+    that many jobs at once (their clients share the Ray actors). Inside
+    [`shared_ray_session`][fedhead.driver.ray_session.shared_ray_session] Ray is reused and left running.
     """
     from flwr.simulation import run_simulation  # lazy: imports Ray (seconds); a sweep's data checks need none
 
@@ -139,14 +127,20 @@ def run_federations(
         log.info("simulation teardown (actors, Ray shutdown): %.2f s", time.perf_counter() - sim.served[-1])
     _wait_for_outputs(recorders)
     _check_finished(recorders, raise_error=not keep_going)
-    for job, rec in zip(jobs, recorders):  # only after a complete run: an interrupted one keeps it for resume=
+    _remove_client_state(jobs, recorders)
+    return [r.results.to_dict() for r in recorders]
+
+
+def _remove_client_state(jobs: list[JobConfig], recorders: list[RunRecorder]) -> None:
+    """Remove the private backbones of the jobs that ended (an interrupted one keeps them for
+    ``resume=``), unless ``output.keep_client_state``."""
+    for job, rec in zip(jobs, recorders):
         if (
             rec.results.status in ("completed", "diagnosed")
             and not job.output.keep_client_state
             and job.state_dir.exists()
         ):
             shutil.rmtree(job.state_dir)
-    return [r.results.to_dict() for r in recorders]
 
 
 def _set_up(jobs: list[JobConfig], *, show_progress: bool, verbose: bool):
@@ -330,12 +324,13 @@ def _check_finished(recorders: list[RunRecorder], *, raise_error: bool = True) -
 
 
 def run_experiment(cfg: Any, output_dir: str | Path, *, show_progress: bool = True) -> list[dict[str, Any]]:
-    """Run every procedure of a :class:`fedhead.federation.config.FedheadConfig` one after another."""
+    """Run every procedure of a [`fedhead.settings.config.FedheadConfig`][fedhead.settings.job.FedheadConfig] one after
+    another."""
     jobs = cfg.jobs(output_dir)
     if cfg.settings.diagnose_only:
         jobs = jobs[:1]  # the diagnosis depends on the data and penalties only
     root = cfg.output_root(output_dir)
-    console.info("%s", start_line(cfg, jobs, root))
+    console.info("%s", start_line(cfg.experiment.name, jobs, root))
     raw = run_federations(jobs, show_progress=show_progress)
     results = [schema.from_dict(r) for r in raw]
     table = error_table(results)

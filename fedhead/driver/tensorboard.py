@@ -1,19 +1,8 @@
-"""TensorBoard logging of a federation: per-round scalars, Gram ellipses, the diagnosis as text,
-the run's hyperparameters.
+"""TensorBoard events of a federation: per-round scalars, Gram ellipses, the diagnosis, the hyperparameters.
 
-Uses :class:`torch.utils.tensorboard.SummaryWriter`; figures come from :mod:`fedhead.plotting`.
-Every procedure writes into its own folder (``<run dir>/<procedure>/tensorboard``) with the same
-tags, so ``tensorboard --logdir <run dir>`` draws the procedures of a run in one chart per tag:
-
-* ``e_F/G_star``, ``e_F/G_cen``, ``e_F/G_within``, ``e_F/recursion``, ``e_F/reference``: the
-  relative Frobenius error of ``G_t`` to each reference (:data:`SCALAR_TAGS`);
-* ``direction/G_star``, ``direction/G_cen``, ``direction/G_within``: direction errors;
-* ``round/<key>``: every other per-round scalar (``delta``, ``train_mse``, local gaps, ...);
-* ``diagnosis/<key>`` scalars and the ``diagnosis`` text (step 0), the ``summary`` text at the end;
-* ``gram/ellipses``: the ellipse image of every round, titled with procedure and round;
-* hparams (TensorBoard's HParams tab): procedure, data set, model, rounds, local epochs, seed,
-  rho, gamma, penalties, lr, ... with the metrics ``e_F/G_star``, ``e_F/G_cen``,
-  ``e_F/reference`` (:data:`HPARAM_METRICS`).
+Every procedure writes into ``<run dir>/<procedure>/tensorboard`` with the same tags
+([`TensorBoardLogger`][fedhead.driver.tensorboard.TensorBoardLogger] lists them), so
+``tensorboard --logdir <run dir>`` draws the procedures of a run in one chart per tag.
 """
 
 from __future__ import annotations
@@ -40,7 +29,8 @@ def ellipse_figure(
 ):
     """Figure of ``G_t`` against ``G_star``, ``G_cen``, ``G_within`` (and ``G_0``) as ellipses.
 
-    Delegates to :func:`fedhead.plotting.gram_ellipse_figure` (palette colours, one panel per pair
+    Delegates to [`fedhead.plotting.gram_ellipse_figure`][fedhead.plotting.gram_ellipse_figure] (palette colours, one
+    panel per pair
     of target coordinates, a caption saying what an ellipse is and what is projected), titled
     ``"<procedure>: head Gram after round <t>"``.
     """
@@ -69,7 +59,8 @@ HPARAM_METRICS = ("e_F/G_star", "e_F/G_cen", "e_F/reference")
 
 
 def scalar_tag(key: str) -> str:
-    """TensorBoard tag of a :meth:`fedhead.federation.tracking.RoundRecord.scalars` key."""
+    """TensorBoard tag of a
+    [`fedhead.federation.tracking.RoundRecord.scalars`][fedhead.results.rounds.RoundRecord.scalars] key."""
     return SCALAR_TAGS.get(key, f"round/{key}")
 
 
@@ -79,7 +70,14 @@ def diagnosis_markdown(diagnosis: Any) -> str:
 
 
 class TensorBoardLogger:
-    """Writes one federation's events into ``log_dir``."""
+    """Writes one federation's events into ``log_dir``.
+
+    Tags: ``e_F/<reference>`` and ``direction/<reference>`` ([`SCALAR_TAGS`][fedhead.driver.tensorboard.SCALAR_TAGS]),
+    ``round/<key>`` for every other per-round scalar, ``diagnosis/<key>`` and the ``diagnosis``
+    text at step 0, the ``summary`` text at the end, the ``gram/ellipses`` image of every round,
+    and the run's hyperparameters with the metrics
+    [`HPARAM_METRICS`][fedhead.driver.tensorboard.HPARAM_METRICS] (TensorBoard's HParams tab).
+    """
 
     def __init__(
         self,
@@ -111,8 +109,10 @@ class TensorBoardLogger:
         self.writer.flush()
 
     def round(self, record: Any, targets: Any, *, ellipses: bool = True) -> None:
-        """Every scalar of a :class:`fedhead.federation.tracking.RoundRecord` and (``ellipses``) the ellipse
-        picture; with ``ellipses=False`` draw it later with :meth:`ellipses` (the recorder does,
+        """Every scalar of a [`fedhead.federation.tracking.RoundRecord`][fedhead.results.rounds.RoundRecord] and
+        (``ellipses``) the ellipse
+        picture; with ``ellipses=False`` draw it later with
+        [`ellipses`][fedhead.driver.tensorboard.TensorBoardLogger.ellipses] (the recorder does,
         off the server's critical path)."""
         t = int(record.round)
         for key, value in record.scalars().items():
@@ -126,7 +126,7 @@ class TensorBoardLogger:
 
     def ellipses(self, record: Any, targets: Any, *, gram0: np.ndarray | None = None) -> None:
         """The ``gram/ellipses`` image of round ``record.round`` (``gram0``: the round-0 Gram drawn
-        beside it; the one :meth:`round` kept by default)."""
+        beside it; the one [`round`][fedhead.driver.tensorboard.TensorBoardLogger.round] kept by default)."""
         if targets is None or record.gram.shape[0] < 2:
             return
         from fedhead.plotting.canvas import FIGURE_LOCK
@@ -147,7 +147,8 @@ class TensorBoardLogger:
 
     def hparams(self, values: dict[str, Any], metrics: Sequence[str] = HPARAM_METRICS) -> None:
         """The run's hyperparameters for TensorBoard's hparams plugin (into this run's folder, so
-        the plugin pairs them with this run's scalars ``metrics``; the session ends in :meth:`finish`)."""
+        the plugin pairs them with this run's scalars ``metrics``; the session ends in
+        [`finish`][fedhead.driver.tensorboard.TensorBoardLogger.finish])."""
         # TensorBoard (slow to import): only when a run writes events
         from torch.utils.tensorboard.summary import hparams
 

@@ -1,4 +1,5 @@
-"""Where a federation's wall time went: :func:`timing_summary` builds results.json's ``timing``."""
+"""Where a federation's wall time went: [`timing_summary`][fedhead.driver.timing.timing_summary] builds results.json's
+``timing``."""
 
 from __future__ import annotations
 

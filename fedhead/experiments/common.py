@@ -1,15 +1,10 @@
-"""Shared pieces of the UFM experiment suite (docs/theory.md §12).
+"""Shared pieces of the UFM experiment suite (docs/theory.md §12): instance generators, helpers, results.
 
-Instance generators (random eigenbases, samples whose moments are exactly the prescribed ones),
-small numeric helpers (Grams, relative errors, scaling slopes, quartiles) and the result record
-every experiment writes.  The experiment-specific solvers (trust-exact on penalised profiled /
-joint objectives, unregularised L-BFGS, Adam joint training of ``(W, b, H)``) are in
-:mod:`.solvers`.  Every formula of the model itself (objectives, gradients, Hessians, Grams,
-transport maps, barycenters) is called from :mod:`fedhead.ufm`.
-
-Conventions: targets ``(N, C)`` (rows are samples), heads ``W`` ``(C, P)``, bias ``b`` ``(C,)``,
-free features ``H`` ``(N, P)`` (rows are samples, as in :func:`fedhead.ufm.joint_objective`),
-float64 throughout.
+Random eigenbases and samples with exactly the prescribed moments, small numeric helpers (Grams,
+relative errors, scaling slopes, quartiles) and the result record every experiment writes. The
+model's own formulas come from `fedhead.ufm`, the solvers from `.solvers`. Conventions: targets
+``(N, C)`` and free features ``H`` ``(N, P)`` (rows are samples), heads ``W`` ``(C, P)``, bias
+``b`` ``(C,)``, float64.
 """
 
 from __future__ import annotations
@@ -67,7 +62,8 @@ class ExperimentResult:
     out_dir : Path
         Folder holding ``results.json`` and the PNG figures.
     results : dict
-        Every number a figure shows (JSON-serialisable after :func:`fedhead.results.io.to_jsonable`).
+        Every number a figure shows (JSON-serialisable after
+        [`fedhead.results.io.to_jsonable`][fedhead.results.io.to_jsonable]).
     headline : list of Headline
         The headline numbers, also stored in ``results.json``.
     figures : list of Path
@@ -181,7 +177,7 @@ def gram(W: np.ndarray) -> np.ndarray:
 def rel_err(a: np.ndarray, ref: np.ndarray) -> float:
     """``e_F = ||a - ref||_F / ||ref||_F`` (docs/theory.md §11) for Grams or heads.
 
-    Via :func:`fedhead.analysis.metrics.relative_error`.
+    Via [`fedhead.analysis.metrics.relative_error`][fedhead.analysis.metrics.relative_error].
     """
     return float(relative_error(a, ref))
 

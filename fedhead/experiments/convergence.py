@@ -1,14 +1,7 @@
-"""Convergence sweep (docs/theory.md §12, §6): exact selection converges to the BW barycenter G_star.
+"""Convergence sweep (docs/theory.md §6, protocol in §12): exact selection converges to G_star.
 
-Random instances for C in {2, 4, 8}, M in {3, 8}, P = 2C, lambda_H = lambda_W = 1: client
-optimal Grams ``G_m`` with random eigenbases and eigenvalues U[0.4, 4], ``Sigma_m = (G_m + I)^2``
-(so ``phi(Sigma_m) = G_m``), standard-normal means and ``W_0``, ``N_m = 2C`` samples matching
-the moments exactly, Dirichlet(2) weights, 18 rounds of head averaging with
-
-* exact selection ``W~_m = Pi_m(W_t)`` (theory: geometric convergence to ``G_star``),
-* proximal returns at each rho of the ladder (theory: an ``O(rho)`` neighbourhood of ``G_star``),
-* unregularised full-batch Adam joint training of ``(W, b, H_m)`` from the broadcast, private
-  features ``H_m`` kept across rounds (no selection: no convergence to ``G_star``).
+Rounds of head averaging with exact selection, proximal returns along a rho ladder and
+unregularised Adam joint training, on random instances of several sizes.
 """
 
 from __future__ import annotations
@@ -19,10 +12,10 @@ from pathlib import Path
 
 import numpy as np
 from matplotlib.figure import Figure
-from tqdm.auto import tqdm
 
 from fedhead import ufm
 from fedhead.plotting import new_figure, plot_error_curves, save_figure, tex_number
+from fedhead.progress import progress
 
 from .common import (
     ExperimentResult,
@@ -183,7 +176,7 @@ def run(settings: Settings, out_dir: str | Path) -> ExperimentResult:
     methods = ["exact"] + [f"rho={r:g}" for r in s.rho_ladder] + ["Adam joint"]
     errs: dict[str, list[list[float]]] = {m: [] for m in methods}
     size_of: list[str] = []
-    with tqdm(total=len(sizes) * s.n_instances, desc="convergence", unit="inst", leave=False) as bar:
+    with progress(total=len(sizes) * s.n_instances, desc="convergence", unit="inst") as bar:
         for C, M in sizes:
             for _ in range(s.n_instances):
                 inst = make_instance(C, M, s, rng)

@@ -1,16 +1,7 @@
-"""Finite local training (docs/theory.md §12, §9): E profiled gradient steps of size eta per round.
+"""Finite local training (docs/theory.md §9, protocol in §12): E profiled gradient steps per round.
 
-* Three random non-commuting instances (C = 3, M = 4): for every ``eta`` and ``E`` the rounds
-  are iterated from a fixed random head until the server Gram residual is below 1e-13
-  (:func:`fedhead.ufm.finite_step_fixed_point`); recorded are the BW distances of the fixed
-  point to ``G_within`` and ``G_star`` (normalised by ``d_BW(G_within, G_star)``) and the rounds
-  needed.  Theory: ``E = 1`` gives exactly ``G_within``; many local steps drift toward
-  ``G_star``.
-* Displacement: on commuting configurations ``(G_{eta,E} - G_within)_ii`` against
-  ``eta (E - 1) Delta_i`` (:func:`fedhead.ufm.commuting_delta`), ratio -> 1 as ``h -> 0``; on the
-  non-commuting instances against ``eta (E - 1) Delta`` (:func:`fedhead.ufm.displacement_delta`).
-* Local rate: spectral radius of the Gram-map Jacobian at the fixed point against
-  ``1 - 2 h theta_min`` for ``E in {2, 4, 8}`` and small ``h = eta E``.
+The fixed point of the rounds between ``G_within`` and ``G_star``, its first-order displacement
+and the local contraction rate, on random instances.
 """
 
 from __future__ import annotations
@@ -22,10 +13,10 @@ from pathlib import Path
 
 import numpy as np
 from matplotlib.figure import Figure
-from tqdm.auto import tqdm
 
 from fedhead import ufm
 from fedhead.plotting import new_figure, save_figure, tex_number
+from fedhead.progress import progress
 
 from .common import ExperimentResult, Headline, dirichlet_weights, finish, quartiles, random_head, random_spd
 
@@ -79,8 +70,8 @@ def newton_fixed_point(
 ) -> tuple[np.ndarray, int, float]:
     """Fixed point of the profiled Gram map by Newton's method on ``g(G) - G``.
 
-    Uses :func:`fedhead.ufm.profiled_gram_map` and its exact Jacobian
-    :func:`fedhead.ufm.gram_map_jacobian` in upper-triangle coordinates; needed for small
+    Uses [`fedhead.ufm.profiled_gram_map`][fedhead.ufm.profiled_gram_map] and its exact Jacobian
+    [`fedhead.ufm.gram_map_jacobian`][fedhead.ufm.gram_map_jacobian] in upper-triangle coordinates; needed for small
     ``h = eta E``, where plain rounds contract only by ``1 - 2 h theta_min`` each.
 
     Returns
@@ -174,7 +165,7 @@ def _solve_all(s: Settings, rng: np.random.Generator) -> tuple[list[dict], list[
     """Per instance the (eta, E) grid and the Jacobian study, then the commuting configurations."""
     grids, jacs = [], []
     total = s.n_instances * (len(s.etas) * len(s.steps) + 1) + 1
-    with tqdm(total=total, desc="finite_steps", unit="solve", leave=False) as bar:
+    with progress(total=total, desc="finite_steps", unit="solve") as bar:
         for _ in range(s.n_instances):
             sigmas, weights, W0 = _instance(s, rng)
             g_within = ufm.optimal_gram(np.einsum("m,mij->ij", weights, sigmas), s.lam, s.lam)
@@ -279,7 +270,7 @@ def _figure(s: Settings, a: dict[str, np.ndarray], comm: dict) -> Figure:
 
 
 def _plot(s: Settings, a: dict[str, np.ndarray], comm: dict, out_dir: Path) -> list[Path]:
-    """The six panels (:func:`_figure`) into ``finite_steps.png``."""
+    """The six panels ([`_figure`][fedhead.experiments.finite_steps._figure]) into ``finite_steps.png``."""
     return [save_figure(_figure(s, a, comm), out_dir / "finite_steps.png")]
 
 

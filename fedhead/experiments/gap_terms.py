@@ -1,13 +1,7 @@
-"""Gap-term sweeps (docs/theory.md §12, §7): ``G_cen - G_star = M_mu + M_Sigma + M_A``, each PSD.
+"""Gap-term sweeps (docs/theory.md §7, protocol in §12): ``G_cen - G_star = M_mu + M_Sigma + M_A``.
 
-* Controlled sweeps (C = 3, M = 4, seeds 55-62, lambda = 0.1): client means scaled by ``s``
-  (only ``M_mu`` moves, zero at ``s = 0``) and covariances moved along
-  ``Sigma_within + s (Sigma_m - Sigma_within)`` (``M_Sigma`` and ``M_A`` vanish at ``s = 0``).
-* Random instances (M in {2, 4, 8}, C = P in {2, 3, 5, 8}, eigenvalues U[0.25, 3], Dirichlet(2)
-  weights): smallest eigenvalue of each term, ``Tr M_A`` against ``D`` and ``2D``
-  (equality ``Tr M_A = D`` for two clients).
-* Sweeps over C (M = 4), over M (C = 3) and over the margin kappa (eigenvalues
-  U[kappa lambda_H lambda_W, 3]): the share of each term in the gap.
+Each term PSD, the bounds on ``Tr M_A`` and each term's share of the gap as means, covariances,
+``C``, ``M`` and the margin vary.
 """
 
 from __future__ import annotations
@@ -18,10 +12,10 @@ from pathlib import Path
 
 import numpy as np
 from matplotlib.figure import Figure
-from tqdm.auto import tqdm
 
 from fedhead import ufm
 from fedhead.plotting import new_figure, plot_error_curves, save_figure
+from fedhead.progress import progress
 
 from .common import ExperimentResult, Headline, dirichlet_weights, finish, quartiles, random_spd
 
@@ -256,7 +250,7 @@ def _figure(s: Settings, controlled: dict, random_recs: list[dict], sweeps: dict
 
 
 def _plot(s: Settings, controlled: dict, random_recs: list[dict], sweeps: dict, out_dir: Path) -> list[Path]:
-    """The six panels (:func:`_figure`) into ``gap_terms.png``."""
+    """The six panels ([`_figure`][fedhead.experiments.gap_terms._figure]) into ``gap_terms.png``."""
     return [save_figure(_figure(s, controlled, random_recs, sweeps), out_dir / "gap_terms.png")]
 
 
@@ -302,7 +296,7 @@ def run(settings: Settings, out_dir: str | Path) -> ExperimentResult:
     total = (
         len(s.controlled_seeds) + s.n_random + s.n_sweep * (len(s.sweep_dims) + len(s.sweep_clients) + len(s.kappas))
     )
-    with tqdm(total=total, desc="gap_terms", unit="inst", leave=False) as bar:
+    with progress(total=total, desc="gap_terms", unit="inst") as bar:
         controlled = _controlled(s, bar)
         random_recs = _random_records(s, rng, bar)
         sweeps = _sweeps(s, rng, bar)

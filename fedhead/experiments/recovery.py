@@ -1,19 +1,7 @@
-"""Recovery by moment correction (docs/theory.md §12, §8).
+"""Recovery by moment correction (docs/theory.md §8, protocol in §12).
 
-* Exact selection with corrected clients (optimal Grams ``phi((1 - gamma) Sigma_m + gamma
-  Sigma_cen)``) on the six sizes of the convergence sweep: full correction reaches ``G_cen``
-  after one round; with partial correction the limit's error to ``G_cen`` scales like
-  ``1 - gamma``; without correction the limit is ``G_star``.
-* Numerical check (M = 4, C = P = 3): ``F(W; Sigma_m) + gamma C_m(W) + rho/2 ||W - W_t||^2``
-  with ``C_m`` evaluated by :func:`fedhead.ufm.moment_correction` (not through the identity)
-  minimised down a rho ladder to 1e-5, for full and half correction: the minimiser approaches
-  the closest head to the corrected optimal Gram (error ~ rho), and federated rounds with these
-  local solves follow the exact corrected recursion.  The protocol (docs/theory.md §12) names L-BFGS here;
-  L-BFGS stops on
-  function-value rounding (error floor ~ sqrt(eps / rho), 1e-4 at rho = 1e-5), so the check uses
-  trust-exact followed by Newton steps on the analytic gradient and Hessian.
-* The identity ``F(W; Sigma_m) + C_m(W) = F(W; Sigma_cen)`` in value and gradient on random
-  instances.
+One-round recovery of ``G_cen`` and the ``1 - gamma`` law under exact selection, the proximal
+solves of the corrected objective, and the identity behind the correction.
 """
 
 from __future__ import annotations
@@ -24,10 +12,10 @@ from pathlib import Path
 
 import numpy as np
 from matplotlib.figure import Figure
-from tqdm.auto import tqdm
 
 from fedhead import ufm
 from fedhead.plotting import new_figure, plot_error_curves, save_figure, tex_number
+from fedhead.progress import progress
 
 from . import convergence
 from .common import (
@@ -242,7 +230,7 @@ def run(settings: Settings, out_dir: str | Path) -> ExperimentResult:
     out_dir = Path(out_dir)
     rng = np.random.default_rng(s.seed)
     n_exact = len(s.dims) * len(s.clients) * s.n_instances
-    with tqdm(total=n_exact + s.n_check, desc="recovery", unit="inst", leave=False) as bar:
+    with progress(total=n_exact + s.n_check, desc="recovery", unit="inst") as bar:
         ex = _exact_part(s, rng, bar)
         checks = []
         for _ in range(s.n_check):

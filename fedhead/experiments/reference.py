@@ -1,13 +1,6 @@
 """Reference instance "fig2" (docs/theory.md §12): C = P = 2, M = 3, all six panels (a)-(f).
 
-(a) client 1 joint Adam training of ``(W, b, H)`` from ``W_0``: the Gram reaches ``G_1`` but the
-    head is not the closest optimal head ``Pi_1(W_0)``;
-(b) proximal solutions ``W_rho`` for a fixed broadcast converge to ``Pi_m(W_0)`` as ``rho -> 0``
-    with errors ``e_G``, ``e_Pi`` proportional to ``rho``;
-(c, d) 18 federated rounds: exact selection converges to ``G_star``, proximal returns stay
-    ``O(rho)`` away, unregularised L-BFGS from the broadcast does not select;
-(e) the three gap terms for the original moments and with equal means / covariances / both;
-(f) partial moment correction ``gamma C_m`` under exact selection: residual ``~ (1 - gamma)``.
+What each panel shows is in docs/theory.md §12 (Protocols); `.reference_figure` draws them.
 """
 
 from __future__ import annotations

@@ -1,4 +1,8 @@
-"""The figures of the reference instance (``fedhead-ufm fig2``): panels (a)-(f) and the Grams."""
+"""The figures of the reference instance (``fedhead-ufm fig2``): panels (a)-(f) and the Grams.
+
+[`reference_figure`][fedhead.experiments.reference_figure.reference_figure] draws one panel per
+experiment of docs/theory.md §12 (one private function each) and the gap picture's ellipses.
+"""
 
 from __future__ import annotations
 
@@ -19,12 +23,25 @@ from fedhead.plotting import (
 
 from .common import gram
 
+TARGET_NAMES = ["target 1", "target 2"]
 
-def reference_figure(s, out_dir: Path, moments, W0, grams, g_star, a, b, runs, e, f) -> Path:
+
+def reference_figure(s, out_dir: Path, moments, W0, grams, g_star, a, b, runs, e, f) -> list[Path]:
+    """Draw ``fig2.png`` (panels (a)-(f) from the experiments' results ``a``, ``b``, ``runs``, ``e``,
+    ``f``) and ``fig2_grams.png`` (the client optima and the reference Grams); return both paths."""
     fig, axes = new_figure(6, ncols=3, panel_size=(4.8, 4.2))
-    target_names = ["target 1", "target 2"]
-    # (a)
-    ax = axes[0]
+    _panel_adam(axes[0], s, W0, grams, a)
+    _panel_proximal(axes[1], b)
+    rounds = np.arange(s.n_rounds + 1)
+    _panels_rounds(axes[2], axes[3], rounds, runs)
+    _panel_gap_terms(axes[4], e)
+    _panel_correction(axes[5], rounds, f)
+    path = save_figure(fig, out_dir / "fig2.png")
+    return [path, _gram_figure(out_dir, grams, e)]
+
+
+def _panel_adam(ax, s, W0, grams, a) -> None:
+    """(a) client 1 under joint Adam: the Grams it passes and the columns of its head."""
     ell = {"G_0": gram(W0), "G_1": grams[0]}
     labels = {"G_0": r"broadcast $G_0$", "G_1": r"client optimum $G_1$"}
     for e_step, G in zip(a["steps"][1:], a["grams"][1:]):
@@ -34,7 +51,7 @@ def reference_figure(s, out_dir: Path, moments, W0, grams, g_star, a, b, runs, e
         ax,
         ell,
         colors=[PALETTE["G_0"], "k", "C0", "C1", "C2"],
-        target_names=target_names,
+        target_names=TARGET_NAMES,
         linestyles=[(0, (1, 2)), "-", ":", "-.", "--"],
         markers=["x", "o", "v", "D", "s"],
         labels=labels,
@@ -61,10 +78,13 @@ def reference_figure(s, out_dir: Path, moments, W0, grams, g_star, a, b, runs, e
     )
     ax.legend(fontsize="x-small", loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=2, handlelength=3.0)
     ax.set_title("(a) client 1, joint Adam")
-    # (b)
+
+
+def _panel_proximal(ax, b) -> None:
+    """(b) the proximal solution's errors against ``rho``, with a slope-1 guide."""
     rho = np.asarray(b["rho"])
     plot_error_curves(
-        axes[1],
+        ax,
         rho,
         {r"$e_G$ (worst client)": b["e_G_worst"], r"$e_\Pi$ (worst client)": b["e_Pi_worst"]},
         logx=True,
@@ -75,7 +95,7 @@ def reference_figure(s, out_dir: Path, moments, W0, grams, g_star, a, b, runs, e
         legend=False,
     )
     # the guide is shifted up (x3) so that it does not hide under e_Pi, which has slope 1 too
-    axes[1].plot(
+    ax.plot(
         rho,
         3.0 * rho * b["e_Pi_worst"][-1] / rho[-1],
         color="0.3",
@@ -84,12 +104,14 @@ def reference_figure(s, out_dir: Path, moments, W0, grams, g_star, a, b, runs, e
         zorder=3,
         label=r"slope 1 ($\propto \rho$, shifted $\times 3$)",
     )
-    axes[1].legend(fontsize="small", handlelength=3.0)
-    # (c), (d)
-    rounds = np.arange(s.n_rounds + 1)
+    ax.legend(fontsize="small", handlelength=3.0)
+
+
+def _panels_rounds(ax_c, ax_d, rounds, runs) -> None:
+    """(c) the error to ``G_star`` and (d) the selection distance, per round of each run."""
     nice = {k: re.sub(r"\brho\b", lambda _: r"$\rho$", k) for k in runs}
     plot_error_curves(
-        axes[2],
+        ax_c,
         rounds,
         {nice[k]: v["err_to_g_star"] for k, v in runs.items()},
         xlabel="round $t$",
@@ -97,15 +119,17 @@ def reference_figure(s, out_dir: Path, moments, W0, grams, g_star, a, b, runs, e
         title=r"(c) error to $G_\ast$",
     )
     plot_error_curves(
-        axes[3],
+        ax_d,
         rounds[1:],
         {nice[k]: v["selection_distance"] for k, v in runs.items()},
         xlabel="round $t$",
         ylabel=r"$\delta_t = \sum_m p_m \|\tilde W_m - \Pi_m(W_t)\|_F$",
         title="(d) selection distance",
     )
-    # (e)
-    ax = axes[4]
+
+
+def _panel_gap_terms(ax, e) -> None:
+    """(e) the traces of the three gap terms, per variant of the instance."""
     names = list(e.keys())
     x = np.arange(len(names))
     floor = 1e-17
@@ -120,17 +144,22 @@ def reference_figure(s, out_dir: Path, moments, W0, grams, g_star, a, b, runs, e
     ax.set_xlabel(f"bars at {floor:.0e} are exact zeros", fontsize="x-small", color="0.35")
     ax.set_title("(e) gap terms")
     ax.legend(fontsize="small")
-    # (f)
+
+
+def _panel_correction(ax, rounds, f) -> None:
+    """(f) the error to ``G_cen`` per round, for each weight ``gamma`` of the correction."""
     plot_error_curves(
-        axes[5],
+        ax,
         rounds,
         {rf"$\gamma$={k}": v for k, v in f["err_to_g_cen"].items()},
         xlabel="round $t$",
         ylabel=r"$\|G_t - G_{\mathrm{cen}}\|_F / \|G_{\mathrm{cen}}\|_F$",
         title=r"(f) moment correction $\gamma C_m$",
     )
-    path = save_figure(fig, out_dir / "fig2.png")
-    # ellipses of the gap picture as its own figure
+
+
+def _gram_figure(out_dir: Path, grams, e) -> Path:
+    """The client optima and ``G_star``, the averaged optima, ``G_within``, ``G_cen`` as ellipses."""
     fig, axes = new_figure(1, panel_size=(6.6, 4.6))
     o = e["original"]
     ell = {
@@ -150,11 +179,10 @@ def reference_figure(s, out_dir: Path, moments, W0, grams, g_star, a, b, runs, e
         linestyles=[":", ":", ":", "-", (0, (3, 1, 1, 1)), (0, (1, 1)), "-."],
         markers=["1", "2", "3", "s", "P", "D", "^"],
         labels=labels,
-        target_names=target_names,
+        target_names=TARGET_NAMES,
         title=r"client optima and $G_\ast \preceq \sum_m p_m G_m \preceq G_{\mathrm{within}} "
         r"\preceq G_{\mathrm{cen}}$",
     )
     axes[0].legend(fontsize="small", loc="center left", bbox_to_anchor=(1.02, 0.5), handlelength=3.0)
     fig.text(0.01, 0.01, ellipse_caption(2), fontsize="small")
-    path2 = save_figure(fig, out_dir / "fig2_grams.png")
-    return [path, path2]
+    return save_figure(fig, out_dir / "fig2_grams.png")

@@ -1,12 +1,7 @@
-"""Selection sweep (docs/theory.md §12, the lemma of docs/theory.md §5): proximal minimisers select the closest head.
+"""Selection sweep (docs/theory.md §5, protocol in §12): proximal minimisers select the closest head.
 
-For random single-client instances (C in {2, 4, 8}, P in {C, 2C}, lambda_H = lambda_W = 1,
-N_m = 64 samples matching standard-normal means and covariances with eigenvalues U[2, 5]
-exactly, broadcast singular values U[0.7, 1.5]) the joint UFM objective plus
-``rho/2 ||W - W_t||^2`` is minimised over ``(W, b, H)`` with trust-exact down a rho ladder
-(warm-started).  Theory: ``||W_rho - Pi(W_t)|| = O(rho)`` and the excess loss is at most
-``rho/2 d_BW^2(G_t, G_m)``.  At ``rho = 0`` unregularised L-BFGS from standard-normal heads
-finds optimal Grams but heads no closer to ``W_t`` than ``Pi(W_t)`` (ratio >= 1).
+Proximal joint minimisers down a rho ladder against the closest optimal head ``Pi(W_t)``, and
+unregularised L-BFGS at ``rho = 0``, on random single-client instances.
 """
 
 from __future__ import annotations
@@ -17,10 +12,10 @@ from pathlib import Path
 
 import numpy as np
 from matplotlib.figure import Figure
-from tqdm.auto import tqdm
 
 from fedhead import ufm
 from fedhead.plotting import new_figure, plot_error_curves, save_figure
+from fedhead.progress import progress
 
 from .common import (
     ExperimentResult,
@@ -152,7 +147,7 @@ def run(settings: Settings, out_dir: str | Path) -> ExperimentResult:
     rng = np.random.default_rng(s.seed)
     sizes = [(C, f * C) for C in s.dims for f in s.p_factors]
     per_size: dict[str, list[dict]] = {}
-    with tqdm(total=len(sizes) * s.n_instances, desc="selection", unit="inst", leave=False) as bar:
+    with progress(total=len(sizes) * s.n_instances, desc="selection", unit="inst") as bar:
         for C, P in sizes:
             rows = []
             for _ in range(s.n_instances):

@@ -1,12 +1,8 @@
 """Local solvers of the UFM experiment suite (docs/theory.md §12).
 
-Trust-exact (with Newton polishing) on the penalised profiled and joint objectives,
-unregularised L-BFGS on both, full-batch Adam joint training of ``(W, b, H)``, and the
-ridge features for a fixed head.  Objectives, gradients and Hessians come from
-:mod:`fedhead.ufm`; the instance generators and the result record are in :mod:`.common`.
-
-Conventions as in :mod:`.common`: targets ``(N, C)`` (rows are samples), heads ``W``
-``(C, P)``, bias ``b`` ``(C,)``, free features ``H`` ``(N, P)``, float64 throughout.
+Trust-exact (with Newton polishing) on the penalised profiled and joint objectives, unregularised
+L-BFGS on both, full-batch Adam joint training of ``(W, b, H)`` and the ridge features of a fixed
+head; objectives, gradients and Hessians come from `fedhead.ufm`. Conventions as in `.common`.
 """
 
 from __future__ import annotations
@@ -44,16 +40,18 @@ class SolveResult(NamedTuple):
 
 
 class _Cached:
-    """Cache ``fg(x) -> (value, grad)`` and ``h(x) -> hess`` per point for SciPy's callbacks.
+    """Cache ``value_and_grad(x) -> (value, grad)`` and ``hessian(x) -> hess`` per point for SciPy's callbacks.
 
     The Hessian is computed only when asked for (trial points of a line search need only the
     gradient).
     """
 
     def __init__(
-        self, fg: Callable[[np.ndarray], tuple[float, np.ndarray]], h: Callable[[np.ndarray], np.ndarray] | None = None
+        self,
+        value_and_grad: Callable[[np.ndarray], tuple[float, np.ndarray]],
+        hessian: Callable[[np.ndarray], np.ndarray] | None = None,
     ):
-        self.fg, self.h = fg, h
+        self.value_and_grad, self.hessian = value_and_grad, hessian
         self._x_fg: np.ndarray | None = None
         self._fg: tuple[float, np.ndarray] | None = None
         self._x_h: np.ndarray | None = None
@@ -63,16 +61,16 @@ class _Cached:
         """``(value, grad)`` at ``x``, recomputed only when ``x`` changes."""
         if self._x_fg is None or not np.array_equal(x, self._x_fg):
             self._x_fg = np.array(x, copy=True)
-            self._fg = self.fg(self._x_fg)
+            self._fg = self.value_and_grad(self._x_fg)
         return self._fg
 
     def hess(self, x: np.ndarray) -> np.ndarray:
         """Hessian at ``x``, recomputed only when ``x`` changes."""
-        if self.h is None:
+        if self.hessian is None:
             raise ValueError("_Cached: no Hessian function given")
         if self._x_h is None or not np.array_equal(x, self._x_h):
             self._x_h = np.array(x, copy=True)
-            self._h = self.h(self._x_h)
+            self._h = self.hessian(self._x_h)
         return self._h
 
 
@@ -108,13 +106,13 @@ def _newton_polish(cached: _Cached, x: np.ndarray, gtol: float, max_steps: int =
     return x, gnorm, steps
 
 
-def _trust_exact(fg, h, x0: np.ndarray, gtol: float, maxiter: int) -> SolveResult:
+def _trust_exact(value_and_grad, hessian, x0: np.ndarray, gtol: float, maxiter: int) -> SolveResult:
     """SciPy trust-exact, then Newton polishing; one restart if the gradient is still large.
 
     trust-exact stops once value differences fall below rounding; Newton steps on the gradient
     (which stays accurate) finish the quadratic convergence near the minimiser.
     """
-    cached = _Cached(fg, h)
+    cached = _Cached(value_and_grad, hessian)
     x = np.asarray(x0, dtype=np.float64)
     nit, success, gnorm = 0, False, np.inf
     for _attempt in range(2):
@@ -140,9 +138,9 @@ def _trust_exact(fg, h, x0: np.ndarray, gtol: float, maxiter: int) -> SolveResul
     return SolveResult(x, nit, gnorm, success)
 
 
-def _lbfgs(fg, x0: np.ndarray, gtol: float, maxiter: int) -> SolveResult:
+def _lbfgs(value_and_grad, x0: np.ndarray, gtol: float, maxiter: int) -> SolveResult:
     """SciPy L-BFGS-B (no bounds, ``ftol = 0``); success when the final gradient norm is <= 1e3 gtol."""
-    cached = _Cached(fg)
+    cached = _Cached(value_and_grad)
     res = optimize.minimize(
         cached.fun_grad,
         x0,
@@ -170,8 +168,10 @@ def prox_profiled_solve(
     """Minimise ``F(W; T) + gamma C(W) + rho/2 ||W - anchor||_F^2`` with SciPy trust-exact.
 
     ``F`` (value, gradient, Hessian in row-major ``vec(W)``) is
-    :func:`fedhead.ufm.profiled_objective` (docs/theory.md §4) and the correction ``C`` (docs/theory.md §2, §8) is
-    :func:`fedhead.ufm.moment_correction`, both with analytic Hessians.  Trust-exact is followed
+    [`fedhead.ufm.profiled_objective`][fedhead.ufm.profiled_objective] (docs/theory.md §4) and the correction ``C``
+    (docs/theory.md §2, §8) is
+    [`fedhead.ufm.moment_correction`][fedhead.ufm.moment_correction], both with analytic Hessians.  Trust-exact is
+    followed
     by a few plain Newton steps, because near the minimiser the objective's value stops
     resolving progress (differences below rounding) long before its gradient does; along the
     rotation directions the curvature is only ``rho``, so this matters for small ``rho``.
@@ -192,21 +192,21 @@ def prox_profiled_solve(
     if gamma and sigma_cen is None:
         raise ValueError("prox_profiled_solve: gamma > 0 needs sigma_cen")
 
-    def terms(x, hessian):
+    def terms(x, with_hessian):
         W = x.reshape(C, P)
-        out = [ufm.profiled_objective(W, target, lambda_h, lambda_w, rho=rho, w_ref=anchor, hessian=hessian)]
+        out = [ufm.profiled_objective(W, target, lambda_h, lambda_w, rho=rho, w_ref=anchor, hessian=with_hessian)]
         if gamma:
-            out.append(ufm.moment_correction(W, target, sigma_cen, lambda_h, gamma=gamma, hessian=hessian))
+            out.append(ufm.moment_correction(W, target, sigma_cen, lambda_h, gamma=gamma, hessian=with_hessian))
         return out
 
-    def fg(x):
+    def value_and_grad(x):
         t = terms(x, False)
         return sum(o.value for o in t), sum(o.grad for o in t).ravel()
 
-    def h(x):
+    def hessian(x):
         return sum(o.hess for o in terms(x, True))
 
-    r = _trust_exact(fg, h, W0.ravel().astype(np.float64), gtol, maxiter)
+    r = _trust_exact(value_and_grad, hessian, W0.ravel().astype(np.float64), gtol, maxiter)
     return r._replace(x=r.x.reshape(C, P))
 
 
@@ -223,11 +223,11 @@ def lbfgs_profiled(
     C, P = W0.shape
     target = np.asarray(T, dtype=np.float64)
 
-    def fg(x):
+    def value_and_grad(x):
         o = ufm.profiled_objective(x.reshape(C, P), target, lambda_h, lambda_w, hessian=False)
         return o.value, o.grad.ravel()
 
-    r = _lbfgs(fg, W0.ravel().astype(np.float64), gtol, maxiter)
+    r = _lbfgs(value_and_grad, W0.ravel().astype(np.float64), gtol, maxiter)
     return r._replace(x=r.x.reshape(C, P))
 
 
@@ -250,29 +250,29 @@ class JointState(NamedTuple):
     H: np.ndarray
 
     def pack(self) -> np.ndarray:
-        """``[vec W, b, vec H]`` (row-major), :func:`fedhead.ufm.pack_joint`."""
+        """``[vec W, b, vec H]`` (row-major), [`fedhead.ufm.pack_joint`][fedhead.ufm.pack_joint]."""
         return ufm.pack_joint(self.W, self.b, self.H)
 
     @staticmethod
     def unpack(x: np.ndarray, C: int, P: int, N: int) -> JointState:
-        """Inverse of :meth:`pack`."""
+        """Inverse of [`pack`][fedhead.experiments.solvers.JointState.pack]."""
         return JointState(*ufm.unpack_joint(x, C, P, N))
 
 
 def _joint_callables(state_shape, Y, lambda_h, lambda_w, anchor, rho):
-    """``(fg, h)`` on packed ``(W, b, H)`` for the joint objective plus ``rho/2 ||W - anchor||^2``."""
+    """``(value_and_grad, hessian)`` on packed ``(W, b, H)`` for the joint objective plus ``rho/2 ||W - anchor||^2``."""
     C, P, N = state_shape
 
-    def fg(x):
+    def value_and_grad(x):
         s = JointState.unpack(x, C, P, N)
         jv = ufm.joint_objective(s.W, s.b, s.H, Y, lambda_h, lambda_w, rho=rho, w_ref=anchor)
         return jv.value, jv.grad_flat()
 
-    def h(x):
+    def hessian(x):
         s = JointState.unpack(x, C, P, N)
         return ufm.joint_hessian(s.W, s.b, s.H, Y, lambda_h, lambda_w, rho=rho, w_ref=anchor)
 
-    return fg, h
+    return value_and_grad, hessian
 
 
 def joint_prox_solve(
@@ -288,13 +288,13 @@ def joint_prox_solve(
 ) -> tuple[JointState, SolveResult]:
     """Minimise ``L_m(W, b, H) + rho/2 ||W - anchor||^2`` over ``(W, b, H)`` with trust-exact.
 
-    ``L_m`` with gradient and Hessian comes from :func:`fedhead.ufm.joint_objective` /
-    :func:`fedhead.ufm.joint_hessian` (docs/theory.md §2).
+    ``L_m`` with gradient and Hessian comes from [`fedhead.ufm.joint_objective`][fedhead.ufm.joint_objective] /
+    [`fedhead.ufm.joint_hessian`][fedhead.ufm.joint_hessian] (docs/theory.md §2).
     """
     C, P = start.W.shape
     N = Y.shape[0]
-    fg, h = _joint_callables((C, P, N), Y, lambda_h, lambda_w, anchor, rho)
-    r = _trust_exact(fg, h, start.pack(), gtol, maxiter)
+    value_and_grad, hessian = _joint_callables((C, P, N), Y, lambda_h, lambda_w, anchor, rho)
+    r = _trust_exact(value_and_grad, hessian, start.pack(), gtol, maxiter)
     return JointState.unpack(r.x, C, P, N), r
 
 
@@ -310,8 +310,8 @@ def lbfgs_joint(
     """Unregularised L-BFGS on the joint UFM objective ``L_m(W, b, H)`` from ``start``."""
     C, P = start.W.shape
     N = Y.shape[0]
-    fg, _ = _joint_callables((C, P, N), Y, lambda_h, lambda_w, None, 0.0)
-    r = _lbfgs(fg, start.pack(), gtol, maxiter)
+    value_and_grad, _ = _joint_callables((C, P, N), Y, lambda_h, lambda_w, None, 0.0)
+    r = _lbfgs(value_and_grad, start.pack(), gtol, maxiter)
     return JointState.unpack(r.x, C, P, N), r
 
 
@@ -329,7 +329,7 @@ def adam_joint(
 ) -> tuple[JointState, dict[int, JointState]]:
     """Full-batch Adam on the joint UFM objective ``L_m(W, b, H)`` (no proximal term).
 
-    Gradients from :func:`fedhead.ufm.joint_objective`; the Adam update is the standard one
+    Gradients from [`fedhead.ufm.joint_objective`][fedhead.ufm.joint_objective]; the Adam update is the standard one
     (bias-corrected first and second moments) applied to ``W``, ``b`` and ``H`` alike.
 
     Parameters

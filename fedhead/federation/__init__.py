@@ -1,1 +1,1 @@
-"""Federation layer: job config, message protocol, aggregation, tracking, checkpoints, deadlines, message grid."""
+"""The federation layer: the message protocol, aggregation, tracking, checkpoints, the Grid wrapper and the watchdog."""

@@ -1,7 +1,8 @@
 """Pure server-side reply validation, averaging and moment aggregation (numpy only).
 
 The Flower strategies (``strategies/``) compute on the server with this module,
-:mod:`fedhead.analysis.diagnosis` (the diagnosis before training) and :mod:`fedhead.federation.tracking` (reference
+[`fedhead.analysis.diagnosis`][fedhead.analysis.diagnosis] (the diagnosis before training) and
+[`fedhead.federation.tracking`][fedhead.federation.tracking] (reference
 Grams and per-round measurements), so everything can be tested with plain arrays. No torch, no flwr.
 
 Conventions: float64; heads ``W`` ``(C, P)``, biases ``(C,)``; stacks over clients carry a
@@ -17,8 +18,7 @@ from typing import Any
 import numpy as np
 
 from fedhead import ufm
-from fedhead.federation import protocol as P
-from fedhead.federation.protocol import is_private_state
+from fedhead.federation.protocol import LOCAL_EPOCHS, OBJECTIVE_GAP, TRAINED_GAP, is_private_state
 
 
 class ReplyError(ValueError):
@@ -64,7 +64,8 @@ def validate_head(
     node_id: int | str,
     shape: tuple[int, int],
 ) -> tuple[np.ndarray, np.ndarray, int]:
-    """Validate one uploaded head ``(W~_m (C,P), b~_m (C,), N_m)``; raise :class:`ReplyError`."""
+    """Validate one uploaded head ``(W~_m (C,P), b~_m (C,), N_m)``; raise
+    [`ReplyError`][fedhead.federation.aggregation.ReplyError]."""
     c, p = shape
     w = validate_array(weight, (c, p), node_id=node_id, name="head weight")
     b = validate_array(bias, (c,), node_id=node_id, name="head bias")
@@ -210,9 +211,10 @@ def aggregate_moments(
     *,
     node_ids: Sequence[int | str] | None = None,
 ) -> ufm.TargetMoments:
-    """Build :class:`fedhead.ufm.TargetMoments` from the exchanged ``(N_m, mu_m, Sigma_m)``.
+    """Build [`fedhead.ufm.TargetMoments`][fedhead.ufm.TargetMoments] from the exchanged ``(N_m, mu_m, Sigma_m)``.
 
-    Every client's statistics are validated first (:func:`validate_moments`); the weights are
+    Every client's statistics are validated first
+    ([`validate_moments`][fedhead.federation.aggregation.validate_moments]); the weights are
     ``N_m / N`` so that ``Sigma_cen = (1/N) sum N_m (Sigma_m + mu_m mu_m^T) - mu_g mu_g^T``
     (theory.md §3).
     """
@@ -233,7 +235,8 @@ def aggregate_moments(
 
 
 def effective_covariances(moments: ufm.TargetMoments, gamma: float = 0.0) -> np.ndarray:
-    """Covariances each client effectively fits, :func:`fedhead.ufm.corrected_covariance` (theory.md §8).
+    """Covariances each client effectively fits, [`fedhead.ufm.corrected_covariance`][fedhead.ufm.corrected_covariance]
+    (theory.md §8).
 
     Returns shape ``(M, C, C)``; ``gamma = 0`` gives the plain ``Sigma_m``.
     """
@@ -280,17 +283,17 @@ def local_fit(metrics: Sequence[Mapping[str, Any]], node_ids: Sequence[int | str
     """
     gaps, trained, epochs = [], [], []
     for m, node in zip(metrics, node_ids, strict=True):
-        for key in (P.OBJECTIVE_GAP, P.TRAINED_GAP, P.LOCAL_EPOCHS):
+        for key in (OBJECTIVE_GAP, TRAINED_GAP, LOCAL_EPOCHS):
             if key not in m:
                 raise ReplyError(node, f"training reply lacks the metric '{key}'")
-        for key, out in ((P.OBJECTIVE_GAP, gaps), (P.TRAINED_GAP, trained)):
+        for key, out in ((OBJECTIVE_GAP, gaps), (TRAINED_GAP, trained)):
             v = float(validate_array(m[key], (), node_id=node, name=key))
             if v < -1e-6:
                 raise ReplyError(node, f"{key} = {v:.3g} is below zero: the model beats its closed-form optimum")
             out.append(v)
-        e = m[P.LOCAL_EPOCHS]
+        e = m[LOCAL_EPOCHS]
         if isinstance(e, bool) or not isinstance(e, (int, np.integer)) or e < 0:
-            raise ReplyError(node, f"{P.LOCAL_EPOCHS} must be an integer >= 0, got {e!r}")
+            raise ReplyError(node, f"{LOCAL_EPOCHS} must be an integer >= 0, got {e!r}")
         epochs.append(int(e))
     return LocalFit(objective_gaps=gaps, trained_gaps=trained, local_epochs=epochs)
 

@@ -1,7 +1,8 @@
 """Server checkpoints of a federation and the ``resume=`` rule (numpy and json only).
 
 After every complete round (round 0: the initial head) the server writes
-``<procedure dir>/checkpoint.npz`` atomically (:func:`fedhead.results.io.write_bytes_atomic`): one
+``<procedure dir>/checkpoint.npz`` atomically
+([`fedhead.results.io.write_bytes_atomic`][fedhead.results.io.write_bytes_atomic]): one
 ``.npz`` whose ``meta`` entry is a JSON document (format version, round, procedure, config
 hash, the tracker's round records, the exchanged moments as lists) and whose other entries are
 the float64 arrays the next round starts from:
@@ -14,20 +15,21 @@ the float64 arrays the next round starts from:
   averaging).
 
 The server has no random state: the initial head and backbone come from the run seed and each
-client's local training seed from :func:`fedhead.train.round_seed` ``(seed, round, partition)``,
+client's local training seed from [`fedhead.train.round_seed`][fedhead.train.round_seed] ``(seed, round, partition)``,
 so a resumed run repeats exactly what the uninterrupted run would have done.
 
-The private backbones stay with the clients (:class:`fedhead.clients.store.BackboneStore`); in a
-simulation their folder is keyed by :func:`state_key` (from the config hash, not flwr's run id,
+The private backbones stay with the clients ([`fedhead.clients.store.BackboneStore`][fedhead.clients.BackboneStore]); in
+a
+simulation their folder is keyed by [`state_key`][fedhead.federation.checkpoint.state_key] (from the config hash, not
+flwr's run id,
 which changes between the original and the resumed run).
 
-:func:`config_hash` hashes the resolved config minus the keys that may differ on resume
-(``resume``, ``output``); :func:`load_for_resume` refuses a folder written with another config.
+[`load_for_resume`][fedhead.federation.checkpoint.load_for_resume] refuses a folder written with another config (another
+[`config_hash`][fedhead.settings.job.config_hash]).
 """
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 from dataclasses import dataclass, field
@@ -40,19 +42,10 @@ from fedhead.results.io import to_jsonable, write_bytes_atomic
 
 FORMAT_VERSION = 1
 CHECKPOINT_NAME = "checkpoint.npz"
-#: Top-level config keys left out of the hash: they may change between a run and its resume.
-UNHASHED_KEYS = ("resume", "output", "hydra")
 
 
 class ResumeError(ValueError):
     """A run folder cannot be resumed with this config (the message says why and what to do)."""
-
-
-def config_hash(resolved: dict[str, Any]) -> str:
-    """SHA-256 (hex) of the resolved config without :data:`UNHASHED_KEYS` (canonical JSON)."""
-    kept = {k: v for k, v in resolved.items() if k not in UNHASHED_KEYS}
-    text = json.dumps(to_jsonable(kept), sort_keys=True, separators=(",", ":"), allow_nan=True)
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 def state_key(hash_: str) -> str:
@@ -122,7 +115,8 @@ def write_checkpoint(path: str | Path, state: ServerState, *, config_hash: str, 
 
 
 def read_checkpoint(path: str | Path) -> Checkpoint:
-    """Read a checkpoint written by :func:`write_checkpoint` (raises :class:`ResumeError`)."""
+    """Read a checkpoint written by [`write_checkpoint`][fedhead.federation.checkpoint.write_checkpoint] (raises
+    [`ResumeError`][fedhead.federation.checkpoint.ResumeError])."""
     path = Path(path)
     try:
         with np.load(path, allow_pickle=False) as z:
@@ -152,7 +146,8 @@ def read_checkpoint(path: str | Path) -> Checkpoint:
 def load_for_resume(job_dir: str | Path, *, config_hash: str, procedure: str, rounds: int) -> Checkpoint | None:
     """The checkpoint a resumed job continues from, or None when the job never checkpointed.
 
-    Raises :class:`ResumeError` when it was written with another config (hash) or procedure, or
+    Raises [`ResumeError`][fedhead.federation.checkpoint.ResumeError] when it was written with another config (hash) or
+    procedure, or
     holds more rounds than the config asks for.
     """
     path = checkpoint_path(job_dir)
@@ -187,7 +182,8 @@ def check_moments(state: ServerState, counts: np.ndarray, means: np.ndarray, cov
 
 def resume_checkpoints(jobs: list[Any], folder: str | Path | None = None) -> list[Checkpoint | None]:
     """The checkpoint each job of a resumed run continues from (None: the job starts afresh,
-    it had not begun). Raises :class:`ResumeError` when no job has one or one does not match."""
+    it had not begun). Raises [`ResumeError`][fedhead.federation.checkpoint.ResumeError] when no job has one or one does
+    not match."""
     ckpts = [
         load_for_resume(j.output_dir, config_hash=j.config_hash, procedure=j.name, rounds=j.settings.rounds)
         for j in jobs

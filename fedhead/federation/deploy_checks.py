@@ -8,9 +8,11 @@ error that names the nodes and the remedy. Pure functions, no Flower objects: ca
 
 Call sites (the ServerApp / strategy, see docs/deployment.md, "Checks of the federation"):
 
-* :func:`check_node_count` once the grid has ``num_clients`` nodes, before the first message
+* [`check_node_count`][fedhead.federation.deploy_checks.check_node_count] once the grid has ``num_clients`` nodes,
+before the first message
   (``strategies/exchange.py``, ``wait_for_nodes``: pass ``grid.get_node_ids()``);
-* :func:`check_partitions` on the moment-exchange replies (``partition id -> node id`` pairs
+* [`check_partitions`][fedhead.federation.deploy_checks.check_partitions] on the moment-exchange replies (``partition id
+-> node id`` pairs
   gathered in ``strategies/exchange.py``, ``build_exchange``), which also gives the node order by partition.
 """
 
@@ -47,7 +49,8 @@ def check_node_count(node_ids: Iterable[int], num_clients: int) -> list[int]:
 def check_partitions(pairs: Sequence[tuple[int, int]], num_clients: int) -> list[int]:
     """Node ids ordered by partition id, from ``(partition_id, node_id)`` pairs.
 
-    Raises :class:`FederationMismatch` unless the partition ids are exactly ``0..num_clients-1``,
+    Raises [`FederationMismatch`][fedhead.federation.deploy_checks.FederationMismatch] unless the partition ids are
+    exactly ``0..num_clients-1``,
     each served by one node, and no node serves two partitions.
     """
     m = int(num_clients)

@@ -1,19 +1,18 @@
 """A Flower Grid wrapper that shows and times every message phase, with the deadlines of the
 server's waits (the phase timeout, a dead engine, the straggler rule) and, in a simulation, a
-window of messages in flight (:class:`ProgressGrid`)."""
+window of messages in flight ([`ProgressGrid`][fedhead.federation.progress_grid.ProgressGrid])."""
 
 from __future__ import annotations
 
 import logging
-import sys
 import time
 from collections.abc import Iterable
 
 from flwr.app import Error, Message
 from flwr.serverapp import Grid
-from tqdm.auto import tqdm
 
-from fedhead.federation.limits import STRAGGLER_ERROR_CODE, straggler_reason
+from fedhead.progress import progress
+from fedhead.settings.limits import STRAGGLER_ERROR_CODE, straggler_reason
 
 #: seconds between two hand-overs of stored messages to the clients in flwr's simulation engine
 #: (``vce_api.add_messages_to_queue``)
@@ -26,12 +25,16 @@ class ProgressGrid(Grid):
     """A Grid that shows per-client progress of every message phase and times the phases.
 
     Delegates to the real grid; ``send_and_receive`` pushes, then pulls replies as they arrive
-    (a tqdm bar counts clients), and records ``(message type, seconds)`` in :attr:`phases`.
+    (a tqdm bar counts clients), and records ``(message type, seconds)`` in
+    [`phases`][fedhead.federation.progress_grid.ProgressGrid.phases].
 
-    Every wait ends: at the phase's ``timeout``, when the engine dies (:attr:`watch`), or, with
-    :attr:`timeouts` set, by the straggler rule (:meth:`fedhead.federation.limits.Timeouts.straggler_deadline`):
+    Every wait ends: at the phase's ``timeout``, when the engine dies
+    ([`watch`][fedhead.federation.progress_grid.ProgressGrid.watch]), or, with
+    [`timeouts`][fedhead.federation.progress_grid.ProgressGrid.timeouts] set, by the straggler rule
+    ([`fedhead.settings.limits.Timeouts.straggler_deadline`][fedhead.settings.limits.Timeouts.straggler_deadline]):
     the clients still outstanding then get an error reply made up here (code
-    :data:`fedhead.federation.limits.STRAGGLER_ERROR_CODE`, the reason says which rule and how long), which
+    [`fedhead.settings.limits.STRAGGLER_ERROR_CODE`][fedhead.settings.limits.STRAGGLER_ERROR_CODE], the reason says
+    which rule and how long), which
     the failure policy treats as a missing client (dropped, or the run stops naming it).
     ``window`` (the simulation driver sets it): at most this many messages of a phase are
     pushed and unanswered at once, the next ones pushed in order as replies arrive. flwr's
@@ -50,13 +53,14 @@ class ProgressGrid(Grid):
         self.poll = poll
         self.phases: list[tuple[str, float, float]] = []  # (type, start, seconds)
         self.watch = None  # fedhead.federation.watchdog.EngineWatch: a dead engine ends every wait
-        self.timeouts = None  # fedhead.federation.limits.Timeouts: the straggler rule (None: off)
+        self.timeouts = None  # fedhead.settings.limits.Timeouts: the straggler rule (None: off)
         self.concurrency: int | None = None  # clients that run at once (a simulation's slots; None: all)
         self.stragglers: list[tuple[str, int]] = []  # (message type, node) given up on, in order
         self.window: int | None = None
 
     def check_alive(self) -> None:
-        """Raise :class:`fedhead.federation.watchdog.EngineDied` when the engine serving the grid died."""
+        """Raise [`fedhead.federation.watchdog.EngineDied`][fedhead.federation.watchdog.EngineDied] when the engine
+        serving the grid died."""
         if self.watch is not None:
             self.watch.check()
 
@@ -90,13 +94,12 @@ class ProgressGrid(Grid):
         rest = messages[window:]
         sent = {m.metadata.message_id: m for m in messages[:window]}
         n_sent = len(messages)
-        bar = tqdm(
+        bar = progress(  # off a terminal: no line (results.json times every phase)
             total=len(ids) + len(rest),
             desc=f"{self.label} {kind}".strip(),
             unit="client",
-            leave=False,
             disable=not self.show,
-            file=sys.stderr,
+            summary=False,
         )
         out: list[Message] = []
         arrived: list[float] = []  # seconds since t0 of every reply

@@ -1,6 +1,6 @@
 """The message protocol between the fedhead ServerApp and ClientApp (record names and codecs).
 
-Every message is a :class:`flwr.app.RecordDict`; this module names its records, their keys and
+Every message is a `flwr.app.RecordDict`; this module names its records, their keys and
 the private-state rule, and converts records to and from plain numpy, so that the server
 (``strategies/``) and the clients (``clients/``) agree on one layout. Both sides import this
 neutral module; neither imports the other.
@@ -18,7 +18,7 @@ Server -> client
                  (full-model averaging; BatchNorm statistics never included).
     ``evaluate``: ``head`` ArrayRecord, ``config`` ConfigRecord; in the run's last round the
                  config also has ``final-round=true``: the head is the run's final shared head,
-                 and each client saves its final model (:mod:`fedhead.clients.export`,
+                 and each client saves its final model ([`fedhead.clients.export`][fedhead.clients.export],
                  ``output.export_model``).
     After a statistics exchange every message also carries a ``standardization`` ArrayRecord
     (``target_offset``, ``target_scale`` ``(C,)``, ``input_offset``, ``input_scale`` ``(F,)`` or
@@ -28,7 +28,7 @@ Client -> server
     ``query``  : ``moments`` ArrayRecord (``mean (C,)``, ``cov (C,C)``), ``metrics``
                  MetricRecord (``num-examples``, ``partition-id``); the mismatch query's reply:
                  ``metrics`` with ``mismatch_local``, ``mismatch_trained``, ``mismatch_aligned``
-                 (the client's objectives, :mod:`fedhead.analysis.mismatch_cost`);
+                 (the client's objectives, [`fedhead.analysis.mismatch_cost`][fedhead.analysis.mismatch_cost]);
                  ``stage="statistics"``: ``site_stats`` ArrayRecord (raw ``y_mean (C,)``,
                  ``y_cov (C,C)``, ``x_mean``, ``x_var`` ``(F,)``), ``site`` ConfigRecord
                  (``columns``: the file's column signature, ``site-key``: hash of its bytes),

@@ -1,9 +1,12 @@
 """Reference Grams of a run and the per-round server measurements (theory.md §11; numpy only).
 
-:func:`reference_targets` collects the Grams a procedure is measured against (``G_star``,
+[`reference_targets`][fedhead.federation.tracking.reference_targets] collects the Grams a procedure is measured against
+(``G_star``,
 ``G_cen``, ``G_within``, the corrected barycenter of a partial correction, the client Grams the
-recursion uses); :class:`RoundTracker` measures every aggregated head against them and runs the
-exact recursion (theory.md §6) alongside; :class:`fedhead.results.rounds.RoundRecord` (declared in the
+recursion uses); [`RoundTracker`][fedhead.federation.tracking.RoundTracker] measures every aggregated head against them
+and runs the
+exact recursion (theory.md §6) alongside; [`fedhead.results.rounds.RoundRecord`][fedhead.results.rounds.RoundRecord]
+(declared in the
 results layer, with results.json's schema) is one round's measurements.
 """
 
@@ -33,7 +36,8 @@ class Targets:
     (``phi(Sigma_m)``, or ``phi((1-gamma) Sigma_m + gamma Sigma_cen)`` when corrected); the
     exact recursion and the selection distance use them. ``reference`` names the endpoint the
     procedure should reach (``"star"``, ``"cen"``, ``"corrected"`` or ``"within"``, see
-    :func:`fedhead.analysis.procedure.reference_name`). ``g_corrected`` is the BW barycenter of the
+    [`fedhead.analysis.procedure.reference_name`][fedhead.analysis.procedure.reference_name]). ``g_corrected`` is the BW
+    barycenter of the
     corrected ``client_grams`` for a partial correction ``0 < gamma < 1`` (the fixed point of
     exact selection there, not ``G_cen``); None otherwise.
 
@@ -61,7 +65,8 @@ class Targets:
 
     @property
     def reference_gram(self) -> np.ndarray | None:
-        """The Gram named by :attr:`reference` (``None`` when it is undefined)."""
+        """The Gram named by [`reference`][fedhead.federation.tracking.Targets.reference] (``None`` when it is
+        undefined)."""
         return {"star": self.g_star, "cen": self.g_cen, "within": self.g_within, "corrected": self.g_corrected}[
             self.reference
         ]
@@ -78,9 +83,10 @@ def reference_targets(
 ) -> Targets:
     """Collect the reference Grams for a procedure (correction strength ``gamma``, centring).
 
-    ``gap`` is the :class:`fedhead.ufm.GapDecomposition` of the federation (fully active
+    ``gap`` is the [`fedhead.ufm.GapDecomposition`][fedhead.ufm.GapDecomposition] of the federation (fully active
     regime); pass ``gap=None`` outside the regime to get the partial targets described in
-    :class:`Targets` (``g_star=None``; ``g_cen``, ``g_within`` and the client Grams as the PSD
+    [`Targets`][fedhead.federation.tracking.Targets] (``g_star=None``; ``g_cen``, ``g_within`` and the client Grams as
+    the PSD
     minimisers ``phi`` with clipped eigenvalues). For a partial correction (``0 < gamma < 1``)
     the reference is ``"corrected"``, the barycenter of the corrected client Grams.
     """
@@ -120,7 +126,8 @@ def selected_heads(broadcast: np.ndarray, client_grams: np.ndarray) -> np.ndarra
 class RoundTracker:
     """Accumulates the per-round server measurements of one run (pure numpy state).
 
-    Call :meth:`start` with the initial head, then :meth:`record` after every aggregation.
+    Call [`start`][fedhead.federation.tracking.RoundTracker.start] with the initial head, then
+    [`record`][fedhead.federation.tracking.RoundTracker.record] after every aggregation.
     The exact recursion (theory.md §6) is run alongside from the run's own ``G_0`` (fully active
     regime only; outside it the recursion, ``G_star`` and the selection distance are ``None``).
     """

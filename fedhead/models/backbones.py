@@ -1,18 +1,9 @@
 """Backbones (private per client) and the shared linear head (docs/theory.md §1, §10).
 
-Every backbone maps a batch to features ``(B, P)`` and has :meth:`Backbone.rotate_features`,
-which replaces the features ``h`` by ``Q^T h`` for an orthogonal ``Q`` ``(P, P)`` without
-changing anything else (used by alignment, docs/theory.md §5). Networks whose last layer is a
-``Linear`` do it by ``weight <- Q^T weight``, ``bias <- Q^T bias``; the free-feature backbone by
-``table <- table Q`` (rows are the samples' features). :meth:`Backbone.map_features` applies an
-affine map ``h -> M (h + delta)`` to every feature (through the last layer, or every row of the
-free-feature table);
-the trainer uses it to centre the features and to remove their part outside the head's row space
-(see :mod:`fedhead.train.trainer`).
-
-All modules are built on the CPU from a seed inside :func:`seeded`, which forks the global RNG so
-building a model never disturbs the caller's random state, and every client built from the same
-seed starts from the same weights.
+Every backbone maps a batch to features ``(B, P)`` and can rotate or affinely map them in place
+(alignment, docs/theory.md §5; the trainer's finishing step, §14); what else it can do it
+declares on [`Backbone`][fedhead.models.Backbone], read through ``backbone_*`` helpers. Models
+are built on the CPU inside [`seeded`][fedhead.models.seeded], which leaves the caller's RNG alone.
 """
 
 from __future__ import annotations
@@ -101,6 +92,25 @@ class Backbone(nn.Module):
         return None
 
 
+def backbone_expects_indices(module: nn.Module) -> bool:
+    """Whether ``module`` takes ``(B,)`` sample indices: a [`Backbone`][fedhead.models.Backbone] that says so.
+
+    Any ``nn.Module`` can be trained as a backbone; one that is not a ``Backbone`` declares
+    nothing, so it takes ordinary inputs, is not an image backbone and has no output layer.
+    """
+    return isinstance(module, Backbone) and bool(module.expects_indices)
+
+
+def backbone_is_image(module: nn.Module) -> bool:
+    """Whether ``module`` is a [`Backbone`][fedhead.models.Backbone] of image inputs (channels-last eligible)."""
+    return isinstance(module, Backbone) and bool(module.is_image)
+
+
+def backbone_output_layer(module: nn.Module) -> nn.Linear | None:
+    """The ``Linear`` whose outputs are the features of ``module``, or None (free features, or not a ``Backbone``)."""
+    return module.output_layer() if isinstance(module, Backbone) else None
+
+
 @torch.no_grad()
 def map_linear_output(layer: nn.Linear, m: torch.Tensor, delta: torch.Tensor) -> None:
     """``weight <- M weight``, ``bias <- M (bias + delta)``: every output ``h`` of ``layer`` becomes
@@ -161,7 +171,7 @@ class ResMLP(Backbone):
 
 
 class ImageBackbone(Backbone):
-    """A torchvision :class:`~torchvision.models.ResNet` whose ``fc`` is the ``512 -> P`` projection
+    """A torchvision `ResNet` whose ``fc`` is the ``512 -> P`` projection
     after global average pooling (the features have no activation)."""
 
     is_image = True
@@ -301,7 +311,8 @@ def build_head(feature_dim: int, n_targets: int, seed: int) -> nn.Linear:
 
 
 def initial_head(feature_dim: int, n_targets: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """The arrays ``(W_0 (C, P), b_0 (C,))`` float64 of :func:`build_head` ``(feature_dim, n_targets, seed)``:
+    """The arrays ``(W_0 (C, P), b_0 (C,))`` float64 of [`build_head`][fedhead.models.build_head] ``(feature_dim,
+    n_targets, seed)``:
     the common initial head a server broadcasts first."""
     head = build_head(feature_dim, n_targets, seed)
     return head.weight.detach().double().numpy().copy(), head.bias.detach().double().numpy().copy()

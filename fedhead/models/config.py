@@ -1,7 +1,9 @@
-"""Typed model configuration: every file of ``conf/model/`` names one of these as ``_target_``.
+"""Typed model configuration: every file of ``conf/model/`` names one of these as ``_target_``;
+frozen, each class checked by its constraint table (``RULES``, the base class's rows first).
 
-:func:`build_backbone` turns a config, the data set's input shape, the client's sample count and a
-seed into a :class:`~fedhead.models.backbones.Backbone`; the same seed gives the same weights on
+[`build_backbone`][fedhead.models.build_backbone] turns a config, the data set's input shape, the client's sample count
+and a
+seed into a [`Backbone`][fedhead.models.Backbone]; the same seed gives the same weights on
 every client (docs/theory.md §10: all clients start from one common random backbone).
 """
 
@@ -9,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from fedhead.analysis.constraints import Field, Together, check, integer, number
 from fedhead.models.backbones import (
     Backbone,
     FreeFeatureBackbone,
@@ -21,7 +24,7 @@ from fedhead.models.backbones import (
 )
 
 
-@dataclass
+@dataclass(frozen=True)
 class ModelConfig:
     """Options shared by every backbone.
 
@@ -36,12 +39,15 @@ class ModelConfig:
     name: str = ""
     feature_dim: int = 512
 
+    #: the class's rules (``model <name>: <field> must be ...``), checked when it is built
+    RULES = (Field("feature_dim", integer(1), "must be >= 1"),)
+
     def __post_init__(self) -> None:
-        if self.feature_dim < 1:
-            raise ModelError(f"model {self.name!r}: feature_dim must be >= 1, got {self.feature_dim}")
+        check(self, type(self).RULES, prefix=f"model {self.name!r}: ", error=ModelError)
 
     def build(self, input_shape: tuple[int, ...], n_samples: int) -> Backbone:
-        """Build the backbone with the current RNG (use :func:`build_backbone` for a seeded one)."""
+        """Build the backbone with the current RNG (use [`build_backbone`][fedhead.models.build_backbone] for a seeded
+        one)."""
         raise NotImplementedError(f"{type(self).__name__} is a base class; use a concrete model config")
 
 
@@ -59,7 +65,7 @@ def _image_channels(cfg: ModelConfig, input_shape: tuple[int, ...]) -> int:
     return int(input_shape[0])
 
 
-@dataclass
+@dataclass(frozen=True)
 class ResMLPConfig(ModelConfig):
     """ResMLP (docs/theory.md §10 tabular model): ``depth`` residual blocks of ``width`` with PReLU."""
 
@@ -67,16 +73,17 @@ class ResMLPConfig(ModelConfig):
     width: int = 1024
     depth: int = 3
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.width < 1 or self.depth < 0:
-            raise ModelError(f"model {self.name!r}: need width >= 1 and depth >= 0, got {self.width}, {self.depth}")
+    RULES = (
+        *ModelConfig.RULES,
+        Field("width", integer(1), "must be >= 1"),
+        Field("depth", integer(0), "must be >= 0"),
+    )
 
     def build(self, input_shape: tuple[int, ...], n_samples: int) -> Backbone:
         return ResMLP(_tabular_features(self, input_shape), self.width, self.depth, self.feature_dim)
 
 
-@dataclass
+@dataclass(frozen=True)
 class ResNetConfig(ModelConfig):
     """torchvision ResNet-18/34 from scratch, ``fc`` replaced by a ``512 -> P`` projection."""
 
@@ -84,12 +91,11 @@ class ResNetConfig(ModelConfig):
     depth: int = 18
     width: int = 64  # first-stage channels (64: torchvision's ResNet; smaller for CPU smoke runs)
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.depth not in (18, 34):
-            raise ModelError(f"model {self.name!r}: depth must be 18 or 34, got {self.depth}")
-        if self.width < 1:
-            raise ModelError(f"model {self.name!r}: width must be >= 1, got {self.width}")
+    RULES = (
+        *ModelConfig.RULES,
+        Field("depth", lambda v: v in (18, 34), "must be 18 or 34"),
+        Field("width", integer(1), "must be >= 1"),
+    )
 
     def build(self, input_shape: tuple[int, ...], n_samples: int) -> Backbone:
         ch = _image_channels(self, input_shape)
@@ -97,7 +103,7 @@ class ResNetConfig(ModelConfig):
         return ImageBackbone(net, input_shape, self.feature_dim)
 
 
-@dataclass
+@dataclass(frozen=True)
 class ResidualCNNConfig(ModelConfig):
     """ResNet-18 layout, ``GroupNorm(groups)``, 3x3 stride-1 stem, no max-pool."""
 
@@ -105,13 +111,14 @@ class ResidualCNNConfig(ModelConfig):
     groups: int = 8
     width: int = 64  # first-stage channels (the paper's 64; smaller for CPU smoke runs)
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.width < 1 or self.groups < 1 or self.width % self.groups:
-            raise ModelError(
-                f"model {self.name!r}: groups must divide width (GroupNorm over the first stage's "
-                f"channels), got groups={self.groups}, width={self.width}"
-            )
+    RULES = (
+        *ModelConfig.RULES,
+        Together(
+            lambda c: integer(1)(c.width) and integer(1)(c.groups) and c.width % c.groups == 0,
+            "model {name!r}: groups must divide width (GroupNorm over the first stage's channels), "
+            "got groups={groups}, width={width}",
+        ),
+    )
 
     def build(self, input_shape: tuple[int, ...], n_samples: int) -> Backbone:
         ch = _image_channels(self, input_shape)
@@ -119,17 +126,14 @@ class ResidualCNNConfig(ModelConfig):
         return ImageBackbone(net, input_shape, self.feature_dim)
 
 
-@dataclass
+@dataclass(frozen=True)
 class FreeFeatureConfig(ModelConfig):
     """Free features (the UFM as a network): one trainable ``P``-vector per training sample."""
 
     name: str = "free"
     init_scale: float = 1.0
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if not self.init_scale > 0:
-            raise ModelError(f"model {self.name!r}: init_scale must be > 0, got {self.init_scale}")
+    RULES = (*ModelConfig.RULES, Field("init_scale", number(0, low_open=True), "must be > 0"))
 
     def build(self, input_shape: tuple[int, ...], n_samples: int) -> Backbone:
         if n_samples < 1:
@@ -143,8 +147,9 @@ def build_backbone(cfg: ModelConfig, input_shape: tuple[int, ...], n_samples: in
     Parameters
     ----------
     cfg : ModelConfig
-        A concrete config (:class:`ResMLPConfig`, :class:`ResNetConfig`, :class:`ResidualCNNConfig`,
-        :class:`FreeFeatureConfig`).
+        A concrete config ([`ResMLPConfig`][fedhead.models.ResMLPConfig], [`ResNetConfig`][fedhead.models.ResNetConfig],
+        [`ResidualCNNConfig`][fedhead.models.ResidualCNNConfig],
+        [`FreeFeatureConfig`][fedhead.models.FreeFeatureConfig]).
     input_shape : tuple of int
         One sample's shape: ``(F,)`` tabular, ``(ch, H, W)`` images (ignored by free features).
     n_samples : int

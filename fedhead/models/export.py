@@ -1,11 +1,12 @@
 """A client's trained model as files that load with plain torch: ``model.pt2`` + ``model.json``.
 
-At the end of a run each client saves its final model (:mod:`fedhead.clients.export` decides
+At the end of a run each client saves its final model ([`fedhead.clients.export`][fedhead.clients.export] decides
 when and where): its private backbone, the final shared head ``(W, b)``, the federation's input
-and target offsets and scales, as one :class:`PredictionModule` written with
-:func:`torch.export.save` (``model.pt2``), plus ``model.json`` (the feature and target names,
+and target offsets and scales, as one [`PredictionModule`][fedhead.models.export.PredictionModule] written with
+`torch.export.save` (``model.pt2``), plus ``model.json`` (the feature and target names,
 the offsets and scales, the input shape and dtype, the data set, the procedure, the round, the
-versions; :data:`FORMAT_VERSION`). ``fedhead-predict`` (:mod:`fedhead.cli.predict`) runs it.
+versions; [`FORMAT_VERSION`][fedhead.models.export.FORMAT_VERSION]). ``fedhead-predict``
+([`fedhead.cli.predict`][fedhead.cli.predict]) runs it.
 
 Loading needs torch only (no fedhead code, no training code)::
 
@@ -68,7 +69,7 @@ class PredictionModule(nn.Module):
         ``x' = (x - input_offset) / input_scale`` for tabular inputs (None: used as they are).
     image : bool
         Image inputs ``(N, ch, H, W)``: uint8 become ``[0, 1]``, float32 pass through
-        (:func:`fedhead.data.base.batch_to_float`, as in training).
+        ([`fedhead.data.base.batch_to_float`][fedhead.data.batch_to_float], as in training).
     """
 
     def __init__(
@@ -124,7 +125,7 @@ class PredictionModule(nn.Module):
 
 
 def export_model(folder: str | os.PathLike, module: PredictionModule, example: torch.Tensor, meta: dict) -> Path:
-    """Write ``module`` as ``folder/model.pt2`` (:func:`torch.export.export`, dynamic batch size)
+    """Write ``module`` as ``folder/model.pt2`` (`torch.export.export`, dynamic batch size)
     and ``meta`` plus the format keys as ``folder/model.json``, each file atomically (the JSON
     last: a folder with ``model.json`` is complete).
 
@@ -178,7 +179,8 @@ _REQUIRED = {"inputs": ("kind", "shape", "dtype"), "targets": ("names",)}
 
 
 def read_meta(folder: str | os.PathLike) -> dict[str, Any]:
-    """``model.json`` of a model folder, checked (:class:`ModelFileError` naming the file)."""
+    """``model.json`` of a model folder, checked ([`ModelFileError`][fedhead.models.export.ModelFileError] naming the
+    file)."""
     folder = Path(folder)
     if not folder.is_dir():
         raise ModelFileError(f"{folder}: no such model folder")
@@ -204,7 +206,8 @@ def read_meta(folder: str | os.PathLike) -> dict[str, Any]:
 
 
 def load_model(folder: str | os.PathLike) -> SavedModel:
-    """Load a model folder written by :func:`export_model` (:class:`ModelFileError` naming the file)."""
+    """Load a model folder written by [`export_model`][fedhead.models.export.export_model]
+    ([`ModelFileError`][fedhead.models.export.ModelFileError] naming the file)."""
     folder = Path(folder)
     meta = read_meta(folder)
     path = folder / str(meta.get("program", PROGRAM_FILE))

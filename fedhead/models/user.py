@@ -3,7 +3,7 @@
 ``model.module=pkg.mod:Class`` names any module whose ``forward`` maps a batch of inputs to
 features ``(N, P)`` through a final ``nn.Linear(width, P)`` (no activation after it): the last
 layer's warm start, the finishing step and alignment act on that layer
-(:meth:`fedhead.models.backbones.Backbone.output_layer`). The class is built as
+([`fedhead.models.backbones.Backbone.output_layer`][fedhead.models.Backbone.output_layer]). The class is built as
 ``Class(**model.kwargs)``, plus ``in_features=F`` (tabular inputs ``(F,)``), ``in_channels=C``
 (images ``(C, H, W)``), ``input_shape=...`` and ``feature_dim=P`` for the parameters of those
 names its ``__init__`` takes and ``model.kwargs`` does not set. ``model.feature_dim`` is ``P``.
@@ -15,9 +15,9 @@ Keyword arguments on the command line: ``+model.kwargs.width=64`` (``kwargs`` is
 The module must be importable wherever clients run: in ``fedhead-run`` on the Ray workers, which
 inherit the driver's ``PYTHONPATH`` (``PYTHONPATH=/path/to/your/code fedhead-run ...``) or an
 installed package. Every check here (import, class, final layer, output shape on a batch of two)
-raises :class:`UserModelError`, a configuration error (exit status 2 in ``fedhead-run``): the
+raises [`UserModelError`][fedhead.models.UserModelError], a configuration error (exit status 2 in ``fedhead-run``): the
 import and class at config time, the rest once in the driver before any worker starts
-(:func:`check_user_model`) and again whenever a backbone is built.
+([`check_user_model`][fedhead.models.user.check_user_model]) and again whenever a backbone is built.
 """
 
 from __future__ import annotations
@@ -46,7 +46,8 @@ class UserModelError(ModelError, ConfigError):
 
 
 def import_class(spec: str) -> type:
-    """``"pkg.mod:Class"`` -> the class (an ``nn.Module`` subclass), or :class:`UserModelError`."""
+    """``"pkg.mod:Class"`` -> the class (an ``nn.Module`` subclass), or
+    [`UserModelError`][fedhead.models.UserModelError]."""
     if not isinstance(spec, str) or spec.count(":") != 1 or not all(spec.split(":")):
         raise UserModelError(f"model.module must be 'package.module:Class', got {spec!r}")
     mod_name, cls_name = spec.split(":")
@@ -67,7 +68,7 @@ def import_class(spec: str) -> type:
 
 def _final_linear(net: nn.Module, spec: str) -> nn.Linear:
     """The module's last registered submodule if it is an ``nn.Linear`` (in a Sequential: its last
-    item), else :class:`UserModelError`."""
+    item), else [`UserModelError`][fedhead.models.UserModelError]."""
     leaves = [m for m in net.modules() if not list(m.children())]
     last = leaves[-1] if leaves else None
     if not isinstance(last, nn.Linear):
@@ -82,7 +83,8 @@ def _final_linear(net: nn.Module, spec: str) -> nn.Linear:
 
 
 class UserBackbone(Backbone):
-    """A user's network wrapped as a :class:`Backbone`; its final ``nn.Linear`` is the output layer."""
+    """A user's network wrapped as a [`Backbone`][fedhead.models.Backbone]; its final ``nn.Linear`` is the output
+    layer."""
 
     def __init__(self, net: nn.Module, input_shape: tuple[int, ...], feature_dim: int, spec: str):
         super().__init__()
@@ -147,7 +149,7 @@ def _check_output(backbone: UserBackbone) -> None:
         backbone.train(was_training)
 
 
-@dataclass
+@dataclass(frozen=True)
 class TorchModelConfig(ModelConfig):
     """``model=torch``: ``module`` (``pkg.mod:Class``) built with ``kwargs``.
 
@@ -201,8 +203,8 @@ class TorchModelConfig(ModelConfig):
 def as_backbone(
     net: nn.Module, input_shape: tuple[int, ...], *, feature_dim: int | None = None, name: str | None = None
 ) -> UserBackbone:
-    """A user's ``nn.Module`` as a fedhead backbone (what :func:`fedhead.train.train_local` and
-    :func:`fedhead.clients.step.train_step` train), checked on a batch of two.
+    """A user's ``nn.Module`` as a fedhead backbone (what [`fedhead.train.train_local`][fedhead.train.train_local] and
+    [`fedhead.clients.step.train_step`][fedhead.clients.train_step] train), checked on a batch of two.
 
     Parameters
     ----------
@@ -230,7 +232,8 @@ def as_backbone(
 
 
 def check_user_model(model: ModelConfig, input_shape: tuple[int, ...], n_samples: int = 2) -> None:
-    """Build a :class:`TorchModelConfig` backbone once (seed 0) to check it before any client
+    """Build a [`TorchModelConfig`][fedhead.models.user.TorchModelConfig] backbone once (seed 0) to check it before any
+    client
     starts; other model configs pass."""
     if isinstance(model, TorchModelConfig):
         from fedhead.models.config import build_backbone

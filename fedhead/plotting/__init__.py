@@ -22,11 +22,12 @@ procedures_figure
 new_figure, save_figure
     Figure creation with the right axes kinds, and atomic PNG writing.
 
-Colours: :data:`PALETTE` fixes one colour per Gram (``G_t``, ``G_star``, ``G_cen``,
+Colours: [`PALETTE`][fedhead.plotting.PALETTE] fixes one colour per Gram (``G_t``, ``G_star``, ``G_cen``,
 ``G_within``, ``G_0``, the exact recursion) for every figure and TensorBoard image;
-:func:`gram_style` and :func:`gram_label` give the matching style and mathtext label.
+[`gram_style`][fedhead.plotting.gram_style] and [`gram_label`][fedhead.plotting.gram_label] give the matching style and
+mathtext label.
 
-This module is the public facade: the implementation lives in :mod:`fedhead.plotting`
+This module is the public facade: the implementation lives in [`fedhead.plotting`][fedhead.plotting]
 (``style``: palette and labels; ``canvas``: ``new_figure``/``save_figure``; ``ellipses``;
 ``curves``: ``plot_error_curves``; ``run_figures``: ``run_error_figure``/``procedures_figure``).
 Import from here: ``from fedhead import plots`` or ``from fedhead.plotting import X``.

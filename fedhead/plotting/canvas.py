@@ -23,7 +23,7 @@ FIGURE_LOCK = threading.RLock()
 
 
 def blank_figure(**kwargs) -> Figure:
-    """A :class:`~matplotlib.figure.Figure` with its own Agg canvas, outside pyplot's global
+    """A `Figure` with its own Agg canvas, outside pyplot's global
     figure manager: safe to build from several threads at once (the jobs of a sweep that run
     concurrently write their figures in parallel)."""
     # the Agg canvas: only when a figure is drawn
@@ -98,7 +98,8 @@ def save_figure(fig: Figure, path: str | os.PathLike, *, dpi: int = 130) -> Path
 class Drawer:
     """The process's one figure thread (matplotlib is not thread-safe: every figure of a
     background recorder is drawn there, in submission order). A daemon thread: it never keeps
-    the process alive; :meth:`fedhead.driver.recorder.RunRecorder.wait` is what makes sure the work is done."""
+    the process alive; [`fedhead.driver.recorder.RunRecorder.wait`][fedhead.driver.recorder.RunRecorder.wait] is what
+    makes sure the work is done."""
 
     def __init__(self) -> None:
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
@@ -125,5 +126,6 @@ class Drawer:
                 fut.set_exception(exc)
 
 
-#: The process's figure thread (:class:`fedhead.driver.recorder.RunRecorder` with ``background=True``).
+#: The process's figure thread ([`fedhead.driver.recorder.RunRecorder`][fedhead.driver.recorder.RunRecorder] with
+# ``background=True``).
 DRAWER = Drawer()

@@ -40,11 +40,8 @@ def plot_error_curves(
 ) -> Axes:
     """Draw error curves over runs: a centre line with a shaded band per curve.
 
-    Curves that coincide stay visible: by default each curve gets its own line style and marker,
-    line widths decrease from the first curve to the last (later curves lie on top, thinner),
-    markers alternate filled/hollow and are staggered along the x axis when there are many
-    points.  On a log y axis values below ``floor`` are drawn at ``floor``; when that happens a
-    note on the axes says that points at the floor are exact zeros.
+    Coinciding curves stay visible: each has its own line style and staggered marker, later curves
+    thinner and on top. On a log y axis values below ``floor`` are drawn at ``floor``, with a note.
 
     Parameters
     ----------
@@ -64,14 +61,11 @@ def plot_error_curves(
         Per-curve keyword overrides (``color``, ``linestyle``, ``marker``, ``linewidth``, ...),
         e.g. ``plots.gram_style("G_star")`` for an error to ``G_star``.
     logx, logy : bool
-        Logarithmic axes; on a log axis values are clipped below at ``floor`` so exact zeros
-        (e.g. an error of 0.0) stay drawable.
+        Logarithmic axes.
     floor : float
-        Smallest value drawn on a log y axis.
-    xlabel, ylabel, title : str, optional
-        Labels.
-    legend : bool
-        Add a legend.
+        Smallest value drawn on a log y axis (exact zeros stay drawable).
+    xlabel, ylabel, title, legend
+        Labels, and whether to add a legend.
     integer_x : bool, optional
         Integer ticks only on the x axis (rounds); default: when ``x`` holds integers and the
         axis is linear.

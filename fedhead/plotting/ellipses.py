@@ -93,17 +93,11 @@ def plot_ellipses(
 ) -> Axes:
     """Draw Gram matrices as ellipses ``{G^{1/2} u : ||u|| <= 1}`` with equal axes.
 
-    On an ordinary (2-D) axes two coordinates are drawn (default the first two): the ellipse of
-    that 2 x 2 principal block, i.e. the projection (shadow) of the full ellipsoid on that plane.
-    On a 3-D axes (``new_figure(..., projection="3d")``) three coordinates are drawn as wireframe
-    ellipsoids (docs/theory.md §11).  Axis limits are symmetric and equal in every direction, so
-    a circle looks like a circle.
-
-    Styles: a mapping key named in :data:`PALETTE` (``G_star``, ``G_cen``, ``G_within``,
-    ``G_0``, ``G_t`` or ``G_<round>``) gets its palette colour, line style and marker and its
-    mathtext label, unless ``colors``/``linestyles``/``markers`` are given.  Line widths
-    decrease and markers are staggered along the curve, so an ellipse drawn exactly on top of
-    another leaves the one below visible.
+    2-D axes: the ellipse of a 2 x 2 principal block, the shadow of the full ellipsoid on that
+    plane; 3-D axes (``new_figure(..., projection="3d")``): wireframe ellipsoids of three
+    coordinates (docs/theory.md §11). A key named in [`PALETTE`][fedhead.plotting.PALETTE] (``G_star``, ``G_cen``, ...,
+    ``G_<round>``) gets its palette style and mathtext label unless styles are given; decreasing
+    line widths and staggered markers keep an ellipse drawn on top of another from hiding it.
 
     Parameters
     ----------
@@ -120,10 +114,8 @@ def plot_ellipses(
         Coordinates to draw; default ``(0, 1)`` on 2-D axes and ``(0, 1, 2)`` on 3-D axes.
     n_points : int
         Resolution of each curve (2-D) or of the parametric grid (3-D, reduced to 24).
-    legend : bool
-        Add a legend when labels are known.
-    title : str, optional
-        Axes title.
+    legend, title
+        Whether to add a legend (when labels are known); the axes title.
     target_names : sequence of str, optional
         Names of all ``C`` target coordinates, used as axis labels (default
         ``"coordinate k"``).
@@ -337,7 +329,7 @@ def gram_ellipse_figure(
     Parameters
     ----------
     grams : mapping key -> (C, C) array
-        Keys named in :data:`PALETTE` (``G_t``/``G_<round>``, ``G_star``, ``G_cen``,
+        Keys named in [`PALETTE`][fedhead.plotting.PALETTE] (``G_t``/``G_<round>``, ``G_star``, ``G_cen``,
         ``G_within``, ``G_0``) get their palette style and mathtext label; ``G_star`` may be
         ``None`` (undefined outside the fully active regime) and is then left out.
     target_names : sequence of str, optional
@@ -349,7 +341,8 @@ def gram_ellipse_figure(
     procedure, round_ : optional
         Procedure name and round shown in the default title.
     view : {"pairs", "3d"}
-        Planar pairs of coordinates (:func:`coordinate_groups`), or 3-d ellipsoids of triples
+        Planar pairs of coordinates ([`coordinate_groups`][fedhead.plotting.coordinate_groups]), or 3-d ellipsoids of
+        triples
         (needs ``C >= 3``).
     panel_size : (width, height)
         Inches per panel.

@@ -1,7 +1,8 @@
 """Figures of finished runs from their results.json (docs/theory.md §11 displays).
 
-:func:`run_error_figure`: one run's errors ``e_F(G_t, .)`` to every reference per round.
-:func:`procedures_figure`: the paper-style summary, error to ``G_star`` and to ``G_cen`` per round
+[`run_error_figure`][fedhead.plotting.run_error_figure]: one run's errors ``e_F(G_t, .)`` to every reference per round.
+[`procedures_figure`][fedhead.plotting.procedures_figure]: the paper-style summary, error to ``G_star`` and to ``G_cen``
+per round
 for each procedure, mean +- 1 sd over seeds, with the diagnosis's predicted gap marked.
 """
 
@@ -55,14 +56,14 @@ def run_error_figure(results: Results, *, title: str | None = None) -> Figure:
 
     Draws ``e_F(G_t, G_star)``, ``e_F(G_t, G_cen)``, ``e_F(G_t, G_within)`` and
     ``e_F(G_t, R_t)`` (``R_t`` the exact recursion from the run's own ``G_0``; not drawn at
-    round 0, where it is 0 by construction) in the :data:`PALETTE` colours with distinct styles,
+    round 0, where it is 0 by construction) in the [`PALETTE`][fedhead.plotting.PALETTE] colours with distinct styles,
     and the diagnosis's predicted gap ``||G_cen - G_star||_F / ||G_cen||_F`` as a horizontal
     line: an uncorrected run's error to ``G_cen`` levels off there.
 
     Parameters
     ----------
     results : Results
-        The run's results.json (:class:`fedhead.results.schema.Results`): its ``rounds``
+        The run's results.json ([`fedhead.results.schema.Results`][fedhead.results.schema.Results]): its ``rounds``
         (``e_f_star``, ``e_f_cen``, ``e_f_within``, ``e_f_recursion``; ``None`` = undefined),
         procedure name, ``reference``, ``diagnosis`` (``rel_gap``) and ``targets``.
     title : str, optional
@@ -121,7 +122,7 @@ def procedures_figure(results_list: Sequence[Results], *, title: str | None = No
     Parameters
     ----------
     results_list : sequence of Results
-        One per run (see :func:`run_error_figure`).
+        One per run (see [`run_error_figure`][fedhead.plotting.run_error_figure]).
     title : str, optional
         Figure title (default names the data set when the runs carry one).
 
@@ -227,7 +228,8 @@ def shared_legend(fig: Figure, axes: Sequence[Axes], loc: str = "outside right u
 
 
 def _procedures_title(results_list: Sequence[Results], groups: Mapping[str, Sequence[Results]]) -> str:
-    """Default title of :func:`procedures_figure`: the data sets, and the band when seeds repeat."""
+    """Default title of [`procedures_figure`][fedhead.plotting.procedures_figure]: the data sets, and the band when
+    seeds repeat."""
     names = {res.dataset.name for res in results_list} - {""}
     title = "head Gram error per round" + (f" on {', '.join(sorted(names))}" if names else "")
     title += " (mean $\\pm$ 1 sd over seeds)" if any(len(v) > 1 for v in groups.values()) else ""

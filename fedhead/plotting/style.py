@@ -1,8 +1,8 @@
 """Colours, line styles and mathtext labels shared by every figure (docs/theory.md §11).
 
-:data:`PALETTE` fixes one colour per Gram (``G_t``, ``G_star``, ``G_cen``, ``G_within``,
-``G_0``, the exact recursion) for every figure and TensorBoard image; :func:`gram_style` and
-:func:`gram_label` give the matching style and mathtext label.
+[`PALETTE`][fedhead.plotting.PALETTE] fixes one colour per Gram (``G_t``, ``G_star``, ``G_cen``, ``G_within``,
+``G_0``, the exact recursion) for every figure and TensorBoard image; [`gram_style`][fedhead.plotting.gram_style] and
+[`gram_label`][fedhead.plotting.gram_label] give the matching style and mathtext label.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ GRAM_LABELS: dict[str, str] = {
     "G_avg": r"$\sum_m p_m G_m$",
 }
 
-#: Colours of the client optima ``G_m`` (distinct from :data:`PALETTE`).
+#: Colours of the client optima ``G_m`` (distinct from [`PALETTE`][fedhead.plotting.PALETTE]).
 CLIENT_COLORS = ["#17becf", "#bcbd22", "#e377c2", "#8c564b", "#393b79", "#637939", "#843c39", "#7b4173"]
 
 #: One colour per procedure in the multi-procedure figures.
@@ -59,12 +59,12 @@ PROCEDURE_COLORS: dict[str, str] = {
 _CYCLE_STYLES = ["-", "--", "-.", ":", (0, (5, 1, 1, 1)), (0, (1, 1)), (0, (8, 3))]
 _CYCLE_MARKERS = ["o", "s", "^", "D", "v", "P", "X", "*"]
 
-#: Colour cycle of procedures missing from :data:`PROCEDURE_COLORS`.
+#: Colour cycle of procedures missing from [`PROCEDURE_COLORS`][fedhead.plotting.PROCEDURE_COLORS].
 _CYCLE_COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"]
 
 
 def _gram_key(label: str | None) -> str | None:
-    """The :data:`PALETTE` key a label names (``"G_3"``/``"G_t"`` -> ``G_t``), or None."""
+    """The [`PALETTE`][fedhead.plotting.PALETTE] key a label names (``"G_3"``/``"G_t"`` -> ``G_t``), or None."""
     if label is None:
         return None
     if label in PALETTE:
@@ -75,7 +75,8 @@ def _gram_key(label: str | None) -> str | None:
 
 
 def gram_style(key: str) -> dict[str, object]:
-    """Colour, line style and marker of a Gram named in :data:`PALETTE` (``G_<digits>`` is ``G_t``)."""
+    """Colour, line style and marker of a Gram named in [`PALETTE`][fedhead.plotting.PALETTE] (``G_<digits>`` is
+    ``G_t``)."""
     k = _gram_key(key)
     if k is None:
         raise KeyError(f"gram_style: unknown Gram {key!r}; known: {sorted(PALETTE)}")

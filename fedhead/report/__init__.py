@@ -1,20 +1,8 @@
-"""``fedhead-report``: the paper's tables and figures from ``fedhead-sweep`` output folders.
+"""``fedhead-report``: the paper's tables, figures and claim verdicts from ``fedhead-sweep`` folders.
 
-Pipeline (pure computation separate from rendering):
-
-collect
-    :func:`collect` reads every ``manifest.json`` and the results.json of each completed run
-    (:class:`RunEntry`, :class:`Collection`; :class:`ReportInputError` for bad input).
-measures
-    Per-run numbers from one results.json (endpoint/trajectory e_F, δ_last, MSE, ...).
-tables, selection_tables, scope_tables
-    :class:`Table` / :class:`Cell` (value, n, the runs behind it) and Tables 4-9.
-render, figures, figures_bars, document
-    Markdown/CSV/sources files, PNG figures, ``report.md``.
-build
-    :func:`build_report` ``(sweep_dirs, out) -> Report`` (tables accessible as objects).
-cli
-    ``fedhead-report DIR... --out OUT``.
+The pipeline is collect (`collect`) -> per-run numbers (`measures`) -> tables (`tables`,
+`selection_tables`, `scope_tables`) and claims (`claims`, `paper_claims`) -> rendering (`render`,
+`figures`, `figures_bars`, `document`); `build_report` runs it and returns the tables as objects.
 """
 
 from fedhead.report.build import TABLES, Report, build_report, compute_tables

@@ -1,9 +1,11 @@
 """``build_report``: sweep folders in, ``OUT/tables``, ``OUT/figures`` and ``OUT/report.md`` out.
 
-The pipeline is collect (:mod:`fedhead.report.collect`) -> tables (pure builders of
-:mod:`fedhead.report.selection_tables` and :mod:`fedhead.report.scope_tables`) -> rendering
-(:mod:`fedhead.report.render`, :mod:`fedhead.report.figures`, :mod:`fedhead.report.document`).
-The returned :class:`Report` keeps every table with its cells, so callers (tests, notebooks)
+The pipeline is collect ([`fedhead.report.collect`][fedhead.report.collect]) -> tables (pure builders of
+[`fedhead.report.selection_tables`][fedhead.report.selection_tables] and
+[`fedhead.report.scope_tables`][fedhead.report.scope_tables]) -> rendering
+([`fedhead.report.render`][fedhead.report.render], [`fedhead.report.figures`][fedhead.report.figures],
+[`fedhead.report.document`][fedhead.report.document]).
+The returned [`Report`][fedhead.report.Report] keeps every table with its cells, so callers (tests, notebooks)
 read the numbers without parsing files.
 """
 
@@ -15,13 +17,15 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from matplotlib.figure import Figure
+
 from fedhead.plotting.canvas import save_figure
-from fedhead.report import figures as F
-from fedhead.report import figures_bars as B
 from fedhead.report import paper, scope_tables, selection_tables
 from fedhead.report.claims import Claim, Verdict, evaluate
 from fedhead.report.collect import Collection, RunEntry, collect
 from fedhead.report.document import claims_csv, report_markdown
+from fedhead.report.figures import ellipses_figure, epochs_figure, error_curves_figure, rho_figure
+from fedhead.report.figures_bars import CENTERING_NOTE, centering_figure, mse_figure
 from fedhead.report.paper_claims import CLAIMS
 from fedhead.report.render import write_table
 from fedhead.report.tables import Table
@@ -67,7 +71,7 @@ class FigureInfo:
 
 @dataclass
 class Report:
-    """What :func:`build_report` produced.
+    """What [`build_report`][fedhead.report.build_report] produced.
 
     Attributes
     ----------
@@ -76,14 +80,15 @@ class Report:
     collection : Collection
         The sweeps and runs found (counted and excluded).
     tables : dict
-        Table key (``table4``, ``table4_wins``, ...) -> :class:`fedhead.report.tables.Table`.
+        Table key (``table4``, ``table4_wins``, ...) -> [`fedhead.report.tables.Table`][fedhead.report.Table].
     missing : list of TableSpec
         The paper tables no counted run could fill.
     figures : list of FigureInfo
     figure_errors : list of str
         Figures that failed to draw (one line each; the report goes on without them).
     claims : list of (Claim, Verdict)
-        The paper's claims (:data:`fedhead.report.paper_claims.CLAIMS`) with their verdicts.
+        The paper's claims ([`fedhead.report.paper_claims.CLAIMS`][fedhead.report.paper_claims.CLAIMS]) with their
+        verdicts.
     """
 
     out: Path
@@ -133,7 +138,7 @@ def slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_") or "x"
 
 
-def figure_jobs(collection: Collection) -> Iterable[tuple[str, str, Callable[[], object]]]:
+def figure_jobs(collection: Collection) -> Iterable[tuple[str, str, Callable[[], Figure | None]]]:
     """``(file name, caption, draw)`` of every figure the runs may fill (draw returns None when not)."""
     for sweep in ("main", "alignment", "centering"):
         runs = collection.of_sweep(sweep)
@@ -142,7 +147,7 @@ def figure_jobs(collection: Collection) -> Iterable[tuple[str, str, Callable[[],
                 f"curves_{sweep}.png",
                 f"Error of the head Gram to each procedure's own reference per round, sweep {sweep} "
                 "(one panel per setting, mean ± 1 sd over seeds, log scale).",
-                lambda runs=runs, sweep=sweep: F.error_curves_figure(runs, sweep),
+                lambda runs=runs, sweep=sweep: error_curves_figure(runs, sweep),
             )
     main = collection.of_sweep("main")
     for setting in sorted({r.setting for r in main}):
@@ -150,23 +155,23 @@ def figure_jobs(collection: Collection) -> Iterable[tuple[str, str, Callable[[],
             f"ellipses_{slug(setting)}.png",
             f"Final head Gram of each procedure against G_star and G_cen on {setting} (smallest seed; "
             "first three targets when there are more).",
-            lambda setting=setting: F.ellipses_figure(main, setting),
+            lambda setting=setting: ellipses_figure(main, setting),
         )
     yield (
         "epochs.png",
         "Endpoint e_F against the local epochs E (sweep epochs, log-log).",
-        lambda: F.epochs_figure(collection.of_sweep("epochs")),
+        lambda: epochs_figure(collection.of_sweep("epochs")),
     )
     yield (
         "rho.png",
         "δ_last and endpoint e_F against ρ (sweep rho); ρ = 0 at the tick labelled 0 left of the dotted axis break.",
-        lambda: F.rho_figure(collection.of_sweep("rho")),
+        lambda: rho_figure(collection.of_sweep("rho")),
     )
-    yield ("centering_gap.png", B.CENTERING_NOTE, lambda: B.centering_figure(collection.of_sweep("centering")))
+    yield ("centering_gap.png", CENTERING_NOTE, lambda: centering_figure(collection.of_sweep("centering")))
     yield (
         "mse_change.png",
         "Paired change of the final MSE against ordinary on the same setting and seed (sweep prediction).",
-        lambda: B.mse_figure(collection.of_sweep("prediction"), "prediction"),
+        lambda: mse_figure(collection.of_sweep("prediction"), "prediction"),
     )
 
 

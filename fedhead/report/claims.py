@@ -1,24 +1,9 @@
 """Verdicts on the paper's claims about the network experiments (pure machinery).
 
-A :class:`Claim` (the list is :data:`fedhead.report.paper_claims.CLAIMS`) has a checker: a
-function of :class:`Evidence` (the runs of the claim's sweeps and the report tables built from
-them) that returns a :class:`Verdict` (``holds`` / ``does not hold``, with the numbers and the
-runs behind it) or :class:`Missing` (the runs do not measure what the claim needs).
-
-:func:`evaluate` gives the final verdict:
-
-* ``not measured``: no counted run of the claim's sweeps, the checker finds nothing to measure
-  on them (no test split, no corrected run, ...) or the claim has no checker (a figure or a UFM
-  experiment);
-* ``not testable``: the measurement exists, but only on runs whose clients stopped before their
-  local optima (the last round's largest trained gap above :data:`OPTIMUM_GAP`): the numbers
-  would measure the optimiser, not the theory;
-* ``holds`` / ``does not hold``: the checker's verdict on the runs whose clients reached their
-  optima (the runs left out, if any, are named in the verdict).
-
-Runs with a proximal weight ``rho > 1e-3`` are not judged by the gap: the recorded gap is of the
-original objective, which a proximal client with a large weight does not minimise by design
-(Table 5 measures exactly that).
+A [`Claim`][fedhead.report.claims.Claim] has a check: a function of the runs of its sweeps
+([`Evidence`][fedhead.report.claims.Evidence]) returning a verdict or what is missing;
+[`evaluate`][fedhead.report.claims.evaluate] turns it into the final verdict. The helpers at the
+end are the vocabulary the checks are written in.
 """
 
 from __future__ import annotations
@@ -42,7 +27,8 @@ VERDICTS = (HOLDS, FAILS, NOT_TESTABLE, NOT_MEASURED)
 
 @dataclass(frozen=True)
 class Verdict:
-    """A verdict: one of :data:`VERDICTS`, the numbers (one line) and the runs behind them."""
+    """A verdict: one of [`VERDICTS`][fedhead.report.claims.VERDICTS], the numbers (one line) and the runs behind
+    them."""
 
     status: str
     detail: str
@@ -112,7 +98,7 @@ class Claim:
 # ------------------------------------------------------------------------------ local optima
 def last_gap(run: RunEntry) -> float | None:
     """The last round's largest trained gap of the run's clients (None when not recorded)."""
-    res = run.results
+    res = run.counted_results
     lo = getattr(res, "local_optimality", None)
     gap = measures.num(getattr(lo, "last_round_max_trained_gap", None)) if lo is not None else None
     if gap is not None:
@@ -127,8 +113,9 @@ def last_gap(run: RunEntry) -> float | None:
 
 def stopped_early(run: RunEntry) -> bool:
     """True when the run's clients did not reach their local optima at the last round (gap above
-    :data:`OPTIMUM_GAP`; runs with ``rho > 1e-3`` and runs without a recorded gap are not judged)."""
-    rho = measures.num(measures.param(run.results, run.params, "rho"))
+    [`OPTIMUM_GAP`][fedhead.report.claims.OPTIMUM_GAP]; runs with ``rho > 1e-3`` and runs without a recorded gap are not
+    judged)."""
+    rho = measures.num(measures.param(run.counted_results, run.params, "rho"))
     if rho is not None and rho > RHO_JUDGED_BY_GAP:
         return False
     gap = last_gap(run)
@@ -154,10 +141,21 @@ def runs_text(refs: Sequence[RunRef], limit: int = 4) -> str:
 def evaluate(
     claim: Claim, collection: Collection, tables_of: Callable[[Sequence[RunEntry]], dict[str, Table]]
 ) -> Verdict:
-    """The claim's verdict on the counted runs of ``collection`` (see the module docstring).
+    """The claim's verdict on the counted runs of ``collection``.
 
-    ``tables_of(runs)`` builds the report tables of a run subset (the checker sees tables built
-    from exactly the runs it judges)."""
+    * ``not measured``: no counted run of the claim's sweeps, the check finds nothing to measure
+      on them (no test split, no corrected run, ...) or the claim has no check (a figure or a UFM
+      experiment);
+    * ``not testable``: the measurement exists, but only on runs whose clients stopped before
+      their local optima (the last round's largest trained gap above `OPTIMUM_GAP`): the numbers
+      would measure the optimiser, not the theory;
+    * ``holds`` / ``does not hold``: the check's verdict on the runs whose clients reached their
+      optima (the runs left out, if any, are named in the verdict).
+
+    Runs with a proximal weight ``rho > 1e-3`` are not judged by the gap: the recorded gap is of
+    the original objective, which a proximal client with a large weight does not minimise by
+    design (Table 5 measures exactly that). ``tables_of(runs)`` builds the report tables of a
+    run subset (the check sees tables built from exactly the runs it judges)."""
     if claim.check is None:
         return Verdict(NOT_MEASURED, claim.unchecked)
     runs = collection.of_sweep(*claim.sweeps)
@@ -210,7 +208,7 @@ def verdict(ok: bool, detail: str, *groups: Sequence[RunEntry]) -> Verdict:
 
 def median(runs: Sequence[RunEntry], fn: Callable) -> float | None:
     """The median of ``fn(results)`` over ``runs`` (undefined values skipped; None when none)."""
-    vals = [v for r in runs if (v := fn(r.results)) is not None]
+    vals = [v for r in runs if (v := fn(r.counted_results)) is not None]
     return float(statistics.median(vals)) if vals else None
 
 
@@ -228,14 +226,14 @@ def pair_wins(
     runs: Sequence[RunEntry], challenger: str, baseline: str, fn: Callable, name: Callable = procedure_label
 ) -> tuple[int, int, list[RunEntry]]:
     """``(pairs where the challenger's fn is lower, pairs with both defined, their runs)``."""
-    pairs = [(a, b, fn(a.results), fn(b.results)) for a, b in paired(runs, challenger, baseline, name)]
+    pairs = [(a, b, fn(a.counted_results), fn(b.counted_results)) for a, b in paired(runs, challenger, baseline, name)]
     pairs = [(a, b, x, y) for a, b, x, y in pairs if x is not None and y is not None]
     return sum(1 for *_, x, y in pairs if x < y), len(pairs), [r for a, b, *_ in pairs for r in (a, b)]
 
 
 def every(runs: Sequence[RunEntry], test: Callable) -> tuple[int, int]:
     """``(runs where test(results) is True, runs where it is defined)``."""
-    out = [t for r in runs if (t := test(r.results)) is not None]
+    out = [t for r in runs if (t := test(r.counted_results)) is not None]
     return sum(1 for t in out if t), len(out)
 
 
@@ -249,6 +247,6 @@ def closer(first: str, second: str) -> Callable:
     return test
 
 
-def m(x: float | None) -> str:
+def number_text(x: float | None) -> str:
     """A number for a verdict line (``-`` when undefined)."""
     return "-" if x is None else fmt(x)

@@ -1,18 +1,9 @@
 """Collect the runs of ``fedhead-sweep`` output folders (manifest.json + per-run results.json).
 
-A sweep folder holds ``manifest.json`` (schema below) and, for every completed run, the standard
-``results.json`` of ``fedhead-run`` under ``<sweep dir>/<run["dir"]>``::
-
-    {"schema_version": 1, "sweep": "main", "scale": "smoke", "created": "...",
-     "runs": [{"id": "main/hopper/proximal/s0", "sweep": "main", "setting": "hopper",
-               "dataset": "hopper", "model": "resmlp", "procedure": "proximal", "seed": 0,
-               "params": {...}, "status": "completed", "config_hash": "...",
-               "wall_seconds": 12.3, "dir": "runs/main/hopper/proximal/s0",
-               "error": null, "needs": null}, ...]}
-
-:func:`collect` reads every manifest under the given folders and returns a :class:`Collection`:
-the counted runs (completed, with a readable, completed results.json) and the others with the
-reason they do not count. Pure reading, no figures or tables.
+[`collect`][fedhead.report.collect.collect] reads every manifest under the given folders (the
+format is `fedhead.sweep.manifest.Manifest`'s) and returns the counted runs (completed, with a
+readable, completed results.json) and the others with the reason they do not count. Pure
+reading, no figures or tables.
 """
 
 from __future__ import annotations
@@ -70,8 +61,8 @@ class RunEntry:
     reason : str or None
         Why a run does not count (the manifest's ``error``/``needs``, or the results problem).
     results : Results or None
-        The run's results.json read through :func:`fedhead.results.schema.read` (counted runs
-        only), without the entries the report never reads (see :func:`slim`).
+        The run's results.json read through [`fedhead.results.schema.read`][fedhead.results.schema.read] (counted runs
+        only), without the entries the report never reads (see [`slim`][fedhead.report.collect.slim]).
     wall_seconds : float or None
         The manifest's wall time of the run.
     """
@@ -96,6 +87,13 @@ class RunEntry:
         """True for a completed run with a readable, completed results.json."""
         return self.status == "completed" and self.results is not None
 
+    @property
+    def counted_results(self) -> Results:
+        """The results of a counted run (the tables and figures see only those)."""
+        if self.results is None:
+            raise ValueError(f"run {self.id} ({self.status}) has no results: it is not counted")
+        return self.results
+
 
 @dataclass(frozen=True)
 class SweepInfo:
@@ -111,7 +109,7 @@ class SweepInfo:
 
 @dataclass(frozen=True)
 class Collection:
-    """Everything :func:`collect` found: the sweeps, the counted runs and the others."""
+    """Everything [`collect`][fedhead.report.collect.collect] found: the sweeps, the counted runs and the others."""
 
     sweeps: list[SweepInfo]
     runs: list[RunEntry]
@@ -144,7 +142,8 @@ def find_manifests(dirs: Iterable[str | Path]) -> list[Path]:
 
 
 def read_json(path: Path) -> Any:
-    """The JSON content of ``path``; :class:`ReportInputError` naming the file when unreadable."""
+    """The JSON content of ``path``; [`ReportInputError`][fedhead.report.ReportInputError] naming the file when
+    unreadable."""
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -173,7 +172,7 @@ def load_manifest(path: Path) -> tuple[SweepInfo, list[RunEntry]]:
 
 
 def _entry(path: Path, sweep_dir: str, manifest: Mapping[str, Any], i: int, run: Any) -> RunEntry:
-    """The :class:`RunEntry` of the ``i``-th manifest run (results.json read when completed)."""
+    """The [`RunEntry`][fedhead.report.RunEntry] of the ``i``-th manifest run (results.json read when completed)."""
     if not isinstance(run, Mapping) or "id" not in run:
         raise ReportInputError(f"{path}: run #{i} is not an object with an 'id'")
     rel = str(run.get("dir") or f"runs/{run['id']}")

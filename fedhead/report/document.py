@@ -96,14 +96,14 @@ def sweeps_section(report: Report) -> list[str]:
 def local_steps_sentence(report: Report) -> str:
     """One sentence: the median over all counted runs of the local steps ratio (fixed E × T / used)."""
     runs = report.collection.runs
-    cell = median_cell((measures.local_steps_ratio(r.results), r.ref) for r in runs)
+    cell = median_cell((measures.local_steps_ratio(r.counted_results), r.ref) for r in runs)
     if cell.value is None:
         return (
             "Local steps: no counted run records them (results.json without `local_steps`), so the ratio of "
             "the fixed recipe's steps (E epochs in each of T rounds) to those used is not given."
         )
     return (
-        f"Local steps: the fixed recipe (E epochs in each of T rounds) takes {fmt(cell.value)} times the "
+        f"Local steps: the fixed recipe (E epochs in each of T rounds) takes {fmt(float(cell.value))} times the "
         f"optimiser steps the clients used (stopping at local_tol), median over {cell.count} of "
         f"{len(runs)} counted runs (each run's median over clients; Table 4's `local steps ratio`)."
     )
@@ -180,7 +180,7 @@ def sources_section(report: Report) -> list[str]:
         lines.append(f"- {key}: [tables/{key}_sources.csv](tables/{key}_sources.csv)")
     lines += ["", "Sweep folders:", ""]
     lines += [f"- `{s.sweep_dir}` (manifest.json, sweep {s.sweep}, scale {s.scale})" for s in report.collection.sweeps]
-    revs = sorted({r.results.git_revision for r in report.collection.runs})
+    revs = sorted({r.results.git_revision for r in report.collection.runs if r.results is not None})
     if revs:
         lines += ["", "Code revisions of the counted runs: " + ", ".join(f"`{r}`" for r in revs)]
     return lines + [""]

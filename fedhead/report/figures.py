@@ -1,9 +1,9 @@
 """Report figures over rounds and swept knobs: error curves per setting, final-Gram ellipses,
 endpoint error against the local epochs E, δ_last and e_F against ρ.
 
-Each function takes counted runs (:class:`fedhead.report.collect.RunEntry`) and returns a
+Each function takes counted runs ([`fedhead.report.collect.RunEntry`][fedhead.report.RunEntry]) and returns a
 matplotlib Figure (or None when the runs cannot fill it); colours come from
-:mod:`fedhead.plotting.style` (one colour per procedure, the Gram palette for ellipses).
+[`fedhead.plotting.style`][fedhead.plotting.style] (one colour per procedure, the Gram palette for ellipses).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def target_unit(dataset: str) -> str:
 
 
 def color(name: str, i: int = 0) -> str:
-    """The procedure's colour (:data:`PROCEDURE_COLORS`), else the colour cycle."""
+    """The procedure's colour ([`PROCEDURE_COLORS`][fedhead.plotting.PROCEDURE_COLORS]), else the colour cycle."""
     return PROCEDURE_COLORS.get(name.split("+")[0], _CYCLE_COLORS[i % len(_CYCLE_COLORS)])
 
 
@@ -50,15 +50,21 @@ def _floor(curves: Mapping[str, np.ndarray]) -> float:
 
 
 def _quiet_curves(ax, x, curves, **kw) -> None:
-    """:func:`plot_error_curves` (mean +- 1 sd) without numpy's warnings on all-NaN columns."""
+    """[`plot_error_curves`][fedhead.plotting.plot_error_curves] (mean +- 1 sd) without numpy's warnings on all-NaN
+    columns."""
     with warnings.catch_warnings():
         for msg in ("All-NaN slice", "Degrees of freedom", "Mean of empty slice", "invalid value"):
             warnings.filterwarnings("ignore", msg, RuntimeWarning)
         plot_error_curves(ax, x, curves, center="mean", band="sd", floor=_floor(curves), **kw)
 
 
+def _point(x: float | None, value: float | None) -> dict[float, float | None]:
+    """One point ``{x: value}`` of a curve; none where ``x`` is undefined."""
+    return {} if x is None else {x: value}
+
+
 def _matrix(
-    runs: Sequence[RunEntry], xs: Sequence[float], point: Callable[[RunEntry], dict[float, float]]
+    runs: Sequence[RunEntry], xs: Sequence[float], point: Callable[[RunEntry], dict[float, float | None]]
 ) -> np.ndarray:
     """``(seeds, len(xs))``: one row per seed, ``point(run)`` maps x -> value (NaN elsewhere)."""
     by_seed = group(runs, lambda r: r.seed)
@@ -93,13 +99,15 @@ def error_curves_figure(runs: Sequence[RunEntry], sweep: str) -> Figure | None:
     fig, axes = _panels(len(settings))
     for ax, setting in zip(axes, settings):
         members = [r for r in runs if r.setting == setting]
-        xs = sorted({float(t) for r in members for t in measures.error_curve(r.results)[0]})
+        xs = sorted({float(t) for r in members for t in measures.error_curve(r.counted_results)[0]})
         curves, styles = {}, {}
         procs = group(members, procedure_label)
         for i, name in enumerate(sorted(procs, key=procedure_order)):
-            ref = _REF_LABEL[measures.reference(procs[name][0].results)]
+            ref = _REF_LABEL[measures.reference(procs[name][0].counted_results)]
             lab = f"{name} (to {ref})"
-            curves[lab] = _matrix(procs[name], xs, lambda r: dict(zip(*map(list, measures.error_curve(r.results)))))
+            curves[lab] = _matrix(
+                procs[name], xs, lambda r: dict(zip(*map(list, measures.error_curve(r.counted_results))))
+            )
             styles[lab] = {"color": color(name, i)}
         _quiet_curves(ax, xs, curves, styles=styles, legend=False, xlabel="round $t$", ylabel=E_F_REF, title=setting)
     seeds = len({r.seed for r in runs})
@@ -115,13 +123,18 @@ def error_curves_figure(runs: Sequence[RunEntry], sweep: str) -> Figure | None:
 def ellipses_figure(runs: Sequence[RunEntry], setting: str) -> Figure | None:
     """The final head Gram ``G_T`` of each procedure (smallest seed) against ``G_star`` and
     ``G_cen`` as ellipses: one row per procedure, one panel per pair of the first three targets."""
-    members = [r for r in runs if r.setting == setting and measures.final_gram(r.results) is not None]
+    finals = {
+        r.ref: gram
+        for r in runs
+        if r.setting == setting and (gram := measures.final_gram(r.counted_results)) is not None
+    }
+    members = [r for r in runs if r.ref in finals]
     if not members:
         return None
     seed = min(r.seed for r in members)
     procs = {procedure_label(r): r for r in sorted(members, key=lambda r: -r.seed) if r.seed == seed}
     names = sorted(procs, key=procedure_order)
-    c = measures.final_gram(procs[names[0]].results).shape[0]
+    c = finals[procs[names[0]].ref].shape[0]
     if c < 2:
         return None
     k = min(c, 3)
@@ -130,9 +143,9 @@ def ellipses_figure(runs: Sequence[RunEntry], setting: str) -> Figure | None:
     fig.set_layout_engine("constrained")
     unit = target_unit(procs[names[0]].dataset or setting)
     for row, name in enumerate(names):
-        res = procs[name].results
+        res = procs[name].counted_results
         t_last = measures.last_round(res).round
-        grams = {f"G_{t_last}": measures.final_gram(res)[:k, :k]}
+        grams = {f"G_{t_last}": finals[procs[name].ref][:k, :k]}
         for key, gk in (("G_star", "g_star"), ("G_cen", "g_cen")):
             g = res.target(gk)
             if g is not None:
@@ -161,7 +174,7 @@ def ellipses_figure(runs: Sequence[RunEntry], setting: str) -> Figure | None:
 
 def epochs_value(run: RunEntry) -> float | None:
     """The run's local epochs E (``params.local_epochs``, else its config)."""
-    return measures.num(measures.param(run.results, run.params, "local_epochs"))
+    return measures.num(measures.param(run.counted_results, run.params, "local_epochs"))
 
 
 def epochs_figure(runs: Sequence[RunEntry]) -> Figure | None:
@@ -174,11 +187,13 @@ def epochs_figure(runs: Sequence[RunEntry]) -> Figure | None:
     fig, axes = _panels(len(settings))
     for ax, setting in zip(axes, settings):
         members = [r for r in runs if r.setting == setting]
-        xs = sorted({epochs_value(r) for r in members})
+        xs = sorted({e for r in members if (e := epochs_value(r)) is not None})
         procs = group(members, procedure_label)
         curves, styles = {}, {}
         for i, name in enumerate(sorted(procs, key=procedure_order)):
-            curves[name] = _matrix(procs[name], xs, lambda r: {epochs_value(r): measures.endpoint_error(r.results)})
+            curves[name] = _matrix(
+                procs[name], xs, lambda r: _point(epochs_value(r), measures.endpoint_error(r.counted_results))
+            )
             styles[name] = {"color": color(name, i)}
         _quiet_curves(
             ax,
@@ -214,7 +229,7 @@ def rho_figure(runs: Sequence[RunEntry]) -> Figure | None:
     runs = [r for r in runs if rho_value(r) is not None]
     if not runs:
         return None
-    positions, zero = rho_positions(sorted({rho_value(r) for r in runs}))
+    positions, zero = rho_positions(sorted({rho for r in runs if (rho := rho_value(r)) is not None}))
     xs = [positions[r] for r in sorted(positions)]
     fig, axes = _panels(2, panel_size=(5.0, 3.8))
     metrics = (
@@ -224,7 +239,7 @@ def rho_figure(runs: Sequence[RunEntry]) -> Figure | None:
     settings = group(runs, lambda r: r.setting)
     for ax, (title, fn, ylabel) in zip(axes, metrics):
         curves = {
-            s: _matrix(m, xs, lambda r, fn=fn: {positions[rho_value(r)]: fn(r.results)})
+            s: _matrix(m, xs, lambda r, fn=fn: _point(positions.get(rho_value(r) or 0.0), fn(r.counted_results)))
             for s, m in sorted(settings.items())
         }
         _quiet_curves(

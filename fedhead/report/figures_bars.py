@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 from matplotlib.figure import Figure
@@ -41,29 +42,33 @@ def _median(values: Sequence[float]) -> float:
     return float(statistics.median(values)) if values else float("nan")
 
 
-def centering_bars(runs: Sequence[RunEntry]) -> list[dict[str, object]]:
+@dataclass(frozen=True)
+class GapBar:
+    """One stacked bar: a setting's procedure, its gap terms and the measured gap (None: not recorded)."""
+
+    setting: str
+    procedure: str
+    terms: dict[str, float]
+    measured: float | None
+    runs: int
+
+
+def centering_bars(runs: Sequence[RunEntry]) -> list[GapBar]:
     """Per setting and procedure (``ordinary``, ``centered``): the stacked terms and the measured
-    gap of :data:`CENTERING_NOTE`, medians (terms) and means (measured) over seeds."""
+    gap of [`CENTERING_NOTE`][fedhead.report.figures_bars.CENTERING_NOTE], medians (terms) and means (measured) over
+    seeds."""
     bars = []
     for setting in sorted({r.setting for r in runs}):
         for name in ("ordinary", "centered"):
             members = [r for r in runs if r.setting == setting and procedure_label(r) == name]
-            traces = [t for r in members if (t := measures.gap_traces(r.results)) is not None]
+            traces = [t for r in members if (t := measures.gap_traces(r.counted_results)) is not None]
             if not traces:
                 continue
             terms = {k: _median([t[i] for t in traces]) for i, (k, _, _) in enumerate(GAP_TERMS)}
             if name == "centered":
                 terms["mu"] = 0.0
-            measured = [m for r in members if (m := measures.measured_gap_trace(r.results)) is not None]
-            bars.append(
-                {
-                    "setting": setting,
-                    "procedure": name,
-                    "terms": terms,
-                    "measured": float(np.mean(measured)) if measured else None,
-                    "runs": len(members),
-                }
-            )
+            measured = [m for r in members if (m := measures.measured_gap_trace(r.counted_results)) is not None]
+            bars.append(GapBar(setting, name, terms, float(np.mean(measured)) if measured else None, len(members)))
     return bars
 
 
@@ -74,21 +79,21 @@ def centering_figure(runs: Sequence[RunEntry]) -> Figure | None:
         return None
     fig, (ax,) = new_figure(1, panel_size=(max(5.0, 1.1 * len(bars) + 2.0), 4.4))
     fig.set_layout_engine("constrained")
-    settings = list(dict.fromkeys(b["setting"] for b in bars))
-    x = np.arange(len(bars), dtype=float) + 0.3 * np.array([settings.index(b["setting"]) for b in bars])
+    settings = list(dict.fromkeys(b.setting for b in bars))
+    x = np.arange(len(bars), dtype=float) + 0.3 * np.array([settings.index(b.setting) for b in bars])
     bottom = np.zeros(len(bars))
     for key, lab, col in GAP_TERMS:
-        h = np.array([b["terms"][key] for b in bars])
+        h = np.array([b.terms[key] for b in bars])
         ax.bar(x, h, bottom=bottom, color=col, label=lab, width=0.7, edgecolor="white", linewidth=0.5)
         bottom += h
     for xi, b in zip(x, bars):
-        if b["measured"] is not None:
-            ax.plot([xi], [b["measured"]], marker="D", color="k", markersize=6, linestyle="none")
+        if b.measured is not None:
+            ax.plot([xi], [b.measured], marker="D", color="k", markersize=6, linestyle="none")
     ref = {
         "ordinary": "ordinary\nTr($G_{\\mathrm{cen}} - G_\\ast$)",
         "centered": "centered\nTr($G_{\\mathrm{within}} - G_\\ast$)",
     }
-    ax.set_xticks(x, [f"{b['setting']}\n{ref[b['procedure']]}" for b in bars], fontsize="x-small")
+    ax.set_xticks(x, [f"{b.setting}\n{ref[b.procedure]}" for b in bars], fontsize="x-small")
     ax.axhline(0.0, color="0.6", linewidth=0.8)
     ax.set_ylabel("trace of the gap (squared target units)")
     suptitle(
@@ -135,7 +140,7 @@ def mse_figure(runs: Sequence[RunEntry], sweep: str) -> Figure | None:
     ax.set_xticks(range(len(pairs)), list(pairs), fontsize="small")
     ax.set_xlim(-0.6, len(pairs) - 0.4)
     ax.set_ylabel("change of final MSE vs ordinary (%)")
-    splits = sorted({measures.final_mse(a.results)[1] for p in pairs.values() for a, _, _ in p})
+    splits = sorted({measures.final_mse(a.counted_results)[1] for p in pairs.values() for a, _, _ in p})
     suptitle(
         fig,
         f"sweep {sweep}: paired change of the final {'/'.join(splits)} MSE against ordinary "

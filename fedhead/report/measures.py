@@ -1,18 +1,8 @@
 """Per-run numbers the report's tables and figures use, read from one run's typed results (pure).
 
-Every function takes the :class:`fedhead.results.schema.Results` of one counted run (at least
-one recorded round, see :mod:`fedhead.report.collect`) and returns a float, or ``None`` where
-the run does not define the number (outside the fully active regime, a round that is missing).
-Definitions (docs/theory.md §11):
-
-* endpoint ``e_F``: the last round's error to the procedure's own reference
-  (``e_f_reference``: ``G_star`` uncorrected, ``G_cen`` corrected, ``G_within`` centred);
-* trajectory ``e_F``: the last round's ``trajectory_error`` (median over rounds of the error to
-  the exact recursion from the run's own ``G_0``);
-* ``delta_last``: the last round's selection distance ``delta``;
-* local steps ratio: ``local_steps.median_ratio``, the fixed recipe's optimiser steps (E epochs in
-  each of T rounds) over those the clients used, median over clients (None for results written
-  before it was recorded).
+Every function takes the results of one counted run and returns a float, or ``None`` where the
+run does not define the number (outside the fully active regime, a missing round). The
+definitions of the errors are in docs/theory.md §11.
 """
 
 from __future__ import annotations
@@ -65,12 +55,17 @@ def error_to_reference(record: RoundRecord, ref: str) -> float | None:
 
 
 def endpoint_error(results: Results) -> float | None:
-    """Endpoint ``e_F``: the last round's error to the procedure's reference."""
+    """Endpoint ``e_F``: the last round's error to the procedure's reference.
+
+    The reference is ``e_f_reference`` where recorded: ``G_star`` uncorrected, ``G_cen``
+    corrected, ``G_within`` centred."""
     return error_to_reference(last_round(results), reference(results))
 
 
 def trajectory_error(results: Results) -> float | None:
-    """Trajectory ``e_F``: the last round's ``trajectory_error``."""
+    """Trajectory ``e_F``: the last round's ``trajectory_error``.
+
+    That is the median over rounds of the error to the exact recursion from the run's own ``G_0``."""
     return num(last_round(results).trajectory_error)
 
 
@@ -80,7 +75,10 @@ def delta_last(results: Results) -> float | None:
 
 
 def local_steps_ratio(results: Results) -> float | None:
-    """The run's median over clients of fixed-recipe steps (E × T) / steps used (``local_steps``)."""
+    """The run's median over clients of fixed-recipe steps (E × T) / steps used (``local_steps``).
+
+    The fixed recipe's optimiser steps are E epochs in each of T rounds; None for results written
+    before the ratio was recorded."""
     ls = getattr(results, "local_steps", None)
     return num(ls.median_ratio) if ls else None
 

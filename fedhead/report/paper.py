@@ -1,14 +1,8 @@
 """The paper's published values of Tables 4-9, attached beside the report's medians (pure).
 
-Every :class:`PaperValue` names the paper's table, row and column, the value as printed, and the
-report cell it belongs to: the report table key, the label cells of the row (exact strings, or a
-compiled pattern that must match the whole label) and the column key. Only cells that fedhead's
-tables compute are listed: where the report's cell measures something else (Table 7's removed
-fraction divides by ``L_trained − L_local``, the paper's by ``L_raw``; Table 8's ``data_size``
-rows are per setting, the paper's pool both) no value is attached; those numbers appear in the
-claims (:mod:`fedhead.report.claims`) instead.
-
-:func:`attach` returns the tables with ``Cell.paper`` set; ``Cell.ratio`` is ours / paper.
+[`attach`][fedhead.report.paper.attach] sets ``Cell.paper`` (and so ``Cell.ratio``, ours /
+paper) on every report cell that measures what the paper's cell does; the values that measure
+something else appear in the claims instead.
 """
 
 from __future__ import annotations
@@ -22,7 +16,12 @@ from fedhead.report.tables import Cell, Table
 
 @dataclass(frozen=True)
 class PaperValue:
-    """One published cell.
+    """One published cell and the report cell it belongs to.
+
+    Only cells that fedhead's tables compute are listed: where the report's cell measures
+    something else (Table 7's removed fraction divides by ``L_trained − L_local``, the paper's by
+    ``L_raw``; Table 8's ``data_size`` rows are per setting, the paper's pool both) no value is
+    attached.
 
     Attributes
     ----------
@@ -49,7 +48,7 @@ class PaperValue:
     column: str
 
     def matches(self, row: Mapping[str, Cell]) -> bool:
-        """True when ``row``'s label cells match :attr:`row`."""
+        """True when ``row``'s label cells match [`row`][fedhead.report.paper.PaperValue.row]."""
         for k, want in self.row.items():
             if k not in row:
                 return False
@@ -67,14 +66,19 @@ def _row(table: int, key: str, labels: Mapping, paper_row: str, columns, values)
     return [PaperValue(table, paper_row, pc, v, key, labels, col) for (pc, col), v in zip(columns, values)]
 
 
-_T4U = (("Endpoint e_F (no corr.)", "endpoint"), ("Trajectory e_F (no corr.)", "trajectory"), ("δ_last", "delta_last"))
-_T4C = (("Round 1 d (corr.)", "d_cen_1"), ("Round 1 e_F (corr.)", "e_cen_1"), ("Round 8 e_F (corr.)", "endpoint"))
+#: Table 4's columns (paper column, report column): uncorrected and corrected rows
+_T4_PLAIN = (
+    ("Endpoint e_F (no corr.)", "endpoint"),
+    ("Trajectory e_F (no corr.)", "trajectory"),
+    ("δ_last", "delta_last"),
+)
+_T4_CORR = (("Round 1 d (corr.)", "d_cen_1"), ("Round 1 e_F (corr.)", "e_cen_1"), ("Round 8 e_F (corr.)", "endpoint"))
 
 TABLE4 = (
-    _row(4, "table4", {"procedure": "ordinary"}, "Ordinary", _T4U, (1.63e-2, 3.44e-2, 1.85e-1))
-    + _row(4, "table4", {"procedure": "proximal"}, "Proximal", _T4U, (2.90e-4, 3.39e-4, 4.47e-3))
-    + _row(4, "table4", {"procedure": "corrected"}, "Ordinary (corr.)", _T4C, (8.35e-2, 3.08e-1, 5.06e-3))
-    + _row(4, "table4", {"procedure": "corrected_proximal"}, "Proximal (corr.)", _T4C, (4.21e-3, 2.29e-2, 7.08e-5))
+    _row(4, "table4", {"procedure": "ordinary"}, "Ordinary", _T4_PLAIN, (1.63e-2, 3.44e-2, 1.85e-1))
+    + _row(4, "table4", {"procedure": "proximal"}, "Proximal", _T4_PLAIN, (2.90e-4, 3.39e-4, 4.47e-3))
+    + _row(4, "table4", {"procedure": "corrected"}, "Ordinary (corr.)", _T4_CORR, (8.35e-2, 3.08e-1, 5.06e-3))
+    + _row(4, "table4", {"procedure": "corrected_proximal"}, "Proximal (corr.)", _T4_CORR, (4.21e-3, 2.29e-2, 7.08e-5))
 )
 
 #: Table 5: ρ -> (δ_last, relative original-objective gap, e_F(G_8, G_star))
@@ -87,24 +91,30 @@ TABLE5_ROWS = {
     1e-1: (1.32e-1, 1.81e-2, 4.26e-2),
     1.0: (3.56e-1, 1.57e-1, 3.80e-1),
 }
-_T5 = (
+_T5_COLS = (
     ("Distance to selected heads δ_last", "delta_last"),
     ("Relative original-objective gap", "objective_gap"),
     ("e_F(G_8,G_⋆)", "endpoint"),
 )
 TABLE5 = [
-    v for rho, vals in TABLE5_ROWS.items() for v in _row(5, "table5", {"rho": f"{rho:g}"}, f"ρ = {rho:g}", _T5, vals)
+    v
+    for rho, vals in TABLE5_ROWS.items()
+    for v in _row(5, "table5", {"rho": f"{rho:g}"}, f"ρ = {rho:g}", _T5_COLS, vals)
 ]
 
-_T6 = (("δ_last (no corr.)", "delta_last"), ("Trajectory e_F (no corr.)", "trajectory"), ("Endpoint e_F", "endpoint"))
-_T6C = (("Round 8 e_F (corrected)", "endpoint"),)
+_T6_PLAIN = (
+    ("δ_last (no corr.)", "delta_last"),
+    ("Trajectory e_F (no corr.)", "trajectory"),
+    ("Endpoint e_F", "endpoint"),
+)
+_T6_CORR = (("Round 8 e_F (corrected)", "endpoint"),)
 TABLE6 = (
-    _row(6, "table6", {"procedure": "ordinary"}, "Ordinary", _T6, (1.87e-1, 6.75e-2, 1.86e-2))
-    + _row(6, "table6", {"procedure": "proximal"}, "Proximal", _T6, (6.35e-3, 3.63e-4, 3.24e-4))
-    + _row(6, "table6", {"procedure": "aligned"}, "Aligned", _T6, (1.54e-4, 1.12e-4, 1.10e-4))
-    + _row(6, "table6", {"procedure": "corrected"}, "Ordinary (corrected)", _T6C, (7.07e-3,))
-    + _row(6, "table6", {"procedure": "corrected_proximal"}, "Proximal (corrected)", _T6C, (7.06e-5,))
-    + _row(6, "table6", {"procedure": "aligned_corrected"}, "Aligned (corrected)", _T6C, (6.27e-5,))
+    _row(6, "table6", {"procedure": "ordinary"}, "Ordinary", _T6_PLAIN, (1.87e-1, 6.75e-2, 1.86e-2))
+    + _row(6, "table6", {"procedure": "proximal"}, "Proximal", _T6_PLAIN, (6.35e-3, 3.63e-4, 3.24e-4))
+    + _row(6, "table6", {"procedure": "aligned"}, "Aligned", _T6_PLAIN, (1.54e-4, 1.12e-4, 1.10e-4))
+    + _row(6, "table6", {"procedure": "corrected"}, "Ordinary (corrected)", _T6_CORR, (7.07e-3,))
+    + _row(6, "table6", {"procedure": "corrected_proximal"}, "Proximal (corrected)", _T6_CORR, (7.06e-5,))
+    + _row(6, "table6", {"procedure": "aligned_corrected"}, "Aligned (corrected)", _T6_CORR, (6.27e-5,))
 )
 
 #: Table 6's round-1 corrected e_F (no report column; claim 23 reads it from the runs)
@@ -121,25 +131,34 @@ TABLE7_PERCENT = {
     "cifar_geo": (7.0, 8.3),
 }
 
-_T8 = (("To G_⋆", "d_star"), ("To G_cen", "d_cen"), ("Closer to G_⋆", "closer"))
+_T8_COLS = (("To G_⋆", "d_star"), ("To G_cen", "d_cen"), ("Closer to G_⋆", "closer"))
 
 
-def _t8(sweep: str, variant: str, paper_row: str, vals: tuple[float, float, float]) -> list[PaperValue]:
-    return _row(8, "table8", {"sweep": sweep, "variant": re.compile(variant)}, paper_row, _T8, vals)
+def _table8_row(sweep: str, variant: str, paper_row: str, vals: tuple[float, float, float]) -> list[PaperValue]:
+    """One Table 8 row: the report row of ``sweep`` whose variant label matches the pattern ``variant``."""
+    return _row(8, "table8", {"sweep": sweep, "variant": re.compile(variant)}, paper_row, _T8_COLS, vals)
 
 
-_FULL = r".* / full_model{} / .*paper_local_epochs={}\b.*"
+_FULL_MODEL_VARIANT = r".* / full_model{} / .*paper_local_epochs={}\b.*"
 TABLE8 = (
-    _t8("architectures", r"rescnn / ordinary", "Residual CNN", (1.45e-2, 5.24e-1, 100.0))
-    + _t8("architectures", r"rescnn / corrected", "Residual CNN + correction", (5.05e-1, 1.93e-3, 0.0))
-    + _t8("architectures", r"resnet34 / ordinary", "ResNet-34", (1.29e-2, 5.19e-1, 100.0))
-    + _t8("full_model", _FULL.format("", 400), "Full-model E=400", (4.41e-1, 1.82e-1, 27.0))
-    + _t8("full_model", _FULL.format("", 4000), "Full-model E=4000", (2.14e-2, 6.20e-1, 100.0))
-    + _t8("full_model", _FULL.format(r"\+correction", 4000), "Full-model E=4000 + correction", (6.22e-1, 8.08e-3, 0.0))
+    _table8_row("architectures", r"rescnn / ordinary", "Residual CNN", (1.45e-2, 5.24e-1, 100.0))
+    + _table8_row("architectures", r"rescnn / corrected", "Residual CNN + correction", (5.05e-1, 1.93e-3, 0.0))
+    + _table8_row("architectures", r"resnet34 / ordinary", "ResNet-34", (1.29e-2, 5.19e-1, 100.0))
+    + _table8_row("full_model", _FULL_MODEL_VARIANT.format("", 400), "Full-model E=400", (4.41e-1, 1.82e-1, 27.0))
+    + _table8_row("full_model", _FULL_MODEL_VARIANT.format("", 4000), "Full-model E=4000", (2.14e-2, 6.20e-1, 100.0))
+    + _table8_row(
+        "full_model",
+        _FULL_MODEL_VARIANT.format(r"\+correction", 4000),
+        "Full-model E=4000 + correction",
+        (6.22e-1, 8.08e-3, 0.0),
+    )
 )
 
 
-def _t9(procedure: str, paper_row: str, column: tuple[str, str], value: float, split: str = "") -> list[PaperValue]:
+def _table9_row(
+    procedure: str, paper_row: str, column: tuple[str, str], value: float, split: str = ""
+) -> list[PaperValue]:
+    """One Table 9 cell of ``procedure`` (``split``: the MSE split of a change column)."""
     labels = {"sweep": "prediction", "procedure": procedure} | ({"split": split} if split else {})
     return _row(9, "table9", labels, paper_row, (column,), (value,))
 
@@ -147,15 +166,15 @@ def _t9(procedure: str, paper_row: str, column: tuple[str, str], value: float, s
 #: Table 9, sweep ``prediction``: the report's endpoint is e_F to the procedure's own reference
 #: (G_star; G_cen when corrected); its paired change is of the test MSE, or the train MSE where
 #: the data set has no test split (column ``split``).
-_CP = "Proximal + moment correction"
+_CORRECTED_PROXIMAL = "Proximal + moment correction"
 TABLE9 = (
-    _t9("ordinary", "Ordinary", ("e_F(G_8,G_⋆)", "endpoint"), 1.37e-2)
-    + _t9("proximal", "Proximal", ("e_F(G_8,G_⋆)", "endpoint"), 1.54e-4)
-    + _t9("proximal", "Proximal", ("Test loss change", "change"), -0.1, "test")
-    + _t9("proximal", "Proximal", ("Train loss change", "change"), -0.2, "train")
-    + _t9("corrected_proximal", _CP, ("e_F(G_8,G_cen)", "endpoint"), 7.03e-5)
-    + _t9("corrected_proximal", _CP, ("Test loss change", "change"), -1.5, "test")
-    + _t9("corrected_proximal", _CP, ("Train loss change", "change"), -2.0, "train")
+    _table9_row("ordinary", "Ordinary", ("e_F(G_8,G_⋆)", "endpoint"), 1.37e-2)
+    + _table9_row("proximal", "Proximal", ("e_F(G_8,G_⋆)", "endpoint"), 1.54e-4)
+    + _table9_row("proximal", "Proximal", ("Test loss change", "change"), -0.1, "test")
+    + _table9_row("proximal", "Proximal", ("Train loss change", "change"), -0.2, "train")
+    + _table9_row("corrected_proximal", _CORRECTED_PROXIMAL, ("e_F(G_8,G_cen)", "endpoint"), 7.03e-5)
+    + _table9_row("corrected_proximal", _CORRECTED_PROXIMAL, ("Test loss change", "change"), -1.5, "test")
+    + _table9_row("corrected_proximal", _CORRECTED_PROXIMAL, ("Train loss change", "change"), -2.0, "train")
 )
 
 #: Every attached value

@@ -1,7 +1,7 @@
 """Tables as Markdown and CSV, and the sources file of every table (the runs behind each cell).
 
-Rendering only: :class:`fedhead.report.tables.Table` in, text out; files are written
-atomically (:func:`fedhead.results.io.write_bytes_atomic`).
+Rendering only: [`fedhead.report.tables.Table`][fedhead.report.Table] in, text out; files are written
+atomically ([`fedhead.results.io.write_bytes_atomic`][fedhead.results.io.write_bytes_atomic]).
 """
 
 from __future__ import annotations
@@ -42,7 +42,8 @@ def to_markdown(table: Table) -> str:
         "|" + "|".join([":--"] * len(table.labels) + ["--:"] * len(table.values)) + "|",
     ]
     for row in table.rows:
-        runs = row["runs"].value if "runs" in row else None
+        count = row["runs"].value if "runs" in row else None
+        runs = count if isinstance(count, int) else None
         cells = [row[k].text().replace("|", "\\|") for k, _ in table.labels]
         cells += [_md_cell(row[k], runs) if k != "runs" else row[k].text() for k, _ in table.values]
         lines.append("| " + " | ".join(cells) + " |")

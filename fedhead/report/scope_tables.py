@@ -25,7 +25,7 @@ ALL = "all settings"
 
 def init_value(run: RunEntry) -> str:
     """The run's initialisation (``common``/``independent``; ``params.init``, else its config)."""
-    value = measures.param(run.results, run.params, "init")
+    value = measures.param(run.counted_results, run.params, "init")
     return "common" if value is None else str(value)
 
 
@@ -33,7 +33,7 @@ def table7(runs: Sequence[RunEntry]) -> list[Table]:
     """Table 7 (sweep ``mismatch``): per setting and initialisation, the median objective costs
     ``L_trained - L_local`` and ``L_aligned - L_local`` and the removed fraction; ``all
     settings`` rows pool the settings."""
-    runs = [r for r in runs if measures.mismatch(r.results)["trained_minus_local"] is not None]
+    runs = [r for r in runs if measures.mismatch(r.counted_results)["trained_minus_local"] is not None]
     if not runs:
         return []
     rows = []
@@ -46,7 +46,7 @@ def table7(runs: Sequence[RunEntry]) -> list[Table]:
             "runs": Cell(len(members), tuple(sorted(r.ref for r in members))),
         }
         for key in ("trained_minus_local", "aligned_minus_local", "removed"):
-            row[key] = median_cell((measures.mismatch(r.results)[key], r.ref) for r in members)
+            row[key] = median_cell((measures.mismatch(r.counted_results)[key], r.ref) for r in members)
         rows.append(row)
     return [
         Table(
@@ -83,7 +83,7 @@ def variant(run: RunEntry) -> str:
 
 def _closer_to_star(members: Sequence[RunEntry]) -> Cell:
     both = [
-        (r, measures.final(r.results, lambda t: t.d_star), measures.final(r.results, lambda t: t.d_cen))
+        (r, measures.final(r.counted_results, lambda t: t.d_star), measures.final(r.counted_results, lambda t: t.d_cen))
         for r in members
     ]
     both = [(r, s, c) for r, s, c in both if s is not None and c is not None]
@@ -129,7 +129,7 @@ def table8(runs: Sequence[RunEntry]) -> list[Table]:
 
 def mse_change(run: RunEntry, base: RunEntry) -> float | None:
     """Relative change (%) of the final MSE of ``run`` against ``base`` (same split), or None."""
-    (a, sa), (b, sb) = measures.final_mse(run.results), measures.final_mse(base.results)
+    (a, sa), (b, sb) = measures.final_mse(run.counted_results), measures.final_mse(base.counted_results)
     if a is None or b is None or sa != sb or b == 0:
         return None
     return 100.0 * (a - b) / b
@@ -147,12 +147,18 @@ def mse_pairs(runs: Sequence[RunEntry], procedure: str) -> list[tuple[RunEntry, 
 
 def table9_runs(all_runs: Sequence[RunEntry]) -> list[RunEntry]:
     """The runs of Table 9: sweep ``prediction`` and every sweep with a run that has a test MSE."""
-    with_test = {r.sweep for r in all_runs if measures.final(r.results, lambda t: t.test_mse) is not None}
+    with_test = {r.sweep for r in all_runs if measures.final(r.counted_results, lambda t: t.test_mse) is not None}
     return [r for r in all_runs if r.sweep == "prediction" or r.sweep in with_test]
 
 
 def _table9_row(sweep: str, name: str, members: Sequence[RunEntry], scope: Sequence[RunEntry]) -> dict[str, Cell]:
-    splits = sorted({measures.final_mse(r.results)[1] for r in members if measures.final_mse(r.results)[0] is not None})
+    splits = sorted(
+        {
+            measures.final_mse(r.counted_results)[1]
+            for r in members
+            if measures.final_mse(r.counted_results)[0] is not None
+        }
+    )
     row = {
         "sweep": label(sweep),
         "procedure": label(name),
@@ -172,7 +178,7 @@ def table9(all_runs: Sequence[RunEntry]) -> list[Table]:
     """Table 9: per sweep and procedure, the median final test MSE (train MSE where there is no
     test split), its paired change against ordinary on the same setting and seed, and the
     geometry (endpoint e_F)."""
-    runs = [r for r in table9_runs(all_runs) if measures.final_mse(r.results)[0] is not None]
+    runs = [r for r in table9_runs(all_runs) if measures.final_mse(r.counted_results)[0] is not None]
     if not runs:
         return []
     groups = group(runs, lambda r: (r.sweep, procedure_label(r)))

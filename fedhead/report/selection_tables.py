@@ -1,5 +1,5 @@
 """Tables 4-6: selection and correction (sweep ``main``), the proximal weight (``rho``) and
-alignment (``alignment``). Pure: runs in, :class:`fedhead.report.tables.Table` out."""
+alignment (``alignment``). Pure: runs in, [`fedhead.report.tables.Table`][fedhead.report.Table] out."""
 
 from __future__ import annotations
 
@@ -109,7 +109,7 @@ def table4(runs: Sequence[RunEntry]) -> list[Table]:
 
 def rho_value(run: RunEntry) -> float | None:
     """The run's proximal weight: ``params.rho``, else its procedure's ``rho``."""
-    return measures.num(measures.param(run.results, run.params, "rho"))
+    return measures.num(measures.param(run.counted_results, run.params, "rho"))
 
 
 def table5(runs: Sequence[RunEntry]) -> list[Table]:
@@ -126,7 +126,9 @@ def table5(runs: Sequence[RunEntry]) -> list[Table]:
                 "rho": label(f"{rho:g}"),
                 "runs": Cell(len(members), tuple(sorted(r.ref for r in members))),
                 "delta_last": metric_cell(members, measures.delta_last),
-                "objective_gap": pooled_median_cell((measures.objective_gaps(r.results), r.ref) for r in members),
+                "objective_gap": pooled_median_cell(
+                    (measures.objective_gaps(r.counted_results), r.ref) for r in members
+                ),
                 "endpoint": metric_cell(members, measures.endpoint_error),
             }
         )

@@ -1,7 +1,8 @@
 """Table containers and the aggregation helpers every report table is built with (pure).
 
-A :class:`Table` is a list of rows; a row maps column keys to :class:`Cell` objects. A cell
-keeps its value, the number ``n`` of runs (or run pairs) behind it and the :class:`RunRef` of
+A [`Table`][fedhead.report.Table] is a list of rows; a row maps column keys to [`Cell`][fedhead.report.Cell] objects. A
+cell
+keeps its value, the number ``n`` of runs (or run pairs) behind it and the [`RunRef`][fedhead.report.RunRef] of
 every run it came from, so every number of the report can be traced to its run folders.
 """
 
@@ -10,7 +11,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from fedhead.report import measures
 from fedhead.report.collect import RunEntry, RunRef
@@ -30,6 +31,9 @@ PROCEDURE_ORDER = (
     "exact",
 )
 
+#: the key of a group of runs
+K = TypeVar("K", bound=Hashable)
+
 
 @dataclass(frozen=True)
 class Cell:
@@ -46,7 +50,7 @@ class Cell:
     kind : {"number", "fraction", "label", "percent"}
         ``fraction``: ``value`` wins out of ``n`` pairs; ``percent``: a number shown with %.
     paper : float or None
-        The paper's value of this cell (:mod:`fedhead.report.paper`; a percentage for a
+        The paper's value of this cell ([`fedhead.report.paper`][fedhead.report.paper]; a percentage for a
         ``fraction`` or ``percent`` cell), None where the paper has none.
     """
 
@@ -118,7 +122,7 @@ class Table:
     values : list of (key, header)
         The number columns.
     rows : list of dict
-        Column key -> :class:`Cell`.
+        Column key -> [`Cell`][fedhead.report.Cell].
     note : str
         What the numbers are (shown under the table).
     """
@@ -171,19 +175,19 @@ def pooled_median_cell(items: Iterable[tuple[Sequence[float], RunRef]]) -> Cell:
 
 def metric_cell(runs: Sequence[RunEntry], fn: Callable[[Results], float | None]) -> Cell:
     """The median of ``fn(results)`` over ``runs``."""
-    return median_cell((fn(r.results), r.ref) for r in runs)
+    return median_cell((fn(r.counted_results), r.ref) for r in runs)
 
 
-def group(runs: Iterable[RunEntry], key: Callable[[RunEntry], Hashable]) -> dict[Hashable, list[RunEntry]]:
+def group(runs: Iterable[RunEntry], key: Callable[[RunEntry], K]) -> dict[K, list[RunEntry]]:
     """Runs grouped by ``key``, groups in first-seen order."""
-    out: dict[Hashable, list[RunEntry]] = {}
+    out: dict[K, list[RunEntry]] = {}
     for r in runs:
         out.setdefault(key(r), []).append(r)
     return out
 
 
 def procedure_order(name: str) -> tuple[int, str]:
-    """Sort key: the order of :data:`PROCEDURE_ORDER`, other names after."""
+    """Sort key: the order of [`PROCEDURE_ORDER`][fedhead.report.tables.PROCEDURE_ORDER], other names after."""
     base = name.split("+")[0].split(" ")[0]
     return (PROCEDURE_ORDER.index(base) if base in PROCEDURE_ORDER else len(PROCEDURE_ORDER), name)
 
@@ -192,7 +196,7 @@ def procedure_label(run: RunEntry) -> str:
     """The procedure's name; ``full_model+correction`` for a corrected full-model run (the
     sweep may name it ``full_model`` with ``gamma > 0``)."""
     name = run.procedure
-    g = measures.num(measures.param(run.results, run.params, "gamma"))
+    g = measures.num(measures.param(run.counted_results, run.params, "gamma"))
     if name == "full_model" and g:
         return "full_model+correction"
     return name
@@ -212,7 +216,7 @@ def pair_key(run: RunEntry) -> tuple:
 def paired(
     runs: Sequence[RunEntry], challenger: str, baseline: str, name: Callable[[RunEntry], str] = procedure_label
 ) -> list[tuple[RunEntry, RunEntry]]:
-    """``(challenger run, baseline run)`` pairs on the same :func:`pair_key`, in order."""
+    """``(challenger run, baseline run)`` pairs on the same [`pair_key`][fedhead.report.tables.pair_key], in order."""
     base = {pair_key(r): r for r in runs if name(r) == baseline}
     return [(r, base[pair_key(r)]) for r in runs if name(r) == challenger and pair_key(r) in base]
 
@@ -227,7 +231,9 @@ def wins_row(
 
     Returns None when there is no pair with both values defined.
     """
-    pairs = [(a, b, metric(a.results), metric(b.results)) for a, b in paired(runs, challenger, baseline)]
+    pairs = [
+        (a, b, metric(a.counted_results), metric(b.counted_results)) for a, b in paired(runs, challenger, baseline)
+    ]
     pairs = [(a, b, x, y) for a, b, x, y in pairs if x is not None and y is not None]
     if not pairs:
         return None
@@ -250,7 +256,7 @@ def wins_table(
     comparisons: Sequence[tuple[str, str]],
     metric_name: str = "endpoint e_F",
 ) -> Table | None:
-    """A table of :func:`wins_row` rows (None when no comparison has a pair)."""
+    """A table of [`wins_row`][fedhead.report.tables.wins_row] rows (None when no comparison has a pair)."""
     rows = [r for a, b in comparisons if (r := wins_row(runs, a, b)) is not None]
     if not rows:
         return None

@@ -67,7 +67,7 @@ def atomic_open(path: str | os.PathLike, *, sync: bool = True) -> Iterator[Binar
 
 
 def write_bytes_atomic(path: str | os.PathLike, data: bytes, *, sync: bool = True) -> Path:
-    """Write ``data`` to ``path`` atomically (see :func:`atomic_open`)."""
+    """Write ``data`` to ``path`` atomically (see [`atomic_open`][fedhead.results.io.atomic_open])."""
     with atomic_open(path, sync=sync) as fh:
         fh.write(data)
     return Path(path)

@@ -1,14 +1,21 @@
 """results.json's per-round record and per-client metrics, each key declared once (numpy only).
 
-:class:`RoundRecord` is one round's server measurements (``rounds[t]`` of results.json): every
-field carries its meaning in its metadata (:func:`key`), and :meth:`RoundRecord.to_dict`,
-:meth:`RoundRecord.from_dict`, :meth:`RoundRecord.scalars` and the README's schema section
-(:mod:`fedhead.results.schema_doc`) are generated from the fields. A new per-round measurement
-is one field here plus its computation (:class:`fedhead.federation.tracking.RoundTracker`).
+[`RoundRecord`][fedhead.results.rounds.RoundRecord] is one round's server measurements (``rounds[t]`` of results.json):
+every
+field carries its meaning in its metadata ([`key`][fedhead.results.rounds.key]), and
+[`RoundRecord.to_dict`][fedhead.results.rounds.RoundRecord.to_dict],
+[`RoundRecord.from_dict`][fedhead.results.rounds.RoundRecord.from_dict],
+[`RoundRecord.scalars`][fedhead.results.rounds.RoundRecord.scalars] and the README's schema section
+([`fedhead.results.schema_doc`][fedhead.results.schema_doc]) are generated from the fields. A new per-round measurement
+is one field here plus its computation
+([`fedhead.federation.tracking.RoundTracker`][fedhead.federation.tracking.RoundTracker]).
 
-:data:`ROUND_EXTRA_KEYS` documents the per-round entries a strategy adds through ``extra``
-(flattened into the round's JSON object); :data:`CLIENT_METRIC_KEYS` the per-client entries of
-``client_metrics`` (the clients' train-reply metrics, declared as :class:`ClientMetric`).
+[`ROUND_EXTRA_KEYS`][fedhead.results.rounds.ROUND_EXTRA_KEYS] documents the per-round entries a strategy adds through
+``extra``
+(flattened into the round's JSON object); [`CLIENT_METRIC_KEYS`][fedhead.results.rounds.CLIENT_METRIC_KEYS] the
+per-client entries of
+``client_metrics`` (the clients' train-reply metrics, declared as
+[`ClientMetric`][fedhead.results.rounds.ClientMetric]).
 """
 
 from __future__ import annotations
@@ -53,7 +60,8 @@ def key(meaning: str, type: str, *, scalar: bool = False, array: bool = False) -
 
 
 def json_value(x: Any) -> Any:
-    """Arrays as nested lists; everything else unchanged (:func:`fedhead.results.io.to_jsonable`
+    """Arrays as nested lists; everything else unchanged
+    ([`fedhead.results.io.to_jsonable`][fedhead.results.io.to_jsonable]
     finishes the conversion on writing)."""
     return x.tolist() if isinstance(x, np.ndarray) else x
 
@@ -69,7 +77,8 @@ class RoundRecord:
     initial head). ``predicted_gram`` is the exact recursion's prediction for the *next* round,
     ``S(G_t)`` applied to this round's measured Gram. Quantities that need ``G_star`` or the
     recursion are ``None`` outside the fully active regime. ``extra`` holds a strategy's
-    additional measurements (:data:`ROUND_EXTRA_KEYS`), flattened into the JSON object.
+    additional measurements ([`ROUND_EXTRA_KEYS`][fedhead.results.rounds.ROUND_EXTRA_KEYS]), flattened into the JSON
+    object.
     """
 
     round: int = field(metadata=key("t", "int"))
@@ -186,7 +195,8 @@ class RoundRecord:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> RoundRecord:
-        """The record of a :meth:`to_dict`: array fields back to float64, the keys that are not
+        """The record of a [`to_dict`][fedhead.results.rounds.RoundRecord.to_dict]: array fields back to float64, the
+        keys that are not
         fields back into ``extra``.
 
         Raises
@@ -209,7 +219,7 @@ class RoundRecord:
             raise KeyError(", ".join(missing) or str(exc)) from exc
 
 
-#: Per-round entries a strategy adds through :attr:`RoundRecord.extra`.
+#: Per-round entries a strategy adds through [`RoundRecord.extra`][fedhead.results.rounds.RoundRecord.extra].
 ROUND_EXTRA_KEYS: tuple[Key, ...] = (
     Key(
         "alignment_gram_error",
@@ -243,9 +253,9 @@ ROUND_EXTRA_KEYS: tuple[Key, ...] = (
 
 
 class ClientMetric:
-    """The per-client entries of ``rounds[t].client_metrics[m]``: each a :class:`Key` whose
+    """The per-client entries of ``rounds[t].client_metrics[m]``: each a [`Key`][fedhead.results.rounds.Key] whose
     ``name`` is the key of the client's train-reply metric (the ClientApp, ``clients/app.py``,
-    sets ``metrics[ClientMetric.X.name]``; :mod:`fedhead.federation.protocol` re-exports the
+    sets ``metrics[ClientMetric.X.name]``; [`fedhead.federation.protocol`][fedhead.federation.protocol] re-exports the
     names). A new per-client metric is one attribute here plus its computation in the ClientApp.
     """
 
@@ -278,5 +288,5 @@ class ClientMetric:
     ALIGN_DISTANCE_AFTER = Key("align_distance_after", "float", "aligned procedures: the same after alignment")
 
 
-#: Every :class:`ClientMetric`, in declaration order (the README's table).
+#: Every [`ClientMetric`][fedhead.results.rounds.ClientMetric], in declaration order (the README's table).
 CLIENT_METRIC_KEYS: tuple[Key, ...] = tuple(v for v in vars(ClientMetric).values() if isinstance(v, Key))

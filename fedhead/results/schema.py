@@ -1,22 +1,11 @@
-"""results.json of a federation: its one writer (:func:`write`) and its one reader (:func:`read`).
+"""results.json of a federation: its one writer and its one reader.
 
-Every top-level key is a field of :class:`Results`, every ``timing`` key a field of
-:class:`Timing`, every ``local_optimality`` key a field of :class:`LocalOptimality`, every ``local_steps``
-key a field of :class:`LocalSteps` and every
-``dataset`` key a field of :class:`DatasetInfo`; the per-round and per-client keys are declared
-in :mod:`fedhead.results.rounds`. Each field's metadata (:func:`fedhead.results.rounds.key`)
-says what it means; the JSON object, the reader's checks and the README's schema section
-(:mod:`fedhead.results.schema_doc`) are generated from the fields. A new top-level key is one
-field here plus its computation.
+[`write`][fedhead.results.schema.write] and [`read`][fedhead.results.schema.read] are the only ways in and out.
 
-A field whose default is :data:`ABSENT` is left out of the file while it has no value (``error``
-of a run that did not fail, ``figures`` before they are drawn, ...); ``None`` is written as
-``null``. The reader accepts :data:`SCHEMA_VERSION` and every older version with an entry in
-:data:`UPGRADES`, and rejects any other with :class:`SchemaError`.
-
-When a key changes meaning (or is renamed or dropped), ``SCHEMA_VERSION`` goes up by one and
-``UPGRADES[old]`` turns an object of the old version into one of the next, so files written
-before the change stay readable (:func:`from_dict` applies the upgrades in turn).
+Every top-level key is a field of [`Results`][fedhead.results.schema.Results] whose metadata says
+what it means (nested objects: ``fedhead.results.sections``; rounds: ``fedhead.results.rounds``);
+the reader's checks and the README's schema section are generated from the fields. A key that
+changes meaning raises ``SCHEMA_VERSION`` by one, and ``UPGRADES[old]`` keeps older files readable.
 """
 
 from __future__ import annotations
@@ -24,7 +13,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +21,16 @@ import numpy as np
 
 from fedhead.results.io import write_json_atomic
 from fedhead.results.rounds import RoundRecord, key
+from fedhead.results.sections import (
+    ABSENT,
+    DatasetInfo,
+    LocalOptimality,
+    LocalSteps,
+    SchemaError,
+    Timing,
+    section_dict,
+    section_kwargs,
+)
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -49,182 +48,15 @@ __all__ = [
     "from_dict",
 ]
 
-#: The version :func:`write` writes.
+#: The version [`write`][fedhead.results.schema.write] writes.
 SCHEMA_VERSION = 1
 #: version -> the function that turns a results.json object of that version into one of the
 #: next version (its ``schema_version`` included). Empty: no key has changed meaning since 1.
 UPGRADES: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {}
-#: Every version :func:`read` accepts: the older ones with an upgrade, and the current one.
+#: Every version [`read`][fedhead.results.schema.read] accepts: the older ones with an upgrade, and the current one.
 KNOWN_VERSIONS = (*sorted(UPGRADES), SCHEMA_VERSION)
 #: The file name of a federation's results in its output folder.
 FILE_NAME = "results.json"
-
-
-class _Absent:
-    """The value of an optional key that the file does not hold (falsy; see the module doc)."""
-
-    _instance: _Absent | None = None
-
-    def __new__(cls) -> _Absent:
-        if cls._instance is None:
-            cls._instance = super().__new__(cls)
-        return cls._instance
-
-    def __bool__(self) -> bool:
-        return False
-
-    def __repr__(self) -> str:
-        return "ABSENT"
-
-
-ABSENT: Any = _Absent()
-
-
-class SchemaError(ValueError):
-    """A results.json that is not of a known schema version or misses a required key."""
-
-
-def _to_dict(obj: Any) -> dict[str, Any]:
-    """The fields of a schema dataclass in declaration order, :data:`ABSENT` ones left out."""
-    out = {}
-    for f in fields(obj):
-        v = getattr(obj, f.name)
-        if v is ABSENT:
-            continue
-        out[f.name] = v.to_dict() if hasattr(v, "to_dict") else v
-    return out
-
-
-def _kwargs(cls: type, d: Any, where: str) -> dict[str, Any]:
-    """``d``'s values of ``cls``'s fields; :class:`SchemaError` for a required one that is missing."""
-    if not isinstance(d, Mapping):
-        raise SchemaError(f"{where}: expected a JSON object, got {type(d).__name__}")
-    required = [f.name for f in fields(cls) if f.default is MISSING and f.default_factory is MISSING]
-    missing = [n for n in required if n not in d]
-    if missing:
-        raise SchemaError(f"{where}: missing key(s) {', '.join(missing)}")
-    return {f.name: d[f.name] for f in fields(cls) if f.name in d}
-
-
-@dataclass(frozen=True)
-class Timing:
-    """``timing``: where a federation's wall time went (seconds); keys absent when not measured."""
-
-    ray_init_seconds: float = field(default=ABSENT, metadata=key("`ray.init` (simulation only)", "float"))
-    simulation_seconds: float = field(
-        default=ABSENT, metadata=key("the procedure's part of the run_simulation call", "float")
-    )
-    startup_seconds: float | None = field(
-        default=ABSENT, metadata=key("from the ServerApp's start to its first message phase", "float")
-    )
-    phase_seconds: dict[str, float] = field(
-        default=ABSENT, metadata=key("`query`/`train`/`evaluate` message phases, summed by type", "object")
-    )
-    phases: list[list[Any]] = field(default=ABSENT, metadata=key("every phase in order, `[type, seconds]`", "list"))
-    client_train_seconds: float = field(
-        default=ABSENT, metadata=key("sum of the clients' local training loops", "float")
-    )
-    round_train_seconds: list[float] = field(
-        default=ABSENT, metadata=key("the same per round (`[t - 1]`: round t)", "(T)")
-    )
-    client_local_seconds: float = field(
-        default=ABSENT,
-        metadata=key("sum of the clients' whole local computation (set-up, epochs, finishing step)", "float"),
-    )
-    round_local_seconds: list[float] = field(default=ABSENT, metadata=key("the same per round", "(T)"))
-    total_seconds: float = field(
-        default=ABSENT,
-        metadata=key(
-            "the procedure's wall time (the first procedure of a `fedhead-run` includes data preparation "
-            "and the Ray start)",
-            "float",
-        ),
-    )
-    figures_wait_seconds: float = field(
-        default=ABSENT,
-        metadata=key("last procedure of a simulation only: the wait for the figures drawn in the background", "float"),
-    )
-
-    def to_dict(self) -> dict[str, Any]:
-        return _to_dict(self)
-
-    @classmethod
-    def from_dict(cls, d: Any) -> Timing:
-        return cls(**_kwargs(cls, d, "timing"))
-
-
-@dataclass(frozen=True)
-class LocalOptimality:
-    """``local_optimality``: did every client reach its local optimum, per round?"""
-
-    threshold: float = field(metadata=key("the relative gap a client must reach (1e-2)", "float"))
-    rounds_above_threshold: list[int] = field(
-        metadata=key("rounds in which some client's trained gap exceeded it", "list")
-    )
-    last_round_max_trained_gap: float | None = field(metadata=key("the last round's `max_trained_gap`", "float"))
-    last_round_max_objective_gap: float | None = field(
-        metadata=key("the last round's largest `objective_gaps` entry", "float")
-    )
-    reached: bool | None = field(metadata=key("every client within the threshold at the last round", "bool"))
-
-    def to_dict(self) -> dict[str, Any]:
-        return _to_dict(self)
-
-    @classmethod
-    def from_dict(cls, d: Any) -> LocalOptimality:
-        return cls(**_kwargs(cls, d, "local_optimality"))
-
-
-@dataclass(frozen=True)
-class LocalSteps:
-    """``local_steps``: the local work each client used, summed over the run's rounds, against the
-    fixed recipe (``E`` epochs in every round). Every list has one entry per client, partition order."""
-
-    local_epochs: int = field(metadata=key("E, the cap `local_epochs=` (the fixed recipe's epochs per round)", "int"))
-    rounds: list[int] = field(
-        metadata=key("T_m, the rounds with client m's reply (T unless a round dropped it)", "(M)")
-    )
-    epochs: list[int] = field(metadata=key("local epochs client m ran, summed over its rounds", "(M)"))
-    steps: list[int] = field(metadata=key("optimiser steps client m took (`n_steps`), summed over its rounds", "(M)"))
-    fixed_epochs: list[int] = field(metadata=key("the fixed recipe's epochs, E × T_m", "(M)"))
-    fixed_steps: list[int | None] = field(
-        metadata=key(
-            "the fixed recipe's steps, E × T_m × steps per epoch (ceil(N_m / batch size), read off a round as "
-            "`n_steps / local_epochs`); `null` where the client never ran an epoch (`exact`)",
-            "(M)",
-        )
-    )
-    ratios: list[float | None] = field(
-        metadata=key("`fixed_steps / steps` per client (`null` where either is 0 or `null`)", "(M)")
-    )
-    median_ratio: float | None = field(
-        metadata=key("the median of `ratios` over clients: how many times fewer steps than the fixed recipe", "float")
-    )
-
-    def to_dict(self) -> dict[str, Any]:
-        return _to_dict(self)
-
-    @classmethod
-    def from_dict(cls, d: Any) -> LocalSteps:
-        return cls(**_kwargs(cls, d, "local_steps"))
-
-
-@dataclass(frozen=True)
-class DatasetInfo:
-    """``dataset``: the federation's data set."""
-
-    name: str = field(metadata=key("the data set (`dataset.name`)", "str"))
-    num_clients: int = field(metadata=key("M", "int"))
-    counts: list[int] = field(
-        default=ABSENT, metadata=key("N_m per client, partition order (after the exchange)", "(M)")
-    )
-
-    def to_dict(self) -> dict[str, Any]:
-        return _to_dict(self)
-
-    @classmethod
-    def from_dict(cls, d: Any) -> DatasetInfo:
-        return cls(**_kwargs(cls, d, "dataset"))
 
 
 @dataclass
@@ -232,7 +64,7 @@ class Results:
     """The content of one federation's results.json (see the module docstring).
 
     Mutable: the recorder fills it in as the run goes (diagnosis after the exchange, a round
-    after every aggregation, timing at the end) and writes it with :func:`write` each time.
+    after every aggregation, timing at the end) and writes it with [`write`][fedhead.results.schema.write] each time.
     """
 
     schema_version: int = field(metadata=key("the schema version of the file", "int"))
@@ -356,13 +188,13 @@ class Results:
     # ------------------------------------------------------------------ JSON
     def to_dict(self) -> dict[str, Any]:
         """The JSON object of results.json (arrays as nested lists)."""
-        out = _to_dict(self)
+        out = section_dict(self)
         out["rounds"] = [r.to_dict() for r in self.rounds]
         return out
 
 
 def from_dict(d: Any, *, where: str = FILE_NAME) -> Results:
-    """The :class:`Results` of a results.json object.
+    """The [`Results`][fedhead.results.schema.Results] of a results.json object.
 
     Raises
     ------
@@ -383,7 +215,7 @@ def from_dict(d: Any, *, where: str = FILE_NAME) -> Results:
         if d.get("schema_version") != version + 1:
             raise SchemaError(f"{where}: the upgrade of schema_version {version} did not give {version + 1}")
         version += 1
-    kw = _kwargs(Results, d, where)
+    kw = section_kwargs(Results, d, where)
     try:
         kw["rounds"] = [RoundRecord.from_dict(r) for r in kw["rounds"]]
     except KeyError as exc:
@@ -400,7 +232,8 @@ def from_dict(d: Any, *, where: str = FILE_NAME) -> Results:
 
 
 def write(path: str | os.PathLike, results: Results) -> Path:
-    """Write ``results`` to ``path`` atomically (:func:`fedhead.results.io.write_json_atomic`)."""
+    """Write ``results`` to ``path`` atomically
+    ([`fedhead.results.io.write_json_atomic`][fedhead.results.io.write_json_atomic])."""
     return write_json_atomic(path, results.to_dict())
 
 
@@ -410,7 +243,7 @@ def read(path: str | os.PathLike) -> Results:
     Raises
     ------
     SchemaError
-        See :func:`from_dict`; also for a file that is not JSON.
+        See [`from_dict`][fedhead.results.schema.from_dict]; also for a file that is not JSON.
     OSError
         The file cannot be read.
     """

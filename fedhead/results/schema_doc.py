@@ -1,7 +1,8 @@
-"""The README's results.json section, generated from the schema (:mod:`fedhead.results.schema`).
+"""The README's results.json section, generated from the schema ([`fedhead.results.schema`][fedhead.results.schema]).
 
 ``python -m fedhead.results.schema_doc`` prints the section; ``python -m fedhead.results.schema_doc
-README.md`` rewrites it in place between :data:`BEGIN` and :data:`END`. tests/results/test_schema.py
+README.md`` rewrites it in place between [`BEGIN`][fedhead.results.schema_doc.BEGIN] and
+[`END`][fedhead.results.schema_doc.END]. tests/results/test_schema.py
 fails when the README and the schema disagree.
 """
 
@@ -75,7 +76,8 @@ def section() -> str:
 
 
 def replace_section(text: str) -> str:
-    """``text`` (the README) with the part between :data:`BEGIN` and :data:`END` regenerated."""
+    """``text`` (the README) with the part between [`BEGIN`][fedhead.results.schema_doc.BEGIN] and
+    [`END`][fedhead.results.schema_doc.END] regenerated."""
     if BEGIN not in text or END not in text:
         raise ValueError(f"the README has no {BEGIN!r} ... {END!r} block")
     head, rest = text.split(BEGIN, 1)

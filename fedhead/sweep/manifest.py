@@ -1,18 +1,8 @@
 """The manifest of a sweep: every run, its config hash, status, wall time and folder.
 
-``<out>/manifest.json`` (schema below) is rewritten atomically after every run, so an interrupted
-sweep leaves a manifest that says what finished. ``fedhead-report`` reads it::
-
-    {"schema_version": 1, "sweep": "main", "scale": "smoke", "created": "...", "updated": "...",
-     "git_revision": "...", "data_roots": {...},
-     "runs": [{"id": "main/hopper/proximal/s0", "sweep": "main", "setting": "hopper",
-               "dataset": "hopper", "model": "resmlp_small", "procedure": "proximal", "seed": 0,
-               "params": {...}, "overrides": [...], "status": "completed", "config_hash": "...",
-               "wall_seconds": 12.3, "dir": "runs/main/hopper/proximal/s0", "error": null,
-               "needs": null}, ...]}
-
-``status``: ``pending`` (not run yet), ``completed``, ``failed`` (``error`` says why; rerun on the
-next start), ``skipped`` (its data files are missing: ``needs`` names them).
+[`Manifest`][fedhead.sweep.manifest.Manifest] rewrites ``<out>/manifest.json`` atomically after
+every run, so an interrupted sweep leaves a manifest that says what finished; ``fedhead-report``
+reads it.
 """
 
 from __future__ import annotations
@@ -42,7 +32,21 @@ def run_dir(spec: RunSpec) -> str:
 
 
 class Manifest:
-    """The manifest of one sweep folder, updated in place and written atomically (thread-safe)."""
+    """The manifest of one sweep folder, updated in place and written atomically (thread-safe).
+
+    ``<out>/manifest.json``::
+
+        {"schema_version": 1, "sweep": "main", "scale": "smoke", "created": "...", "updated": "...",
+         "git_revision": "...", "data_roots": {...},
+         "runs": [{"id": "main/hopper/proximal/s0", "sweep": "main", "setting": "hopper",
+                   "dataset": "hopper", "model": "resmlp_small", "procedure": "proximal", "seed": 0,
+                   "params": {...}, "overrides": [...], "status": "completed", "config_hash": "...",
+                   "wall_seconds": 12.3, "dir": "runs/main/hopper/proximal/s0", "error": null,
+                   "needs": null}, ...]}
+
+    ``status``: ``pending`` (not run yet), ``completed``, ``failed`` (``error`` says why; rerun on
+    the next start), ``skipped`` (its data files are missing: ``needs`` names them).
+    """
 
     def __init__(self, root: str | Path, sweep: str, scale: str, *, extra: dict[str, Any] | None = None):
         self.root = Path(root)

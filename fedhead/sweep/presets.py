@@ -1,13 +1,9 @@
 """The network experiments of docs/theory.md §10 as named sweeps (``fedhead-sweep sweep=NAME``).
 
-A preset is a pure function ``(scale, seeds) -> list[RunSpec]``; every :class:`RunSpec` is one
-federation (one procedure of one setting and seed), written as the Hydra overrides of
-``conf/config.yaml`` that ``fedhead-run`` would take for it. :data:`SCALES` shrinks data, widths,
-rounds, E and seeds for ``scale=smoke`` (a few minutes on 2 CPU cores with the offline data,
-through the same code path); ``scale=paper`` is the published protocol.
-
-Presets (docs/theory.md §10): ``main``, ``centering``, ``epochs``, ``rho``, ``alignment``,
-``mismatch``, ``architectures``, ``data_size``, ``full_model``, ``prediction``.
+A preset is a pure function ``(scale, seeds) -> list[RunSpec]``: one
+[`RunSpec`][fedhead.sweep.presets.RunSpec] per federation (one procedure of one setting and
+seed), written as the Hydra overrides ``fedhead-run`` would take; [`plan`][fedhead.sweep.presets.plan]
+picks the preset by name and the scale (`fedhead.sweep.scales`) sizes it.
 """
 
 from __future__ import annotations

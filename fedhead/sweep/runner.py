@@ -1,17 +1,8 @@
 """Run a sweep: plan -> skip finished runs -> check data -> pack runs into simulations -> manifest.
 
-* Every run is a :class:`fedhead.federation.config.JobConfig` built from its :class:`~fedhead.sweep.presets.RunSpec`
-  overrides exactly as ``fedhead-run`` would build it, writing into ``<out>/runs/<id>``.
-* A run whose ``results.json`` is complete for the same config hash is not run again: restarting a
-  finished sweep recomputes nothing. Failed runs are retried on the next start.
-* Data are checked in the driver before Ray starts; a setting whose files are missing is
-  ``skipped`` with the file it needs, and the sweep goes on.
-* Runs sharing a client count and resources are packed into one Flower simulation, and every
-  simulation of the sweep shares one Ray session (:func:`fedhead.driver.ray_session.shared_ray_session`): the
-  start-up cost is paid once per sweep. ``parallel_runs`` runs of a simulation are served at once
-  (their clients share the Ray actors: with fractional ``resources.client_gpus`` a GPU node runs
-  several runs on one GPU). A run that fails is recorded with its error and the
-  next one runs; if the engine itself dies, the runs not yet finished go to a new simulation once.
+[`run_sweep`][fedhead.sweep.runner.run_sweep] is the entry point of ``fedhead-sweep``; what it
+guarantees (restarts recompute nothing, missing data skip a setting, one Ray session per sweep)
+is in its docstring.
 """
 
 from __future__ import annotations
@@ -25,8 +16,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tqdm.auto import tqdm
-
 from fedhead.analysis.procedure import ConfigError
 from fedhead.data.base import MissingDataError
 from fedhead.driver.checks import check_data_once, data_key, uses_cuda
@@ -34,11 +23,12 @@ from fedhead.driver.errors import one_line
 from fedhead.driver.logs import simulation_logging
 from fedhead.driver.ray_session import shared_ray_session
 from fedhead.driver.simulation import run_federations
-from fedhead.federation.checkpoint import config_hash
-from fedhead.federation.config import JobConfig, compose_config, load_config
+from fedhead.progress import progress
 from fedhead.results import schema
 from fedhead.results.io import provenance
 from fedhead.results.schema import Results
+from fedhead.settings.config import JobConfig, compose_config, load_config
+from fedhead.settings.job import config_hash
 from fedhead.sweep.manifest import Manifest, run_dir
 from fedhead.sweep.presets import RunSpec, plan
 
@@ -49,7 +39,8 @@ ENGINE_ATTEMPTS = 2
 
 @dataclass(frozen=True)
 class SweepConfig:
-    """A typed ``fedhead-sweep`` invocation (built once by :func:`fedhead.cli.sweep.typed_config`).
+    """A typed ``fedhead-sweep`` invocation (built once by
+    [`fedhead.cli.sweep.typed_config`][fedhead.cli.sweep.typed_config]).
 
     ``data_roots`` maps a data set name to the folder of its published files (given once for the
     sweep); ``run_overrides`` are appended to every run (``device=cuda``, ``resources.*``);
@@ -72,7 +63,7 @@ class SweepConfig:
 
 
 def build_job(spec: RunSpec, out: Path, data_roots: dict[str, str], run_overrides: Sequence[str] = ()) -> JobConfig:
-    """The :class:`JobConfig` of one run, writing into ``<out>/runs/<id>``."""
+    """The [`JobConfig`][fedhead.settings.job.JobConfig] of one run, writing into ``<out>/runs/<id>``."""
     overrides = list(spec.overrides)
     root = data_roots.get(spec.dataset)
     if root:
@@ -120,7 +111,21 @@ class SweepResult:
 
 
 def run_sweep(cfg: SweepConfig) -> SweepResult:
-    """Run (or continue) a sweep; see the module docstring. Returns when every run is done."""
+    """Run (or continue) a sweep; returns when every run is done.
+
+    * Every run is a `JobConfig` built from its `RunSpec` overrides exactly as ``fedhead-run``
+      would build it, writing into ``<out>/runs/<id>``.
+    * A run whose ``results.json`` is complete for the same config hash is not run again:
+      restarting a finished sweep recomputes nothing. Failed runs are retried on the next start.
+    * Data are checked in the driver before Ray starts; a setting whose files are missing is
+      ``skipped`` with the file it needs, and the sweep goes on.
+    * Runs sharing a client count and resources are packed into one Flower simulation, and every
+      simulation of the sweep shares one Ray session (`fedhead.driver.ray_session.shared_ray_session`):
+      the start-up cost is paid once per sweep. ``parallel_runs`` runs of a simulation are served
+      at once (their clients share the Ray actors: with fractional ``resources.client_gpus`` a GPU
+      node runs several runs on one GPU). A run that fails is recorded with its error and the next
+      one runs; if the engine itself dies, the runs not yet finished go to a new simulation once.
+    """
     t0 = time.perf_counter()
     out = Path(cfg.out)
     specs = plan(cfg.sweep, cfg.scale, seeds=cfg.seeds, settings=cfg.settings)
@@ -283,4 +288,7 @@ class _Packer:
 
 
 def _progress(total: int, show: bool):
-    return tqdm(total=total, unit="run", desc="sweep", disable=not show, dynamic_ncols=True)
+    # off a terminal: no line of its own, every run has one (_Packer.job_end)
+    return progress(
+        total=total, unit="run", desc="sweep", leave=True, disable=not show, summary=False, dynamic_ncols=True
+    )

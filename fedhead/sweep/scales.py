@@ -1,4 +1,5 @@
-"""How a sweep is sized: :class:`Scale` and the named scales ``paper``, ``cpu`` and ``smoke`` (``scale=``)."""
+"""How a sweep is sized: [`Scale`][fedhead.sweep.scales.Scale] and the named scales ``paper``, ``cpu`` and ``smoke``
+(``scale=``)."""
 
 from __future__ import annotations
 

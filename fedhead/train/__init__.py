@@ -1,8 +1,10 @@
 """Local training (torch): the theory.md §2 objective, the theory.md §10 recipe, alignment (theory.md §5).
 
-See ``docs/architecture.md``. The Flower client calls :func:`train_local` with the recipe
-(:class:`TrainConfig`) and the local problem (:class:`LocalProblem`), :func:`align` and
-:func:`evaluate_local`; :func:`select_device` picks the device at run time.
+See ``docs/architecture.md``. The Flower client calls [`train_local`][fedhead.train.train_local] with the recipe
+([`TrainConfig`][fedhead.train.TrainConfig]) and the local problem ([`LocalProblem`][fedhead.train.LocalProblem]),
+[`align`][fedhead.train.align.align] and
+[`evaluate_local`][fedhead.train.evaluate_local]; [`select_device`][fedhead.train.select_device] picks the device at run
+time.
 """
 
 from fedhead.analysis.seeds import backbone_seed
@@ -10,8 +12,7 @@ from fedhead.train.align import AlignResult, align, procrustes_rotation
 from fedhead.train.client_math import HeadDistances, exact_head, head_distances, round_seed, target_moments
 from fedhead.train.config import TrainConfig, TrainDivergedError, TrainInputError
 from fedhead.train.finishing import LocalMetrics, LocalResult
-from fedhead.train.mismatch_objectives import MismatchObjectives, mismatch_objectives
-from fedhead.train.objective import (
+from fedhead.train.local_loss import (
     LocalEvaluation,
     add_head_penalty_grads,
     compute_features,
@@ -21,6 +22,7 @@ from fedhead.train.objective import (
     moment_correction_torch,
     objective_from_features,
 )
+from fedhead.train.mismatch_objectives import MismatchObjectives, mismatch_objectives
 from fedhead.train.problem import LocalProblem
 from fedhead.train.steps import clip_gradients, cosine_schedule, select_device
 from fedhead.train.trainer import train_local

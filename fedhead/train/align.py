@@ -14,7 +14,8 @@ computed from ``C x C`` quantities plus an orthogonal completion:
   computed in that span: ``O(P C^2)`` work, not ``O(P^3)``.
 
 ``W^ Q`` does not depend on the completion. The head becomes ``W^ Q`` and the backbone's features
-``Q^T h`` (:meth:`fedhead.models.Backbone.rotate_features`), so predictions ``W^ Q Q^T h = W^ h``,
+``Q^T h`` ([`fedhead.models.Backbone.rotate_features`][fedhead.models.Backbone.rotate_features]), so predictions ``W^ Q
+Q^T h = W^ h``,
 the Gram ``W^ W^^T`` and the feature penalty are unchanged. When both heads have full row rank,
 ``W^ Q`` is the head with Gram ``W^ W^^T`` closest to ``W_t``, i.e. ``Pi(W_t)`` for that Gram.
 """
@@ -60,7 +61,7 @@ def procrustes_rotation(weight: np.ndarray, target: np.ndarray) -> np.ndarray:
 
 @dataclass(frozen=True)
 class AlignResult:
-    """Result of :func:`align`.
+    """Result of [`align`][fedhead.train.align.align].
 
     Attributes
     ----------

@@ -1,10 +1,12 @@
 """Closed-form client math of one round and the per-round seed rule (numpy only).
 
-* :func:`exact_head`: the theory's rule ``Pi_m(W_t)`` (the ``exact`` procedure) instead of training.
-* :func:`head_distances`: where a returned head lies relative to the broadcast and to ``Pi_m(W_t)``.
-* :func:`round_seed`: the seed of a client's minibatch permutations in one round.
+* [`exact_head`][fedhead.train.exact_head]: the theory's rule ``Pi_m(W_t)`` (the ``exact`` procedure) instead of
+training.
+* [`head_distances`][fedhead.train.head_distances]: where a returned head lies relative to the broadcast and to
+``Pi_m(W_t)``.
+* [`round_seed`][fedhead.train.round_seed]: the seed of a client's minibatch permutations in one round.
 
-The (corrected) covariance a client fits is :func:`fedhead.ufm.corrected_covariance`.
+The (corrected) covariance a client fits is [`fedhead.ufm.corrected_covariance`][fedhead.ufm.corrected_covariance].
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ def exact_head(
     Parameters
     ----------
     mu, sigma : ndarray (C,), (C, C)
-        The client's target mean and covariance (:func:`target_moments`).
+        The client's target mean and covariance ([`target_moments`][fedhead.train.target_moments]).
     broadcast : ndarray (C, P)
         ``W_t``.
     sigma_cen : ndarray (C, C) or None
@@ -81,7 +83,7 @@ def exact_head(
 
 
 class HeadDistances(NamedTuple):
-    """Distances of a returned head ``W~`` (see :func:`head_distances`)."""
+    """Distances of a returned head ``W~`` (see [`head_distances`][fedhead.train.head_distances])."""
 
     to_broadcast: float  # ||W~ - W_t||_F
     to_selection: float  # ||W~ - Pi_m(W_t)||_F

@@ -1,13 +1,14 @@
 """Typed local-training recipe (docs/theory.md §10) and the training layer's errors.
 
-:class:`TrainConfig` says how a client solves its local problem; the problem itself (the
-objective's terms and the epoch budget) is :class:`fedhead.train.problem.LocalProblem`.
+[`TrainConfig`][fedhead.train.TrainConfig] says how a client solves its local problem; the problem itself (the
+objective's terms and the epoch budget) is [`fedhead.train.problem.LocalProblem`][fedhead.train.LocalProblem].
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
+
+from fedhead.analysis.constraints import Field, Together, check, integer, number, optional
 
 
 class TrainInputError(ValueError):
@@ -18,14 +19,39 @@ class TrainDivergedError(RuntimeError):
     """Local training produced non-finite values; the message says at which step."""
 
 
-@dataclass
+def _betas(v: object) -> bool:
+    return isinstance(v, tuple) and len(v) == 2 and all(number(0, 1, high_open=True)(b) for b in v)
+
+
+#: The recipe's rules, in the order they are checked.
+_RULES = (
+    Field("batch_size", integer(1), "must be an integer >= 1"),
+    Field("lr", number(0, low_open=True), "must be > 0"),
+    Field("lr_min", number(0), "must be in [0, lr]"),
+    Together(lambda c: c.lr_min <= c.lr, "TrainConfig.lr_min must be in [0, lr={lr}], got {lr_min!r}"),
+    Field("betas", _betas, "must be two numbers in [0, 1)"),
+    Field("eps", number(0, low_open=True), "must be > 0"),
+    Field("clip_norm", optional(number(0, low_open=True)), "must be > 0 or None (no clipping)"),
+    Field("last_layer_ridge", number(0), "must be >= 0"),
+    Field("warmup_steps", integer(0), "must be an integer >= 0"),
+    Field(
+        "local_tol",
+        optional(number(0, 1, low_open=True, high_open=True)),
+        "must be a relative gap in (0, 1) or null (no tolerance: always run all epochs)",
+    ),
+    Field("check_every", integer(0), "must be an integer >= 0 (0: about 50 checks per call)"),
+    Field("eval_batch_size", integer(1), "must be an integer >= 1"),
+)
+
+
+@dataclass(frozen=True)
 class TrainConfig:
     """How one client trains for one round: the local recipe (docs/theory.md §10 defaults).
 
     What is trained for (``lambda_H``, ``lambda_W``, ``rho``, ``gamma``, centring) and for how
     many epochs is not configured here: those come from the procedure and the top-level settings,
-    where each is stored and validated, through :class:`fedhead.train.problem.LocalProblem`; the
-    minibatch seed is an argument of :func:`fedhead.train.train_local`.
+    where each is stored and validated, through [`fedhead.train.problem.LocalProblem`][fedhead.train.LocalProblem]; the
+    minibatch seed is an argument of [`fedhead.train.train_local`][fedhead.train.train_local].
 
     Attributes
     ----------
@@ -54,16 +80,16 @@ class TrainConfig:
     optimal_bias : bool
         Hold the head bias at its least-squares optimum ``mu - W m`` for the current features
         instead of training it, and centre the features exactly after training (see
-        :func:`fedhead.train.train_local`): removes the slowest direction of local training and
+        [`fedhead.train.train_local`][fedhead.train.train_local]): removes the slowest direction of local training and
         changes no optimum. False: the bias is trained by AdamW like the other parameters.
     solve_last_layer : bool
         Before training, set the backbone's last linear layer to the (slightly ridge-filtered)
         minimiser of the objective for the initial head, the rest of the network fixed
-        (:mod:`fedhead.train.last_layer`): the features start where the broadcast head needs them
+        ([`fedhead.train.last_layer`][fedhead.train.last_layer]): the features start where the broadcast head needs them
         instead of pulling the head toward arbitrary features. At every tolerance check and after
         training, the layer solved for the current head (kept when it ends training, and only where
         it lowers the objective), and after training the head and the layer at their joint optimum
-        (:func:`fedhead.ufm.local_head`; not with ``rho > 0`` and no ``finish_rotation``: the head
+        ([`fedhead.ufm.local_head`][fedhead.ufm.local_head]; not with ``rho > 0`` and no ``finish_rotation``: the head
         solve would select the head as the rotation does, so the head stays as training left it). Exact
         partial minimisations and an initialisation: change no optimum.
     last_layer_ridge : float
@@ -95,7 +121,7 @@ class TrainConfig:
     eval_batch_size : int
         Chunk size of the full-data evaluation after training.
     progress : bool
-        Show a tqdm bar over epochs.
+        Show a progress bar over epochs (a terminal only; see `fedhead.progress`).
     """
 
     batch_size: int = 256
@@ -121,37 +147,10 @@ class TrainConfig:
     progress: bool = False
 
     def __post_init__(self) -> None:
-        self.betas = tuple(float(b) for b in self.betas)  # Hydra passes ListConfig
+        if not isinstance(self.betas, (str, bytes)):  # Hydra passes a list
+            object.__setattr__(self, "betas", tuple(float(b) if number()(b) else b for b in self.betas))
         self.validate()
 
     def validate(self) -> None:
-        """Raise :class:`TrainInputError` naming the first bad field."""
-
-        def bad(field: str, need: str) -> TrainInputError:
-            return TrainInputError(f"TrainConfig.{field} {need}, got {getattr(self, field)!r}")
-
-        def finite(v: object) -> bool:
-            return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-        if not isinstance(self.batch_size, int) or self.batch_size < 1:
-            raise bad("batch_size", "must be an integer >= 1")
-        if not (finite(self.lr) and self.lr > 0):
-            raise bad("lr", "must be > 0")
-        if not (finite(self.lr_min) and 0 <= self.lr_min <= self.lr):
-            raise bad("lr_min", f"must be in [0, lr={self.lr}]")
-        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
-            raise bad("betas", "must be two numbers in [0, 1)")
-        if not (finite(self.eps) and self.eps > 0):
-            raise bad("eps", "must be > 0")
-        if self.clip_norm is not None and not (finite(self.clip_norm) and self.clip_norm > 0):
-            raise bad("clip_norm", "must be > 0 or None (no clipping)")
-        if not (finite(self.last_layer_ridge) and self.last_layer_ridge >= 0):
-            raise bad("last_layer_ridge", "must be >= 0")
-        if not isinstance(self.warmup_steps, int) or isinstance(self.warmup_steps, bool) or self.warmup_steps < 0:
-            raise bad("warmup_steps", "must be an integer >= 0")
-        if self.local_tol is not None and not (finite(self.local_tol) and 0 < self.local_tol < 1):
-            raise bad("local_tol", "must be a relative gap in (0, 1) or null (no tolerance: always run all epochs)")
-        if not isinstance(self.check_every, int) or isinstance(self.check_every, bool) or self.check_every < 0:
-            raise bad("check_every", "must be an integer >= 0 (0: about 50 checks per call)")
-        if not isinstance(self.eval_batch_size, int) or self.eval_batch_size < 1:
-            raise bad("eval_batch_size", "must be an integer >= 1")
+        """Raise [`TrainInputError`][fedhead.train.config.TrainInputError] naming the first bad field."""
+        check(self, _RULES, prefix="TrainConfig.", error=TrainInputError)

@@ -1,9 +1,12 @@
 """The objective data of one local training call, its full-data evaluation and its results
 (docs/theory.md §2, §11).
 
-:func:`objective_terms` checks and prepares what :func:`fedhead.train.train_local` needs of the
-client's targets and of the head-only terms; :func:`evaluate_fit` evaluates the model on all of the
-client's data, optionally as the exact finishing step leaves it (:func:`feature_projection`).
+[`objective_terms`][fedhead.train.finishing.objective_terms] checks and prepares what
+[`fedhead.train.train_local`][fedhead.train.train_local] needs of the
+client's targets and of the head-only terms; [`evaluate_fit`][fedhead.train.finishing.evaluate_fit] evaluates the model
+on all of the
+client's data, optionally as the exact finishing step leaves it
+([`feature_projection`][fedhead.train.finishing.feature_projection]).
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from torch import nn
 from fedhead.train.align import procrustes_rotation
 from fedhead.train.config import TrainConfig, TrainDivergedError, TrainInputError
 from fedhead.train.inputs import check_matrix as _check_matrix
-from fedhead.train.objective import compute_features, moment_correction_torch, objective_from_features
+from fedhead.train.local_loss import compute_features, moment_correction_torch, objective_from_features
 from fedhead.train.problem import LocalProblem
 from fedhead.ufm import TargetMoments, corrected_covariance
 
@@ -32,7 +35,7 @@ class LocalMetrics:
         ``L_m`` (theory.md §2) of the trained backbone + head on the full local data, eval mode, without
         proximal or correction terms (on the centred targets when ``problem.center_targets``).
     optimal_objective : float
-        ``L*_m`` from :func:`fedhead.ufm.optimal_loss` (``Sigma_m``, ``lambda_H``, ``lambda_W``).
+        ``L*_m`` from [`fedhead.ufm.optimal_loss`][fedhead.ufm.optimal_loss] (``Sigma_m``, ``lambda_H``, ``lambda_W``).
     relative_gap : float
         ``(L_m - L*_m) / L*_m`` (theory.md §11 local fit); NaN when ``L*_m = 0``.
     trained_objective, trained_optimal_objective, trained_gap : float
@@ -77,7 +80,7 @@ class LocalMetrics:
 
 @dataclass(frozen=True)
 class LocalResult:
-    """The trained head and metrics of one :func:`train_local` call.
+    """The trained head and metrics of one [`train_local`][fedhead.train.train_local] call.
 
     Attributes
     ----------
@@ -111,7 +114,8 @@ class ObjectiveTerms:
 def objective_terms(
     y: torch.Tensor, problem: LocalProblem, p: int, broadcast_weight, sigma_cen, sigma_m
 ) -> ObjectiveTerms:
-    """Moments of the targets and the checked proximal / correction inputs of :func:`train_local`."""
+    """Moments of the targets and the checked proximal / correction inputs of
+    [`train_local`][fedhead.train.train_local]."""
     c = y.shape[1]
     y64 = y.detach().cpu().numpy().astype(np.float64)
     moments = TargetMoments.from_targets([y64])
@@ -138,7 +142,7 @@ def objective_terms(
 
 @dataclass
 class Fit:
-    """Full-data evaluation of the current model (see :func:`_evaluate`)."""
+    """Full-data evaluation of the current model (see [`evaluate_fit`][fedhead.train.finishing.evaluate_fit])."""
 
     objective: float  # L_m
     trained_objective: float  # L_m + gamma C_m(W)
@@ -173,14 +177,15 @@ def evaluate_fit(
     """``L_m`` and ``L_m + gamma C_m`` of the model on all of the client's data (eval mode).
 
     ``bias`` None: the optimal bias ``mu - W m`` for the features' mean ``m``. ``finish``: the
-    features evaluated as the finishing step of :func:`train_local` leaves them,
+    features evaluated as the finishing step of [`train_local`][fedhead.train.train_local] leaves them,
     ``h -> P_W (h - m)`` with ``b = mu``. Of all affine maps of the features that keep every
     prediction ``W h + b`` this one gives the smallest feature penalty (the part of ``h - m``
     outside the head's row space only adds to ``lambda_H ||h||^2``): an exact partial
     minimisation. ``rotate_to`` (with ``finish``): also the rotation ``W -> W Q``, ``h -> Q^T h``
-    (``Q`` orthogonal ``(P, P)``) that brings ``W`` closest to this head (:func:`procrustes_rotation`);
+    (``Q`` orthogonal ``(P, P)``) that brings ``W`` closest to this head
+    ([`procrustes_rotation`][fedhead.train.procrustes_rotation]);
     it keeps every prediction and penalty and is the exact minimiser of the proximal term over
-    the heads the objective cannot tell apart. The head to use is :attr:`_Fit.weight`.
+    the heads the objective cannot tell apart. The head to use is [`Fit.weight`][fedhead.train.finishing.Fit.weight].
     """
     h = compute_features(backbone, x, batch_size=cfg.eval_batch_size, device=dev, channels_last=channels_last).double()
     w64 = weight.detach().double()

@@ -1,4 +1,5 @@
-"""Input checks of :func:`fedhead.train.train_local` (shapes, finiteness, model/data agreement)."""
+"""Input checks of [`fedhead.train.train_local`][fedhead.train.train_local] (shapes, finiteness, model/data
+agreement)."""
 
 from __future__ import annotations
 
@@ -26,7 +27,8 @@ def check_matrix(name: str, a: np.ndarray | None, shape: tuple[int, int], symmet
 
 
 def check_inputs(backbone: nn.Module, head: nn.Linear, x: torch.Tensor, y: torch.Tensor) -> None:
-    """Check the model and the data of one :func:`fedhead.train.train_local` call; raise :class:`TrainInputError`."""
+    """Check the model and the data of one [`fedhead.train.train_local`][fedhead.train.train_local] call; raise
+    [`TrainInputError`][fedhead.train.TrainInputError]."""
     if not isinstance(head, nn.Linear) or head.bias is None:
         raise TrainInputError("train_local: head must be an nn.Linear(P, C) with bias")
     if not isinstance(x, torch.Tensor) or not isinstance(y, torch.Tensor):
@@ -74,7 +76,8 @@ def check_inputs(backbone: nn.Module, head: nn.Linear, x: torch.Tensor, y: torch
 
 
 def check_arguments(cfg: TrainConfig, problem: LocalProblem, seed: int) -> int:
-    """The recipe, the problem and the seed of a :func:`fedhead.train.train_local` call, checked; the seed as int."""
+    """The recipe, the problem and the seed of a [`fedhead.train.train_local`][fedhead.train.train_local] call, checked;
+    the seed as int."""
     if not isinstance(cfg, TrainConfig):
         raise TrainInputError(f"train_local: cfg must be a TrainConfig, got {type(cfg).__name__}")
     if not isinstance(problem, LocalProblem):

@@ -1,24 +1,8 @@
-"""Exact minimisation of the local objective over the backbone's last linear layer (theory.md §2, §4).
+"""Exact minimisation of the local objective over the backbone's last linear layer.
 
-The features are ``h = V z + c``, with ``z`` the input of the backbone's last ``Linear`` layer
-(:meth:`fedhead.models.Backbone.output_layer`). For a fixed head ``W`` and fixed ``z`` the local
-objective is a ridge problem in ``(V, c, b)``: with ``Z_c`` the centred inputs ``(N, width)`` and
-``Y_c`` the centred targets, its minimiser makes the features
-
-    H = Y_c A^{-1} W Pi_Z,      A = W W^T + lambda_H I,
-
-the optimal features of the unconstrained model (:func:`fedhead.ufm.optimal_features`) projected
-on what the layer can produce from ``z`` (``Pi_Z`` projects on the column span of ``Z_c``), with
-``c = -V mean(z)`` (centred features) and ``b = mu``. When the layer's inputs span the targets
-(``N - 1 <= width`` for generic ``z``) this is the unconstrained optimum, so that the model's
-objective equals the profiled objective ``F(W; Sigma_m)`` of its head.
-
-:func:`fedhead.train.train_local` uses it before training, for the broadcast head (the features
-start where the broadcast head needs them, instead of pulling the head toward random features),
-at every tolerance check and after training, for the trained head (the optimiser fits the weak
-directions of ``z`` last: the solve takes the features there at once). Each is an exact partial
-minimisation kept only where it lowers the objective: every optimum of the objective is left where
-it is.
+For a fixed head the objective is a ridge problem in the last ``Linear`` layer (docs/theory.md
+§14): [`solve_output_layer`][fedhead.train.last_layer.solve_output_layer] sets the layer to its
+(filtered) minimiser, or the free-feature table to the optimal features themselves.
 """
 
 from __future__ import annotations
@@ -28,6 +12,7 @@ import torch
 from torch import nn
 
 from fedhead.data.base import batch_to_float
+from fedhead.models import backbone_expects_indices, backbone_output_layer
 from fedhead.train.config import TrainDivergedError, TrainInputError
 from fedhead.ufm import optimal_features
 
@@ -59,7 +44,8 @@ def output_layer_inputs(
     return torch.cat(captured)
 
 
-#: the filters tried by :func:`solve_output_layer` below its largest one, each a factor 10 apart
+#: the filters tried by [`solve_output_layer`][fedhead.train.last_layer.solve_output_layer] below its largest one, each
+# a factor 10 apart
 RIDGE_STEPS = 7
 
 
@@ -101,7 +87,8 @@ def solve_output_layer(
     Parameters
     ----------
     backbone : Backbone
-        A backbone with :meth:`output_layer` (a ``Linear`` with bias), or the free-feature
+        A backbone with an output layer ([`backbone_output_layer`][fedhead.models.backbone_output_layer]: a ``Linear``
+        with bias), or the free-feature
         backbone (its table is set to the optimal features themselves).
     x : Tensor
         The client's inputs (``(N,)`` indices for free features).
@@ -116,15 +103,13 @@ def solve_output_layer(
     ridge : float
         Tikhonov filter of the solve, relative to the largest squared singular value ``s_1^2`` of
         the centred layer inputs: ``V`` minimises the objective plus ``ridge s_1^2 / 2 ||V||_F^2``
-        (directions of ``z`` with ``s_k^2 << ridge s_1^2`` are left out). The exact minimiser
-        (``ridge = 0``) needs a weight as large as ``1 / s_min`` where the inputs are nearly
-        dependent, which makes the next optimiser steps stiff; the filter keeps the layer's scale.
+        (directions of ``z`` with ``s_k^2 << ridge s_1^2`` are left out; docs/theory.md §14 says why).
     keep_better : bool
-        Try ``ridge`` and :data:`RIDGE_STEPS` - 1 smaller filters (each a factor 10 below the
-        previous: the directions of ``z`` with small singular values are the slowest ones for the
-        optimiser, see below) and set the layer to the one with the lowest objective, or leave the
-        layer as it is when its current objective is lower still. The objectives are computed
-        exactly from ``z`` (:func:`_layer_objective`): the solve never raises the objective.
+        Try ``ridge`` and [`RIDGE_STEPS`][fedhead.train.last_layer.RIDGE_STEPS] - 1 smaller filters (each a factor 10
+        below the
+        previous) and set the layer to the one with the lowest objective, or leave the layer as it
+        is when its current objective is lower still. The objectives are computed exactly from
+        ``z`` ([`_layer_objective`][fedhead.train.last_layer._layer_objective]): the solve never raises the objective.
     finish : bool
         Compare objectives as the finishing step leaves the features (``h -> P_W (h - m)``).
 
@@ -132,22 +117,13 @@ def solve_output_layer(
     -------
     bool
         Whether the layer was changed.
-
-    Notes
-    -----
-    Why a filtered solve during training helps: the features are ``Z_c V^T`` and the objective's
-    curvature along ``V`` in the direction of the ``k``-th singular vector of ``Z_c`` is
-    ``s_k^2 / N`` times that of the features, so the optimiser fits the part of the optimal features
-    that lies along weak directions of ``z`` last (measured on the default run: the whole remaining
-    gap of a client capped at 2000 epochs, 4.7e-3, sat there with the head at its optimum for the
-    features, and the solve took it to 2e-6).
     """
     device = device or next(backbone.parameters()).device
     y64 = y.detach().cpu().double().numpy()
     target = optimal_features(weight, y64, lambda_h)  # (N, P), mean zero
-    layer = backbone.output_layer() if hasattr(backbone, "output_layer") else None
+    layer = backbone_output_layer(backbone)
     if layer is None:
-        if not getattr(backbone, "expects_indices", False):
+        if not backbone_expects_indices(backbone):
             raise TrainInputError(f"solve_output_layer: {type(backbone).__name__} has no output_layer()")
         table = backbone.table
         idx = x.detach().to(table.device, torch.long)
@@ -155,6 +131,36 @@ def solve_output_layer(
         return True  # the exact minimiser: no filter, never above the current objective
     if layer.bias is None:
         raise TrainInputError("solve_output_layer: the backbone's last Linear layer needs a bias")
+    z = _finite_inputs(backbone, layer, x, batch_size=batch_size, device=device, channels_last=channels_last)
+    z_mean = z.mean(0)
+    u, sv, vt = np.linalg.svd(z - z_mean, full_matrices=False)
+    if not (sv.size and sv[0] > 0):
+        return False
+    ut_target = u.T @ target
+    if keep_better:
+        basis = np.linalg.qr(weight.T)[0] if finish else None
+        best = _best_ridge(layer, z, u, sv, ut_target, y64, weight, lambda_h, ridge, basis)
+        if best is None:
+            return False
+    else:
+        best = ridge
+    filt = sv / (sv**2 + best * sv[0] ** 2)
+    v = ((vt.T * filt) @ ut_target).T  # (P, width): Z_c V^T ~ target, filtered
+    layer.weight.copy_(torch.as_tensor(v, dtype=layer.weight.dtype, device=layer.weight.device))
+    layer.bias.copy_(torch.as_tensor(-v @ z_mean, dtype=layer.bias.dtype, device=layer.bias.device))
+    return True
+
+
+def _finite_inputs(
+    backbone: nn.Module,
+    layer: nn.Linear,
+    x: torch.Tensor,
+    *,
+    batch_size: int,
+    device: torch.device,
+    channels_last: bool,
+) -> np.ndarray:
+    """[`output_layer_inputs`][fedhead.train.last_layer.output_layer_inputs] as an array, checked finite."""
     z = (
         output_layer_inputs(backbone, layer, x, batch_size=batch_size, device=device, channels_last=channels_last)
         .cpu()
@@ -165,30 +171,31 @@ def solve_output_layer(
             "solve_output_layer: the backbone produces non-finite features (before its last "
             "layer); its state is corrupted"
         )
-    z_mean = z.mean(0)
-    u, sv, vt = np.linalg.svd(z - z_mean, full_matrices=False)
-    if not (sv.size and sv[0] > 0):
-        return False
-    ut_target = u.T @ target
-    ridges = [ridge * 10.0**-k for k in range(RIDGE_STEPS)] if keep_better else [ridge]
-    best, best_value = None, np.inf
-    if keep_better:
-        v_now = layer.weight.detach().cpu().double().numpy()
-        c_now = layer.bias.detach().cpu().double().numpy()
-        yc = y64 - y64.mean(0)
-        basis = np.linalg.qr(weight.T)[0] if finish else None
-        best_value = _layer_objective(z @ v_now.T + c_now, yc, weight, lambda_h, basis)
-        for r in ridges:
-            h = (u * (sv**2 / (sv**2 + r * sv[0] ** 2))) @ ut_target  # Z_c V_r^T, mean zero
-            value = _layer_objective(h, yc, weight, lambda_h, basis)
-            if value < best_value:
-                best, best_value = r, value
-        if best is None:
-            return False
-    else:
-        best = ridge
-    filt = sv / (sv**2 + best * sv[0] ** 2)
-    v = ((vt.T * filt) @ ut_target).T  # (P, width): Z_c V^T ~ target, filtered
-    layer.weight.copy_(torch.as_tensor(v, dtype=layer.weight.dtype, device=layer.weight.device))
-    layer.bias.copy_(torch.as_tensor(-v @ z_mean, dtype=layer.bias.dtype, device=layer.bias.device))
-    return True
+    return z
+
+
+def _best_ridge(
+    layer: nn.Linear,
+    z: np.ndarray,
+    u: np.ndarray,
+    sv: np.ndarray,
+    ut_target: np.ndarray,
+    y64: np.ndarray,
+    weight: np.ndarray,
+    lambda_h: float,
+    ridge: float,
+    basis: np.ndarray | None,
+) -> float | None:
+    """The filter among ``ridge`` and the [`RIDGE_STEPS`][fedhead.train.last_layer.RIDGE_STEPS] - 1 below it whose solve
+    has the lowest
+    objective, or None when the layer's current objective is lower still."""
+    v_now = layer.weight.detach().cpu().double().numpy()
+    c_now = layer.bias.detach().cpu().double().numpy()
+    yc = y64 - y64.mean(0)
+    best, best_value = None, _layer_objective(z @ v_now.T + c_now, yc, weight, lambda_h, basis)
+    for r in [ridge * 10.0**-k for k in range(RIDGE_STEPS)]:
+        h = (u * (sv**2 / (sv**2 + r * sv[0] ** 2))) @ ut_target  # Z_c V_r^T, mean zero
+        value = _layer_objective(h, yc, weight, lambda_h, basis)
+        if value < best_value:
+            best, best_value = r, value
+    return best

@@ -1,6 +1,7 @@
 """The client's part of the mismatch measurement (docs/theory.md §13): three objectives, eval mode.
 
-:func:`mismatch_objectives` evaluates the client's local objective ``L_m`` (theory.md §2: data fit,
+[`mismatch_objectives`][fedhead.train.mismatch_objectives.mismatch_objectives] evaluates the client's local objective
+``L_m`` (theory.md §2: data fit,
 ``lambda_H`` feature penalty, ``lambda_W`` head penalty; no proximal or correction term) on its
 full training data for
 
@@ -10,7 +11,8 @@ full training data for
   procedure does it, features ``h -> Q_m^T h`` (``aligned``; a rotated copy: the client's
   stored backbone is left untouched).
 
-The server forms the averages and ``Q_m`` (:func:`fedhead.analysis.mismatch_cost.mismatch_averages`).
+The server forms the averages and ``Q_m``
+([`fedhead.analysis.mismatch_cost.mismatch_averages`][fedhead.analysis.mismatch_cost.mismatch_averages]).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import torch
 from torch import nn
 
 from fedhead.train.config import TrainInputError
-from fedhead.train.objective import _head_tensors, compute_features, objective_from_features
+from fedhead.train.local_loss import _head_tensors, compute_features, objective_from_features
 
 
 @dataclass(frozen=True)

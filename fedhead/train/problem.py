@@ -1,16 +1,18 @@
 """The local problem of one training call: what the federation fixes, as opposed to the recipe.
 
-:func:`fedhead.train.train_local` minimises (docs/theory.md §2, §8)::
+[`fedhead.train.train_local`][fedhead.train.train_local] minimises (docs/theory.md §2, §8)::
 
     L_m(W, b, H) + rho/2 ||W - W_t||_F^2 + gamma C_m(W)
 
 for ``E`` epochs. Which problem that is (``lambda_H``, ``lambda_W``, ``rho``, ``gamma``,
 client-wise centring) and the epoch budget ``E`` are set by the procedure
-(:class:`fedhead.analysis.procedure.ProcedureConfig`) and the run's top-level settings, where each is
-stored and validated; :class:`LocalProblem` is the trainer's frozen view of them, built per job
-by :meth:`fedhead.federation.config.JobConfig.local_problem` (never stored in a config). How the problem is
+([`fedhead.analysis.procedure.ProcedureConfig`][fedhead.analysis.procedure.ProcedureConfig]) and the run's top-level
+settings, where each is
+stored and validated; [`LocalProblem`][fedhead.train.LocalProblem] is the trainer's frozen view of them, built per job
+by [`fedhead.settings.config.JobConfig.local_problem`][fedhead.settings.job.JobConfig.local_problem] (never stored in a
+config). How the problem is
 solved (optimiser, batches, learning rate, clipping, warm-up, ``local_tol``, the finishing
-step) is the recipe, :class:`fedhead.train.TrainConfig`.
+step) is the recipe, [`fedhead.train.TrainConfig`][fedhead.train.TrainConfig].
 """
 
 from __future__ import annotations
@@ -43,9 +45,10 @@ class LocalProblem:
         Client-wise target centring: train on ``y - mu_m`` (the reference becomes ``G_within``);
         the procedure's ``centered``.
 
-    The checks use the rules of :mod:`fedhead.analysis.procedure` (one rule per parameter), so a problem
+    The checks use the rules of [`fedhead.analysis.procedure`][fedhead.analysis.procedure] (one rule per parameter), so
+    a problem
     built from a valid procedure and valid settings is valid; a bad one built by hand raises
-    :class:`fedhead.train.TrainInputError` naming the field.
+    [`fedhead.train.TrainInputError`][fedhead.train.TrainInputError] naming the field.
     """
 
     epochs: int = 4000
@@ -76,7 +79,8 @@ class LocalProblem:
     ) -> LocalProblem:
         """The problem of ``procedure`` (its ``rho``, ``gamma`` and centring) with the budget
         ``epochs`` and the penalties ``lambda_h``, ``lambda_w``: the one place a procedure's
-        switches become the trainer's terms (a run's :meth:`fedhead.federation.job.JobConfig.local_problem`,
+        switches become the trainer's terms (a run's
+        [`fedhead.settings.job.JobConfig.local_problem`][fedhead.settings.job.JobConfig.local_problem],
         a user's own ClientApp, docs/library.md)."""
         return cls(
             epochs=epochs,

@@ -10,8 +10,9 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from fedhead.models import backbone_is_image
 from fedhead.train.config import TrainConfig, TrainInputError
-from fedhead.train.objective import minibatch_loss
+from fedhead.train.local_loss import minibatch_loss
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +71,7 @@ def place_for_training(backbone: nn.Module, head: nn.Module, cfg: TrainConfig, d
     if cuda and cfg.tf32:
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
-    image = bool(getattr(backbone, "is_image", False))  # any nn.Module trains; Backbone says it
+    image = backbone_is_image(backbone)
     channels_last = cuda and cfg.channels_last and image
     if cuda and image:
         torch.backends.cudnn.benchmark = True
@@ -99,7 +100,7 @@ def forward_loss(
     Predictions are ``W h + b`` (trained bias: ``center`` None, ``batch_center`` False) or
     ``W (h - m) + b`` with the bias ``b = mu`` fixed and ``m`` the batch's own feature mean
     (``batch_center``) or a given estimate ``center`` of the full-data mean: the optimal bias
-    ``mu - W m`` for the current features (see :func:`fedhead.train.train_local`).
+    ``mu - W m`` for the current features (see [`fedhead.train.train_local`][fedhead.train.train_local]).
     """
     if bf16:
         with torch.autocast("cuda", dtype=torch.bfloat16):
@@ -126,7 +127,8 @@ def compiled_forward_loss(mode: str | None):
     dynamo's guards check their types, shapes and dtypes but not their identity: the clients'
     backbones, re-built from the backbone store in every round, and a new head per call reuse the
     graphs compiled in the first round (a new graph only for a new architecture, batch shape,
-    ``lambda_H`` or bias mode; :func:`fedhead.train.train_local` runs a shorter last batch eagerly instead of
+    ``lambda_H`` or bias mode; [`fedhead.train.train_local`][fedhead.train.train_local] runs a shorter last batch
+    eagerly instead of
     compiling it). Verified on the CPU (backend ``"eager"``) by the tests. CUDA graphs re-record
     when the parameters' storage moves (a new backbone object), which costs a recording, not a
     compile.

@@ -1,7 +1,7 @@
 """Pure math core of fedhead (docs/theory.md §3-9): numpy/scipy only, float64.
 
 Targets are ``(N_m, C)`` arrays (rows are samples), Grams ``(C, C)``, heads ``(C, P)``.
-Every public function validates its input and raises :class:`UFMInputError` (a ``ValueError``)
+Every public function validates its input and raises [`UFMInputError`][fedhead.ufm.UFMInputError] (a ``ValueError``)
 saying which argument, where and what value was wrong.
 """
 
@@ -21,20 +21,16 @@ from .contraction import gram_map_jacobian, jacobian_spectral_radius, theta_min
 from .displacement import commuting_delta, displacement_delta, psi_gradient, psi_value
 from .finite_steps import FiniteStepResult, GramMapStep, finite_step_fixed_point, profiled_gram_map, profiled_round
 from .gap import GapDecomposition, gap_decomposition
+from .joint import JointValue, joint_hessian, joint_objective, pack_joint, unpack_joint
 from .moments import TargetMoments
 from .objectives import (
-    JointValue,
     LocalHead,
     ObjectiveValue,
-    joint_hessian,
-    joint_objective,
     local_head,
     moment_correction,
-    pack_joint,
     profiled_objective,
     proximal_term,
     scipy_callables,
-    unpack_joint,
 )
 from .psd import psd_inv_sqrt, psd_power, psd_sqrt, sym
 

@@ -1,6 +1,6 @@
 """Input validation shared by the math core (errors say what was wrong and where).
 
-Every public function of :mod:`fedhead.ufm` validates its arguments once at entry with these
+Every public function of [`fedhead.ufm`][fedhead.ufm] validates its arguments once at entry with these
 helpers and then works on plain float64 arrays; the inner iterations call private,
 non-validating kernels.
 """

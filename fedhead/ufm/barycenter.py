@@ -29,7 +29,7 @@ def _validate_grams(grams, weights) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _gram_step(G: np.ndarray, grams: np.ndarray, weights: np.ndarray) -> np.ndarray:
-    """Kernel of :func:`gram_step` (no validation)."""
+    """Kernel of [`gram_step`][fedhead.ufm.gram_step] (no validation)."""
     Gh, Gih = _sqrt_and_inv_sqrt(G)
     inner = np.einsum("m,mij->ij", weights, _sqrt(Gh @ grams @ Gh))
     return sym(Gih @ inner @ inner @ Gih)
@@ -113,7 +113,7 @@ def selection_round(W, grams, weights) -> np.ndarray:
 
 @dataclass(frozen=True, eq=False)
 class BarycenterResult:
-    """Result of :func:`bw_barycenter`.
+    """Result of [`bw_barycenter`][fedhead.ufm.bw_barycenter].
 
     Attributes
     ----------
@@ -157,7 +157,8 @@ def bw_barycenter(grams, weights, *, init=None, tol: float = 1e-13, max_iter: in
     Fixed-point iteration of the exact-selection recursion
     ``G <- G^{-1/2} [sum_m p_m (G^{1/2} G_m G^{1/2})^{1/2}]^2 G^{-1/2}`` until the relative
     step ``||G_{k+1} - G_k||_F / ||G_k||_F`` is below ``tol``; the limit satisfies
-    ``G_star = sum_m p_m (G_star^{1/2} G_m G_star^{1/2})^{1/2}``. A :class:`ConvergenceWarning`
+    ``G_star = sum_m p_m (G_star^{1/2} G_m G_star^{1/2})^{1/2}``. A
+    [`ConvergenceWarning`][fedhead.ufm.ConvergenceWarning]
     is issued when ``max_iter`` steps do not reach ``tol``.
 
     Parameters

@@ -9,7 +9,7 @@ from .psd import _sqrt, _sqrt_and_inv_sqrt, sym
 
 
 def _bw_distance(A: np.ndarray, B: np.ndarray) -> np.ndarray:
-    """Kernel of :func:`bw_distance` (no validation, broadcasting)."""
+    """Kernel of [`bw_distance`][fedhead.ufm.bw_distance] (no validation, broadcasting)."""
     X = _sqrt(A)
     Y = _sqrt(B)
     X, Y = np.broadcast_arrays(X, Y)
@@ -47,7 +47,8 @@ def bw_distance(A, B) -> np.ndarray | float:
 
 
 def bw_distance_squared(A, B) -> np.ndarray | float:
-    """Squared Bures-Wasserstein distance ``d_BW^2(A, B)`` (docs/theory.md §5); see :func:`bw_distance`.
+    """Squared Bures-Wasserstein distance ``d_BW^2(A, B)`` (docs/theory.md §5); see
+    [`bw_distance`][fedhead.ufm.bw_distance].
 
     Parameters
     ----------
@@ -62,7 +63,7 @@ def bw_distance_squared(A, B) -> np.ndarray | float:
 
 
 def _transport_map(G: np.ndarray, G_target: np.ndarray) -> np.ndarray:
-    """Kernel of :func:`transport_map` (no validation; ``G_target`` may be batched)."""
+    """Kernel of [`transport_map`][fedhead.ufm.transport_map] (no validation; ``G_target`` may be batched)."""
     Gh, Gih = _sqrt_and_inv_sqrt(G)
     return sym(Gih @ _sqrt(Gh @ G_target @ Gh) @ Gih)
 

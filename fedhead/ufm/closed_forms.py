@@ -16,7 +16,7 @@ def _alpha(lambda_h: float, lambda_w: float) -> float:
 
 
 def _phi(T: np.ndarray, lambda_h: float, lambda_w: float) -> np.ndarray:
-    """Kernel of :func:`optimal_gram` (no validation)."""
+    """Kernel of [`optimal_gram`][fedhead.ufm.optimal_gram] (no validation)."""
     w, V = np.linalg.eigh(sym(T))
     g = np.maximum(_alpha(lambda_h, lambda_w) * np.sqrt(np.maximum(w, 0.0)) - lambda_h, 0.0)
     return sym((V * g[..., None, :]) @ np.swapaxes(V, -1, -2))
@@ -28,7 +28,7 @@ def optimal_gram(T, lambda_h: float, lambda_w: float) -> np.ndarray:
     ``phi(T) = alpha T^{1/2} - lambda_H I`` with ``alpha = sqrt(lambda_H / lambda_W)`` in the
     fully active regime ``lambda_min(T) > lambda_H lambda_W``. Outside it, the eigenvalues
     ``alpha sqrt(s_i) - lambda_H`` that would be negative are set to zero, which is the exact
-    minimiser of ``F`` over PSD Grams (check the regime with :func:`check_fully_active`).
+    minimiser of ``F`` over PSD Grams (check the regime with [`check_fully_active`][fedhead.ufm.check_fully_active]).
 
     Parameters
     ----------
@@ -105,7 +105,7 @@ def optimal_loss(T, lambda_h: float, lambda_w: float) -> np.ndarray | float:
 
 
 class FullyActiveReport(NamedTuple):
-    """Result of :func:`check_fully_active`.
+    """Result of [`check_fully_active`][fedhead.ufm.check_fully_active].
 
     Attributes
     ----------
@@ -130,7 +130,8 @@ class FullyActiveReport(NamedTuple):
 def fully_active_margins(moments, lambda_h: float, lambda_w: float) -> FullyActiveReport:
     """``lambda_min(Sigma_m) - lambda_H lambda_W`` for every client (theory.md §3), without raising.
 
-    The one computation of the fully active margins; :func:`check_fully_active` raises on it.
+    The one computation of the fully active margins; [`check_fully_active`][fedhead.ufm.check_fully_active] raises on
+    it.
 
     Parameters
     ----------
@@ -168,7 +169,7 @@ def check_fully_active(moments, lambda_h: float, lambda_w: float) -> FullyActive
     Returns
     -------
     FullyActiveReport
-        As :func:`fully_active_margins`.
+        As [`fully_active_margins`][fedhead.ufm.fully_active_margins].
 
     Raises
     ------

@@ -1,10 +1,7 @@
 """Contraction of the finite-step Gram map near its fixed point (docs/theory.md §9).
 
-The round map ``G -> Kbar G Kbar^T`` of :func:`fedhead.ufm.profiled_gram_map` contracts at its
-fixed point ``G_{eta,E}`` with spectral radius ``1 - 2 h theta_min + O(h^2)``, ``h = eta E``:
-:func:`gram_map_jacobian` computes the Jacobian on symmetric matrices by complex-step
-differentiation, :func:`jacobian_spectral_radius` its spectral radius and :func:`theta_min` the
-rate the theory predicts.
+The Jacobian of the round map on symmetric matrices (complex-step differentiation), its spectral
+radius, and the rate ``theta_min`` the theory predicts.
 """
 
 from __future__ import annotations
@@ -24,7 +21,7 @@ def _sym_basis(C: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 def gram_map_jacobian(G, sigmas, weights, lambda_h: float, lambda_w: float, eta: float, E: int) -> np.ndarray:
-    """Jacobian of the Gram map of :func:`profiled_gram_map` on symmetric matrices.
+    """Jacobian of the Gram map of [`profiled_gram_map`][fedhead.ufm.profiled_gram_map] on symmetric matrices.
 
     Coordinates are the upper-triangle entries ``X_ij, i <= j`` (basis ``E_ii`` and
     ``E_ij + E_ji``); its eigenvalues are those of the linear map on symmetric matrices.
@@ -37,7 +34,7 @@ def gram_map_jacobian(G, sigmas, weights, lambda_h: float, lambda_w: float, eta:
     G : array_like, shape (C, C)
         Server Gram where the Jacobian is taken (symmetric PSD).
     sigmas, weights, lambda_h, lambda_w, eta, E
-        As in :func:`profiled_round`.
+        As in [`profiled_round`][fedhead.ufm.profiled_round].
 
     Returns
     -------
@@ -57,10 +54,11 @@ def gram_map_jacobian(G, sigmas, weights, lambda_h: float, lambda_w: float, eta:
 
 
 def jacobian_spectral_radius(G, sigmas, weights, lambda_h: float, lambda_w: float, eta: float, E: int) -> float:
-    """Spectral radius of :func:`gram_map_jacobian` at ``G`` (e.g. the fixed point ``G_{eta,E}``).
+    """Spectral radius of [`gram_map_jacobian`][fedhead.ufm.gram_map_jacobian] at ``G`` (e.g. the fixed point
+    ``G_{eta,E}``).
 
     docs/theory.md §9: ``1 - 2 h theta_min + O(h^2)`` at the fixed point, ``h = eta E``. Arguments as in
-    :func:`gram_map_jacobian`.
+    [`gram_map_jacobian`][fedhead.ufm.gram_map_jacobian].
 
     Returns
     -------

@@ -1,11 +1,7 @@
 """First-order displacement of the finite-step fixed point from ``G_within`` (docs/theory.md §9).
 
-With ``E`` local gradient steps of size ``eta`` the fixed point of the rounds is
-``G_{eta,E} = G_within + eta (E - 1) Delta + O(h^2)``; ``Delta = 1/2 H^{-1}[grad psi(G_within)]``
-with ``psi(G) = 2 sum_m p_m Tr(Lambda_m(G) G Lambda_m(G))``. This module evaluates ``psi``
-(:func:`psi_value`), its gradient in closed form (:func:`psi_gradient`), ``Delta``
-(:func:`displacement_delta`) and its eigenvalues for commuting client covariances
-(:func:`commuting_delta`).
+``psi``, its gradient in closed form, the displacement ``Delta`` and its eigenvalues for commuting
+client covariances.
 """
 
 from __future__ import annotations
@@ -64,7 +60,7 @@ def psi_gradient(G, sigmas, weights, lambda_h: float, lambda_w: float) -> np.nda
     Parameters
     ----------
     G, sigmas, weights, lambda_h, lambda_w
-        As in :func:`psi_value`.
+        As in [`psi_value`][fedhead.ufm.psi_value].
 
     Returns
     -------
@@ -89,7 +85,7 @@ def displacement_delta(sigmas, weights, lambda_h: float, lambda_w: float) -> np.
     ``G_{eta,E} - G_within = eta (E - 1) Delta + O(h^2)``. ``H[X] = lambda_W/(2 alpha)
     (R^{-1} X + X R^{-1})`` with ``R = Sigma_within^{1/2}`` is inverted in the eigenbasis of
     ``R = V diag(r) V^T``: ``(V^T X V)_ij = (2 alpha / lambda_W) (V^T Y V)_ij / (1/r_i + 1/r_j)``.
-    ``grad psi`` is the closed form of :func:`psi_gradient`.
+    ``grad psi`` is the closed form of [`psi_gradient`][fedhead.ufm.psi_gradient].
 
     Parameters
     ----------

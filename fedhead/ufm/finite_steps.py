@@ -1,14 +1,10 @@
 """Finite local training: E profiled gradient steps of size eta per round (docs/theory.md §9).
 
-Client m takes ``E`` full-batch gradient steps on ``F_m(W) = F(W; Sigma_m)`` from the
-broadcast, ``W <- (I - 2 eta Lambda_m(W W^T)) W``, and the server averages the heads. Every
-client's head stays ``K_m W`` with a ``C x C`` matrix ``K_m`` that depends on ``G = W W^T``
-only, so the round is a map of Grams ``G -> Kbar G Kbar^T`` with ``Kbar = sum_m p_m K_m``;
-:func:`profiled_gram_map` evaluates it with ``C x C`` arithmetic (rational in ``G``, so it
-also accepts complex input, which :func:`fedhead.ufm.gram_map_jacobian` uses for complex-step
-differentiation), and :func:`finite_step_fixed_point` iterates it to the fixed point
-``G_{eta,E}``. The checks and the round kernel here are shared with :mod:`.contraction` (the
-Jacobian at the fixed point) and :mod:`.displacement` (its first-order shift from ``G_within``).
+[`profiled_gram_map`][fedhead.ufm.finite_steps.profiled_gram_map] evaluates one round as a map
+of Grams (why it is one: docs/theory.md §9) and
+[`finite_step_fixed_point`][fedhead.ufm.finite_steps.finite_step_fixed_point] iterates it to the
+fixed point ``G_{eta,E}``; the checks and the round kernel are shared with `.contraction` and
+`.displacement`.
 """
 
 from __future__ import annotations
@@ -119,7 +115,7 @@ def profiled_round(W, sigmas, weights, lambda_h: float, lambda_w: float, eta: fl
 
 
 def _gram_map(G: np.ndarray, s: np.ndarray, p: np.ndarray, lh: float, lw: float, eta: float, E: int):
-    """Kernel of :func:`profiled_gram_map`: returns ``(G', Kbar)``; accepts complex ``G``."""
+    """Kernel of [`profiled_gram_map`][fedhead.ufm.profiled_gram_map]: returns ``(G', Kbar)``; accepts complex ``G``."""
     M, C = s.shape[0], s.shape[-1]
     I = np.eye(C)
     Gc = np.broadcast_to(G, (M, C, C)).copy()
@@ -135,7 +131,7 @@ def _gram_map(G: np.ndarray, s: np.ndarray, p: np.ndarray, lh: float, lw: float,
 
 
 class GramMapStep(NamedTuple):
-    """Result of :func:`profiled_gram_map`.
+    """Result of [`profiled_gram_map`][fedhead.ufm.profiled_gram_map].
 
     Attributes
     ----------
@@ -150,7 +146,7 @@ class GramMapStep(NamedTuple):
 
 
 def profiled_gram_map(G, sigmas, weights, lambda_h: float, lambda_w: float, eta: float, E: int) -> GramMapStep:
-    """The round of :func:`profiled_round` as a map of server Grams (docs/theory.md §9).
+    """The round of [`profiled_round`][fedhead.ufm.profiled_round] as a map of server Grams (docs/theory.md §9).
 
     Client m's head after ``E`` steps is ``K_m W`` with ``K_m = S_{E-1} ... S_0``,
     ``S_k = I - 2 eta Lambda_m(G_{m,k})``, ``G_{m,k+1} = S_k G_{m,k} S_k``, ``G_{m,0} = G``;
@@ -161,7 +157,7 @@ def profiled_gram_map(G, sigmas, weights, lambda_h: float, lambda_w: float, eta:
     G : array_like, shape (C, C)
         Server Gram (symmetric PSD).
     sigmas, weights, lambda_h, lambda_w, eta, E
-        As in :func:`profiled_round`.
+        As in [`profiled_round`][fedhead.ufm.profiled_round].
 
     Returns
     -------
@@ -176,7 +172,7 @@ def profiled_gram_map(G, sigmas, weights, lambda_h: float, lambda_w: float, eta:
 
 @dataclass(frozen=True, eq=False)
 class FiniteStepResult:
-    """Result of :func:`finite_step_fixed_point`.
+    """Result of [`finite_step_fixed_point`][fedhead.ufm.finite_step_fixed_point].
 
     Attributes
     ----------
@@ -213,15 +209,16 @@ def finite_step_fixed_point(
 ) -> FiniteStepResult:
     """Iterate profiled rounds until the server Gram stops moving (docs/theory.md §9).
 
-    Rounds ``W <- Kbar(W W^T) W`` (see :func:`profiled_gram_map`) from ``w0`` until
+    Rounds ``W <- Kbar(W W^T) W`` (see [`profiled_gram_map`][fedhead.ufm.profiled_gram_map]) from ``w0`` until
     ``||G_{t+1} - G_t||_F / ||G_t||_F < tol`` or ``max_rounds``; a
-    :class:`ConvergenceWarning` is issued if ``tol`` is not reached. For ``E = 1`` the limit is
+    [`ConvergenceWarning`][fedhead.ufm.ConvergenceWarning] is issued if ``tol`` is not reached. For ``E = 1`` the limit
+    is
     ``G_within``.
 
     Parameters
     ----------
     sigmas, weights, lambda_h, lambda_w, eta, E
-        As in :func:`profiled_round`.
+        As in [`profiled_round`][fedhead.ufm.profiled_round].
     w0 : array_like, shape (C, P), optional
         Starting head; default ``G_within^{1/2}`` (``P = C``).
     tol : float

@@ -42,7 +42,7 @@ class GapDecomposition:
         Fixed-point iterations used for ``g_star``.
     barycenter_converged : bool
         Whether the barycenter iteration reached its tolerance; when False ``g_star`` is the last
-        iterate (a :class:`ConvergenceWarning` was issued) and every quantity built on it is
+        iterate (a [`ConvergenceWarning`][fedhead.ufm.ConvergenceWarning] was issued) and every quantity built on it is
         approximate.
     barycenter_residual : float
         ``||G_{k+1} - G_k||_F / ||G_k||_F`` of the last barycenter step.
@@ -97,7 +97,7 @@ def gap_decomposition(
     moments : TargetMoments
         Client moments and weights.
     lambda_h, lambda_w : float
-        Penalties; the fully active regime is checked (:class:`NotFullyActiveError`).
+        Penalties; the fully active regime is checked ([`NotFullyActiveError`][fedhead.ufm.NotFullyActiveError]).
     tol, max_iter
         Passed to the barycenter iteration.
 

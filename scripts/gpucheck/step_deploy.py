@@ -141,60 +141,18 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"deploy: {certs / f} is missing; run scripts/gpu_prepare.sh here and carry .gpu-data")
     cache = Path(os.environ.get("FEDHEAD_CACHE", REPO / ".gpu-data" / "cache")).resolve()
     link_port, *node_ports = free_ports(1 + sizes.deploy_clients)
-    env = dict(os.environ, FLWR_HOME=str(work / "flwr-home"), OMP_NUM_THREADS="1")
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
-    env["FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION"] = "1"
-    Path(env["FLWR_HOME"]).mkdir(exist_ok=True)
-    (Path(env["FLWR_HOME"]) / "config.toml").write_text(
-        cli_connection_toml("gpucheck", f"127.0.0.1:{link_port}", str(certs / "ca.crt"))
-    )
+    env = flwr_env(work, certs, link_port)
     result: dict = {"step": "deploy", "sizes": sizes.name, "device": sizes.device, "clients": sizes.deploy_clients}
     result.update(rounds_asked=sizes.deploy_rounds, local_epochs=sizes.deploy_epochs, width=sizes.deploy_width)
     result["overrides"] = overrides(sizes, cache)
     path = args.out / "deploy.json"
     procs = Procs(logs)
-    t0 = now()
-    result["t_start"] = t0
+    result["t_start"] = now()
     try:
-        tls = ServerTls(ca=str(certs / "ca.crt"), cert=str(certs / "superlink.crt"), key=str(certs / "superlink.key"))
-        procs.start(
-            "superlink",
-            superlink_command(host="127.0.0.1", port=link_port, tls=tls, database=str(work / "superlink.db")),
-            env,
-        )
-        # a port probe, not the flwr CLI (a Python start per probe loads a small machine)
-        result["superlink_up_s"] = wait_for("the SuperLink's port", lambda: port_open(link_port), procs, 120)
-        for k, port in enumerate(node_ports, start=1):
-            cmd = supernode_command(
-                superlink=f"127.0.0.1:{link_port}",
-                host="127.0.0.1",
-                port=port,
-                partition_id=k - 1,
-                num_partitions=sizes.deploy_clients,
-                state_dir=str(work / f"node{k}"),
-                root_ca=str(certs / "ca.crt"),
-            )
-            procs.start(f"supernode{k}", cmd, env)
+        result["superlink_up_s"] = start_federation(procs, work, certs, link_port, node_ports, env)
         # no wait for the SuperNodes here: the ServerApp waits for them (timeouts.nodes)
         write_json(path, result)
-        out = work / "run-out"
-        t_run = time.monotonic()
-        run_config = f'overrides="{result["overrides"]}" output-dir="{out}"'
-        run = flwr(
-            ["run", ".", "gpucheck", "--stream", "--run-config", run_config],
-            env,
-            limit=args.run_limit,
-        )
-        result["run_s"] = time.monotonic() - t_run
-        (logs / "flwr-run.log").write_text(run.stdout + run.stderr)
-        result["run_returncode"] = run.returncode
-        res_path = out / "proximal" / "results.json"
-        if res_path.is_file():
-            result["results"] = summarize_results(res_path)
-        ok = run.returncode == 0 and result.get("results", {}).get("status") == "completed"
-        result["ok"] = ok
-        if not ok:
-            result["error"] = (run.stdout[-2000:] + run.stderr[-2000:]) or procs.tail("superlink")
+        run_federation(result, work, logs, env, args.run_limit, procs)
     except Exception as exc:  # noqa: BLE001 - reported in deploy.json
         result["ok"] = False
         result["error"] = f"{type(exc).__name__}: {exc}"
@@ -212,6 +170,63 @@ def main(argv: list[str] | None = None) -> int:
         flush=True,
     )
     return 0 if result["ok"] else 1
+
+
+def flwr_env(work: Path, certs: Path, link_port: int) -> dict[str, str]:
+    """The environment of the SuperLink, SuperNodes and ``flwr run``: a private ``FLWR_HOME`` whose
+    config.toml names the SuperLink with TLS, this repository on ``PYTHONPATH``, one thread each."""
+    env = dict(os.environ, FLWR_HOME=str(work / "flwr-home"), OMP_NUM_THREADS="1")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    env["FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION"] = "1"
+    Path(env["FLWR_HOME"]).mkdir(exist_ok=True)
+    (Path(env["FLWR_HOME"]) / "config.toml").write_text(
+        cli_connection_toml("gpucheck", f"127.0.0.1:{link_port}", str(certs / "ca.crt"))
+    )
+    return env
+
+
+def start_federation(
+    procs: Procs, work: Path, certs: Path, link_port: int, node_ports: list[int], env: dict[str, str]
+) -> float:
+    """Start the SuperLink, wait for its port, start one SuperNode per port; the SuperLink's start seconds."""
+    tls = ServerTls(ca=str(certs / "ca.crt"), cert=str(certs / "superlink.crt"), key=str(certs / "superlink.key"))
+    procs.start(
+        "superlink",
+        superlink_command(host="127.0.0.1", port=link_port, tls=tls, database=str(work / "superlink.db")),
+        env,
+    )
+    # a port probe, not the flwr CLI (a Python start per probe loads a small machine)
+    up_s = wait_for("the SuperLink's port", lambda: port_open(link_port), procs, 120)
+    for k, port in enumerate(node_ports, start=1):
+        cmd = supernode_command(
+            superlink=f"127.0.0.1:{link_port}",
+            host="127.0.0.1",
+            port=port,
+            partition_id=k - 1,
+            num_partitions=len(node_ports),
+            state_dir=str(work / f"node{k}"),
+            root_ca=str(certs / "ca.crt"),
+        )
+        procs.start(f"supernode{k}", cmd, env)
+    return up_s
+
+
+def run_federation(result: dict, work: Path, logs: Path, env: dict[str, str], limit: float, procs: Procs) -> None:
+    """``flwr run .`` with the step's overrides; its time, log, results.json summary and verdict go into ``result``."""
+    out = work / "run-out"
+    t_run = time.monotonic()
+    run_config = f'overrides="{result["overrides"]}" output-dir="{out}"'
+    run = flwr(["run", ".", "gpucheck", "--stream", "--run-config", run_config], env, limit=limit)
+    result["run_s"] = time.monotonic() - t_run
+    (logs / "flwr-run.log").write_text(run.stdout + run.stderr)
+    result["run_returncode"] = run.returncode
+    res_path = out / "proximal" / "results.json"
+    if res_path.is_file():
+        result["results"] = summarize_results(res_path)
+    ok = run.returncode == 0 and result.get("results", {}).get("status") == "completed"
+    result["ok"] = ok
+    if not ok:
+        result["error"] = (run.stdout[-2000:] + run.stderr[-2000:]) or procs.tail("superlink")
 
 
 if __name__ == "__main__":

@@ -222,7 +222,7 @@ def _fedhead_imports(start: str) -> set[str]:
 
 def test_predict_imports_neither_training_nor_flower_code():
     found = _fedhead_imports("fedhead.cli.predict")
-    assert {"fedhead.models.export", "fedhead.data.tables", "torch"} <= found
+    assert {"fedhead.models.export", "fedhead.data.table_files", "torch"} <= found
     assert not [m for m in found if m.startswith(FORBIDDEN)], sorted(m for m in found if m.startswith(FORBIDDEN))
     scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
     assert scripts["fedhead-predict"] == "fedhead.cli.predict:main"

@@ -22,9 +22,9 @@ from fedhead.clients import make_client_app
 from fedhead.clients.store import BackboneStore
 from fedhead.driver.recorder import RunRecorder
 from fedhead.driver.server import serve
-from fedhead.federation import protocol as P
-from fedhead.federation.config import compose_config, load_config
+from fedhead.federation import protocol
 from fedhead.models import build_backbone
+from fedhead.settings.config import compose_config, load_config
 
 SIZES = (40, 55)
 ROUNDS = 2
@@ -61,10 +61,10 @@ def test_predictions_of_the_saved_model_are_the_run_s_model(tmp_path, task_ident
     final = [
         m
         for m in grid.sent
-        if m.metadata.message_type == "evaluate" and m.content.config_records["config"].get(P.FINAL_ROUND)
+        if m.metadata.message_type == "evaluate" and m.content.config_records["config"].get(protocol.FINAL_ROUND)
     ]
     assert len(final) == len(SIZES)  # only the last round's evaluate says final-round
-    w, b = P.read_head(final[0].content.array_records[P.HEAD])
+    w, b = protocol.read_head(final[0].content.array_records[protocol.HEAD])
     st = res.standardization
     t_off, t_scale = np.asarray(st["targets"]["offset"]), np.asarray(st["targets"]["scale"])
     i_off, i_scale = np.asarray(st["inputs"]["offset"]), np.asarray(st["inputs"]["scale"])

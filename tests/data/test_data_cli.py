@@ -19,7 +19,7 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 def _compose(overrides):
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base=None):
+    with initialize_config_dir(config_dir=str(REPO / "fedhead" / "conf"), version_base=None):
         return compose(config_name="data", overrides=overrides)
 
 
@@ -87,13 +87,15 @@ def test_cli_image_dataset_writes_grid(tmp_path, capsys):
     assert "sample grid" in capsys.readouterr().out
 
 
-def test_pkg_conf_module_composes(monkeypatch):
-    """What ``@hydra.main(config_path="pkg://conf")`` resolves: the ``conf`` package (installed
-    with the project; here put on sys.path as the installed package would be)."""
+def test_hydra_config_path_composes():
+    """What ``@hydra.main(config_path=HYDRA_CONFIG_PATH)`` of every console script resolves: the
+    package ``fedhead.conf``."""
     from hydra import initialize_config_module
 
-    monkeypatch.syspath_prepend(str(REPO))
-    with initialize_config_module(config_module="fedhead.conf", version_base=None):
+    from fedhead.settings.config import CONF_PACKAGE, HYDRA_CONFIG_PATH
+
+    assert f"pkg://{CONF_PACKAGE}" == HYDRA_CONFIG_PATH
+    with initialize_config_module(config_module=CONF_PACKAGE, version_base=None):
         cfg = compose(config_name="data", overrides=["dataset=walker2d"])
     assert cfg.dataset._target_ == "fedhead.data.mujoco.MujocoConfig"
     assert cfg.dataset.name == "walker2d" and cfg.figure is None
@@ -102,7 +104,7 @@ def test_pkg_conf_module_composes(monkeypatch):
 @pytest.mark.slow
 @pytest.mark.timeout(1200)  # longer than the default 300 s per test
 def test_console_entry_point_with_pkg_conf(tmp_path):
-    """``python -m fedhead.cli.data`` in a scratch folder (``conf`` importable, pkg://conf): the
+    """``python -m fedhead.cli.data`` in a scratch folder (config from ``pkg://fedhead.conf``): the
     cache is written and Hydra leaves nothing in the working directory."""
     work, cache = tmp_path / "work", tmp_path / "cache"
     work.mkdir()

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from fedhead.analysis.standardization import pooled_standardization
-from fedhead.data import site as S
+from fedhead.data import site as data_site
 from fedhead.data.registry import load_federated
-from fedhead.data.table import TableConfig, TableError
+from fedhead.data.table_config import TableConfig, TableError
 
 from .test_table import _rows, write_csv
 
@@ -18,8 +18,8 @@ def _files(tmp_path, sizes=(30, 41, 36)):
 
 
 def _federated_by_sites(cfg: TableConfig):
-    sites = [S.read_site(cfg, f) for f in cfg.files]
-    stats = [S.site_statistics(s) for s in sites]
+    sites = [data_site.read_site(cfg, f) for f in cfg.files]
+    stats = [data_site.site_statistics(s) for s in sites]
     st = pooled_standardization(
         [s.n_train for s in sites],
         [t["y_mean"] for t in stats],
@@ -29,7 +29,7 @@ def _federated_by_sites(cfg: TableConfig):
         target_mode=cfg.standardize_targets,
         input_mode=cfg.standardize_inputs,
     )
-    return sites, [S.client_data(s, st) for s in sites]
+    return sites, [data_site.client_data(s, st) for s in sites]
 
 
 @pytest.mark.parametrize("targets, inputs", [("pooled", "pooled"), ("none", "site"), ("pooled", "none")])
@@ -122,9 +122,9 @@ def test_site_inputs_of_one_file_split_by_site_after_subsampling(tmp_path):
 def test_shared_input_rows_counts_equal_inputs_with_different_targets():
     x = np.array([[0.0, 1.0], [0.0, 1.0], [2.0, 3.0], [2.0, 3.0], [4.0, 5.0], [0.0, 1.0]])
     y = np.array([[1.0, 0.0], [2.0, 0.0], [3.0, 1.0], [3.0, 1.0], [4.0, 0.0], [1.0, 0.0]])
-    assert S.shared_input_rows(x, y) == 3  # the three rows of inputs (0, 1); (2, 3) share their targets too
-    assert S.shared_input_rows(x[2:5], y[2:5]) == 0
-    assert S.shared_input_rows(np.zeros((3, 1, 2, 2)), y[:3]) == 0  # images: not checked
+    assert data_site.shared_input_rows(x, y) == 3  # the three rows of inputs (0, 1); (2, 3) share their targets too
+    assert data_site.shared_input_rows(x[2:5], y[2:5]) == 0
+    assert data_site.shared_input_rows(np.zeros((3, 1, 2, 2)), y[:3]) == 0  # images: not checked
 
 
 def test_a_site_whose_rows_share_inputs_is_named_in_a_warning(tmp_path, caplog):
@@ -134,9 +134,9 @@ def test_a_site_whose_rows_share_inputs_is_named_in_a_warning(tmp_path, caplog):
     other.write_text("\n".join(rows[:2] + rows[3:]) + "\n")
     cfg = TableConfig(files=(str(path), str(other)), targets=("t1", "t2"))
     with caplog.at_level("WARNING", logger="fedhead.data.table"):
-        S.read_site(cfg, path)
+        data_site.read_site(cfg, path)
     assert "ward_7.csv: 2 of 5 training rows share their inputs" in caplog.text
     caplog.clear()
     with caplog.at_level("WARNING", logger="fedhead.data.table"):
-        S.read_site(cfg, other)
+        data_site.read_site(cfg, other)
     assert "share their inputs" not in caplog.text

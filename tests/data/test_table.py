@@ -12,7 +12,7 @@ from fedhead.analysis.procedure import ConfigError
 from fedhead.data.partition import eigen_partition
 from fedhead.data.pipeline import standardize_targets
 from fedhead.data.registry import load_federated, load_raw
-from fedhead.data.table import TableConfig, TableError
+from fedhead.data.table_config import TableConfig, TableError
 from fedhead.driver.errors import EXIT_USAGE, exit_code, one_line
 
 COLS = ("f1", "f2", "f3", "t1", "t2", "is_test", "site")
@@ -81,7 +81,9 @@ def test_parquet_site_column_sorted_and_test_fraction(tmp_path):
     cols = _rows(90, 7)
     f = write_parquet(tmp_path / "all.parquet", cols)
     cfg = _cfg([f], site_column="site", features=["f1", "f3"], test_fraction=0.2, seed=3)
-    assert cfg.num_clients == 3
+    assert cfg.num_clients is None and cfg.fingerprint == ""  # no file access while the config is built
+    cfg = cfg.preflight()  # the data layer's check of the files: the site values give the clients
+    assert cfg.num_clients == 3 and cfg.fingerprint
     raw = load_raw(cfg, use_cache=False)
     assert raw.x.shape[1] == 2 and raw.y_test.shape[0] == 3 * 6  # round(0.2 * 30) per site
     fed = load_federated(cfg)
@@ -116,7 +118,7 @@ def test_npz_tabular_and_images(tmp_path):
 
 
 def test_quickstart_preset_keeps_the_rows_of_a_table(tmp_path):
-    from fedhead.federation.config import compose_config, load_config
+    from fedhead.settings.config import compose_config, load_config
 
     files = _three_sites(tmp_path)
     cfg = load_config(
@@ -226,8 +228,8 @@ def test_options_are_checked_at_config_time(tmp_path):
         _cfg([f], partition="eigen")
     with pytest.raises(TableError, match="dataset.targets=.* is required"):
         TableConfig(files=[str(f)], site_column="site")
-    with pytest.raises(TableError, match="the files give 3 clients"):
-        _cfg([f], site_column="site", num_clients=2)
+    with pytest.raises(TableError, match="the files give 3 clients"):  # the file's site values: its preflight
+        _cfg([f], site_column="site", num_clients=2).preflight()
     with pytest.raises(TableError, match="dataset.test_column or dataset.test_fraction, not both"):
         _cfg([f], site_column="site", test_column="is_test", test_fraction=0.1)
 

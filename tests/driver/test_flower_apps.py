@@ -15,8 +15,8 @@ from fedhead.clients import BackboneStore, make_client_app
 from fedhead.clients.state import federated_data, simulation_state_dir
 from fedhead.driver.recorder import RunRecorder
 from fedhead.driver.server import serve
-from fedhead.federation.config import ConfigError, compose_config, load_config
 from fedhead.results.rounds import CLIENT_METRIC_KEYS
+from fedhead.settings.config import ConfigError, compose_config, load_config
 
 
 def _job(tmp_path: Path, *overrides: str):

@@ -15,7 +15,7 @@ import os
 
 import pytest
 
-from fedhead.federation.config import ResourcesConfig
+from fedhead.settings.config import ResourcesConfig
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -70,7 +70,7 @@ def test_simulation_with_fractional_fake_gpus(tmp_path, monkeypatch):
     """A whole fedhead simulation with four clients at 0.25 GPU each on one declared GPU."""
     from fedhead.driver import simulation
     from fedhead.driver.ray_session import stop_ray
-    from fedhead.federation.config import compose_config, load_config
+    from fedhead.settings.config import compose_config, load_config
 
     stop_ray()  # the packing tests' Ray (8 CPUs declared): this simulation starts its own
     monkeypatch.setattr(simulation, "preflight", lambda jobs: None)  # it refuses GPU shares without CUDA

@@ -159,7 +159,7 @@ def test_store_finds_the_expected_round_without_listing(tmp_path, monkeypatch):
 def test_each_parameter_is_stored_once_and_jobs_derive_the_trainer_view(tmp_path):
     import dataclasses
 
-    from fedhead.federation.config import compose_config, load_config
+    from fedhead.settings.config import compose_config, load_config
     from fedhead.train import LocalProblem, TrainConfig, TrainInputError
 
     cfg = load_config(

@@ -8,10 +8,10 @@ from results_helpers import typed_results
 
 from fedhead.driver.console import local_steps_line
 from fedhead.driver.recorder import RunRecorder, local_steps
-from fedhead.federation.config import compose_config, load_config
 from fedhead.results import schema
 from fedhead.results.rounds import ClientMetric, RoundRecord
 from fedhead.results.schema import ABSENT
+from fedhead.settings.config import compose_config, load_config
 
 PID, EPOCHS, STEPS = ClientMetric.PARTITION_ID.name, ClientMetric.LOCAL_EPOCHS.name, ClientMetric.N_STEPS.name
 

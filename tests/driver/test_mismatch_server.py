@@ -21,7 +21,7 @@ from fedhead.analysis.mismatch_cost import (
 from fedhead.clients import make_client_app
 from fedhead.driver.recorder import RunRecorder
 from fedhead.driver.server import serve
-from fedhead.federation.config import compose_config, load_config
+from fedhead.settings.config import compose_config, load_config
 
 
 def _orthogonal(p: int, rng: np.random.Generator) -> np.ndarray:
@@ -226,7 +226,7 @@ def test_clients_initial_backbones_follow_init(tmp_path, init):
     ],
 )
 def test_init_and_measure_mismatch_are_validated(tmp_path, override, message):
-    from fedhead.federation.config import ConfigError
+    from fedhead.settings.config import ConfigError
 
     with pytest.raises(ConfigError, match=message):
         load_config(compose_config([override]))

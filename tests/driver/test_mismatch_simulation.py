@@ -22,7 +22,7 @@ from fedhead.analysis.mismatch_cost import (
     MISMATCH_REMOVED,
     MISMATCH_TRAINED,
 )
-from fedhead.federation.config import compose_config, load_config
+from fedhead.settings.config import compose_config, load_config
 
 pytestmark = pytest.mark.usefixtures("ray_session")  # one Ray start for the session (tests/conftest.py)
 

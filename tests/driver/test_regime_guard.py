@@ -21,8 +21,8 @@ from fedhead.data import OutsideRegimeError, OutsideRegimeWarning
 from fedhead.driver.checks import prepare_data
 from fedhead.driver.recorder import RunRecorder
 from fedhead.driver.server import serve
-from fedhead.federation.config import compose_config, load_config
 from fedhead.results import schema
+from fedhead.settings.config import compose_config, load_config
 
 OUTSIDE = [
     "model=free",

@@ -18,13 +18,14 @@ import pytest
 from app_helpers import InProcessGrid
 
 from fedhead.clients import BackboneStore, make_client_app
-from fedhead.clients import state as client_module
+from fedhead.clients.cache import CLIENT_CACHE
 from fedhead.clients.state import simulation_state_dir
 from fedhead.driver.recorder import RunRecorder
 from fedhead.driver.server import serve
 from fedhead.driver.simulation import prepare_resume
-from fedhead.federation.checkpoint import ResumeError, checkpoint_path, config_hash, read_checkpoint
-from fedhead.federation.config import compose_config, load_config
+from fedhead.federation.checkpoint import ResumeError, checkpoint_path, read_checkpoint
+from fedhead.settings.config import compose_config, load_config
+from fedhead.settings.job import config_hash
 
 BASE = [
     "model=free",
@@ -83,8 +84,7 @@ def _run(job, grid, resume=None):
 
 
 def _fresh_process_caches():
-    BackboneStore.clear_cache()
-    client_module._BACKBONES.clear()
+    CLIENT_CACHE.clear()
 
 
 def _strip(rounds):  # wall times differ between runs
@@ -166,6 +166,14 @@ def test_config_hash_ignores_only_resume_and_output():
     base = {"rounds": 4, "seed": 0, "output": {"dir": "a"}, "resume": None}
     assert config_hash(base) == config_hash({**base, "output": {"dir": "b"}, "resume": "/x"})
     assert config_hash(base) != config_hash({**base, "seed": 1})
+
+
+def test_config_hash_counts_a_config_class_by_name_not_module():
+    """A config class moved to another module keeps finished runs resumable; another class does not."""
+    base = {"train": {"_target_": "fedhead.train.config.TrainConfig", "lr": 1e-3}, "seed": 0}
+    moved = {**base, "train": {**base["train"], "_target_": "fedhead.elsewhere.TrainConfig"}}
+    other = {**base, "train": {**base["train"], "_target_": "mine.OtherConfig"}}
+    assert config_hash(moved) == config_hash(base) != config_hash(other)
 
 
 def test_round_records_round_trip_through_a_checkpoint(tmp_path):

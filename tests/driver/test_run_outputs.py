@@ -26,7 +26,7 @@ from fedhead.driver.console import start_line
 from fedhead.driver.figures import write_procedures_figure
 from fedhead.driver.recorder import RunRecorder, target_axes
 from fedhead.driver.server import finish_job, serve
-from fedhead.federation.config import compose_config, load_config
+from fedhead.settings.config import compose_config, load_config
 
 HOPPER_ACTIONS = ["thigh_joint", "leg_joint", "foot_joint"]
 
@@ -60,13 +60,10 @@ def _cfg(tmp_path: Path):
 
 
 def test_console_and_run_log_of_a_run(tmp_path, task_identity, run_logging, monkeypatch):
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-    from tensorboard.plugins.hparams.plugin_data_pb2 import HParamsPluginData
-
     stream, log_path = run_logging
     cfg = _cfg(tmp_path)
     jobs = cfg.jobs(tmp_path / "out")
-    logs.console.info("%s", start_line(cfg, jobs, tmp_path / "out"))
+    logs.console.info("%s", start_line(cfg.experiment.name, jobs, tmp_path / "out"))
     prepare_data(jobs[0])  # the driver's data load: target names for the figures
     assert target_axes(jobs[0]) == (HOPPER_ACTIONS, "torque command")
 
@@ -79,14 +76,7 @@ def test_console_and_run_log_of_a_run(tmp_path, task_identity, run_logging, monk
         return real_save(fig, path, **kw)
 
     monkeypatch.setattr(plotting, "save_figure", capture)
-    # third-party noise that must stay off the console
-    logging.getLogger("flwr").warning("DEPRECATED FEATURE: run_simulation")
-    logging.getLogger("alembic.runtime.plugins").info("setup plugin alembic.autogenerate.schemas")
-    with warnings.catch_warnings():
-        warnings.simplefilter("always")
-        warnings.warn_explicit(
-            "Tip: In future versions of Ray", FutureWarning, "/site-packages/ray/_private/worker.py", 2051
-        )
+    _emit_third_party_noise()
     results = []
     for job in jobs:
         rec = RunRecorder(job, show_progress=False)
@@ -94,10 +84,28 @@ def test_console_and_run_log_of_a_run(tmp_path, task_identity, run_logging, monk
         finish_job(job, rec, pgrid, 0.0, 1.0)
         results.append(rec.results)
     write_procedures_figure(results, tmp_path / "out" / "procedures.png")
+    _check_console(stream.getvalue(), tmp_path / "out")
+    _check_run_log(log_path.read_text())
+    _check_tensorboard(jobs)
+    _check_figures(drawn, jobs, tmp_path / "out")
+    assert np.isfinite(results[0].last.e_f_star)
 
-    # ---- console: start line, the diagnosis once, one line per round per procedure
-    lines = stream.getvalue().splitlines()
-    assert lines[0].startswith("fedhead-run") and str(tmp_path / "out") in lines[0] and "run.log" in lines[0]
+
+def _emit_third_party_noise() -> None:
+    """Third-party log lines and warnings that must stay off the console (and go to run.log)."""
+    logging.getLogger("flwr").warning("DEPRECATED FEATURE: run_simulation")
+    logging.getLogger("alembic.runtime.plugins").info("setup plugin alembic.autogenerate.schemas")
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.warn_explicit(
+            "Tip: In future versions of Ray", FutureWarning, "/site-packages/ray/_private/worker.py", 2051
+        )
+
+
+def _check_console(text: str, out: Path) -> None:
+    """The start line, the diagnosis once, one line per round per procedure, and fedhead's advice only."""
+    lines = text.splitlines()
+    assert lines[0].startswith("fedhead-run") and str(out) in lines[0] and "run.log" in lines[0]
     assert sum(line.startswith("Diagnosis") for line in lines) == 1
     assert lines[1].startswith("Diagnosis") and "relative gap" in "\n".join(lines[2:6])
     rounds = [line for line in lines if line.startswith("[") and "] round " in line]
@@ -107,11 +115,12 @@ def test_console_and_run_log_of_a_run(tmp_path, task_identity, run_logging, monk
     assert all("e_F(G_t, G_star)" in r and "e_F(G_t, G_cen)" in r for r in rounds)
     rest = [line for line in lines[6:] if line not in rounds]
     assert all(line.startswith("WARNING: [") for line in rest), rest  # only fedhead's own advice
-    text = stream.getvalue()
     for noise in ("alembic", "DEPRECATED", "FutureWarning", "HeadAveraging", "running procedure"):
         assert noise not in text
-    # ---- run.log: everything, third-party included
-    log_text = log_path.read_text()
+
+
+def _check_run_log(log_text: str) -> None:
+    """run.log holds everything, third-party lines included."""
     for expected in (
         "[alembic.runtime.plugins][INFO]",
         "[flwr][WARNING] DEPRECATED",
@@ -121,7 +130,12 @@ def test_console_and_run_log_of_a_run(tmp_path, task_identity, run_logging, monk
     ):
         assert expected in log_text, expected
 
-    # ---- TensorBoard: the same tags in every procedure's folder, text, hparams
+
+def _check_tensorboard(jobs) -> None:
+    """The same tags in every procedure's TensorBoard folder, the text summaries and the hparams."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.plugins.hparams.plugin_data_pb2 import HParamsPluginData
+
     for job in jobs:
         acc = EventAccumulator(str(job.output_dir / "tensorboard"), size_guidance={"tensors": 0, "images": 0})
         acc.Reload()
@@ -154,7 +168,9 @@ def test_console_and_run_log_of_a_run(tmp_path, task_identity, run_logging, monk
         end = next(p.session_end_info for p in parsed.values() if p.HasField("session_end_info"))
         assert end.status == 1  # STATUS_SUCCESS
 
-    # ---- figures: error curves, ellipses with target names and unit, procedures
+
+def _check_figures(drawn, jobs, out: Path) -> None:
+    """Error curves and ellipses per procedure (target names and unit), and the procedures figure."""
     names = [n for n, _ in drawn]
     assert names == ["error_curves.png", "ellipses.png"] * 2 + ["procedures.png"]
     for (name, fig), proc in zip(drawn[:4], ("proximal", "proximal", "corrected_proximal", "corrected_proximal")):
@@ -168,11 +184,10 @@ def test_console_and_run_log_of_a_run(tmp_path, task_identity, run_logging, monk
     legend = [t.get_text() for t in fig.legends[0].get_texts()]
     assert "proximal" in legend and "corrected_proximal" in legend
     assert sum("predicted gap" in s for s in legend) == 2
-    assert (tmp_path / "out" / "procedures.png").stat().st_size > 0
+    assert (out / "procedures.png").stat().st_size > 0
     for job in jobs:
         res = job.output_dir / "results.json"
         assert res.is_file() and (job.output_dir / "ellipses.png").is_file()
-    assert np.isfinite(results[0].last.e_f_star)
 
 
 def test_console_filter_keeps_actionable_warnings_only(tmp_path):

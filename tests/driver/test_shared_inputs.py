@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from fedhead.driver.checks import prepare_data
-from fedhead.federation.config import compose_config, load_config
+from fedhead.settings.config import compose_config, load_config
 
 
 def _sites(folder: Path) -> list[Path]:

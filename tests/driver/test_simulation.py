@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from fedhead import ufm
-from fedhead.federation.config import compose_config, load_config
+from fedhead.settings.config import compose_config, load_config
 
 pytestmark = pytest.mark.usefixtures("ray_session")  # one Ray start for the session (tests/conftest.py)
 

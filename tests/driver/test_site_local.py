@@ -20,7 +20,7 @@ from fedhead.clients import make_client_app
 from fedhead.data import site as data_site
 from fedhead.driver.recorder import RunRecorder
 from fedhead.driver.server import serve
-from fedhead.federation.config import compose_config, load_config
+from fedhead.settings.config import compose_config, load_config
 from fedhead.strategies.failures import TooFewReplies
 
 SIZES = (30, 45, 38)
@@ -104,7 +104,7 @@ def test_data_path_nodes_open_only_their_file_and_match_the_simulation(tmp_path,
     assert job.dataset.files == () and job.settings.num_clients == 3
     opened: list[str] = []
     real = data_site.read_file
-    monkeypatch.setattr(data_site, "read_file", lambda path, cfg=None: opened.append(str(path)) or real(path, cfg))
+    monkeypatch.setattr(data_site, "read_file", lambda path, **kw: opened.append(str(path)) or real(path, **kw))
     grid = InProcessGrid(make_client_app(job), 3)
     order = [2, 0, 1]  # node 1000 + k reads site order[k]: the server numbers them by site key
     for k, node in enumerate(sorted(grid.contexts)):
@@ -199,8 +199,7 @@ def test_a_data_path_deployment_resumes_with_its_sites_on_other_node_ids(tmp_pat
     (``resume=true``) with every site behind another node id; the server numbers the sites as
     before (by their files) and each finds its private backbone (keyed by its data-path)."""
     from fedhead import client_app, server_app
-    from fedhead.clients import BackboneStore
-    from fedhead.clients import state as client_state
+    from fedhead.clients.cache import CLIENT_CACHE
 
     files = _sites(tmp_path)
     overrides = "dataset=table dataset.files=[] dataset.num_clients=3 dataset.targets=[t1,t2] model=free "
@@ -216,8 +215,7 @@ def test_a_data_path_deployment_resumes_with_its_sites_on_other_node_ids(tmp_pat
     with pytest.raises(_Crash):
         crashed = grid(_CrashingGrid, False, [0, 1, 2])
         server_app.app(crashed, next(iter(crashed.contexts.values())))
-    BackboneStore.clear_cache()  # new processes
-    client_state._BACKBONES.clear()
+    CLIENT_CACHE.clear()  # new processes
     resumed = grid(InProcessGrid, True, [2, 0, 1])
     server_app.app(resumed, next(iter(resumed.contexts.values())))
     from fedhead.results import schema

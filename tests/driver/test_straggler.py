@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from fedhead.federation.checkpoint import checkpoint_path, read_checkpoint
-from fedhead.federation.config import compose_config, load_config
+from fedhead.settings.config import compose_config, load_config
 
 pytestmark = pytest.mark.usefixtures("ray_session")  # one Ray start for the session (tests/conftest.py)
 

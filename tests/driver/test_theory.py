@@ -20,8 +20,8 @@ from fedhead import ufm
 from fedhead.clients import make_client_app
 from fedhead.driver.recorder import RunRecorder
 from fedhead.driver.server import serve
-from fedhead.federation import protocol as P
-from fedhead.federation.config import compose_config, load_config
+from fedhead.federation import protocol
+from fedhead.settings.config import compose_config, load_config
 
 LAM = 0.01
 SMALL = [
@@ -52,10 +52,10 @@ def _serve(job):
         def serve_one(msg):
             reply = handler(msg)
             if msg.metadata.message_type == "train":
-                m = reply.content.metric_records[P.METRICS]
-                w_t, _ = P.read_head(msg.content.array_records[P.HEAD])
-                w, b = P.read_head(reply.content.array_records[P.HEAD])
-                heads.append((int(m["server-round"]), int(m[P.PARTITION_ID]), w_t, w, b))
+                m = reply.content.metric_records[protocol.METRICS]
+                w_t, _ = protocol.read_head(msg.content.array_records[protocol.HEAD])
+                w, b = protocol.read_head(reply.content.array_records[protocol.HEAD])
+                heads.append((int(m["server-round"]), int(m[protocol.PARTITION_ID]), w_t, w, b))
             return reply
 
         return serve_one

@@ -89,7 +89,7 @@ def test_the_users_clients_package_and_fedheads_import_side_by_side(example):
     import fedhead.clients
 
     assert Path(clients.__file__).parent == APP / "clients" and len(clients.SITES) == 3
-    assert Path(fedhead.clients.__file__).parent == REPO / "clients"
+    assert Path(fedhead.clients.__file__).parent == REPO / "fedhead" / "clients"
     assert callable(fedhead.clients.train_step)
 
 
@@ -121,7 +121,7 @@ def test_trained_proximal_clients_follow_the_recursion_to_g_star(example, tmp_pa
     ``G_star``. Measured (2 busy cores, ~12 s): 3e-8 from the proximal rounds; 2.2e-2, 3.6e-4,
     3.4e-4 from the recursion; 0.69, 3.0e-2, 1.9e-3, 3.0e-4 from ``G_star``; trained gaps
     <= 4.6e-4, the theory's to 1e-9."""
-    from fedhead.federation.config import load_procedure
+    from fedhead.settings.config import load_procedure
 
     summary, cfg = serve(tmp_path, **{"num-server-rounds": 3, "local-epochs": 3})
     rho = load_procedure(str(cfg["procedure"])).rho

@@ -12,6 +12,9 @@ from fedhead.models import (
     ResidualCNNConfig,
     ResMLPConfig,
     ResNetConfig,
+    backbone_expects_indices,
+    backbone_is_image,
+    backbone_output_layer,
     build_backbone,
     build_head,
 )
@@ -178,7 +181,7 @@ def test_model_yaml_files_instantiate():
     from hydra.utils import instantiate
     from omegaconf import OmegaConf
 
-    conf = Path(__file__).resolve().parents[2] / "conf" / "model"
+    conf = Path(__file__).resolve().parents[2] / "fedhead" / "conf" / "model"
     expected = {
         "resmlp": (ResMLPConfig, 1024),
         "resmlp_small": (ResMLPConfig, 256),
@@ -213,3 +216,20 @@ def test_resmlp_state_dict_keys_unchanged():
         "proj.weight",
         "proj.bias",
     ]
+
+
+def test_capabilities_are_declared_by_the_backbone_and_absent_on_any_other_module():
+    mlp = build_backbone(ResMLPConfig(width=8, depth=1, feature_dim=4), (3,), 10, seed=0)
+    free = build_backbone(FreeFeatureConfig(feature_dim=4), (), 10, seed=0)
+    cnn = build_backbone(ResidualCNNConfig(width=8, groups=4, feature_dim=4), (1, 8, 8), 10, seed=0)
+    assert (backbone_expects_indices(mlp), backbone_is_image(mlp)) == (False, False)
+    assert backbone_output_layer(mlp) is mlp.output_layer() and isinstance(backbone_output_layer(mlp), nn.Linear)
+    assert (backbone_expects_indices(free), backbone_is_image(free), backbone_output_layer(free)) == (True, False, None)
+    assert backbone_is_image(cnn) and not backbone_expects_indices(cnn)
+    plain = nn.Linear(3, 4)
+    plain.expects_indices = True  # an attribute of any module is no declaration
+    assert (backbone_expects_indices(plain), backbone_is_image(plain), backbone_output_layer(plain)) == (
+        False,
+        False,
+        None,
+    )

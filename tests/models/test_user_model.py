@@ -12,9 +12,9 @@ import torch
 
 from fedhead.analysis.procedure import ConfigError
 from fedhead.driver.errors import EXIT_USAGE, exit_code
-from fedhead.federation.config import compose_config, load_config
 from fedhead.models import build_backbone
 from fedhead.models.user import TorchModelConfig, UserBackbone, UserModelError, check_user_model
+from fedhead.settings.config import compose_config, load_config
 
 TESTS = Path(__file__).resolve().parents[1]
 if str(TESTS) not in sys.path:  # user_backbones.py, the "user's package"

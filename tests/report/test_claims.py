@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from types import SimpleNamespace
 
 import pytest
@@ -97,3 +98,14 @@ def test_table5_rows_are_matched_by_rho():
     rows = [{"rho": label(f"{r:g}"), "endpoint": Cell(1e-3, n=1)} for r in (0.0, 1e-3, 1.0)]
     table = attach(Table("table5", "t", [("rho", "ρ")], [("endpoint", "e")], rows))
     assert [r["endpoint"].paper for r in table.rows] == [1.71e-2, 3.08e-4, 3.80e-1]
+
+
+def test_every_check_is_attached_to_the_claim_its_docstring_names():
+    """A check is named for what it tests and its docstring starts with its claim's id, so a check
+    attached to the wrong claim in CLAIMS fails here."""
+    checks = [c for c in CLAIMS if c.check is not None]
+    assert len(checks) == 29
+    for claim in checks:
+        assert (claim.check.__doc__ or "").startswith(f"{claim.id}: "), claim.id
+        assert not re.fullmatch(r"c\d+", claim.check.__name__), claim.check.__name__
+    assert len({c.check.__name__ for c in checks}) == len(checks)

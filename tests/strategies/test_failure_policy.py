@@ -16,11 +16,11 @@ from app_helpers import FakeGrid, NumpyClient, Recorder
 from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
 
 from fedhead import ufm
-from fedhead.federation import protocol as P
+from fedhead.federation import protocol
 from fedhead.federation.deploy_checks import FederationMismatch
-from fedhead.federation.limits import FailurePolicy, Timeouts
 from fedhead.federation.progress_grid import ProgressGrid
 from fedhead.federation.watchdog import EngineDied, EngineWatch
+from fedhead.settings.limits import FailurePolicy, Timeouts
 from fedhead.strategies import FederationError, HeadAveraging
 from fedhead.strategies.failures import TooFewReplies
 
@@ -31,21 +31,21 @@ FAST = Timeouts(nodes=0.5, exchange=0.5, round=0.5)
 
 # one client's faults, applied to the reply of its NumpyClient
 def nan_head(reply):
-    w, _ = P.read_head(reply.content.array_records[P.HEAD])
+    w, _ = protocol.read_head(reply.content.array_records[protocol.HEAD])
     w = w.copy()
     w[0, 0] = np.nan
     return w
 
 
 def inf_head(reply):
-    w, _ = P.read_head(reply.content.array_records[P.HEAD])
+    w, _ = protocol.read_head(reply.content.array_records[protocol.HEAD])
     w = w.copy()
     w[1, 1] = np.inf
     return w
 
 
 def wrong_shape(reply):
-    w, _ = P.read_head(reply.content.array_records[P.HEAD])
+    w, _ = protocol.read_head(reply.content.array_records[protocol.HEAD])
     return np.zeros((w.shape[0], w.shape[1] + 1))
 
 
@@ -65,21 +65,21 @@ class Faulty:
         reply = self.client(msg)
         original = reply.metadata.reply_to_message_id
         if self.fault == "missing_record":
-            content = RecordDict({P.METRICS: reply.content.metric_records[P.METRICS]})
+            content = RecordDict({protocol.METRICS: reply.content.metric_records[protocol.METRICS]})
             out = Message(content, reply_to=msg)
         elif self.fault in ("nan", "inf", "shape"):
             w = {"nan": nan_head, "inf": inf_head, "shape": wrong_shape}[self.fault](reply)
             out = Message(_replace_head(reply, w), reply_to=msg)
         elif self.fault == "no_gap":
-            metrics = dict(reply.content.metric_records[P.METRICS])
+            metrics = dict(reply.content.metric_records[protocol.METRICS])
             metrics.pop("objective_gap")
             content = reply.content
-            content[P.METRICS] = MetricRecord(metrics)
+            content[protocol.METRICS] = MetricRecord(metrics)
             out = Message(content, reply_to=msg)
         elif self.fault in ("nan_cov", "asym_cov", "not_psd", "zero_count"):
-            arrays = reply.content.array_records[P.MOMENTS]
-            mean, cov = arrays[P.MEAN].numpy(), arrays[P.COV].numpy().copy()
-            metrics = dict(reply.content.metric_records[P.METRICS])
+            arrays = reply.content.array_records[protocol.MOMENTS]
+            mean, cov = arrays[protocol.MEAN].numpy(), arrays[protocol.COV].numpy().copy()
+            metrics = dict(reply.content.metric_records[protocol.METRICS])
             if self.fault == "nan_cov":
                 cov[0, 0] = np.nan
             elif self.fault == "asym_cov":
@@ -87,10 +87,13 @@ class Faulty:
             elif self.fault == "not_psd":
                 cov = cov - 10 * np.eye(len(cov))
             else:
-                metrics[P.NUM_EXAMPLES] = 0
+                metrics[protocol.NUM_EXAMPLES] = 0
             out = Message(
                 RecordDict(
-                    {P.MOMENTS: ArrayRecord({P.MEAN: Array(mean), P.COV: Array(cov)}), P.METRICS: MetricRecord(metrics)}
+                    {
+                        protocol.MOMENTS: ArrayRecord({protocol.MEAN: Array(mean), protocol.COV: Array(cov)}),
+                        protocol.METRICS: MetricRecord(metrics),
+                    }
                 ),
                 reply_to=msg,
             )
@@ -101,8 +104,10 @@ class Faulty:
 
 
 def _replace_head(reply: Message, w: np.ndarray) -> RecordDict:
-    _, b = P.read_head(reply.content.array_records[P.HEAD])
-    content = RecordDict({P.HEAD: P.head_record(w, b), P.METRICS: reply.content.metric_records[P.METRICS]})
+    _, b = protocol.read_head(reply.content.array_records[protocol.HEAD])
+    content = RecordDict(
+        {protocol.HEAD: protocol.head_record(w, b), protocol.METRICS: reply.content.metric_records[protocol.METRICS]}
+    )
     return content
 
 
@@ -222,7 +227,7 @@ def test_a_dead_engine_ends_the_wait(task_identity, fig2_targets):
 
 
 def test_policy_and_timeouts_are_validated():
-    from fedhead.federation.config import ConfigError, compose_config, load_config
+    from fedhead.settings.config import ConfigError, compose_config, load_config
 
     with pytest.raises(ConfigError, match="failure.min_clients"):
         FailurePolicy(min_clients=1)
@@ -293,11 +298,11 @@ def test_the_straggler_rule_waits_for_half_the_clients_and_scales_with_the_phase
     assert t.straggler_deadline(8, [15.0, 15.0, 30.8, 30.8], concurrency=2) == pytest.approx(30.8 + 2 * 61.6)
     assert t.straggler_deadline(8, [15.0, 15.0, 30.8, 30.8], concurrency=4) == pytest.approx(30.8 + 61.6)
     assert t.straggler_deadline(8, [15.0, 15.0, 30.8, 30.8]) == pytest.approx(30.8 + 61.6)  # a deployment: one wave
-    from fedhead.federation.limits import straggler_reason
+    from fedhead.settings.limits import straggler_reason
 
     line = straggler_reason(t, waited=200.0, latest=30.8, replied=4, n_clients=8, concurrency=2)
     assert line.endswith("x 2 waves of 2 clients at once") and "\n" not in line
-    from fedhead.federation.config import ConfigError
+    from fedhead.settings.config import ConfigError
 
     with pytest.raises(ConfigError, match="timeouts.straggler_factor"):
         Timeouts(straggler_factor=-1)
@@ -334,7 +339,7 @@ def test_a_late_but_legitimate_client_is_not_a_straggler(task_identity, fig2_tar
 
     w0 = np.random.default_rng(0).standard_normal((2, 4))
     msgs = [
-        Message(RecordDict({P.HEAD: P.head_record(w0, np.zeros(2))}), dst_node_id=n, message_type="train")
+        Message(RecordDict({protocol.HEAD: protocol.head_record(w0, np.zeros(2))}), dst_node_id=n, message_type="train")
         for n in NODES
     ]
     threading.Timer(0.0, answer_later).start()

@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import numpy as np
 import pytest
 from app_helpers import FakeGrid, NumpyClient, Recorder, captured_strategies_log, instruction, query_reply, train_reply
 from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, MetricRecord, RecordDict
+from flwr.serverapp.strategy import FedAvg, Strategy
 
 from fedhead import ufm
 from fedhead.analysis.metrics import selection_distance
 from fedhead.federation import aggregation as agg
-from fedhead.federation import protocol as P
-from fedhead.federation import tracking
+from fedhead.federation import protocol, tracking
 from fedhead.strategies import (
     AlignedHeadAveraging,
     FederationError,
@@ -54,10 +55,10 @@ def test_moment_exchange_from_hand_made_replies(task_identity, fig2_targets):
 
 
 def test_query_messages_are_query_type(task_identity):
-    msgs = query_messages([5, 6], {P.JOB: 1})
+    msgs = query_messages([5, 6], {protocol.JOB: 1})
     assert [m.metadata.message_type for m in msgs] == ["query", "query"]
     assert [m.metadata.dst_node_id for m in msgs] == [5, 6]
-    assert all(m.content.config_records[P.CONFIG][P.JOB] == 1 for m in msgs)
+    assert all(m.content.config_records[protocol.CONFIG][protocol.JOB] == 1 for m in msgs)
 
 
 def test_exchange_rejects_errors_missing_and_bad_replies(task_identity, fig2_targets):
@@ -91,15 +92,15 @@ def test_head_averaging_aggregates_hand_made_replies(task_identity, fig2_targets
     w0 = np.random.default_rng(0).standard_normal((2, 4))
     strategy.begin((w0, np.zeros(2)))
     grid = FakeGrid({n: None for n in NODES})
-    msgs = list(strategy.configure_train(1, P.head_record(w0, np.zeros(2)), ConfigRecord(), grid))
+    msgs = list(strategy.configure_train(1, protocol.head_record(w0, np.zeros(2)), ConfigRecord(), grid))
     assert sorted(m.metadata.dst_node_id for m in msgs) == sorted(NODES)
     assert all(m.metadata.message_type == "train" for m in msgs)
-    assert P.SIGMA_CEN not in msgs[0].content.array_records  # uncorrected: no Sigma_cen sent
-    assert int(msgs[0].content.config_records[P.CONFIG][P.SERVER_ROUND]) == 1
+    assert protocol.SIGMA_CEN not in msgs[0].content.array_records  # uncorrected: no Sigma_cen sent
+    assert int(msgs[0].content.config_records[protocol.CONFIG][protocol.SERVER_ROUND]) == 1
     heads = np.random.default_rng(1).standard_normal((3, 2, 4))
     counts = [int(c) for c in ex.moments.counts]
     arrays, metrics = _train_round(strategy, heads, counts)
-    w, b = P.read_head(arrays)
+    w, b = protocol.read_head(arrays)
     p = np.asarray(counts) / sum(counts)
     np.testing.assert_allclose(w, np.einsum("m,mcp->cp", p, heads), rtol=0, atol=1e-14)
     np.testing.assert_allclose(b, p @ np.array([[0, 0], [1, 1], [2, 2]]), rtol=0, atol=1e-14)
@@ -159,7 +160,10 @@ def test_only_the_last_round_s_evaluate_says_final_round(task_identity, fig2_tar
     grid = FakeGrid(clients)
     _strategy().run(grid, (np.eye(2), np.zeros(2)), num_rounds=3)
     flags = [
-        (m.content.config_records[P.CONFIG][P.SERVER_ROUND], m.content.config_records[P.CONFIG].get(P.FINAL_ROUND))
+        (
+            m.content.config_records[protocol.CONFIG][protocol.SERVER_ROUND],
+            m.content.config_records[protocol.CONFIG].get(protocol.FINAL_ROUND),
+        )
         for m in grid.sent
         if m.metadata.message_type == "evaluate"
     ]
@@ -250,8 +254,8 @@ def test_full_model_strategy_averages_backbones_not_batchnorm(task_identity, fig
     w0 = np.eye(2, 3)
     strategy.begin((w0, np.zeros(2)))
     grid = FakeGrid({n: None for n in NODES})
-    first = list(strategy.configure_train(1, P.head_record(w0, np.zeros(2)), ConfigRecord(), grid))
-    sent = first[0].content.array_records[P.BACKBONE]
+    first = list(strategy.configure_train(1, protocol.head_record(w0, np.zeros(2)), ConfigRecord(), grid))
+    sent = first[0].content.array_records[protocol.BACKBONE]
     assert list(sent.keys()) == ["fc.weight"]  # BatchNorm statistics never broadcast
     states = [
         ArrayRecord(
@@ -264,10 +268,27 @@ def test_full_model_strategy_averages_backbones_not_batchnorm(task_identity, fig
     ]
     arrays, _ = _train_round(strategy, np.stack([w0] * 3), counts, backbone=states)
     msgs = list(strategy.configure_train(2, arrays, ConfigRecord(), grid))
-    avg = msgs[0].content.array_records[P.BACKBONE]
+    avg = msgs[0].content.array_records[protocol.BACKBONE]
     p = np.asarray(counts) / sum(counts)
     np.testing.assert_allclose(avg["fc.weight"].numpy(), np.full((2, 2), p @ [0.0, 1.0, 2.0]), rtol=1e-6)
     assert avg["fc.weight"].numpy().dtype == np.float32 and "bn.running_var" not in avg
+
+
+def test_head_averaging_is_a_strategy_whose_exchange_reads_frozen_settings(task_identity, fig2_targets):
+    """flwr's Strategy implemented directly (no FedAvg code), and one ExchangeSettings built once."""
+    strategy = _strategy(gamma=1.0, centered=True, min_clients=2, message_config={protocol.JOB: 4})
+    assert isinstance(strategy, Strategy) and not isinstance(strategy, FedAvg)
+    st = strategy.settings
+    assert (st.lambda_h, st.gamma, st.centered, st.num_clients, st.required) == (LH, 1.0, True, 3, 2)
+    assert strategy.gamma == 1.0 and strategy.centered
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        st.gamma = 0.0
+    with pytest.raises(TypeError):
+        st.message_config[protocol.JOB] = 5
+    clients = {n: NumpyClient(y, pid, LH, LW) for pid, (n, y) in enumerate(zip(NODES, fig2_targets))}
+    grid = FakeGrid(clients)
+    strategy.run(grid, (np.eye(2), np.zeros(2)), 1, diagnose_only=True)
+    assert [m.content.config_records[protocol.CONFIG][protocol.JOB] for m in grid.sent] == [4, 4, 4]
 
 
 def test_make_strategy_kinds():
@@ -285,16 +306,18 @@ def test_evaluation_replies_are_validated(task_identity, fig2_targets):
     def replies(bad_node, **bad):
         out = []
         for pid, (n, y) in enumerate(zip(NODES, fig2_targets)):
-            metrics = {P.NUM_EXAMPLES: y.shape[0], P.PARTITION_ID: pid, "train_mse": 1.0}
+            metrics = {protocol.NUM_EXAMPLES: y.shape[0], protocol.PARTITION_ID: pid, "train_mse": 1.0}
             if n == bad_node:
                 metrics.update(bad)
-            out.append(Message(RecordDict({P.METRICS: MetricRecord(metrics)}), reply_to=instruction(n, "evaluate")))
+            out.append(
+                Message(RecordDict({protocol.METRICS: MetricRecord(metrics)}), reply_to=instruction(n, "evaluate"))
+            )
         return out
 
     with pytest.raises(agg.ReplyError, match="node 57.*train_mse has 1 non-finite"):
         strategy.aggregate_evaluate(0, replies(57, train_mse=float("nan")))
     with pytest.raises(agg.ReplyError, match="node 33.*positive integer"):
-        strategy.aggregate_evaluate(0, replies(33, **{P.NUM_EXAMPLES: 0}))
+        strategy.aggregate_evaluate(0, replies(33, **{protocol.NUM_EXAMPLES: 0}))
     assert strategy.rounds.tracker.records[0].train_mse is None
     out = strategy.aggregate_evaluate(0, replies(None))
     assert out["train_mse"] == pytest.approx(1.0, abs=1e-15)

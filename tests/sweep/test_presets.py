@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from fedhead.analysis.procedure import ConfigError
-from fedhead.federation.config import compose_config, load_config
+from fedhead.settings.config import compose_config, load_config
 from fedhead.sweep import PRESETS, plan
 from fedhead.sweep.presets import FILE_ONLY, MAIN_PROCEDURES, PAPER_EPOCHS, RHOS, SETTINGS
 

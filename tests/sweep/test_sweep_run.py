@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from fedhead.federation import protocol as P
+from fedhead.federation import protocol
 from fedhead.results import schema
 from fedhead.sweep import SweepConfig, run_sweep
 from fedhead.sweep.presets import MAIN_PROCEDURES
@@ -60,7 +60,7 @@ def test_manifest_lists_every_run_with_status_hash_and_time(sweep):
         assert run["status"] == "completed", run
         assert run["wall_seconds"] > 0 and run["dir"] == f"runs/main/hopper/{proc}/s0"
         res = json.loads((cfg.out / run["dir"] / "results.json").read_text())
-        from fedhead.federation.checkpoint import config_hash
+        from fedhead.settings.job import config_hash
 
         assert res["status"] == "completed" and config_hash(res["config"]) == run["config_hash"]
         assert len(res["rounds"]) == 3 and res["local_optimality"]["last_round_max_trained_gap"] is not None
@@ -116,8 +116,8 @@ def _failing_first_job_app(jobs):
     app = ClientApp()
 
     def job_of(msg):
-        cfg = msg.content.config_records.get(P.CONFIG)
-        idx = int(cfg.get(P.JOB, 0)) if cfg is not None else 0
+        cfg = msg.content.config_records.get(protocol.CONFIG)
+        idx = int(cfg.get(protocol.JOB, 0)) if cfg is not None else 0
         if idx == 0:
             raise RuntimeError("job 0 exploded on purpose")
         return jobs[idx]
@@ -142,7 +142,7 @@ def test_a_failed_run_is_recorded_and_the_next_one_runs(tmp_path):
     """keep_going (what the sweep uses): the failing job is marked failed with its reason, the
     next job of the same simulation completes, and the callback sees both."""
     from fedhead.driver.simulation import run_federations
-    from fedhead.federation.config import compose_config, load_config
+    from fedhead.settings.config import compose_config, load_config
 
     cfg = load_config(
         compose_config(
@@ -190,7 +190,7 @@ def test_concurrent_jobs_keep_their_messages_apart(tmp_path):
     import dataclasses
 
     from fedhead.driver.simulation import run_federations
-    from fedhead.federation.config import compose_config, load_config
+    from fedhead.settings.config import compose_config, load_config
 
     jobs = []
     for seed in (0, 1):

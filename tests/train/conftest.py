@@ -2,6 +2,8 @@
 
 import numpy as np
 import pytest
+import torch
+from train_helpers import MU_M, SIGMA_M, N
 
 
 def exact_targets(n: int, mean: np.ndarray, cov: np.ndarray, seed: int) -> np.ndarray:
@@ -21,3 +23,8 @@ def make_targets():
 @pytest.fixture(autouse=True)
 def _one_thread(one_torch_thread):
     """Every training test runs with one torch thread (``tests/conftest.py``)."""
+
+
+@pytest.fixture
+def y_m(make_targets):
+    return torch.tensor(make_targets(N, MU_M, SIGMA_M, seed=0), dtype=torch.float32)

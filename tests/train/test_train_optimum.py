@@ -240,7 +240,7 @@ def test_local_tol_stops_once_the_gap_is_reached(clients):
 )
 def test_bad_tolerance_or_cap_is_one_clear_config_error(override, msg):
     """Refused when the config is loaded, before any data, Ray or Flower (one line: the CLI prints it)."""
-    from fedhead.federation.config import ConfigError, compose_config, load_config
+    from fedhead.settings.config import ConfigError, compose_config, load_config
 
     with pytest.raises(ConfigError, match=msg):
         load_config(compose_config([override]))

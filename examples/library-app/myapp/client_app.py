@@ -7,8 +7,8 @@ from flwr.app import ArrayRecord, Context, Message
 from flwr.clientapp import ClientApp
 
 from fedhead.clients import evaluate_step, moment_reply, train_step
-from fedhead.federation.config import load_procedure
 from fedhead.models import as_backbone
+from fedhead.settings.config import load_procedure
 from fedhead.train import LocalProblem, TrainConfig
 from myapp.task import Net, load_partition
 

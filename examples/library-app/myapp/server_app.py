@@ -7,9 +7,9 @@ from pathlib import Path
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
-from fedhead.federation.config import load_procedure
 from fedhead.models import initial_head
 from fedhead.results.io import to_jsonable, write_json_atomic
+from fedhead.settings.config import load_procedure
 from fedhead.strategies import make_strategy
 from myapp.task import FEATURE_DIM
 
@@ -45,7 +45,7 @@ def main(grid: Grid, context: Context) -> None:
         observer=summary,
         evaluate_mse=not procedure.exact,  # the exact rule trains no backbone
     )
-    # run(), not FedAvg.start(): the moment exchange and the diagnosis come before round 1
+    # run(), not Strategy.start(): the moment exchange and the diagnosis come before round 1
     strategy.run(grid, lambda c: initial_head(FEATURE_DIM, c, int(cfg["seed"])), int(cfg["num-server-rounds"]))
     write_json_atomic(
         Path(str(cfg["output-dir"])) / "summary.json",

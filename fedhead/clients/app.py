@@ -1,0 +1,236 @@
+"""fedhead's own ClientApp (flwr 1.42 Message API), built by
+[`make_client_app`][fedhead.clients.app.make_client_app] from its jobs. Its handlers serve ``query``
+(the moments, a site's statistics, the mismatch objectives of docs/theory.md §13), ``train`` and
+``evaluate`` with the client's data and stored private backbone, through the library steps of
+[`fedhead.clients.step`][fedhead.clients.step] (one implementation).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import pickle
+from collections.abc import Callable, Sequence
+
+import numpy as np
+from flwr.app import Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+
+from fedhead.clients.cache import CLIENT_CACHE
+from fedhead.clients.export import is_final, save_final_model
+from fedhead.clients.messages import ClientError, round_of
+from fedhead.clients.site import handle_statistics, local_data
+from fedhead.clients.state import (
+    client_moments,
+    is_free,
+    limit_threads,
+    load_backbone,
+    partition_of,
+    save_backbone,
+    train_inputs,
+)
+from fedhead.clients.step import evaluate_step, moment_reply, train_step
+from fedhead.federation import protocol
+from fedhead.settings.job import JobConfig
+from fedhead.train import mismatch_objectives, select_device
+
+log = logging.getLogger(__name__)
+
+
+# -------------------------------------------------------------------------------- handlers
+def handle_query(job: JobConfig, msg: Message, context: Context) -> Message:
+    """Reply with ``(N_m, mu_m, Sigma_m)`` of the client's training targets (theory.md §3,
+    [`fedhead.clients.step.moment_reply`][fedhead.clients.moment_reply]), or, for ``stage="mismatch"``, with the
+    mismatch
+    objectives ([`handle_mismatch`][fedhead.clients.app.handle_mismatch])."""
+    cfg = msg.content.config_records.get(protocol.CONFIG)
+    if cfg is not None and cfg.get(protocol.STAGE) == protocol.STAGE_MISMATCH:
+        return handle_mismatch(job, msg, context)
+    if cfg is not None and cfg.get(protocol.STAGE) == protocol.STAGE_STATISTICS:
+        return handle_statistics(job, msg, context)
+    pid = partition_of(context, job, msg)
+    _, cd = local_data(job, context, msg, pid)
+    y, mu, sigma = client_moments(job, pid, cd)
+    return Message(moment_reply(y, pid, moments=(mu, sigma)), reply_to=msg)
+
+
+def handle_mismatch(job: JobConfig, msg: Message, context: Context) -> Message:
+    """The client's three objectives of the mismatch measurement (docs/theory.md §13): its own
+    trained local model, the trained heads' average with its backbone, the aligned average with
+    its aligned backbone ([`mismatch_objectives`][fedhead.train.mismatch_objectives.mismatch_objectives]; the stored
+    backbone of the
+    message's round is only read)."""
+    limit_threads(job)
+    pid = partition_of(context, job, msg)
+    data, cd = local_data(job, context, msg, pid)
+    if protocol.MISMATCH not in msg.content.array_records:
+        raise ClientError(f"partition {pid}: mismatch query without the '{protocol.MISMATCH}' record")
+    rec = msg.content.array_records[protocol.MISMATCH]
+    missing = [
+        k
+        for k in (
+            protocol.OWN_WEIGHT,
+            protocol.OWN_BIAS,
+            protocol.TRAINED_WEIGHT,
+            protocol.ALIGNED_WEIGHT,
+            protocol.AVERAGE_BIAS,
+            protocol.ROTATION,
+        )
+        if k not in rec
+    ]
+    if missing:
+        raise ClientError(f"partition {pid}: mismatch record lacks {missing}")
+    arr = {k: rec[k].numpy().astype(np.float64) for k in rec}
+    backbone = load_backbone(job, context, pid, data, cd, required=True, expected_round=round_of(msg))
+    device = select_device(job.settings.device)
+    backbone.to(device)
+    offset = cd.y_train.detach().cpu().double().mean(0).numpy() if job.procedure.centered else None
+    ev = mismatch_objectives(
+        backbone,
+        train_inputs(job, cd),
+        cd.y_train,
+        own_head=(arr[protocol.OWN_WEIGHT], arr[protocol.OWN_BIAS]),
+        trained_head=(arr[protocol.TRAINED_WEIGHT], arr[protocol.AVERAGE_BIAS]),
+        aligned_head=(arr[protocol.ALIGNED_WEIGHT], arr[protocol.AVERAGE_BIAS]),
+        rotation=arr[protocol.ROTATION],
+        lambda_h=job.settings.lambda_h,
+        lambda_w=job.settings.lambda_w,
+        target_offset=offset,
+        device=device,
+    )
+    metrics = {
+        protocol.NUM_EXAMPLES: int(cd.n_train),
+        protocol.PARTITION_ID: pid,
+        protocol.MISMATCH_LOCAL: ev.local,
+        protocol.MISMATCH_TRAINED: ev.trained,
+        protocol.MISMATCH_ALIGNED: ev.aligned,
+    }
+    return Message(RecordDict({protocol.METRICS: MetricRecord(metrics)}), reply_to=msg)
+
+
+def handle_train(job: JobConfig, msg: Message, context: Context) -> Message:
+    """One round of local work ([`fedhead.clients.step.train_step`][fedhead.clients.train_step]) on the client's
+    partition
+    and its stored private backbone, which is saved afterwards."""
+    limit_threads(job)
+    pid = partition_of(context, job, msg)
+    rnd = round_of(msg)
+    data, cd = local_data(job, context, msg, pid)
+    _, mu, sigma = client_moments(job, pid, cd)
+    backbone = None
+    if not job.procedure.exact:
+        backbone = load_backbone(job, context, pid, data, cd, required=False, expected_round=rnd - 1)
+    content = train_step(
+        msg.content,
+        backbone,
+        None if backbone is None else train_inputs(job, cd),
+        cd.y_train,
+        procedure=job.procedure,
+        problem=job.local_problem(),
+        train=job.train,
+        partition_id=pid,
+        seed=job.settings.seed,
+        device=job.settings.device,
+        moments=(mu, sigma),
+    )
+    if backbone is not None:
+        save_backbone(job, context, pid, rnd, backbone)
+    return Message(content, reply_to=msg)
+
+
+def handle_evaluate(job: JobConfig, msg: Message, context: Context) -> Message:
+    """MSE of the shared head with the client's own backbone on its train (and test) data
+    ([`fedhead.clients.step.evaluate_step`][fedhead.clients.evaluate_step])."""
+    limit_threads(job)
+    pid = partition_of(context, job, msg)
+    data, cd = local_data(job, context, msg, pid)
+    backbone = load_backbone(job, context, pid, data, cd, required=True, expected_round=round_of(msg))
+    has_test = cd.x_test is not None and cd.y_test is not None and cd.y_test.shape[0] > 0 and not is_free(job)
+    content = evaluate_step(
+        msg.content,
+        backbone,
+        train_inputs(job, cd),
+        cd.y_train,
+        procedure=job.procedure,
+        problem=job.local_problem(),
+        partition_id=pid,
+        test=(cd.x_test, cd.y_test) if has_test else None,
+        device=job.settings.device,
+    )
+    if is_final(msg):
+        w, b = protocol.read_head(msg.content.array_records[protocol.HEAD])
+        offset = cd.y_train.detach().cpu().double().mean(0).numpy() if job.procedure.centered else None
+        try:
+            save_final_model(job, context, msg, pid, cd, backbone, (w, b), offset, round_of(msg))
+        except Exception as exc:  # noqa: BLE001 - the run's results stand; the model is lost, said once
+            log.warning("partition %d: the final model could not be saved: %s: %s", pid, type(exc).__name__, exc)
+    return Message(content, reply_to=msg)
+
+
+# -------------------------------------------------------------------------------- the app
+class JobsClientApp(ClientApp):
+    """The ClientApp of fixed jobs: it pickles as the jobs' pickle and unpickles into the app this
+    process already built from them. flwr's Ray simulation sends the app with every message;
+    this makes that a few kB of bytes instead of the handlers' code and the configs, rebuilt
+    once per worker process instead of once per message."""
+
+    def __init__(self, jobs: JobConfig | Sequence[JobConfig]):
+        super().__init__()
+        self._blob = pickle.dumps(jobs, protocol=pickle.HIGHEST_PROTOCOL)
+        self._digest = hashlib.sha256(self._blob).hexdigest()
+
+    def __reduce__(self):
+        return _app_from_pickle, (self._digest, self._blob)
+
+
+def _app_from_pickle(digest: str, blob: bytes) -> ClientApp:
+    return CLIENT_CACHE.remember(CLIENT_CACHE.apps, digest, lambda: make_client_app(pickle.loads(blob)))
+
+
+def make_client_app(job: JobConfig | Sequence[JobConfig] | Callable[[Context], JobConfig]) -> ClientApp:
+    """Build the ClientApp.
+
+    ``job`` is a [`fedhead.settings.config.JobConfig`][fedhead.settings.job.JobConfig], a sequence of them (one
+    simulation serving
+    several procedures one after another: each message's ``config["job"]`` picks the job), or a
+    function ``Context -> JobConfig`` (deployments, where the run config names the job). The
+    jobs travel with the app in a Ray simulation (as their pickle:
+    [`JobsClientApp`][fedhead.clients.app.JobsClientApp]).
+    """
+    app: ClientApp = ClientApp()
+    if isinstance(job, (list, tuple)) or not callable(job):
+        try:
+            app = JobsClientApp(job)
+        except (pickle.PicklingError, TypeError, AttributeError):  # e.g. a test's local class: by value
+            log.debug("jobs not picklable by reference; the ClientApp travels by value", exc_info=True)
+    if isinstance(job, (list, tuple)):
+        jobs = tuple(job)
+
+        def resolve(msg: Message, _ctx: Context) -> JobConfig:
+            cfg = msg.content.config_records.get(protocol.CONFIG)
+            idx = int(cfg.get(protocol.JOB, 0)) if cfg is not None else 0
+            if not 0 <= idx < len(jobs):
+                raise ClientError(f"message names job {idx}, but this app serves {len(jobs)} job(s)")
+            return jobs[idx]
+    elif callable(job):
+
+        def resolve(msg: Message, ctx: Context) -> JobConfig:
+            return job(ctx)
+    else:
+
+        def resolve(msg: Message, ctx: Context) -> JobConfig:
+            return job
+
+    @app.query()
+    def query(msg: Message, context: Context) -> Message:
+        return handle_query(resolve(msg, context), msg, context)
+
+    @app.train()
+    def train(msg: Message, context: Context) -> Message:
+        return handle_train(resolve(msg, context), msg, context)
+
+    @app.evaluate()
+    def evaluate(msg: Message, context: Context) -> Message:
+        return handle_evaluate(resolve(msg, context), msg, context)
+
+    return app

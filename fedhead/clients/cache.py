@@ -1,0 +1,139 @@
+"""The one in-memory cache of a ClientApp process ([`ClientCache`][fedhead.clients.cache.ClientCache]):
+what the client keeps between messages, keyed by what each entry is computed from, and for how long.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Hashable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
+    from flwr.app import Context
+    from flwr.clientapp import ClientApp
+
+    from fedhead.data.base import ClientData, FederatedData
+    from fedhead.data.site import Site
+    from fedhead.settings.job import JobConfig
+
+V = TypeVar("V")
+
+#: ``(round, state)`` of a stored private backbone
+# ([`fedhead.clients.store.BackboneStore`][fedhead.clients.BackboneStore]).
+StoredState = tuple[int, dict[str, Any]]
+
+
+class ClientCache:
+    """What one ClientApp process keeps in memory between messages.
+
+    A ClientApp process outlives a run: a deployed SuperNode's ClientApp serves run after run,
+    and a simulation reuses its Ray actors for every procedure (and, in a sweep, every data set).
+    So each table is keyed by everything its entries are computed from (never by a run id alone)
+    and is small or bounded. Every table is filled on the first message that needs an entry:
+
+    * ``jobs``: run config -> ``JobConfig`` (a deployment's ClientApp; [`job`][fedhead.clients.cache.ClientCache.job]).
+      Kept: one per run config.
+    * ``apps``: digest of the pickled jobs -> ``ClientApp`` (a simulation's
+      [`JobsClientApp`][fedhead.clients.app.JobsClientApp]). Kept: one per simulation.
+    * ``datasets``: (data set config, client count) -> ``FederatedData``. The
+      ``DATASETS_KEPT`` most recently used are kept (a sweep moves from data set to data set).
+    * ``moments``: (data set config, client count, partition) -> ``(y, mu_m, Sigma_m)``. Kept.
+    * ``sites``: (data set config, file) -> ``Site`` (a site-local table's own file). Kept.
+    * ``local_data``: (data set config, site key, partition, standardisation) -> the site's
+      standardised data. The ``LOCAL_DATA_KEPT`` newest are kept (a worker serves several sites).
+    * ``backbones``: (store root, partition) -> ``(round, stored state, module)``: the module a
+      CPU client trained last, reused when the store's newest state is still that one. Only the
+      current store root is kept (one job at a time).
+    * ``stored_states``: (store root, partition) -> ``(round, state)``: the newest state a
+      [`BackboneStore`][fedhead.clients.store.BackboneStore] wrote or read (checked against the
+      file names on every load). Kept.
+
+    [`clear`][fedhead.clients.cache.ClientCache.clear] empties every table (a new process starts empty).
+    """
+
+    DATASETS_KEPT = 2
+    LOCAL_DATA_KEPT = 16
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self.jobs: dict[Hashable, JobConfig] = {}
+        self.apps: dict[str, ClientApp] = {}
+        self.datasets: dict[Hashable, FederatedData] = {}
+        self.moments: dict[Hashable, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        self.sites: dict[Hashable, Site] = {}
+        self.local_data: dict[Hashable, tuple[FederatedData, ClientData]] = {}
+        self.backbones: dict[tuple[str, int], tuple[int, dict[str, Any], torch.nn.Module]] = {}
+        self.stored_states: dict[tuple[str, int], StoredState] = {}
+
+    def remember(self, table: dict[Any, V], key: Hashable, build: Callable[[], V], *, keep: int | None = None) -> V:
+        """``table[key]``, built by ``build()`` on a miss (outside the lock); with ``keep``, the
+        table holds at most ``keep`` entries (the oldest dropped first)."""
+        with self.lock:
+            if key in table:
+                return table[key]
+        value = build()
+        with self.lock:
+            table[key] = value
+            while keep is not None and len(table) > keep:
+                table.pop(next(iter(table)))
+        return value
+
+    def dataset(self, key: Hashable, load: Callable[[], FederatedData]) -> FederatedData:
+        """The data set of ``key``, loaded by ``load()`` once (under the lock: one load at a time);
+        the ``DATASETS_KEPT`` most recently used are kept."""
+        with self.lock:
+            data = self.datasets.pop(key, None)
+            if data is None:
+                data = load()
+            self.datasets[key] = data  # most recent last
+            while len(self.datasets) > self.DATASETS_KEPT:
+                self.datasets.pop(next(iter(self.datasets)))
+        return data
+
+    def job(self, context: Context, build: Callable[[Context], JobConfig]) -> JobConfig:
+        """The job of ``context``'s run config, built by ``build(context)`` once per run config."""
+        key = tuple(sorted((str(k), str(v)) for k, v in context.run_config.items()))
+        return self.remember(self.jobs, key, lambda: build(context))
+
+    def trained_module(self, root: str, partition: int, stored: StoredState) -> torch.nn.Module | None:
+        """The module this process trained last for ``partition`` under ``root``, when ``stored`` (the
+        store's newest state) is the very state it saved; else None."""
+        with self.lock:
+            hit = self.backbones.get((root, partition))
+        if hit is not None and hit[0] == stored[0] and hit[1] is stored[1]:
+            return hit[2]
+        return None
+
+    def keep_module(self, root: str, partition: int, stored: StoredState, module: torch.nn.Module) -> None:
+        """Keep ``module`` as the one trained into ``stored``; the modules of other store roots are
+        dropped (one job at a time)."""
+        with self.lock:
+            for key in [k for k in self.backbones if k[0] != root]:
+                del self.backbones[key]
+            self.backbones[(root, partition)] = (stored[0], stored[1], module)
+
+    def forget_module(self, root: str, partition: int) -> None:
+        """Drop the module kept for ``partition`` under ``root`` (it is no longer the stored state)."""
+        with self.lock:
+            self.backbones.pop((root, partition), None)
+
+    def clear(self) -> None:
+        """Empty every table."""
+        with self.lock:
+            for table in (
+                self.jobs,
+                self.apps,
+                self.datasets,
+                self.moments,
+                self.sites,
+                self.local_data,
+                self.backbones,
+                self.stored_states,
+            ):
+                table.clear()
+
+
+#: The cache of this process (the ClientApp's handlers, the backbone store).
+CLIENT_CACHE = ClientCache()

@@ -1,0 +1,130 @@
+"""A site-local ``dataset=table`` client: it reads only its own file (the SuperNode's
+``data-path``, else ``dataset.files[partition-id]``), reports the file's raw statistics in the
+statistics exchange ([`handle_statistics`][fedhead.clients.site.handle_statistics], no rows) and
+standardises its rows with the pooled offsets and scales every later message carries
+([`local_data`][fedhead.clients.site.local_data]).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+
+from fedhead.analysis.standardization import Standardization
+from fedhead.clients.cache import CLIENT_CACHE
+from fedhead.clients.messages import ClientError
+from fedhead.clients.state import DATA_PATH_KEY, PARTITION_ID_KEY, client_data, partition_of
+from fedhead.data import site as data_site
+from fedhead.data.base import ClientData, FederatedData
+from fedhead.federation import protocol
+from fedhead.settings.job import JobConfig
+
+
+def site_local(job: JobConfig) -> bool:
+    """Whether the job's clients read only their own file
+    ([`site_local`][fedhead.data.config.DatasetConfig.site_local])."""
+    return job.dataset.site_local()
+
+
+def _file_of(job: JobConfig, context: Context) -> str:
+    """The node's file: its ``data-path``, else ``dataset.files[partition-id]``."""
+    path = context.node_config.get(DATA_PATH_KEY)
+    if path:
+        return str(path)
+    files = job.dataset.files
+    if not files:
+        raise ClientError(
+            f"node {context.node_id}: node config lacks '{DATA_PATH_KEY}' (dataset=table with dataset.files=[]: "
+            f"start each SuperNode with --node-config \"{DATA_PATH_KEY}='<its file>'\")"
+        )
+    if PARTITION_ID_KEY not in context.node_config:
+        raise ClientError(f"node {context.node_id}: node config has neither '{DATA_PATH_KEY}' nor '{PARTITION_ID_KEY}'")
+    pid = int(context.node_config[PARTITION_ID_KEY])
+    if not 0 <= pid < len(files):
+        raise ClientError(f"node {context.node_id}: partition-id {pid} outside 0..{len(files) - 1} (dataset.files)")
+    return files[pid]
+
+
+def own_site(job: JobConfig, context: Context) -> data_site.Site:
+    """The node's site, read once per process (only its own file is opened)."""
+    path = _file_of(job, context)
+    key = (repr(job.dataset), path)
+
+    def read() -> data_site.Site:
+        try:
+            return data_site.read_site(job.dataset, path)
+        except ValueError as exc:  # TableError: one line naming the file
+            raise ClientError(f"node {context.node_id}: {exc}") from None
+
+    return CLIENT_CACHE.remember(CLIENT_CACHE.sites, key, read)
+
+
+def standardization_of(msg: Message, job: JobConfig, where: str) -> Standardization:
+    """The federation's offsets and scales a message carries (after the statistics exchange)."""
+    rec = msg.content.array_records.get(protocol.STANDARDIZATION)
+    if rec is None:
+        raise ClientError(
+            f"{where}: the message carries no '{protocol.STANDARDIZATION}' record (statistics exchange first)"
+        )
+    arr = {k: rec[k].numpy().astype(np.float64) for k in rec}
+    ds = job.dataset
+    return Standardization(
+        ds.standardize_targets,
+        ds.standardize_inputs,
+        arr[protocol.TARGET_OFFSET],
+        arr[protocol.TARGET_SCALE],
+        arr[protocol.INPUT_OFFSET],
+        arr[protocol.INPUT_SCALE],
+    )
+
+
+def local_data(job: JobConfig, context: Context, msg: Message, pid: int) -> tuple[FederatedData, ClientData]:
+    """The client's data: its own file standardised with the message's statistics (site-local
+    tables), else partition ``pid`` of the loaded data set."""
+    if not site_local(job):
+        return client_data(job, pid)
+    site = own_site(job, context)
+    st = standardization_of(msg, job, f"node {context.node_id}")
+    key = (repr(job.dataset), site.key, pid, *(a.tobytes() for a in (st.target_offset, st.target_scale)))
+    key += (st.input_offset.tobytes(), st.input_scale.tobytes())
+
+    def standardize() -> tuple[FederatedData, ClientData]:
+        cd = data_site.client_data(site, st)
+        data = FederatedData(
+            name=job.dataset.name,
+            clients=[cd],
+            input_shape=tuple(int(s) for s in cd.x_train.shape[1:]),
+            target_names=site.target_names,
+            is_image=site.is_image,
+            target_offset=st.target_offset,
+            target_scale=st.target_scale,
+            source=site.label,
+        )
+        return data, cd
+
+    return CLIENT_CACHE.remember(CLIENT_CACHE.local_data, key, standardize, keep=CLIENT_CACHE.LOCAL_DATA_KEPT)
+
+
+def handle_statistics(job: JobConfig, msg: Message, context: Context) -> Message:
+    """The site's raw statistics (no rows): target moments, input means and variances, its
+    column signature and key; its partition id when the node config has one."""
+    site = own_site(job, context)
+    stats = data_site.site_statistics(site)
+    metrics: dict[str, int] = {protocol.NUM_EXAMPLES: site.n_train}
+    if PARTITION_ID_KEY in context.node_config:
+        metrics[protocol.PARTITION_ID] = partition_of(context, job)
+    content = RecordDict(
+        {
+            protocol.SITE_STATS: ArrayRecord(
+                {
+                    protocol.Y_MEAN: Array(stats["y_mean"]),
+                    protocol.Y_COV: Array(stats["y_cov"]),
+                    protocol.X_MEAN: Array(np.asarray(stats["x_mean"], dtype=np.float64)),
+                    protocol.X_VAR: Array(np.asarray(stats["x_var"], dtype=np.float64)),
+                }
+            ),
+            protocol.SITE: ConfigRecord({protocol.COLUMNS: list(site.columns), protocol.SITE_KEY: site.key}),
+            protocol.METRICS: MetricRecord(metrics),
+        }
+    )
+    return Message(content, reply_to=msg)

@@ -1,0 +1,250 @@
+"""The one-time moment exchange before round 1, on the server (no torch, no data layer).
+
+The server waits for the SuperNodes ([`wait_for_nodes`][fedhead.strategies.exchange.wait_for_nodes]), asks each for
+``(N_m, mu_m,
+Sigma_m)`` ([`query_moments`][fedhead.strategies.exchange.query_moments]) and turns the valid replies into a
+[`MomentExchange`][fedhead.strategies.MomentExchange]
+([`build_exchange`][fedhead.strategies.exchange.build_exchange]): the moments, the diagnosis and the reference Grams
+every round is
+measured against. What it reads of its strategy is an
+[`ExchangeSettings`][fedhead.strategies.exchange.ExchangeSettings].
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import warnings
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from flwr.app import ConfigRecord, Message, MessageType, RecordDict
+from flwr.serverapp import Grid
+
+from fedhead import ufm
+from fedhead.analysis.diagnosis import Diagnosis, diagnose
+from fedhead.analysis.regime import OutsideRegimeWarning, ensure_fully_active
+from fedhead.analysis.standardization import Standardization
+from fedhead.federation import aggregation as agg
+from fedhead.federation import protocol
+from fedhead.federation.deploy_checks import FederationMismatch, check_node_count, check_partitions
+from fedhead.federation.progress_grid import ProgressGrid
+from fedhead.federation.tracking import Targets, reference_targets
+from fedhead.settings.limits import Timeouts
+from fedhead.strategies.failures import Dropped, check_partition_subset, screen
+from fedhead.strategies.replies import metrics_of, partition_of
+
+log = logging.getLogger(__name__)
+
+#: One valid moment reply: ``(partition id, node id, N_m, mu_m (C,), Sigma_m (C, C))``.
+MomentRow = tuple[int, int, int, np.ndarray, np.ndarray]
+#: A value of a message's ``config`` record.
+ConfigValue = int | float | str | bool
+
+
+@dataclass(frozen=True)
+class ExchangeSettings:
+    """What the exchange, the node wait and the failure policy of every phase read; built once
+    by the strategy ([`fedhead.strategies.head_averaging.HeadAveraging`][fedhead.strategies.HeadAveraging]).
+
+    Attributes
+    ----------
+    lambda_h, lambda_w : float
+        Penalties of the local objective (theory.md §2): the diagnosis and the reference Grams.
+    gamma : float
+        The clients' moment-correction strength (theory.md §8).
+    centered : bool
+        Whether the clients centre their targets (the reference Gram becomes ``G_within``).
+    num_clients : int
+        SuperNodes expected; all take part in every phase.
+    required : int
+        Valid replies a phase needs (``failure.min_clients``; fewer stop the run).
+    timeouts : Timeouts
+        Deadlines of the node wait, the exchange and each phase.
+    message_config : Mapping
+        Entries added to every message's ``config`` record (read-only).
+    site_statistics : (str, str) or None
+        ``(standardize_targets, standardize_inputs)`` of a site-local table run, whose
+        statistics exchange ([`fedhead.strategies.statistics`][fedhead.strategies.statistics]) replaces the moment
+        query.
+    """
+
+    lambda_h: float
+    lambda_w: float
+    gamma: float
+    centered: bool
+    num_clients: int
+    required: int
+    timeouts: Timeouts
+    message_config: Mapping[str, ConfigValue]
+    site_statistics: tuple[str, str] | None = None
+
+
+@dataclass(frozen=True)
+class MomentExchange:
+    """Outcome of the one-time moment exchange before round 1."""
+
+    moments: ufm.TargetMoments
+    diagnosis: Diagnosis
+    gap: ufm.GapDecomposition | None  # None outside the fully active regime
+    targets: Targets  # g_star None outside the fully active regime
+    node_ids: tuple[int, ...]  # ordered by partition id (the clients that take part)
+    partition_ids: tuple[int, ...]
+    dropped: tuple[Dropped, ...] = ()  # clients left out by the failure policy
+    #: after a statistics exchange ([`fedhead.strategies.statistics`][fedhead.strategies.statistics]): the pooled
+    # offsets and
+    #: scales every message carries, and whether the server numbered the clients
+    standardization: Standardization | None = None
+    assigned_partitions: bool = False
+
+
+def wait_for_nodes(grid: Grid, min_nodes: int, timeout: float) -> list[int]:
+    """Exactly ``min_nodes`` connected SuperNodes (sorted ids), waiting at most ``timeout`` seconds.
+
+    Polls ``grid.get_node_ids()`` (and, on a
+    [`ProgressGrid`][fedhead.federation.progress_grid.ProgressGrid], its ``check_alive()``: a dead
+    simulation engine ends the wait); after ``timeout`` (``timeouts.nodes``), or with too many
+    nodes, [`fedhead.federation.deploy_checks.FederationMismatch`][fedhead.federation.deploy_checks.FederationMismatch]
+    names the nodes and the remedy.
+    """
+    t0 = time.monotonic()
+    next_log = t0 + 5.0
+    while len(nodes := list(grid.get_node_ids())) < min_nodes:
+        if isinstance(grid, ProgressGrid):
+            grid.check_alive()
+        now = time.monotonic()
+        if now - t0 > timeout:
+            try:
+                check_node_count(nodes, min_nodes)
+            except FederationMismatch as exc:
+                raise FederationMismatch(f"after waiting {timeout:g} s (timeouts.nodes): {exc}") from None
+        if now >= next_log:
+            log.info("waiting for SuperNodes: %d connected of %d (timeouts.nodes=%g s)", len(nodes), min_nodes, timeout)
+            next_log = now + 5.0
+        time.sleep(0.2)
+    return check_node_count(grid.get_node_ids(), min_nodes)
+
+
+def query_messages(node_ids: Iterable[int], message_config: Mapping[str, ConfigValue]) -> list[Message]:
+    """One ``query`` message per node asking for ``(N_m, mu_m, Sigma_m)``."""
+    record = RecordDict({protocol.CONFIG: ConfigRecord({protocol.STAGE: protocol.STAGE_MOMENTS, **message_config})})
+    return [Message(content=record, dst_node_id=int(n), message_type=MessageType.QUERY) for n in node_ids]
+
+
+def parse_moment_reply(msg: Message) -> MomentRow:
+    """The validated moments of one query reply;
+    [`fedhead.federation.aggregation.ReplyError`][fedhead.federation.aggregation.ReplyError] otherwise
+    (a missing record, array or count; non-finite, asymmetric or non-PSD moments)."""
+    node = protocol.node_of(msg)
+    if protocol.MOMENTS not in msg.content.array_records:
+        raise agg.ReplyError(node, f"query reply lacks the '{protocol.MOMENTS}' ArrayRecord")
+    arrays = msg.content.array_records[protocol.MOMENTS]
+    metrics = metrics_of(msg)
+    if protocol.NUM_EXAMPLES not in metrics:
+        raise agg.ReplyError(node, f"query reply metrics lack '{protocol.NUM_EXAMPLES}'")
+    pid = partition_of(msg)
+    for key in (protocol.MEAN, protocol.COV):
+        if key not in arrays:
+            raise agg.ReplyError(node, f"query reply lacks the array '{key}'")
+    n, mu, cov = agg.validate_moments(
+        metrics[protocol.NUM_EXAMPLES],
+        arrays[protocol.MEAN].numpy(),
+        arrays[protocol.COV].numpy(),
+        node_id=f"{node} (partition {pid})",
+    )
+    return pid, node, n, mu, cov
+
+
+def build_exchange(rows: Sequence[MomentRow], dropped: Sequence[Dropped], settings: ExchangeSettings) -> MomentExchange:
+    """Moments, diagnosis and reference Grams of the valid replies ``rows`` (any order).
+
+    The partitions must be distinct and, without ``dropped`` clients, exactly
+    ``0..settings.num_clients-1``
+    ([`fedhead.federation.deploy_checks.check_partitions`][fedhead.federation.deploy_checks.check_partitions]). The
+    targets are those of the settings' correction and centring
+    ([`fedhead.federation.tracking.reference_targets`][fedhead.federation.tracking.reference_targets]).
+    """
+    rows = sorted(rows, key=lambda r: (r[0], r[1]))
+    pairs = [(r[0], r[1]) for r in rows]
+    if dropped:
+        check_partition_subset(pairs, settings.num_clients, "moment exchange")
+    else:
+        check_partitions(pairs, settings.num_clients)
+    moments = agg.aggregate_moments(
+        [r[2] for r in rows],
+        [r[3] for r in rows],
+        [r[4] for r in rows],
+        node_ids=[f"{r[1]} (partition {r[0]})" for r in rows],
+    )
+    # the regime is reported by the strategy's check_regime (refusal or OutsideRegimeWarning); a
+    # barycenter that does not converge keeps its ConvergenceWarning and is flagged in the diagnosis
+    lambda_h, lambda_w = settings.lambda_h, settings.lambda_w
+    diagnosis, gap = diagnose(moments, lambda_h, lambda_w, warn_outside_regime=False)
+    if diagnosis.barycenter_converged is False:
+        log.warning(
+            "the barycenter G_star did not converge (residual %.3g after %d iterations): G_star, "
+            "the gap terms and every error against G_star are approximate",
+            diagnosis.barycenter_residual,
+            diagnosis.barycenter_iters,
+        )
+    targets = reference_targets(moments, gap, lambda_h, lambda_w, gamma=settings.gamma, centered=settings.centered)
+    return MomentExchange(
+        moments=moments,
+        diagnosis=diagnosis,
+        gap=gap,
+        targets=targets,
+        node_ids=tuple(r[1] for r in rows),
+        partition_ids=tuple(r[0] for r in rows),
+        dropped=tuple(dropped),
+    )
+
+
+def collect_moments(
+    replies: Iterable[Message], settings: ExchangeSettings, *, expected_nodes: Sequence[int] | None
+) -> MomentExchange:
+    """The exchange of the query replies: each reply screened by the failure policy
+    ([`fedhead.strategies.failures.screen`][fedhead.strategies.failures.screen]: error replies, invalid moments and
+    replies
+    missing from ``expected_nodes`` within the exchange's deadline drop the client while
+    ``settings.required`` remain), then [`build_exchange`][fedhead.strategies.exchange.build_exchange] over the
+    survivors."""
+    kept, dropped = screen(
+        replies,
+        parse_moment_reply,
+        stage="moment exchange",
+        required=settings.required,
+        expected_nodes=expected_nodes,
+        expected_count=settings.num_clients,
+        timeout=settings.timeouts.exchange if expected_nodes is not None else None,
+    )
+    return build_exchange([r for _, r in kept], dropped, settings)
+
+
+def query_moments(settings: ExchangeSettings, grid: Grid, node_ids: Sequence[int]) -> MomentExchange:
+    """The moment exchange over ``grid``: one query per node, then
+    [`collect_moments`][fedhead.strategies.exchange.collect_moments]."""
+    queries = query_messages(node_ids, settings.message_config)
+    replies = grid.send_and_receive(queries, timeout=settings.timeouts.exchange)
+    return collect_moments(replies, settings, expected_nodes=node_ids)
+
+
+def enforce_regime(exchange: MomentExchange, lambda_h: float, lambda_w: float, allow_outside_regime: bool) -> None:
+    """Refuse to train outside the fully active regime unless explicitly allowed.
+
+    Raises [`fedhead.analysis.regime.OutsideRegimeError`][fedhead.analysis.regime.OutsideRegimeError] naming the clients
+    and margins; with
+    ``allow_outside_regime`` logs the
+    [`fedhead.analysis.regime.OutsideRegimeWarning`][fedhead.analysis.regime.OutsideRegimeWarning]'s text once, with
+    what it means for the results (the console's one line; a deployment's run.log).
+    """
+    if exchange.diagnosis.fully_active:
+        return
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", OutsideRegimeWarning)
+        ensure_fully_active(exchange.moments, lambda_h, lambda_w, allow_outside_regime=allow_outside_regime)
+    for w in caught:
+        log.warning(
+            "%s G_star, the exact recursion, predicted_gram, trajectory_error and delta are recorded as null.",
+            w.message,
+        )

@@ -1,0 +1,104 @@
+"""One message phase on the server after the exchange: a training message's content, and the
+replies screened by the failure policy against the exchange's clients, ordered by partition and
+reduced to what the strategy aggregates (the heads of a training phase, the MSE of an evaluation).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from typing import TypeVar
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
+
+from fedhead.federation import aggregation as agg
+from fedhead.federation import protocol
+from fedhead.strategies.exchange import MomentExchange
+from fedhead.strategies.failures import Dropped, screen
+from fedhead.strategies.replies import FederationError, metrics_of, partition_of
+
+T = TypeVar("T", bound=tuple)
+
+
+def train_content(head: ArrayRecord, config: ConfigRecord, sigma_cen: np.ndarray | None) -> RecordDict:
+    """A training message's content: the head, the config and, for correcting clients, the pooled
+    ``Sigma_cen (C, C)``."""
+    content = RecordDict({protocol.HEAD: head, protocol.CONFIG: config})
+    if sigma_cen is not None:
+        array = Array(np.asarray(sigma_cen, dtype=np.float64))
+        content[protocol.SIGMA_CEN] = ArrayRecord({protocol.SIGMA_CEN_ARRAY: array})
+    return content
+
+
+def screen_phase(
+    replies: Iterable[Message],
+    parse: Callable[[Message], T],
+    *,
+    stage: str,
+    exchange: MomentExchange,
+    required: int,
+    sent: Sequence[int] | None,
+    timeout: float,
+) -> tuple[list[tuple[Message, T]], list[Dropped]]:
+    """The valid ``(reply, parse(reply))`` pairs ordered by partition (``parse(reply)[0]``) and
+    the dropped clients ([`fedhead.strategies.failures.screen`][fedhead.strategies.failures.screen] against the nodes
+    the phase
+    was ``sent`` to, waiting at most ``timeout`` for them).
+
+    The replies' partitions must be distinct and among the exchange's; otherwise
+    [`fedhead.strategies.replies.FederationError`][fedhead.strategies.FederationError] stops the run.
+    """
+    kept, dropped = screen(
+        replies,
+        parse,
+        stage=stage,
+        required=required,
+        expected_nodes=sent,
+        expected_count=len(exchange.partition_ids),
+        timeout=timeout if sent is not None else None,
+        partitions=dict(zip(exchange.node_ids, exchange.partition_ids)),
+    )
+    pids = [r[0] for _, r in kept]
+    if len(set(pids)) != len(pids) or not set(pids) <= set(exchange.partition_ids):
+        raise FederationError(f"replies came from partitions {sorted(pids)}, expected {list(exchange.partition_ids)}")
+    return sorted(kept, key=lambda mr: mr[1][0]), dropped
+
+
+def stack_heads(
+    kept: Sequence[tuple[Message, tuple[int, np.ndarray, np.ndarray, int]]],
+) -> tuple[list[Message], np.ndarray, np.ndarray, np.ndarray]:
+    """Messages, heads ``(M, C, P)``, biases ``(M, C)`` and counts ``(M,)`` of the kept training
+    replies ([`fedhead.strategies.replies.parse_train_reply`][fedhead.strategies.replies.parse_train_reply]), in their
+    order."""
+    return (
+        [m for m, _ in kept],
+        np.stack([r[1] for _, r in kept]),
+        np.stack([r[2] for _, r in kept]),
+        np.asarray([r[3] for _, r in kept]),
+    )
+
+
+def mean_mse(rows: Sequence[Sequence[float]]) -> tuple[float, float | None]:
+    """Train and test MSE weighted by the clients' sample counts, from the evaluation rows
+    ([`fedhead.strategies.replies.parse_evaluate_reply`][fedhead.strategies.replies.parse_evaluate_reply]); the test MSE
+    only when every
+    client reported one."""
+    train_v, train_n = [r[0] for r in rows], [r[1] for r in rows]
+    test_v, test_n = [r[2] for r in rows if len(r) > 2], [r[3] for r in rows if len(r) > 2]
+    train = agg.weighted_mean(train_v, train_n)
+    test = agg.weighted_mean(test_v, test_n) if len(test_v) == len(rows) else None
+    return train, test
+
+
+def round_inputs(
+    msgs: Sequence[Message], exchange: MomentExchange
+) -> tuple[agg.LocalFit, list[int], list[dict[str, float]]]:
+    """What a round record takes from the kept training replies: the clients' objective gaps
+    ([`fedhead.federation.aggregation.local_fit`][fedhead.federation.aggregation.local_fit]), their indices among the
+    exchange's
+    partitions, and each client's scalar metrics."""
+    metrics = [metrics_of(m) for m in msgs]
+    fit = agg.local_fit(metrics, [protocol.node_of(m) for m in msgs])
+    present = [exchange.partition_ids.index(partition_of(m)) for m in msgs]
+    client_metrics = [{k: float(v) for k, v in m.items() if not isinstance(v, list)} for m in metrics]
+    return fit, present, client_metrics
