@@ -211,7 +211,8 @@ def diagnose(
     gap = ufm.gap_decomposition(moments, lambda_h, lambda_w)
     rel_gap = float(gap.rel_gap)
     t_mu, t_sig, t_a = (float(t) for t in gap.traces)
-    shares = tuple(float(s) for s in gap.trace_shares)
+    share_mu, share_sigma, share_a = (float(s) for s in gap.trace_shares)
+    shares = (share_mu, share_sigma, share_a)
     advice = recommend(True, margins, rel_gap, shares)
     if not gap.barycenter_converged:
         advice = _not_converged_note(gap) + advice
@@ -224,9 +225,9 @@ def diagnose(
         trace_mu=t_mu,
         trace_sigma=t_sig,
         trace_a=t_a,
-        share_mu=shares[0],
-        share_sigma=shares[1],
-        share_a=shares[2],
+        share_mu=share_mu,
+        share_sigma=share_sigma,
+        share_a=share_a,
         bw_variance=float(gap.bw_variance),
         recommendation=advice,
         barycenter_converged=bool(gap.barycenter_converged),

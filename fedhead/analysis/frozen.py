@@ -19,7 +19,8 @@ class FrozenDict(dict):
         raise TypeError("a FrozenDict cannot be changed (build a new one)")
 
     __setitem__ = __delitem__ = _refuse
-    clear = pop = popitem = setdefault = update = _refuse
+    # one refusal stands in for dict's overloaded mutators, whatever their signatures
+    clear = pop = popitem = setdefault = update = _refuse  # pyright: ignore[reportAssignmentType]
     __ior__ = _refuse
 
     def __hash__(self) -> int:  # type: ignore[override]

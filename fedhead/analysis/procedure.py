@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TypeGuard
 
 from fedhead.analysis.constraints import Together, check
 
@@ -26,7 +27,7 @@ GAMMA_NEED = "must be >= 0 and <= 1 (correction strength in [0, 1])"
 RHO_NEED = "must be >= 0 (proximal weight)"
 
 
-def _finite(v: object) -> bool:
+def _finite(v: object) -> TypeGuard[float]:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 

@@ -26,6 +26,8 @@ log = logging.getLogger(PROGRESS)
 def on_terminal(stream: TextIO | None = None) -> bool:
     """Whether bars can be drawn: ``stream`` (default ``sys.stderr``) is a terminal, or this is a notebook."""
     stream = sys.stderr if stream is None else stream
+    if stream is None:  # no standard error at all (pythonw, some services)
+        return False
     try:
         if stream.isatty():
             return True

@@ -117,11 +117,14 @@ def mismatch(results: Results) -> dict[str, float | None]:
     extra = next((r.extra for r in results.rounds if r.extra.get(MISMATCH_LOCAL) is not None), {})
     local, trained, aligned = (num(extra.get(k)) for k in (MISMATCH_LOCAL, MISMATCH_TRAINED, MISMATCH_ALIGNED))
     removed = num(extra.get(MISMATCH_REMOVED))
-    if MISMATCH_REMOVED not in extra and None not in (local, trained, aligned) and trained != local:
+    trained_minus_local = None if trained is None or local is None else trained - local
+    aligned_minus_local = None if aligned is None or local is None else aligned - local
+    recorded = MISMATCH_REMOVED in extra
+    if not recorded and trained is not None and aligned is not None and local is not None and trained != local:
         removed = (trained - aligned) / (trained - local)
     return {
-        "trained_minus_local": None if None in (trained, local) else trained - local,
-        "aligned_minus_local": None if None in (aligned, local) else aligned - local,
+        "trained_minus_local": trained_minus_local,
+        "aligned_minus_local": aligned_minus_local,
         "removed": removed,
     }
 

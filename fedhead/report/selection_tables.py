@@ -114,10 +114,11 @@ def rho_value(run: RunEntry) -> float | None:
 
 def table5(runs: Sequence[RunEntry]) -> list[Table]:
     """Table 5 (sweep ``rho``): per ρ, δ_last, the relative original-objective gap and endpoint e_F."""
-    runs = [r for r in runs if rho_value(r) is not None]
+    rho_of = {id(r): rho for r in runs if (rho := rho_value(r)) is not None}
+    runs = [r for r in runs if id(r) in rho_of]
     if not runs:
         return []
-    groups = group(runs, rho_value)
+    groups = group(runs, lambda r: rho_of[id(r)])
     rows = []
     for rho in sorted(groups):
         members = groups[rho]
