@@ -80,7 +80,7 @@ class RawDataset:
             raise DataError(f"{self.name}: non-finite targets ({self.source})")
         if (self.x_test is None) != (self.y_test is None):
             raise DataError(f"{self.name}: x_test and y_test must both be given or both be None")
-        if self.y_test is not None:
+        if self.x_test is not None and self.y_test is not None:  # both or neither, checked above
             c = len(self.target_names)
             if self.y_test.ndim != 2 or self.y_test.shape[1] != c:
                 raise DataError(f"{self.name}: test targets must be (N_test, {c}), got {self.y_test.shape}")

@@ -40,6 +40,7 @@ import contextlib
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -61,7 +62,7 @@ class MujocoTask:
     obs_dim: int
     act_dim: int
     action_names: tuple[str, ...]
-    env_kwargs: tuple[tuple[str, object], ...] = ()
+    env_kwargs: tuple[tuple[str, Any], ...] = ()  # keyword arguments of gymnasium.make
 
 
 TASKS: dict[str, MujocoTask] = {
@@ -166,18 +167,18 @@ def load(cfg: MujocoConfig) -> RawDataset:
 
 
 # --------------------------------------------------------------------------- parquet files
-def _find_shards(root: str | Path, task: MujocoTask, split: str) -> list[Path]:
+def _find_shards(root: str | Path | None, task: MujocoTask, split: str) -> list[Path]:
+    wanted = f"{task.jat_config}/{split}-*.parquet"
+    published_at = f"{JAT_URL} (config {task.jat_config}, folder {task.jat_config}/)"
+    if root is None:  # dataset.source=files without dataset.root
+        raise MissingDataError(wanted, "dataset.root (not set)", published_at)
     root = Path(root).expanduser()
     candidates = [root / task.jat_config, root]
     for folder in candidates:
         shards = sorted(folder.glob(f"{split}-*.parquet"))
         if shards:
             return shards
-    raise MissingDataError(
-        f"{task.jat_config}/{split}-*.parquet",
-        " and ".join(str(c) for c in candidates),
-        f"{JAT_URL} (config {task.jat_config}, folder {task.jat_config}/)",
-    )
+    raise MissingDataError(wanted, " and ".join(str(c) for c in candidates), published_at)
 
 
 def _episodes_to_array(col, path: Path, column: str, dim: int) -> tuple[np.ndarray, np.ndarray]:
@@ -212,7 +213,7 @@ def _episodes_to_array(col, path: Path, column: str, dim: int) -> tuple[np.ndarr
 
 
 def load_parquet(
-    root: str | Path, task: MujocoTask, n: int, *, split: str = "train"
+    root: str | Path | None, task: MujocoTask, n: int, *, split: str = "train"
 ) -> tuple[np.ndarray, np.ndarray, str]:
     """First ``n`` transitions ``(obs (n, obs_dim), actions (n, act_dim), source)`` of the shards."""
     # optional dependency: only this data set needs it
@@ -266,12 +267,13 @@ def _mujoco_warnings_to_log():
     except ImportError:  # pragma: no cover - gymnasium[mujoco] is a dependency
         yield
         return
-    previous = mujoco.get_mju_user_warning()
-    mujoco.set_mju_user_warning(lambda msg: log.debug("mujoco: %s", msg))
+    # the two hooks are defined by MuJoCo's C extension and missing from its type stubs
+    previous = mujoco.get_mju_user_warning()  # pyright: ignore[reportAttributeAccessIssue]
+    mujoco.set_mju_user_warning(lambda msg: log.debug("mujoco: %s", msg))  # pyright: ignore[reportAttributeAccessIssue]
     try:
         yield
     finally:
-        mujoco.set_mju_user_warning(previous)
+        mujoco.set_mju_user_warning(previous)  # pyright: ignore[reportAttributeAccessIssue]
 
 
 def generate(
@@ -301,7 +303,10 @@ def generate(
     with _mujoco_warnings_to_log():
         env = gym.make(task.env_id, **dict(task.env_kwargs))
     try:
-        od, ad = env.observation_space.shape[0], env.action_space.shape[0]
+        obs_shape, act_shape = env.observation_space.shape, env.action_space.shape
+        if obs_shape is None or act_shape is None:
+            raise DataError(f"{task.env_id} has no fixed observation or action shape")
+        od, ad = obs_shape[0], act_shape[0]
         if (od, ad) != (task.obs_dim, task.act_dim):
             raise DataError(f"{task.env_id} has obs/action dims {(od, ad)}, expected {(task.obs_dim, task.act_dim)}")
         rng = np.random.default_rng(seed)

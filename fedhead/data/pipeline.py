@@ -148,7 +148,7 @@ def build_federated(raw: RawDataset, num_clients: int) -> FederatedData:
             x_train=_tensor(x[idx]),
             y_train=_tensor(st.y[idx].astype(np.float32)),
         )
-        if xt is not None and part.test is not None:
+        if xt is not None and part.test is not None and st.y_test is not None:
             tidx = part.indices(m, test=True)
             cd.x_test = _tensor(xt[tidx])
             cd.y_test = _tensor(st.y_test[tidx].astype(np.float32))
@@ -216,7 +216,7 @@ def save_raw(raw: RawDataset, path: str | os.PathLike, config: dict | None = Non
         if v is not None:
             arrays[k] = v
     with atomic_open(path) as fh:
-        np.savez(fh, **arrays)
+        np.savez(fh, allow_pickle=False, **arrays)
     return path
 
 

@@ -30,6 +30,8 @@ import multiprocessing
 import os
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -37,6 +39,9 @@ from fedhead.data._common import check_split_sizes, draw_grid_indices, resolve_f
 from fedhead.data.base import DataError, RawDataset
 from fedhead.data.config import DatasetConfig
 from fedhead.progress import progress
+
+if TYPE_CHECKING:
+    import h5py
 
 __all__ = [
     "Shapes3DConfig",
@@ -282,7 +287,7 @@ def _render_rows(mujoco, model, data, gid, labels: np.ndarray, shapes: np.ndarra
         rect = mujoco.MjrRect(0, 0, size, size)
         rgb = np.empty((size, size, 3), dtype=np.uint8)
         for i in progress(range(n), desc="3dshapes render", unit="img", disable=n < 200):
-            _pose_scene(mujoco, model, data, gid, labels[i], shapes[i])
+            _pose_scene(mujoco, model, data, gid, labels[i], int(shapes[i]))
             mujoco.mjv_updateScene(model, data, opt, pert, cam, mujoco.mjtCatBit.mjCAT_ALL, scene)
             mujoco.mjr_render(rect, scene, con)
             mujoco.mjr_readPixels(rgb, None, rect, con)
@@ -349,10 +354,7 @@ def load_file(cfg: Shapes3DConfig) -> RawDataset:
     except OSError as err:
         raise DataError(f"{path}: not a readable HDF5 file ({err})") from err
     with fh:
-        for key in ("images", "labels"):
-            if key not in fh:
-                raise DataError(f"{path}: no dataset {key!r}; expected 'images' and 'labels'")
-        images, labels = fh["images"], fh["labels"]
+        images, labels = _h5_dataset(fh, "images", path), _h5_dataset(fh, "labels", path)
         n_file = images.shape[0]
         if images.shape[1:] != (IMAGE_SIZE, IMAGE_SIZE, 3) or images.dtype != np.uint8:
             raise DataError(f"{path}: images must be uint8 (N, 64, 64, 3), got {images.dtype} {images.shape}")
@@ -373,6 +375,15 @@ def load_file(cfg: Shapes3DConfig) -> RawDataset:
         except (OSError, ValueError) as err:
             raise DataError(f"{path}: cannot read images ({err})") from err
     return _split(cfg, imgs, lab[:, TARGET_COLUMNS], source=str(path))
+
+
+def _h5_dataset(fh: h5py.File, key: str, path: Path) -> h5py.Dataset:
+    import h5py  # optional dependency: only this file format needs it
+
+    node = fh.get(key)
+    if not isinstance(node, h5py.Dataset):
+        raise DataError(f"{path}: no dataset {key!r}; expected 'images' and 'labels'")
+    return node
 
 
 def load(cfg: Shapes3DConfig) -> RawDataset:

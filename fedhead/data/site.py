@@ -51,8 +51,9 @@ def run_columns(cfg: TableConfig, site: SiteTable) -> tuple[tuple[str, ...], tup
 def column_signature(site: SiteTable) -> tuple[str, ...]:
     """What must agree between the sites: the sorted column names (and ``.npz`` shapes)."""
     cols = sorted(site.columns)
-    if site.x is not None:
-        cols += [f"x{list(site.x.shape[1:])}", f"y[{site.y.shape[1]}]"]
+    if (arrays := site.arrays) is not None:
+        x, y = arrays
+        cols += [f"x{list(x.shape[1:])}", f"y[{y.shape[1]}]"]
     return tuple(cols)
 
 
@@ -188,8 +189,8 @@ def feature_names(cfg: TableConfig, site: SiteTable, targets: tuple[str, ...]) -
 
 
 def site_arrays(cfg: TableConfig, site: SiteTable, targets, features) -> tuple[np.ndarray, np.ndarray]:
-    if site.y is not None:
-        return site.x, site.y
+    if (arrays := site.arrays) is not None:
+        return arrays
     for t in targets:
         if t in features:
             raise TableError(f"{file_label(site.path)}: column {t!r} is both a target and a feature")
@@ -202,7 +203,7 @@ def finite_rows(cfg: TableConfig, label: str, x: np.ndarray, y: np.ndarray, name
     """Rows without NaN/Inf in a used column; refuse them unless ``missing=drop``."""
     cols = np.concatenate([y, x.reshape(x.shape[0], -1)], axis=1) if x.dtype.kind == "f" else y
     bad = ~np.isfinite(cols)
-    rows = bad.any(axis=1)
+    rows = np.asarray(bad.any(axis=1))
     if not rows.any():
         return np.ones(y.shape[0], dtype=bool)
     if cfg.missing == "refuse":
@@ -273,7 +274,9 @@ def test_rows(cfg: TableConfig, site: SiteTable, n: int, index: int) -> np.ndarr
     return test
 
 
-def standardize_per_site(x, x_test, groups, groups_test):
+def standardize_per_site(
+    x: np.ndarray, x_test: np.ndarray | None, groups: np.ndarray | None, groups_test: np.ndarray | None
+) -> tuple[np.ndarray, np.ndarray | None]:
     """Each site's inputs with its own training mean and std (``standardize_inputs=site``);
     ``groups`` (``groups_test``) name every training (test) row's site."""
     if groups is None:
@@ -283,7 +286,7 @@ def standardize_per_site(x, x_test, groups, groups_test):
         rows = groups == g
         mean, std = input_offset_scale(x[rows])
         xs[rows] = (x[rows] - mean) / std
-        if xts is not None:
+        if x_test is not None and xts is not None:
             xts[groups_test == g] = (x_test[groups_test == g] - mean) / std
     return xs, xts
 

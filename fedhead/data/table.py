@@ -109,19 +109,21 @@ def _assemble(cfg: TableConfig, parts: list[SitePart], targets, features, *, is_
     x = np.concatenate([p.x[~p.test] for p in parts])
     y = np.concatenate([p.y[~p.test] for p in parts])
     groups = np.concatenate([np.full(int((~p.test).sum()), i, dtype=np.int64) for i, p in enumerate(parts)])
-    if cfg.n_train is not None:
-        if cfg.n_train > y.shape[0]:
+    if (n_train := cfg.n_train) is not None:
+        if n_train > y.shape[0]:
             raise TableError(
-                f"dataset.n_train={cfg.n_train} but the files have {y.shape[0]} training rows; "
+                f"dataset.n_train={n_train} but the files have {y.shape[0]} training rows; "
                 "leave it null to keep every row"
             )
-        keep = np.sort(np.random.default_rng(int(cfg.seed)).choice(y.shape[0], cfg.n_train, replace=False))
+        keep = np.sort(np.random.default_rng(int(cfg.seed)).choice(y.shape[0], n_train, replace=False))
         x, y, groups = x[keep], y[keep], groups[keep]
     counts = np.bincount(groups, minlength=len(parts))
     if eigen:
-        if y.shape[0] < need * cfg.num_clients:
+        clients = cfg.num_clients
+        assert clients is not None  # TableConfig's rule: partition=eigen needs num_clients
+        if y.shape[0] < need * clients:
             raise TableError(
-                f"{parts[0].label}: {y.shape[0]} training rows cannot give {cfg.num_clients} clients "
+                f"{parts[0].label}: {y.shape[0]} training rows cannot give {clients} clients "
                 f"{need} rows each (C + 1 = {need}: a client's target covariance must be full rank)"
             )
     else:

@@ -38,6 +38,11 @@ class SiteTable:
     y: np.ndarray | None = None
 
     @property
+    def arrays(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """``(x, y)`` of an ``.npz`` file, None for a CSV or Parquet table."""
+        return None if self.x is None or self.y is None else (self.x, self.y)
+
+    @property
     def n_rows(self) -> int:
         if self.y is not None:
             return int(self.y.shape[0])
@@ -207,13 +212,17 @@ def check_same_columns(sites: list[SiteTable]) -> None:
                 f"{file_label(s.path)}: its columns differ from {file_label(first.path)}'s "
                 f"(missing {missing}, extra {extra}); every file needs the same columns"
             )
-        if (first.x is None) != (s.x is None) or (first.x is not None and first.x.shape[1:] != s.x.shape[1:]):
+        if _x_layout(s) != _x_layout(first):
             raise TableError(
-                f"{file_label(s.path)}: x has sample shape {s.x.shape[1:]} but "
-                f"{file_label(first.path)}'s is {first.x.shape[1:]}"
+                f"{file_label(s.path)} has {_x_layout(s)} but {file_label(first.path)} has {_x_layout(first)}; "
+                "every file needs the same layout"
             )
-        if first.y is not None and first.y.shape[1] != s.y.shape[1]:
+        if first.y is not None and s.y is not None and first.y.shape[1] != s.y.shape[1]:
             raise TableError(
                 f"{file_label(s.path)}: y has {s.y.shape[1]} columns "
                 f"but {file_label(first.path)}'s has {first.y.shape[1]}"
             )
+
+
+def _x_layout(site: SiteTable) -> str:
+    return "no x array" if site.x is None else f"x of sample shape {list(site.x.shape[1:])}"

@@ -11,10 +11,14 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 from torch import nn
+
+if TYPE_CHECKING:
+    from torchvision.models.resnet import ResNet
 
 
 class ModelError(ValueError):
@@ -186,13 +190,18 @@ class ImageBackbone(Backbone):
         return self.net(x)
 
     def rotate_features(self, q: np.ndarray | torch.Tensor) -> None:
-        rotate_linear_output(self.net.fc, q)
+        rotate_linear_output(self.output_layer(), q)
 
     def map_features(self, m: torch.Tensor, delta: torch.Tensor) -> None:
-        map_linear_output(self.net.fc, m, delta)
+        map_linear_output(self.output_layer(), m, delta)
 
     def output_layer(self) -> nn.Linear:
-        return self.net.fc
+        fc = self.net.fc
+        if not isinstance(fc, nn.Linear):
+            raise ModelError(
+                f"the image network's fc must be an nn.Linear (the features' layer), got {type(fc).__name__}"
+            )
+        return fc
 
 
 def _kaiming_conv(conv: nn.Conv2d) -> nn.Conv2d:
@@ -202,7 +211,7 @@ def _kaiming_conv(conv: nn.Conv2d) -> nn.Conv2d:
 
 
 def _narrow(
-    net: nn.Module, in_channels: int, layers: list[int], width: int, feature_dim: int, stem: nn.Conv2d
+    net: ResNet, in_channels: int, layers: list[int], width: int, feature_dim: int, stem: nn.Conv2d
 ) -> nn.Module:
     """Rebuild a torchvision ResNet's stem, stages and fc for base width ``width`` (stages of
     ``width, 2 width, 4 width, 8 width`` channels), initialised as torchvision initialises them."""
@@ -259,7 +268,8 @@ def residual_cnn(in_channels: int, feature_dim: int, groups: int = 8, width: int
         net = _narrow(net, in_channels, [2, 2, 2, 2], width, feature_dim, stem)
     else:
         net.conv1 = _kaiming_conv(stem)
-    net.maxpool = nn.Identity()
+    # torchvision annotates the slot as MaxPool2d; any module may fill it
+    net.maxpool = nn.Identity()  # pyright: ignore[reportAttributeAccessIssue]
     return net
 
 

@@ -57,12 +57,14 @@ def _tabular_features(cfg: ModelConfig, input_shape: tuple[int, ...]) -> int:
     return int(input_shape[0])
 
 
-def _image_channels(cfg: ModelConfig, input_shape: tuple[int, ...]) -> int:
+def _image_shape(cfg: ModelConfig, input_shape: tuple[int, ...]) -> tuple[int, int, int]:
+    """``(channels, height, width)``; a clear error for any other input shape."""
     if len(input_shape) != 3 or min(input_shape) < 1:
         raise ModelError(
             f"model {cfg.name!r} needs image inputs (channels, height, width), got input shape {tuple(input_shape)}"
         )
-    return int(input_shape[0])
+    channels, height, width = (int(n) for n in input_shape)
+    return channels, height, width
 
 
 @dataclass(frozen=True)
@@ -98,9 +100,9 @@ class ResNetConfig(ModelConfig):
     )
 
     def build(self, input_shape: tuple[int, ...], n_samples: int) -> Backbone:
-        ch = _image_channels(self, input_shape)
-        net = torchvision_resnet(self.depth, ch, self.feature_dim, self.width)
-        return ImageBackbone(net, input_shape, self.feature_dim)
+        image_shape = _image_shape(self, input_shape)
+        net = torchvision_resnet(self.depth, image_shape[0], self.feature_dim, self.width)
+        return ImageBackbone(net, image_shape, self.feature_dim)
 
 
 @dataclass(frozen=True)
@@ -121,9 +123,9 @@ class ResidualCNNConfig(ModelConfig):
     )
 
     def build(self, input_shape: tuple[int, ...], n_samples: int) -> Backbone:
-        ch = _image_channels(self, input_shape)
-        net = residual_cnn(ch, self.feature_dim, self.groups, self.width)
-        return ImageBackbone(net, input_shape, self.feature_dim)
+        image_shape = _image_shape(self, input_shape)
+        net = residual_cnn(image_shape[0], self.feature_dim, self.groups, self.width)
+        return ImageBackbone(net, image_shape, self.feature_dim)
 
 
 @dataclass(frozen=True)

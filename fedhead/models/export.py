@@ -72,6 +72,14 @@ class PredictionModule(nn.Module):
         ([`fedhead.data.base.batch_to_float`][fedhead.data.batch_to_float], as in training).
     """
 
+    # registered buffers (float64), declared for type checkers
+    head_weight: torch.Tensor
+    head_bias: torch.Tensor
+    target_offset: torch.Tensor
+    target_scale: torch.Tensor
+    input_offset: torch.Tensor
+    input_scale: torch.Tensor
+
     def __init__(
         self,
         backbone: nn.Module,

@@ -86,6 +86,8 @@ class UserBackbone(Backbone):
     """A user's network wrapped as a [`Backbone`][fedhead.models.Backbone]; its final ``nn.Linear`` is the output
     layer."""
 
+    input_shape: tuple[int, ...]  # always known for a user's network
+
     def __init__(self, net: nn.Module, input_shape: tuple[int, ...], feature_dim: int, spec: str):
         super().__init__()
         self.net = net

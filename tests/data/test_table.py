@@ -174,6 +174,13 @@ def _bad(tmp_path: Path, case: str):
         np.savez(tmp_path / "a.npz", x=np.zeros((5, 2)), y=np.zeros(5))
         np.savez(tmp_path / "b.npz", x=np.zeros((5, 2)), y=np.zeros(4))
         return {"files": [tmp_path / "a.npz", tmp_path / "b.npz"], "targets": None}, "b.npz: x has 5 rows but y has 4"
+    if case == "npz sample shapes":
+        np.savez(tmp_path / "a.npz", x=np.zeros((5, 2)), y=np.zeros(5))
+        np.savez(tmp_path / "b.npz", x=np.zeros((5, 3)), y=np.zeros(5))
+        return {
+            "files": [tmp_path / "a.npz", tmp_path / "b.npz"],
+            "targets": None,
+        }, "b.npz has x of sample shape [3] but a.npz has x of sample shape [2]"
     if case == "site too small":
         f = write_csv(tmp_path / "tiny.csv", _rows(2, 5))
         return {"files": [good[0], f]}, "tiny.csv: 2 training row(s), but a client needs at least C + 1 = 3"
@@ -193,6 +200,7 @@ CASES = [
     "same file twice",
     "npz without y",
     "npz lengths",
+    "npz sample shapes",
     "site too small",
 ]
 
