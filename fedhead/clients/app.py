@@ -145,7 +145,9 @@ def handle_evaluate(job: JobConfig, msg: Message, context: Context) -> Message:
     pid = partition_of(context, job, msg)
     data, cd = local_data(job, context, msg, pid)
     backbone = load_backbone(job, context, pid, data, cd, required=True, expected_round=round_of(msg))
-    has_test = cd.x_test is not None and cd.y_test is not None and cd.y_test.shape[0] > 0 and not is_free(job)
+    test = None
+    if cd.x_test is not None and cd.y_test is not None and cd.y_test.shape[0] > 0 and not is_free(job):
+        test = (cd.x_test, cd.y_test)
     content = evaluate_step(
         msg.content,
         backbone,
@@ -154,7 +156,7 @@ def handle_evaluate(job: JobConfig, msg: Message, context: Context) -> Message:
         procedure=job.procedure,
         problem=job.local_problem(),
         partition_id=pid,
-        test=(cd.x_test, cd.y_test) if has_test else None,
+        test=test,
         device=job.settings.device,
     )
     if is_final(msg):
@@ -203,23 +205,7 @@ def make_client_app(job: JobConfig | Sequence[JobConfig] | Callable[[Context], J
             app = JobsClientApp(job)
         except (pickle.PicklingError, TypeError, AttributeError):  # e.g. a test's local class: by value
             log.debug("jobs not picklable by reference; the ClientApp travels by value", exc_info=True)
-    if isinstance(job, (list, tuple)):
-        jobs = tuple(job)
-
-        def resolve(msg: Message, _ctx: Context) -> JobConfig:
-            cfg = msg.content.config_records.get(protocol.CONFIG)
-            idx = int(cfg.get(protocol.JOB, 0)) if cfg is not None else 0
-            if not 0 <= idx < len(jobs):
-                raise ClientError(f"message names job {idx}, but this app serves {len(jobs)} job(s)")
-            return jobs[idx]
-    elif callable(job):
-
-        def resolve(msg: Message, ctx: Context) -> JobConfig:
-            return job(ctx)
-    else:
-
-        def resolve(msg: Message, ctx: Context) -> JobConfig:
-            return job
+    resolve = _job_resolver(job)
 
     @app.query()
     def query(msg: Message, context: Context) -> Message:
@@ -234,3 +220,25 @@ def make_client_app(job: JobConfig | Sequence[JobConfig] | Callable[[Context], J
         return handle_evaluate(resolve(msg, context), msg, context)
 
     return app
+
+
+def _job_resolver(
+    job: JobConfig | Sequence[JobConfig] | Callable[[Context], JobConfig],
+) -> Callable[[Message, Context], JobConfig]:
+    """How a message finds its job: by ``config["job"]`` among several, from the context, or the one job."""
+    if isinstance(job, JobConfig):
+        single = job
+        return lambda _msg, _ctx: single
+    if callable(job):
+        from_context = job
+        return lambda _msg, ctx: from_context(ctx)
+    jobs = tuple(job)
+
+    def by_index(msg: Message, _ctx: Context) -> JobConfig:
+        cfg = msg.content.config_records.get(protocol.CONFIG)
+        idx = protocol.record_int(cfg.get(protocol.JOB, 0)) if cfg is not None else 0
+        if not 0 <= idx < len(jobs):
+            raise ClientError(f"message names job {idx}, but this app serves {len(jobs)} job(s)")
+        return jobs[idx]
+
+    return by_index

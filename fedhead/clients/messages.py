@@ -86,4 +86,4 @@ def round_of(msg: Message | RecordDict) -> int:
     cfg = content.config_records.get(protocol.CONFIG)
     if cfg is None or protocol.SERVER_ROUND not in cfg:
         raise ClientError(f"message lacks config[{protocol.SERVER_ROUND!r}]")
-    return int(cfg[protocol.SERVER_ROUND])
+    return protocol.record_int(cfg[protocol.SERVER_ROUND])

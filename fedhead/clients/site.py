@@ -8,7 +8,7 @@ standardises its rows with the pooled offsets and scales every later message car
 from __future__ import annotations
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, MetricRecordValues, RecordDict
 
 from fedhead.analysis.standardization import Standardization
 from fedhead.clients.cache import CLIENT_CACHE
@@ -16,6 +16,7 @@ from fedhead.clients.messages import ClientError
 from fedhead.clients.state import DATA_PATH_KEY, PARTITION_ID_KEY, client_data, partition_of
 from fedhead.data import site as data_site
 from fedhead.data.base import ClientData, FederatedData
+from fedhead.data.table_config import TableConfig
 from fedhead.federation import protocol
 from fedhead.settings.job import JobConfig
 
@@ -24,6 +25,13 @@ def site_local(job: JobConfig) -> bool:
     """Whether the job's clients read only their own file
     ([`site_local`][fedhead.data.config.DatasetConfig.site_local])."""
     return job.dataset.site_local()
+
+
+def site_table_config(job: JobConfig) -> TableConfig:
+    """The job's ``dataset=table`` config: only a table is read from a site's own file."""
+    if not isinstance(job.dataset, TableConfig):
+        raise ClientError(f"dataset={job.dataset.name} is not read from site files (dataset=table is)")
+    return job.dataset
 
 
 def _file_of(job: JobConfig, context: Context) -> str:
@@ -52,7 +60,7 @@ def own_site(job: JobConfig, context: Context) -> data_site.Site:
 
     def read() -> data_site.Site:
         try:
-            return data_site.read_site(job.dataset, path)
+            return data_site.read_site(site_table_config(job), path)
         except ValueError as exc:  # TableError: one line naming the file
             raise ClientError(f"node {context.node_id}: {exc}") from None
 
@@ -67,7 +75,7 @@ def standardization_of(msg: Message, job: JobConfig, where: str) -> Standardizat
             f"{where}: the message carries no '{protocol.STANDARDIZATION}' record (statistics exchange first)"
         )
     arr = {k: rec[k].numpy().astype(np.float64) for k in rec}
-    ds = job.dataset
+    ds = site_table_config(job)
     return Standardization(
         ds.standardize_targets,
         ds.standardize_inputs,
@@ -110,7 +118,7 @@ def handle_statistics(job: JobConfig, msg: Message, context: Context) -> Message
     column signature and key; its partition id when the node config has one."""
     site = own_site(job, context)
     stats = data_site.site_statistics(site)
-    metrics: dict[str, int] = {protocol.NUM_EXAMPLES: site.n_train}
+    metrics: dict[str, MetricRecordValues] = {protocol.NUM_EXAMPLES: site.n_train}
     if PARTITION_ID_KEY in context.node_config:
         metrics[protocol.PARTITION_ID] = partition_of(context, job)
     content = RecordDict(

@@ -42,7 +42,7 @@ def partition_of(context: Context, job: JobConfig, msg: Message | None = None) -
     node config's ``partition-id``."""
     cfg = None if msg is None else msg.content.config_records.get(protocol.CONFIG)
     if cfg is not None and protocol.PARTITION_ID in cfg:
-        pid = int(cfg[protocol.PARTITION_ID])
+        pid = protocol.record_int(cfg[protocol.PARTITION_ID])
         if not 0 <= pid < job.settings.num_clients:
             raise ClientError(f"the server numbered this node {pid}, outside 0..{job.settings.num_clients - 1}")
         return pid

@@ -11,7 +11,7 @@ import time
 
 import numpy as np
 import torch
-from flwr.app import Array, ArrayRecord, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, MetricRecord, MetricRecordValues, RecordDict
 from torch import nn
 
 from fedhead.analysis.procedure import ProcedureConfig
@@ -142,7 +142,7 @@ def train_step(
     _check_problem(procedure, problem)
     sent = TrainingMessage.read(content, problem.gamma, pid)
     mu, sigma = _moments(y, moments)
-    metrics: dict[str, float | int] = {
+    metrics: dict[str, MetricRecordValues] = {
         ClientMetric.NUM_EXAMPLES.name: int(y.shape[0]),
         ClientMetric.PARTITION_ID.name: pid,
         ClientMetric.SERVER_ROUND.name: sent.round,
@@ -170,7 +170,7 @@ def train_step(
 
 def _exact_update(
     mu: np.ndarray, sigma: np.ndarray, sent: TrainingMessage, problem: LocalProblem
-) -> tuple[np.ndarray, np.ndarray, dict[str, float | int]]:
+) -> tuple[np.ndarray, np.ndarray, dict[str, MetricRecordValues]]:
     """The ``exact`` rule: ``Pi_m(W_t)`` in closed form, and its metrics."""
     t0 = time.perf_counter()
     weight, bias, gap, trained_gap = exact_head(
@@ -183,7 +183,7 @@ def _exact_update(
         lambda_h=problem.lambda_h,
         lambda_w=problem.lambda_w,
     )
-    metrics: dict[str, float | int] = {
+    metrics: dict[str, MetricRecordValues] = {
         ClientMetric.OBJECTIVE_GAP.name: float(gap),
         ClientMetric.TRAINED_GAP.name: float(trained_gap),
         ClientMetric.N_STEPS.name: 0,
@@ -204,7 +204,7 @@ def _trained_update(
     train: TrainConfig,
     seed: int,
     device: str | torch.device | None,
-) -> tuple[np.ndarray, np.ndarray, dict[str, float | int], dict[str, ArrayRecord]]:
+) -> tuple[np.ndarray, np.ndarray, dict[str, MetricRecordValues], dict[str, ArrayRecord]]:
     """Local training from the broadcast head, then alignment (``procedure.align``): the head, its
     metrics and the reply's extra records (``checks`` when aligned, ``backbone`` for full-model)."""
     head = nn.Linear(sent.weight.shape[1], sent.weight.shape[0])
@@ -240,7 +240,7 @@ def _trained_update(
     return weight, bias, metrics, records
 
 
-def _training_metrics(lm: LocalMetrics, *, local_seconds: float) -> dict[str, float | int]:
+def _training_metrics(lm: LocalMetrics, *, local_seconds: float) -> dict[str, MetricRecordValues]:
     """The train reply's metrics of one local training (``local_seconds``: its wall time)."""
     return {
         ClientMetric.OBJECTIVE_GAP.name: float(lm.relative_gap),
@@ -320,7 +320,7 @@ def evaluate_step(
     offset = y.detach().cpu().double().mean(0).numpy() if problem.center_targets else None
     lh, lw = problem.lambda_h, problem.lambda_w
     ev = evaluate_local(backbone, (w, b), x, y, lambda_h=lh, lambda_w=lw, target_offset=offset, device=dev)
-    metrics: dict[str, float | int] = {
+    metrics: dict[str, MetricRecordValues] = {
         protocol.NUM_EXAMPLES: int(y.shape[0]),
         protocol.PARTITION_ID: pid,
         protocol.TRAIN_MSE: float(ev.mse),

@@ -298,7 +298,7 @@ def local_fit(metrics: Sequence[Mapping[str, Any]], node_ids: Sequence[int | str
     return LocalFit(objective_gaps=gaps, trained_gaps=trained, local_epochs=epochs)
 
 
-def weighted_mean(values: Sequence[float], counts: Sequence[int]) -> float:
+def weighted_mean(values: Sequence[float], counts: Sequence[float]) -> float:
     """``sum_m N_m v_m / sum_m N_m`` (clients weighted by evaluated sample counts, theory.md §11)."""
     v = np.asarray(values, dtype=np.float64)
     n = np.asarray(counts, dtype=np.float64)

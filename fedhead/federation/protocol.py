@@ -161,6 +161,14 @@ def read_head(record: ArrayRecord) -> tuple[np.ndarray, np.ndarray]:
     return record[WEIGHT].numpy(), record[BIAS].numpy()
 
 
+def record_int(value: object) -> int:
+    """``int(value)`` for a scalar record value (a number, or a string of one, as a node config
+    may carry); ``TypeError`` for a list or bytes, which records can also hold."""
+    if isinstance(value, (int, float, str)):
+        return int(value)
+    raise TypeError(f"expected a number, got {type(value).__name__}")
+
+
 def node_of(message: Message) -> int:
     """Source node id of a reply."""
     return int(message.metadata.src_node_id)

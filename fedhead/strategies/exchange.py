@@ -98,6 +98,13 @@ class MomentExchange:
     standardization: Standardization | None = None
     assigned_partitions: bool = False
 
+    def sample_counts(self) -> dict[int, int]:
+        """Partition id -> ``N_m``, as the clients reported them in the exchange."""
+        counts = self.moments.counts
+        if counts is None:  # build_exchange always records them
+            raise RuntimeError("the moment exchange holds no sample counts")
+        return {pid: int(n) for pid, n in zip(self.partition_ids, counts)}
+
 
 def wait_for_nodes(grid: Grid, min_nodes: int, timeout: float) -> list[int]:
     """Exactly ``min_nodes`` connected SuperNodes (sorted ids), waiting at most ``timeout`` seconds.

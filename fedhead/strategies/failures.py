@@ -58,7 +58,7 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _ERROR_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)\b[^:]*: ")
 
 
-def condense_reason(reason: str, limit: int = 400) -> str:
+def condense_reason(reason: str | None, limit: int = 400) -> str:
     """A client's error reason on one line: the raised ``Type: message`` out of the traceback
     that flwr/Ray wrap around it (colour codes and frames dropped), else the text squeezed."""
     text = _ANSI.sub("", str(reason))
@@ -73,7 +73,11 @@ def condense_reason(reason: str, limit: int = 400) -> str:
 def _partition(msg: Message) -> int | None:
     try:
         metrics = msg.content.metric_records.get(protocol.METRICS)
-        return None if metrics is None or protocol.PARTITION_ID not in metrics else int(metrics[protocol.PARTITION_ID])
+        return (
+            None
+            if metrics is None or protocol.PARTITION_ID not in metrics
+            else protocol.record_int(metrics[protocol.PARTITION_ID])
+        )
     except Exception:  # noqa: BLE001 - an error reply has no content
         return None
 

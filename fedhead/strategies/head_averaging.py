@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Sequence
 from types import MappingProxyType
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, MetricRecordValues, RecordDict
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
@@ -158,9 +158,18 @@ class HeadAveraging(Strategy):
     def check_regime(self) -> None:
         """Refuse to train outside the fully active regime unless allowed
         ([`enforce_regime`][fedhead.strategies.exchange.enforce_regime])."""
+        enforce_regime(
+            self._exchanged("the regime check"),
+            self.settings.lambda_h,
+            self.settings.lambda_w,
+            self.allow_outside_regime,
+        )
+
+    def _exchanged(self, what: str) -> MomentExchange:
+        """The moment exchange's outcome; a clear error when ``what`` comes before the exchange."""
         if self.exchange is None:
-            raise RuntimeError("exchange_moments must run before the regime check")
-        enforce_regime(self.exchange, self.settings.lambda_h, self.settings.lambda_w, self.allow_outside_regime)
+            raise RuntimeError(f"exchange_moments must run before {what}")
+        return self.exchange
 
     def _wait_for_nodes(self, grid: Grid) -> list[int]:
         """Before the exchange ``min_nodes`` SuperNodes
@@ -173,10 +182,9 @@ class HeadAveraging(Strategy):
     def begin(self, initial_head: tuple[np.ndarray, np.ndarray]) -> RoundRecord:
         """Record round 0 for the initial head (after
         [`exchange_moments`][fedhead.strategies.HeadAveraging.exchange_moments])."""
-        if self.exchange is None:
-            raise RuntimeError("exchange_moments must run before training")
+        exchange = self._exchanged("training")
         self.check_regime()
-        rec = self.rounds.start(self.exchange.targets, *initial_head, dim=self.exchange.moments.dim)
+        rec = self.rounds.start(exchange.targets, *initial_head, dim=exchange.moments.dim)
         self._round_complete(rec)
         return rec
 
@@ -190,15 +198,12 @@ class HeadAveraging(Strategy):
     def server_state(self) -> ServerState:
         """Everything needed to continue after the last complete round
         ([`fedhead.federation.checkpoint`][fedhead.federation.checkpoint])."""
-        if self.exchange is None:
-            raise RuntimeError("no round has been recorded yet")
-        return self.rounds.server_state(self.exchange.moments, self._extra_state())
+        return self.rounds.server_state(self._exchanged("a server state").moments, self._extra_state())
 
     def restore(self, state: ServerState) -> None:
         """Continue after checkpointed round ``state.round`` (the exchange's moments must be its)."""
-        if self.exchange is None:
-            raise RuntimeError("exchange_moments must run before a restore")
-        self.rounds.restore(state, self.exchange.moments, self.exchange.targets)
+        exchange = self._exchanged("a restore")
+        self.rounds.restore(state, exchange.moments, exchange.targets)
         self.check_regime()
         self._restore_extra(state.extra)
 
@@ -215,9 +220,7 @@ class HeadAveraging(Strategy):
         self._broadcast = protocol.read_head(head_arrays)
         sigma_cen = None
         if self.settings.gamma > 0:  # correcting clients receive Sigma_cen
-            if self.exchange is None:
-                raise RuntimeError("the corrected procedure needs the moment exchange first")
-            sigma_cen = self.exchange.moments.sigma_cen
+            sigma_cen = self._exchanged("the corrected procedure's training").moments.sigma_cen
         content = train_content(head_arrays, self._phase_config(server_round, config), sigma_cen)
         return self._phase_messages(grid, "train", MessageType.TRAIN, content, arrays)
 
@@ -261,9 +264,7 @@ class HeadAveraging(Strategy):
         """Validated heads ``(M,C,P)``, biases ``(M,C)``, counts ``(M,)`` ordered by partition, of the
         surviving clients (the failure policy's drops are kept in
         [`_round_dropped`][fedhead.strategies.HeadAveraging._round_dropped])."""
-        if self.exchange is None:
-            raise RuntimeError("begin() must record the initial head before training")
-        expected_n = dict(zip(self.exchange.partition_ids, np.asarray(self.exchange.moments.counts)))
+        expected_n = self._exchanged("training").sample_counts()
         shape = self.rounds.head_shape
 
         def parse(msg: Message):
@@ -285,7 +286,7 @@ class HeadAveraging(Strategy):
         extra = self.verify_replies(msgs, heads)
         avg = agg.average_heads(heads, biases, counts)
         self.rounds.set_head(avg.weight, avg.bias)
-        fit, present, client_metrics = round_inputs(msgs, self.exchange)
+        fit, present, client_metrics = round_inputs(msgs, self._exchanged("aggregation"))
         assert self.rounds.tracker is not None and self._broadcast is not None
         rec = self.rounds.tracker.record(
             server_round,
@@ -332,7 +333,7 @@ class HeadAveraging(Strategy):
         rec = self.rounds.tracker.set_mse(server_round, train, test)
         rec.dropped.extend(d.to_dict() for d in dropped)
         self._round_complete(rec)
-        out = {protocol.TRAIN_MSE: train}
+        out: dict[str, MetricRecordValues] = {protocol.TRAIN_MSE: train}
         if test is not None:
             out[protocol.TEST_MSE] = test
         return MetricRecord(out)

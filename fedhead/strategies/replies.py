@@ -33,11 +33,11 @@ def partition_of(message: Message) -> int:
     metrics = metrics_of(message)
     if protocol.PARTITION_ID not in metrics:
         raise agg.ReplyError(protocol.node_of(message), f"metrics lack '{protocol.PARTITION_ID}'")
-    return int(metrics[protocol.PARTITION_ID])
+    return protocol.record_int(metrics[protocol.PARTITION_ID])
 
 
 def parse_train_reply(
-    msg: Message, head_shape: tuple[int, int], expected_n: Mapping[int, object]
+    msg: Message, head_shape: tuple[int, int], expected_n: Mapping[int, int]
 ) -> tuple[int, np.ndarray, np.ndarray, int]:
     """``(partition id, W (C, P), b (C,), N_m)`` of one training reply, validated.
 
@@ -56,8 +56,8 @@ def parse_train_reply(
     pid = partition_of(msg)
     w, b, n = agg.validate_head(w, b, metrics.get(protocol.NUM_EXAMPLES), node_id=node, shape=head_shape)
     n_exp = expected_n.get(pid)
-    if n_exp is not None and n != int(n_exp):
-        raise agg.ReplyError(node, f"reported {n} samples, but {int(n_exp)} in the moment exchange")
+    if n_exp is not None and n != n_exp:
+        raise agg.ReplyError(node, f"reported {n} samples, but {n_exp} in the moment exchange")
     agg.local_fit([metrics], [node])  # the objective gaps every round record needs
     return pid, w, b, n
 

@@ -20,7 +20,7 @@ from flwr.serverapp import Grid
 from fedhead.analysis.standardization import Standardization, pooled_standardization, standardized_moments
 from fedhead.federation import aggregation as agg
 from fedhead.federation import protocol
-from fedhead.strategies.exchange import ConfigValue, ExchangeSettings, MomentExchange, build_exchange
+from fedhead.strategies.exchange import ConfigValue, ExchangeSettings, MomentExchange, MomentRow, build_exchange
 from fedhead.strategies.failures import Dropped, TooFewReplies, screen
 from fedhead.strategies.replies import metrics_of
 
@@ -75,8 +75,11 @@ def parse_statistics_reply(msg: Message) -> StatsRow:
     if x_mean.ndim != 1 or np.any(x_var < 0):
         raise agg.ReplyError(node, "input means and variances must be vectors, variances >= 0")
     pid = metrics.get(protocol.PARTITION_ID)
-    pid = None if pid is None else int(pid)
-    columns = tuple(str(c) for c in site[protocol.COLUMNS])
+    pid = None if pid is None else protocol.record_int(pid)
+    names = site[protocol.COLUMNS]
+    if not isinstance(names, list):
+        raise agg.ReplyError(node, f"statistics reply: '{protocol.COLUMNS}' must be a list of column names")
+    columns = tuple(str(c) for c in names)
     return StatsRow(pid, node, str(site[protocol.SITE_KEY]), columns, n, mu, cov, x_mean, x_var)
 
 
@@ -140,7 +143,11 @@ def exchange_from_statistics(
         input_mode=input_mode,
     )
     mus, covs = standardized_moments([r.mu for r in rows], [r.cov for r in rows], st.target_offset, st.target_scale)
-    moment_rows = [(r.partition, r.node, r.n, mus[i], covs[i]) for i, r in enumerate(rows)]
+    moment_rows: list[MomentRow] = []
+    for i, r in enumerate(rows):
+        if r.partition is None:
+            raise ValueError(f"node {r.node} has no partition id: number the clients first (number_clients)")
+        moment_rows.append((r.partition, r.node, r.n, mus[i], covs[i]))
     exchange = build_exchange(moment_rows, dropped, settings)
     return dataclasses.replace(exchange, standardization=st)
 
@@ -201,9 +208,9 @@ def node_messages(
 ) -> list[Message]:
     """One message per node: ``content`` as it is, or, after a statistics exchange, with the
     standardisation record and (server numbering) the node's partition id in its config."""
-    st = None if exchange is None else exchange.standardization
-    if st is None:
+    if exchange is None or exchange.standardization is None:
         return [Message(content=content, dst_node_id=int(n), message_type=message_type) for n in node_ids]
+    st = exchange.standardization
     part = dict(zip(exchange.node_ids, exchange.partition_ids))
     record = standardization_record(st)
     out = []

@@ -47,7 +47,7 @@ class AlignedHeadAveraging(HeadAveraging):
                 node_id=node,
                 name=protocol.TRAINED_GRAM,
             )
-            err = relative_error(w @ w.T, g_trained)
+            err = float(relative_error(w @ w.T, g_trained))
             if err > self.rtol:
                 raise agg.ReplyError(
                     node,
