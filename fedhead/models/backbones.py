@@ -115,6 +115,18 @@ def backbone_output_layer(module: nn.Module) -> nn.Linear | None:
     return module.output_layer() if isinstance(module, Backbone) else None
 
 
+def feature_table(module: nn.Module) -> nn.Parameter | None:
+    """The ``(N, P)`` feature table of a [`FreeFeatureBackbone`][fedhead.models.FreeFeatureBackbone], else None."""
+    return module.table if isinstance(module, FreeFeatureBackbone) else None
+
+
+def require_backbone(module: nn.Module, need: str) -> Backbone:
+    """``module`` as a [`Backbone`][fedhead.models.Backbone]; a clear error naming what ``need`` s one."""
+    if not isinstance(module, Backbone):
+        raise ModelError(f"{need} needs a fedhead Backbone (rotate_features/map_features), got {type(module).__name__}")
+    return module
+
+
 @torch.no_grad()
 def map_linear_output(layer: nn.Linear, m: torch.Tensor, delta: torch.Tensor) -> None:
     """``weight <- M weight``, ``bias <- M (bias + delta)``: every output ``h`` of ``layer`` becomes

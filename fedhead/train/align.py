@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from fedhead.analysis.mismatch_cost import procrustes_rotation as _procrustes
+from fedhead.models import Backbone
 from fedhead.train.config import TrainInputError
 
 
@@ -98,7 +99,7 @@ def align(head: nn.Linear, backbone: nn.Module, broadcast_weight: np.ndarray) ->
     broadcast_weight : ndarray (C, P)
         ``W_t``.
     """
-    if not hasattr(backbone, "rotate_features"):
+    if not isinstance(backbone, Backbone):
         raise TrainInputError(f"align: backbone {type(backbone).__name__} has no rotate_features(Q)")
     w = head.weight.detach().cpu().double().numpy()
     w_t = np.asarray(broadcast_weight, dtype=np.float64)

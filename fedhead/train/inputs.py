@@ -7,7 +7,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from fedhead.models.backbones import Backbone
+from fedhead.models.backbones import Backbone, FreeFeatureBackbone
 from fedhead.train.config import TrainConfig, TrainInputError
 from fedhead.train.problem import LocalProblem
 
@@ -63,12 +63,12 @@ def check_inputs(backbone: nn.Module, head: nn.Linear, x: torch.Tensor, y: torch
                 f"train_local: the free-feature backbone takes (N,) integer sample indices, "
                 f"got {x.dtype} of shape {tuple(x.shape)}"
             )
-        if int(x.min()) < 0 or int(x.max()) >= backbone.n_samples:
+        if isinstance(backbone, FreeFeatureBackbone) and (int(x.min()) < 0 or int(x.max()) >= backbone.n_samples):
             raise TrainInputError(
                 f"train_local: sample indices must lie in [0, {backbone.n_samples}), "
                 f"got [{int(x.min())}, {int(x.max())}]"
             )
-    elif tuple(x.shape[1:]) != tuple(backbone.input_shape):
+    elif backbone.input_shape is not None and tuple(x.shape[1:]) != tuple(backbone.input_shape):
         raise TrainInputError(
             f"train_local: inputs have per-sample shape {tuple(x.shape[1:])} but the backbone "
             f"was built for {tuple(backbone.input_shape)}"

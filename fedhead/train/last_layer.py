@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from fedhead.data.base import batch_to_float
-from fedhead.models import backbone_expects_indices, backbone_output_layer
+from fedhead.models import backbone_output_layer, feature_table
 from fedhead.train.config import TrainDivergedError, TrainInputError
 from fedhead.ufm import optimal_features
 
@@ -44,9 +44,11 @@ def output_layer_inputs(
     return torch.cat(captured)
 
 
-#: the filters tried by [`solve_output_layer`][fedhead.train.last_layer.solve_output_layer] below its largest one, each
-# a factor 10 apart
+#: the filters tried by [`solve_output_layer`][fedhead.train.last_layer.solve_output_layer], each a factor 10 apart
 RIDGE_STEPS = 7
+#: the relative objective decrease a solve must bring to replace the current layer: below it the
+#: difference is rounding (the layer is float32), and a layer already at the optimum stays as it is
+KEEP_MARGIN = 1e-12
 
 
 def _layer_objective(
@@ -87,9 +89,8 @@ def solve_output_layer(
     Parameters
     ----------
     backbone : Backbone
-        A backbone with an output layer ([`backbone_output_layer`][fedhead.models.backbone_output_layer]: a ``Linear``
-        with bias), or the free-feature
-        backbone (its table is set to the optimal features themselves).
+        A backbone with an output layer ([`backbone_output_layer`][fedhead.models.backbone_output_layer]: a
+        ``Linear`` with bias), or the free-feature backbone (its table is set to the optimal features).
     x : Tensor
         The client's inputs (``(N,)`` indices for free features).
     y : Tensor
@@ -105,10 +106,9 @@ def solve_output_layer(
         the centred layer inputs: ``V`` minimises the objective plus ``ridge s_1^2 / 2 ||V||_F^2``
         (directions of ``z`` with ``s_k^2 << ridge s_1^2`` are left out; docs/theory.md §14 says why).
     keep_better : bool
-        Try ``ridge`` and [`RIDGE_STEPS`][fedhead.train.last_layer.RIDGE_STEPS] - 1 smaller filters (each a factor 10
-        below the
-        previous) and set the layer to the one with the lowest objective, or leave the layer as it
-        is when its current objective is lower still. The objectives are computed exactly from
+        Try ``ridge`` and [`RIDGE_STEPS`][fedhead.train.last_layer.RIDGE_STEPS] - 1 smaller filters (each a
+        factor 10 below the previous) and set the layer to the one with the lowest objective, or
+        leave the layer as it is when none is lower by more than ``KEEP_MARGIN`` (relative). The objectives are computed exactly from
         ``z`` ([`_layer_objective`][fedhead.train.last_layer._layer_objective]): the solve never raises the objective.
     finish : bool
         Compare objectives as the finishing step leaves the features (``h -> P_W (h - m)``).
@@ -123,11 +123,7 @@ def solve_output_layer(
     target = optimal_features(weight, y64, lambda_h)  # (N, P), mean zero
     layer = backbone_output_layer(backbone)
     if layer is None:
-        if not backbone_expects_indices(backbone):
-            raise TrainInputError(f"solve_output_layer: {type(backbone).__name__} has no output_layer()")
-        table = backbone.table
-        idx = x.detach().to(table.device, torch.long)
-        table[idx] = torch.as_tensor(target, dtype=table.dtype, device=table.device)
+        _set_feature_table(backbone, x, target)
         return True  # the exact minimiser: no filter, never above the current objective
     if layer.bias is None:
         raise TrainInputError("solve_output_layer: the backbone's last Linear layer needs a bias")
@@ -149,6 +145,15 @@ def solve_output_layer(
     layer.weight.copy_(torch.as_tensor(v, dtype=layer.weight.dtype, device=layer.weight.device))
     layer.bias.copy_(torch.as_tensor(-v @ z_mean, dtype=layer.bias.dtype, device=layer.bias.device))
     return True
+
+
+def _set_feature_table(backbone: nn.Module, x: torch.Tensor, target: np.ndarray) -> None:
+    """The free-feature backbone's rows ``x`` set to the optimal features ``target`` ``(N, P)``."""
+    table = feature_table(backbone)
+    if table is None:
+        raise TrainInputError(f"solve_output_layer: {type(backbone).__name__} has no output_layer()")
+    idx = x.detach().to(table.device, torch.long)
+    table[idx] = torch.as_tensor(target, dtype=table.dtype, device=table.device)
 
 
 def _finite_inputs(
@@ -186,13 +191,14 @@ def _best_ridge(
     ridge: float,
     basis: np.ndarray | None,
 ) -> float | None:
-    """The filter among ``ridge`` and the [`RIDGE_STEPS`][fedhead.train.last_layer.RIDGE_STEPS] - 1 below it whose solve
-    has the lowest
-    objective, or None when the layer's current objective is lower still."""
+    """The filter among ``ridge`` and the [`RIDGE_STEPS`][fedhead.train.last_layer.RIDGE_STEPS] - 1 below it
+    whose solve has the lowest objective, or None when none lowers the layer's current objective by
+    more than [`KEEP_MARGIN`][fedhead.train.last_layer.KEEP_MARGIN] (relative)."""
     v_now = layer.weight.detach().cpu().double().numpy()
     c_now = layer.bias.detach().cpu().double().numpy()
     yc = y64 - y64.mean(0)
-    best, best_value = None, _layer_objective(z @ v_now.T + c_now, yc, weight, lambda_h, basis)
+    current = _layer_objective(z @ v_now.T + c_now, yc, weight, lambda_h, basis)
+    best, best_value = None, current * (1.0 - KEEP_MARGIN)
     for r in [ridge * 10.0**-k for k in range(RIDGE_STEPS)]:
         h = (u * (sv**2 / (sv**2 + r * sv[0] ** 2))) @ ut_target  # Z_c V_r^T, mean zero
         value = _layer_objective(h, yc, weight, lambda_h, basis)

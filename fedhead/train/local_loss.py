@@ -87,6 +87,8 @@ def add_head_penalty_grads(
     (``Sigma_cen - Sigma_m``, float64); a term whose tensor is None is left out.
     """
     g = weight.grad
+    if g is None:
+        raise RuntimeError("add_head_penalty_grads: weight.grad is None (call backward() first)")
     g.add_(weight, alpha=lambda_w + (rho if broadcast is not None else 0.0))
     if broadcast is not None:
         g.sub_(broadcast, alpha=rho)

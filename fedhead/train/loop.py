@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from fedhead.data.base import batch_to_float
-from fedhead.models import backbone_expects_indices, backbone_output_layer
+from fedhead.models import backbone_expects_indices, backbone_output_layer, feature_table, require_backbone
 from fedhead.progress import progress
 from fedhead.train.config import TrainConfig, TrainDivergedError
 from fedhead.train.finishing import Fit, LocalMetrics, LocalResult, ObjectiveTerms, evaluate_fit, relative
@@ -25,6 +25,7 @@ from fedhead.train.last_layer import solve_output_layer
 from fedhead.train.local_loss import add_head_penalty_grads
 from fedhead.train.problem import LocalProblem
 from fedhead.train.steps import (
+    StepLoss,
     clip_gradients,
     compiled_forward_loss,
     cosine_schedule,
@@ -90,7 +91,7 @@ class TrainLoop:
         self.delta = torch.as_tensor(terms.delta, dtype=torch.float64, device=dev) if terms.delta is not None else None
         self.bf16 = cuda and cfg.bf16
         self.bsz = min(cfg.batch_size, n)
-        self.step_loss = forward_loss
+        self.step_loss: StepLoss = forward_loss
         if cfg.compile or (cuda and cfg.cuda_graphs):
             # one compiled function per process and mode, reused across calls, rounds and backbone
             # objects; CUDA graphs through torch.compile's "reduce-overhead" mode (forward + backward)
@@ -195,7 +196,7 @@ class TrainLoop:
             for q in self.params:  # = opt.zero_grad(set_to_none=True), without its per-call hook overhead
                 q.grad = None
             self.k += 1
-        if optimal:
+        if optimal and total is not None:  # (there is always a batch: empty data is refused)
             self.center = total / self.n
 
     def _evaluate(self, *, final: bool = False) -> Fit:
@@ -265,15 +266,16 @@ class TrainLoop:
         layer = backbone_output_layer(self.backbone)
         if layer is not None:
             return (layer.weight, layer.bias)
-        if backbone_expects_indices(self.backbone):
-            return (self.backbone.table,)
+        table = feature_table(self.backbone)
+        if table is not None:
+            return (table,)
         return ()
 
-    def _check(self) -> float:
+    def _check(self, tol: float) -> float:
         """The trained gap of the model as [`finish`][fedhead.train.loop.TrainLoop.finish] would leave it now (last
         layer solved).
 
-        The solved layer is kept only when it ends training (gap within ``local_tol``): training on
+        The solved layer is kept only when it ends training (gap within ``tol``, the ``local_tol``): training on
         from it would start from the large weights that the weak directions of the layer's inputs
         need, a stiff point for the optimiser.
         """
@@ -284,7 +286,7 @@ class TrainLoop:
         saved = [t.detach().clone() for t in solved]
         changed = self._solve_last_layer(keep_better=True)
         gap = relative(self._evaluate().trained_objective, self.trained_l_star)
-        if changed and not gap <= self.cfg.local_tol:
+        if changed and not gap <= tol:
             with torch.no_grad():
                 for t, v in zip(solved, saved, strict=True):
                     t.copy_(v)
@@ -303,7 +305,7 @@ class TrainLoop:
             self._epoch()
             self.epochs_run = e + 1
             if tol is not None and (e + 1) % every == 0 and e + 1 < n_epochs:
-                gap = self._check()
+                gap = self._check(tol)
                 self.gap_trace.append((e + 1, gap))
                 if gap <= tol:
                     break
@@ -324,7 +326,7 @@ class TrainLoop:
                 self._solve_head()
         fit = self._evaluate(final=True)
         if fit.feature_map is not None:
-            self.backbone.map_features(*fit.feature_map)
+            require_backbone(self.backbone, "the centred finish").map_features(*fit.feature_map)
             self.weight.copy_(fit.weight.to(self.weight.dtype))
         self.bias.copy_(torch.as_tensor(fit.bias, dtype=self.bias.dtype, device=self.dev))
         w = self.weight

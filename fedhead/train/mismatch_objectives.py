@@ -24,6 +24,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from fedhead.models import require_backbone
 from fedhead.train.config import TrainInputError
 from fedhead.train.local_loss import _head_tensors, compute_features, objective_from_features
 
@@ -95,7 +96,7 @@ def mismatch_objectives(
     local = objective_from_features(h, y64, *heads[0], lambda_h, lambda_w).objective
     trained = objective_from_features(h, y64, *heads[1], lambda_h, lambda_w).objective
     del h
-    rotated = copy.deepcopy(backbone).to(dev)
+    rotated = require_backbone(copy.deepcopy(backbone).to(dev), "the mismatch objectives")
     rotated.rotate_features(q)
     h_a = compute_features(rotated, x, batch_size=batch_size, device=dev)
     aligned = objective_from_features(h_a, y64, *heads[2], lambda_h, lambda_w).objective

@@ -4,6 +4,8 @@ and the step's forward + loss (eager, or compiled once per process)."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Sequence
+from typing import cast
 
 import numpy as np
 import torch
@@ -42,7 +44,7 @@ def cosine_schedule(lr: float, lr_min: float, n_steps: int, warmup: int = 0) -> 
     return lrs.tolist()
 
 
-def clip_gradients(params: list[nn.Parameter], max_norm: float, *, host_check: bool) -> float | None:
+def clip_gradients(params: Sequence[torch.Tensor], max_norm: float, *, host_check: bool) -> float | None:
     """Global gradient-norm clipping with the result of ``torch.nn.utils.clip_grad_norm_``.
 
     With ``host_check`` (CPU, where reading a scalar costs no device sync) the gradients are
@@ -115,11 +117,13 @@ def forward_loss(
     return minibatch_loss(h, pred, yb, lambda_h), hsum
 
 
-_COMPILED_STEPS: dict[tuple[str | None, str], object] = {}
+#: The step's forward + loss: ``forward_loss`` or a compiled copy of it.
+StepLoss = Callable[..., tuple[torch.Tensor, torch.Tensor]]
+_COMPILED_STEPS: dict[tuple[str | None, str], StepLoss] = {}
 _COMPILE_BACKEND = "inductor"  # tests swap in "eager" (dynamo only) to check the caching quickly
 
 
-def compiled_forward_loss(mode: str | None):
+def compiled_forward_loss(mode: str | None) -> StepLoss:
     """The process-wide ``torch.compile`` of the step's forward + loss for one compile mode.
 
     ``mode`` is None (default inductor) or ``"reduce-overhead"`` (CUDA graphs). One wrapper per mode
@@ -136,7 +140,7 @@ def compiled_forward_loss(mode: str | None):
     key = (mode, _COMPILE_BACKEND)
     fn = _COMPILED_STEPS.get(key)
     if fn is None:
-        fn = torch.compile(forward_loss, mode=mode, dynamic=False, backend=_COMPILE_BACKEND)
+        fn = cast(StepLoss, torch.compile(forward_loss, mode=mode, dynamic=False, backend=_COMPILE_BACKEND))
         _COMPILED_STEPS[key] = fn
         log.info(
             "train_local: created the torch.compile(mode=%s) step; graphs are compiled on first use "

@@ -65,16 +65,13 @@ def train_local(
     cfg : TrainConfig
         The recipe (how to train).
     problem : LocalProblem
-        What to train for (in a run:
-        [`fedhead.settings.config.JobConfig.local_problem`][fedhead.settings.job.JobConfig.local_problem]).
-    broadcast_weight : ndarray (C, P), optional
-        ``W_t`` of the proximal term; required when ``problem.rho > 0``.
-    sigma_cen : ndarray (C, C), optional
-        Pooled ``Sigma_cen`` of the correction; required when ``problem.gamma > 0``.
+        What to train for (a run's: [`JobConfig.local_problem`][fedhead.settings.job.JobConfig.local_problem]).
+    broadcast_weight, sigma_cen : ndarray (C, P), ndarray (C, C), optional
+        ``W_t`` of the proximal term (required when ``problem.rho > 0``) and the pooled
+        ``Sigma_cen`` of the correction (required when ``problem.gamma > 0``).
     sigma_m : ndarray (C, C), optional
-        The client's ``Sigma_m`` (theory.md §3). It is always computed from ``y`` (in the units of the
-        targets trained on; client-wise centring does not change it); a given one is checked
-        against it (relative Frobenius difference <= 1e-5) and used for nothing else.
+        The client's ``Sigma_m`` (theory.md §3), always computed from ``y`` (centring does not change
+        it); a given one is only checked against it (relative Frobenius difference <= 1e-5).
     device : str or torch.device, optional
         ``"auto"`` (default), ``"cpu"``, ``"cuda"``; see [`select_device`][fedhead.train.select_device].
     seed : int
@@ -89,9 +86,8 @@ def train_local(
     Raises
     ------
     TrainInputError
-        Mismatched sizes, empty data, non-finite targets, missing ``broadcast_weight`` /
-        ``sigma_cen`` when the configuration needs them, a ``sigma_m`` that is not the targets'
-        covariance.
+        Mismatched sizes, empty data, non-finite targets, a missing ``broadcast_weight`` or
+        ``sigma_cen``, a ``sigma_m`` that is not the targets' covariance.
     TrainDivergedError
         A non-finite gradient norm (CPU) or non-finite head or objective after training.
     """
