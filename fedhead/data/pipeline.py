@@ -24,6 +24,7 @@ import threading
 import warnings
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -216,7 +217,8 @@ def save_raw(raw: RawDataset, path: str | os.PathLike, config: dict | None = Non
         if v is not None:
             arrays[k] = v
     with atomic_open(path) as fh:
-        np.savez(fh, allow_pickle=False, **arrays)
+        # numpy's stub types **kwds like its allow_pickle flag (numpy >= 2.1); the keys here never clash
+        np.savez(fh, **cast(dict[str, Any], arrays))
     return path
 
 
