@@ -93,8 +93,10 @@ def local_gap_advice(record: RoundRecord, job: JobConfig) -> str:
 
 
 def final_summary(results: Results) -> str:
-    """The final errors of a run (TensorBoard's ``summary`` text)."""
+    """The final errors of a run (TensorBoard's ``summary`` text); the run must have recorded a round."""
     last = results.last
+    if last is None:
+        raise ValueError(f"procedure {results.name}: no round recorded, so no final errors to summarise")
     return (
         f"procedure {results.name}: after round {last.round} "
         f"e_F(G_star) = {fmt(last.e_f_star)}, e_F(G_cen) = {fmt(last.e_f_cen)}, "

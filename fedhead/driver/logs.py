@@ -53,7 +53,8 @@ class ConsoleFilter(logging.Filter):
         if record.levelno < logging.WARNING:
             return False
         if name == "py.warnings":  # logging.captureWarnings: "<file>:<line>: <Category>: ..."
-            return str(record.args[0] if record.args else record.msg).startswith(self.dirs)
+            args = record.args  # a tuple here: warnings logs ``"%s", text``
+            return str(args[0] if isinstance(args, tuple) and args else record.msg).startswith(self.dirs)
         return name.split(".")[0] in OWN
 
 

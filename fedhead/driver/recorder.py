@@ -308,13 +308,18 @@ def job_hparams(job: JobConfig) -> dict[str, Any]:
 def local_optimality(records: list[RoundRecord]) -> LocalOptimality:
     """results.json's ``local_optimality``: did every client reach its local optimum, per round?"""
     trained = [r for r in records if r.max_trained_gap is not None]
-    above = [r.round for r in trained if r.max_trained_gap > LOCAL_GAP_THRESHOLD]
+    above = [r.round for r in trained if r.max_trained_gap is not None and r.max_trained_gap > LOCAL_GAP_THRESHOLD]
     last = trained[-1] if trained else None
+    max_objective_gap = None
+    if last is not None:
+        if last.objective_gaps is None:  # both come from the same LocalFit
+            raise ValueError(f"round {last.round} has trained_gaps but no objective_gaps")
+        max_objective_gap = float(max(last.objective_gaps))
     return LocalOptimality(
         threshold=LOCAL_GAP_THRESHOLD,
         rounds_above_threshold=above,
         last_round_max_trained_gap=None if last is None else last.max_trained_gap,
-        last_round_max_objective_gap=None if last is None else float(max(last.objective_gaps)),
+        last_round_max_objective_gap=max_objective_gap,
         reached=None if last is None else not above or above[-1] != last.round,
     )
 

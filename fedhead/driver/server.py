@@ -157,6 +157,10 @@ def finish_job(job: JobConfig, rec: RunRecorder, pgrid: ProgressGrid, t0: float,
     rec.finish("diagnosed" if job.settings.diagnose_only else "completed", timing=timing)
 
 
+#: attribute set on the handlers deployment_logging adds (so a second call adds none)
+_HANDLER_MARK = "_fedhead"
+
+
 def deployment_logging(job: JobConfig) -> None:
     """Console (streamed by ``flwr run --stream``) and ``<output>/run.log`` logging of the
     fedhead loggers in a deployed ServerApp, where no Hydra sets logging up."""
@@ -164,10 +168,10 @@ def deployment_logging(job: JobConfig) -> None:
     Path(job.output_dir).mkdir(parents=True, exist_ok=True)
     for logger in (logging.getLogger("fedhead"),):
         logger.setLevel(logging.INFO)
-        if not any(getattr(h, "_fedhead", False) for h in logger.handlers):
+        if not any(getattr(h, _HANDLER_MARK, False) for h in logger.handlers):
             for handler in (logging.StreamHandler(sys.stdout), logging.FileHandler(Path(job.output_dir) / "run.log")):
                 handler.setFormatter(fmt)
-                handler._fedhead = True
+                setattr(handler, _HANDLER_MARK, True)
                 logger.addHandler(handler)
         logger.propagate = False
 

@@ -341,9 +341,9 @@ def run_experiment(cfg: Any, output_dir: str | Path, *, show_progress: bool = Tr
         "results": [str(Path(j.output_dir) / schema.FILE_NAME) for j in jobs],
         "diagnosis": results[0].diagnosis if results else None,
         "final": {
-            r.name: {"e_f_star": r.last.e_f_star, "e_f_cen": r.last.e_f_cen, "e_f_within": r.last.e_f_within}
+            r.name: {"e_f_star": last.e_f_star, "e_f_cen": last.e_f_cen, "e_f_within": last.e_f_within}
             for r in results
-            if r.rounds
+            if (last := r.last) is not None
         },
         "table": table,
     }

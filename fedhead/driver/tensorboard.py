@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -25,7 +25,7 @@ def ellipse_figure(
     target_names: Sequence[str] | None = None,
     unit: str | None = None,
     procedure: str | None = None,
-    view: str = "pairs",
+    view: Literal["pairs", "3d"] = "pairs",
 ):
     """Figure of ``G_t`` against ``G_star``, ``G_cen``, ``G_within`` (and ``G_0``) as ellipses.
 
@@ -162,10 +162,11 @@ class TensorBoardLogger:
     def finish(self, status: str) -> None:
         """End the hparams session: ``completed``/``diagnosed`` -> success, else failure."""
         # TensorBoard (slow to import): only when a run writes events
-        from tensorboard.compat.proto.summary_pb2 import Summary, SummaryMetadata
-        from tensorboard.plugins.hparams.api_pb2 import Status
+        # the *_pb2 modules build their classes at import time and ship no stubs: pyright cannot see the names
+        from tensorboard.compat.proto.summary_pb2 import Summary, SummaryMetadata  # pyright: ignore[reportAttributeAccessIssue]
+        from tensorboard.plugins.hparams.api_pb2 import Status  # pyright: ignore[reportAttributeAccessIssue]
         from tensorboard.plugins.hparams.metadata import PLUGIN_DATA_VERSION, PLUGIN_NAME, SESSION_END_INFO_TAG
-        from tensorboard.plugins.hparams.plugin_data_pb2 import HParamsPluginData, SessionEndInfo
+        from tensorboard.plugins.hparams.plugin_data_pb2 import HParamsPluginData, SessionEndInfo  # pyright: ignore[reportAttributeAccessIssue]
 
         code = "STATUS_SUCCESS" if status in ("completed", "diagnosed") else "STATUS_FAILURE"
         content = HParamsPluginData(

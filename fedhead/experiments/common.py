@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from fedhead import ufm
 from fedhead.analysis.metrics import relative_error
@@ -94,7 +95,7 @@ def finish(
     name: str,
     out_dir: Path,
     settings: Any,
-    seeds: dict[str, int],
+    seeds: Mapping[str, int | list[int]],
     results: dict[str, Any],
     headline: list[Headline],
     figures: list[Path],
@@ -102,11 +103,15 @@ def finish(
     """Write ``results.json`` atomically (settings, headline, results, provenance) and return."""
     payload = {
         "experiment": name,
-        "settings": dataclasses.asdict(settings) if dataclasses.is_dataclass(settings) else settings,
+        "settings": (
+            dataclasses.asdict(settings)
+            if dataclasses.is_dataclass(settings) and not isinstance(settings, type)
+            else settings
+        ),
         "headline": {h.name: {"value": h.value, "theory": h.expected} for h in headline},
         "results": results,
         "figures": [p.name for p in figures],
-        "provenance": provenance(seeds),
+        "provenance": {**provenance(), "seeds": dict(seeds)},  # seeds may be lists (gap_terms' controlled seeds)
     }
     write_json_atomic(Path(out_dir) / "results.json", payload)
     return ExperimentResult(name=name, out_dir=Path(out_dir), results=results, headline=headline, figures=list(figures))
@@ -182,7 +187,7 @@ def rel_err(a: np.ndarray, ref: np.ndarray) -> float:
     return float(relative_error(a, ref))
 
 
-def loglog_slope(x: Sequence[float], y: Sequence[float]) -> float:
+def loglog_slope(x: ArrayLike, y: ArrayLike) -> float:
     """Least-squares slope of ``log y`` against ``log x`` (the scaling exponent)."""
     lx, ly = np.log(np.asarray(x, dtype=float)), np.log(np.asarray(y, dtype=float))
     return float(np.polyfit(lx, ly, 1)[0])

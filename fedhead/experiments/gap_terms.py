@@ -80,7 +80,9 @@ def _record(gd: ufm.GapDecomposition) -> dict:
     }
 
 
-def _random_moments(C: int, M: int, eig_range, s: Settings, rng) -> ufm.TargetMoments:
+def _random_moments(
+    C: int, M: int, eig_range: tuple[float, float], s: Settings, rng: np.random.Generator
+) -> ufm.TargetMoments:
     """Random SPD covariances, Gaussian means and Dirichlet weights of ``M`` clients in dimension ``C``."""
     covs = np.stack([random_spd(C, *eig_range, rng) for _ in range(M)])
     means = rng.standard_normal((M, C))

@@ -128,7 +128,7 @@ def _federated(s: Settings, moments, W0, grams, g_star, local):
         heads = [local(m, W) for m in range(len(p))]
         pis = [ufm.closest_head(W, grams[m]) for m in range(len(p))]
         deltas.append(selection_distance(np.stack(heads), np.stack(pis), p))
-        W = sum(p[m] * heads[m] for m in range(len(p)))
+        W = np.asarray(sum(p[m] * heads[m] for m in range(len(p))))  # M >= 1 terms: sum's start 0 never stays
         traj.append(gram(W))
         errs.append(rel_err(gram(W), g_star))
     return {"err_to_g_star": errs, "selection_distance": deltas, "grams": np.array(traj)}

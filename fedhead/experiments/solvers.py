@@ -62,6 +62,7 @@ class _Cached:
         if self._x_fg is None or not np.array_equal(x, self._x_fg):
             self._x_fg = np.array(x, copy=True)
             self._fg = self.value_and_grad(self._x_fg)
+        assert self._fg is not None  # set together with _x_fg
         return self._fg
 
     def hess(self, x: np.ndarray) -> np.ndarray:
@@ -71,6 +72,7 @@ class _Cached:
         if self._x_h is None or not np.array_equal(x, self._x_h):
             self._x_h = np.array(x, copy=True)
             self._h = self.hessian(self._x_h)
+        assert self._h is not None  # set together with _x_h
         return self._h
 
 
@@ -152,6 +154,13 @@ def _lbfgs(value_and_grad, x0: np.ndarray, gtol: float, maxiter: int) -> SolveRe
     return SolveResult(np.asarray(res.x), int(res.nit), gnorm, bool(gnorm <= 1e3 * gtol))
 
 
+def _given_hessian(o: ufm.ObjectiveValue) -> np.ndarray:
+    """``o.hess`` of a term computed with ``hessian=True``."""
+    if o.hess is None:
+        raise ValueError("objective term computed without its Hessian (hessian=False)")
+    return o.hess
+
+
 def prox_profiled_solve(
     W0: np.ndarray,
     anchor: np.ndarray,
@@ -192,19 +201,20 @@ def prox_profiled_solve(
     if gamma and sigma_cen is None:
         raise ValueError("prox_profiled_solve: gamma > 0 needs sigma_cen")
 
-    def terms(x, with_hessian):
+    def terms(x: np.ndarray, with_hessian: bool) -> list[ufm.ObjectiveValue]:
         W = x.reshape(C, P)
         out = [ufm.profiled_objective(W, target, lambda_h, lambda_w, rho=rho, w_ref=anchor, hessian=with_hessian)]
         if gamma:
             out.append(ufm.moment_correction(W, target, sigma_cen, lambda_h, gamma=gamma, hessian=with_hessian))
         return out
 
-    def value_and_grad(x):
+    # sums of one or two terms: asarray only tells the checker that sum's start (0) never stays
+    def value_and_grad(x: np.ndarray) -> tuple[float, np.ndarray]:
         t = terms(x, False)
-        return sum(o.value for o in t), sum(o.grad for o in t).ravel()
+        return sum(o.value for o in t), np.asarray(sum(o.grad for o in t)).ravel()
 
-    def hessian(x):
-        return sum(o.hess for o in terms(x, True))
+    def hessian(x: np.ndarray) -> np.ndarray:
+        return np.asarray(sum(_given_hessian(o) for o in terms(x, True)))
 
     r = _trust_exact(value_and_grad, hessian, W0.ravel().astype(np.float64), gtol, maxiter)
     return r._replace(x=r.x.reshape(C, P))

@@ -34,7 +34,7 @@ import io
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -110,7 +110,8 @@ def write_checkpoint(path: str | Path, state: ServerState, *, config_hash: str, 
     for k, v in state.extra.items():
         arrays[f"server/{k}"] = np.asarray(v)
     buf = io.BytesIO()
-    np.savez(buf, **arrays)
+    # the keys are array names ("meta", "head/weight", "server/<k>", ...), never savez's own keyword `allow_pickle`
+    np.savez(buf, **cast(dict[str, Any], arrays))
     return write_bytes_atomic(path, buf.getvalue())
 
 

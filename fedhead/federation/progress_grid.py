@@ -11,8 +11,9 @@ from collections.abc import Iterable
 from flwr.app import Error, Message
 from flwr.serverapp import Grid
 
+from fedhead.federation.watchdog import EngineWatch
 from fedhead.progress import progress
-from fedhead.settings.limits import STRAGGLER_ERROR_CODE, straggler_reason
+from fedhead.settings.limits import STRAGGLER_ERROR_CODE, Timeouts, straggler_reason
 
 #: seconds between two hand-overs of stored messages to the clients in flwr's simulation engine
 #: (``vce_api.add_messages_to_queue``)
@@ -52,8 +53,8 @@ class ProgressGrid(Grid):
         self.show = show
         self.poll = poll
         self.phases: list[tuple[str, float, float]] = []  # (type, start, seconds)
-        self.watch = None  # fedhead.federation.watchdog.EngineWatch: a dead engine ends every wait
-        self.timeouts = None  # fedhead.settings.limits.Timeouts: the straggler rule (None: off)
+        self.watch: EngineWatch | None = None  # a dead engine ends every wait
+        self.timeouts: Timeouts | None = None  # the straggler rule (None: off)
         self.concurrency: int | None = None  # clients that run at once (a simulation's slots; None: all)
         self.stragglers: list[tuple[str, int]] = []  # (message type, node) given up on, in order
         self.window: int | None = None
@@ -148,6 +149,7 @@ class ProgressGrid(Grid):
         self, kind: str, pending: list[Message], arrived: list[float], n_sent: int, t0: float
     ) -> list[Message]:
         """Error replies for the clients the straggler rule gives up on (one line each in the log)."""
+        assert self.timeouts is not None  # only called once _stragglers_due, which needs timeouts
         reason = straggler_reason(
             self.timeouts,
             waited=time.perf_counter() - t0,

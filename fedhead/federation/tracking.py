@@ -12,7 +12,7 @@ results layer, with results.json's schema) is one round's measurements.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -148,16 +148,17 @@ class RoundTracker:
         g = 0.5 * (g + g.T)
         ref = tg.reference_gram
 
-        def err(fn, ref_g):  # undefined (None) for a missing or zero reference Gram
-            return None if ref_g is None or not np.any(ref_g) else fn(g, ref_g)
+        def err(fn: Callable[[Any, Any], float | np.ndarray], ref_g: np.ndarray | None) -> float | None:
+            """``fn(g, ref_g)`` (a float: both are (C, C)); undefined (None) for a missing or zero reference Gram."""
+            return None if ref_g is None or not np.any(ref_g) else float(fn(g, ref_g))
 
         rec_g = pred = traj = e_rec = None
         if self.theory:
             rec_g = self._recursion[t]
-            e_rec = relative_error(g, rec_g)
+            e_rec = float(relative_error(g, rec_g))
             pred = ufm.gram_step(g, tg.client_grams, tg.weights)
             if t >= 1:
-                errs = [relative_error(r.gram, self._recursion[r.round]) for r in self.records[1:]]
+                errs = [float(relative_error(r.gram, self._recursion[r.round])) for r in self.records[1:]]
                 errs.append(e_rec)
                 traj = float(np.median(errs))
         return RoundRecord(

@@ -8,14 +8,18 @@ zeros are drawn at the log floor.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import matplotlib
 import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.ticker import MaxNLocator
+from numpy.typing import ArrayLike
 
 from fedhead.plotting.style import _CYCLE_MARKERS, _CYCLE_STYLES
+
+if TYPE_CHECKING:
+    from matplotlib.typing import LineStyleType
 
 
 def plot_error_curves(
@@ -26,7 +30,7 @@ def plot_error_curves(
     center: Literal["median", "mean"] = "median",
     band: Literal["iqr", "sd", "none"] = "iqr",
     colors: Sequence[str] | None = None,
-    linestyles: Sequence[str] | None = None,
+    linestyles: Sequence[LineStyleType] | None = None,
     markers: Sequence[str | None] | None = None,
     styles: Mapping[str, Mapping[str, object]] | None = None,
     logx: bool = False,
@@ -102,7 +106,7 @@ def plot_error_curves(
 
 def _center_and_band(
     label: str,
-    values: object,
+    values: ArrayLike,
     xs: np.ndarray,
     center: str,
     band: str,
@@ -133,9 +137,9 @@ def _curve_style(
     n_curves: int,
     every: int,
     colors: Sequence[str],
-    linestyles: Sequence[object],
+    linestyles: Sequence[LineStyleType],
     markers: Sequence[str | None],
-) -> dict[str, object]:
+) -> dict[str, Any]:
     """Default style of the ``i``-th of ``n_curves`` curves: cycled colour, line style and
     marker, widths decreasing to the last curve, markers staggered every ``every`` points."""
     return {
@@ -169,7 +173,7 @@ def _draw_curves(
     center: str,
     band: str,
     colors: Sequence[str] | None,
-    linestyles: Sequence[str] | None,
+    linestyles: Sequence[LineStyleType] | None,
     markers: Sequence[str | None] | None,
     styles: Mapping[str, Mapping[str, object]] | None,
     logy: bool,
@@ -177,10 +181,10 @@ def _draw_curves(
 ) -> bool:
     """Draw each curve's centre line and band in order; return whether a value was raised to
     ``floor`` on the log y axis."""
-    cycle = matplotlib.rcParams["axes.prop_cycle"].by_key().get("color", ["C0"])
-    colors = list(colors) if colors is not None else cycle
-    linestyles = list(linestyles) if linestyles is not None else _CYCLE_STYLES
-    markers = list(markers) if markers is not None else _CYCLE_MARKERS
+    cycle: list[str] = matplotlib.rcParams["axes.prop_cycle"].by_key().get("color", ["C0"])
+    color_seq = list(colors) if colors is not None else cycle
+    style_seq = list(linestyles) if linestyles is not None else _CYCLE_STYLES
+    marker_seq = list(markers) if markers is not None else _CYCLE_MARKERS
     n_curves = len(curves)
     every = max(xs.shape[0] // 10, 1) if xs.ndim == 1 else 1
     clipped = False
@@ -189,13 +193,13 @@ def _draw_curves(
         if logy:
             clipped = clipped or bool(np.any(mid < floor))
             mid = np.maximum(mid, floor)
-            if lo is not None:
+            if lo is not None and hi is not None:
                 lo, hi = np.maximum(lo, floor), np.maximum(hi, floor)
-        kw = _curve_style(i, n_curves, every, colors, linestyles, markers)
+        kw = _curve_style(i, n_curves, every, color_seq, style_seq, marker_seq)
         kw.update((styles or {}).get(label, {}))
         kw.setdefault("markerfacecolor", "none" if i % 2 else kw["color"])
         ax.plot(xs, mid, label=label, **kw)
-        if lo is not None:
+        if lo is not None and hi is not None:  # both or neither
             ax.fill_between(xs, lo, hi, color=kw["color"], alpha=0.2, linewidth=0)
     return clipped
 

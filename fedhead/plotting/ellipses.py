@@ -7,12 +7,16 @@ named Grams with one panel per coordinate group, a shared legend and a caption.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Literal
+from typing import TYPE_CHECKING, Literal, cast
 
 import matplotlib
 import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
+
+if TYPE_CHECKING:
+    from matplotlib.typing import LineStyleType
+    from mpl_toolkits.mplot3d.axes3d import Axes3D
 
 from fedhead.plotting.canvas import blank_figure
 from fedhead.plotting.style import _CYCLE_MARKERS, _CYCLE_STYLES, _gram_key, gram_label, gram_style
@@ -21,6 +25,7 @@ from fedhead.plotting.style import _CYCLE_MARKERS, _CYCLE_STYLES, _gram_key, gra
 def _as_gram_mapping(
     grams: Mapping[str, np.ndarray] | Sequence[np.ndarray] | np.ndarray,
 ) -> list[tuple[str | None, np.ndarray]]:
+    items: list[tuple[str | None, np.ndarray]]
     if isinstance(grams, Mapping):
         items = [(str(k), np.asarray(v, dtype=np.float64)) for k, v in grams.items()]
     else:
@@ -80,7 +85,7 @@ def plot_ellipses(
     grams: Mapping[str, np.ndarray] | Sequence[np.ndarray] | np.ndarray,
     *,
     colors: Sequence[str] | None = None,
-    linestyles: Sequence[str] | None = None,
+    linestyles: Sequence[LineStyleType] | None = None,
     linewidths: Sequence[float] | float | None = None,
     markers: Sequence[str | None] | None = None,
     coords: Sequence[int] | None = None,
@@ -163,7 +168,7 @@ def _draw_ellipses(
     n_points: int,
     *,
     colors: Sequence[str] | None,
-    linestyles: Sequence[str] | None,
+    linestyles: Sequence[LineStyleType] | None,
     linewidths: Sequence[float] | float | None,
     markers: Sequence[str | None] | None,
     labels: Mapping[str, str] | None,
@@ -171,11 +176,7 @@ def _draw_ellipses(
     """Draw every ellipse of ``items`` in order; return the axis half-width that shows them all
     (8 % beyond the largest coordinate, 1 when every Gram is zero)."""
     cycle = matplotlib.rcParams["axes.prop_cycle"].by_key().get("color", ["C0"])
-    widths = (
-        None
-        if linewidths is None
-        else ([float(linewidths)] if np.isscalar(linewidths) else [float(w) for w in linewidths])
-    )
+    widths = None if linewidths is None else [float(w) for w in np.ravel(linewidths)]  # a float: one width
     extent = 0.0
     n_items = len(items)
     for i, (key, g) in enumerate(items):
@@ -193,14 +194,14 @@ def _ellipse_style(
     n_items: int,
     key: str | None,
     colors: Sequence[str] | None,
-    linestyles: Sequence[str] | None,
+    linestyles: Sequence[LineStyleType] | None,
     markers: Sequence[str | None] | None,
     widths: list[float] | None,
     cycle: Sequence[str],
-) -> tuple[str, object, str | None, float]:
+) -> tuple[str, LineStyleType, str | None, float]:
     """Colour, line style, marker and width of the ``i``-th of ``n_items`` ellipses: the
     explicit sequences (cycled), else the palette style of a known Gram key, else the cycles."""
-    known = gram_style(key) if _gram_key(key) is not None else None
+    known = gram_style(key) if key is not None and _gram_key(key) is not None else None
     color = colors[i % len(colors)] if colors is not None else known["color"] if known else cycle[i % len(cycle)]
     style = (
         linestyles[i % len(linestyles)]
@@ -230,7 +231,7 @@ def _draw_ellipse(
     n_points: int,
     *,
     color: str,
-    style: object,
+    style: LineStyleType,
     marker: str | None,
     width: float,
     label: str | None,
@@ -238,7 +239,7 @@ def _draw_ellipse(
     """Draw the ``i``-th ellipse (a wireframe ellipsoid on 3-D axes); return its points."""
     if is3d:
         pts = ellipse_points(g, coords, n_points=min(n_points, 24))
-        ax.plot_wireframe(
+        cast("Axes3D", ax).plot_wireframe(
             pts[0], pts[1], pts[2], color=color, linewidth=0.6 * width, linestyle=style, alpha=0.7, label=label
         )
     else:
@@ -263,13 +264,14 @@ def _draw_ellipse(
 def _frame_ellipse_axes(ax: Axes, extent: float, names: Sequence[str], is3d: bool) -> None:
     """Symmetric, equal limits ``[-extent, extent]`` on every axis, and the axis labels."""
     if is3d:
-        ax.set_xlim(-extent, extent)
-        ax.set_ylim(-extent, extent)
-        ax.set_zlim(-extent, extent)
-        ax.set_box_aspect((1, 1, 1))
-        ax.set_xlabel(names[0])
-        ax.set_ylabel(names[1])
-        ax.set_zlabel(names[2])
+        ax3d = cast("Axes3D", ax)  # is3d: a projection="3d" axes
+        ax3d.set_xlim(-extent, extent)
+        ax3d.set_ylim(-extent, extent)
+        ax3d.set_zlim(-extent, extent)
+        ax3d.set_box_aspect((1, 1, 1))
+        ax3d.set_xlabel(names[0])
+        ax3d.set_ylabel(names[1])
+        ax3d.set_zlabel(names[2])
     else:
         ax.set_xlim(-extent, extent)
         ax.set_ylim(-extent, extent)

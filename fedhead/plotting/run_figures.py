@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 from matplotlib.axes import Axes
@@ -21,9 +22,12 @@ from fedhead.plotting.style import _CYCLE_COLORS, PALETTE, PROCEDURE_COLORS, err
 from fedhead.results.rounds import RoundRecord
 from fedhead.results.schema import Results
 
+if TYPE_CHECKING:
+    from matplotlib.typing import LegendLocType
 
-def _num(v: object) -> float:
-    return float("nan") if v is None else float(v)  # type: ignore[arg-type]
+
+def _num(v: float | None) -> float:
+    return float("nan") if v is None else float(v)
 
 
 _RUN_CURVES = (("star", "e_f_star"), ("cen", "e_f_cen"), ("within", "e_f_within"), ("recursion", "e_f_recursion"))
@@ -78,7 +82,7 @@ def run_error_figure(results: Results, *, title: str | None = None) -> Figure:
         raise ValueError("run_error_figure: results has no rounds")
     x = np.array([r.round for r in rounds], dtype=float)
     curves: dict[str, np.ndarray] = {}
-    styles: dict[str, dict[str, object]] = {}
+    styles: dict[str, Mapping[str, object]] = {}
     for ref, field in _RUN_CURVES:
         vals = np.array([np.nan if (ref == "recursion" and r.round == 0) else _error(r, field) for r in rounds])
         if np.isfinite(vals).any():
@@ -213,7 +217,7 @@ def _procedure_curves(
     return curves, styles
 
 
-def shared_legend(fig: Figure, axes: Sequence[Axes], loc: str = "outside right upper") -> None:
+def shared_legend(fig: Figure, axes: Sequence[Axes], loc: LegendLocType = "outside right upper") -> None:
     """One figure legend for ``axes`` (each label once, in the order the panels first show it) at
     ``loc``; below the panels (``"outside lower center"``) its columns fill the figure's width."""
     handles, labels = [], []
@@ -223,7 +227,9 @@ def shared_legend(fig: Figure, axes: Sequence[Axes], loc: str = "outside right u
                 handles.append(h)
                 labels.append(lab)
     if handles:
-        ncols = 1 if "right" in loc else max(1, min(len(labels), int(fig.get_figwidth() // 3.2)))
+        ncols = (
+            1 if isinstance(loc, str) and "right" in loc else max(1, min(len(labels), int(fig.get_figwidth() // 3.2)))
+        )
         fig.legend(handles, labels, loc=loc, fontsize="small", handlelength=3.0, ncols=ncols)
 
 

@@ -7,6 +7,11 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, TypedDict
+
+if TYPE_CHECKING:
+    from matplotlib.typing import LineStyleType
+
 #: One colour per Gram, the same in every figure and TensorBoard image.
 PALETTE: dict[str, str] = {
     "G_t": "#1f77b4",  # blue: the measured (federated) Gram
@@ -19,7 +24,7 @@ PALETTE: dict[str, str] = {
 }
 
 #: Line style and marker per Gram (coinciding ellipses and curves stay distinguishable).
-_GRAM_LINES: dict[str, tuple[object, str]] = {
+_GRAM_LINES: dict[str, tuple[LineStyleType, str]] = {
     "G_t": ("-", "o"),
     "G_star": ("--", "s"),
     "G_cen": ("-.", "^"),
@@ -56,7 +61,7 @@ PROCEDURE_COLORS: dict[str, str] = {
     "full_model": "#bcbd22",
 }
 
-_CYCLE_STYLES = ["-", "--", "-.", ":", (0, (5, 1, 1, 1)), (0, (1, 1)), (0, (8, 3))]
+_CYCLE_STYLES: list[LineStyleType] = ["-", "--", "-.", ":", (0, (5, 1, 1, 1)), (0, (1, 1)), (0, (8, 3))]
 _CYCLE_MARKERS = ["o", "s", "^", "D", "v", "P", "X", "*"]
 
 #: Colour cycle of procedures missing from [`PROCEDURE_COLORS`][fedhead.plotting.PROCEDURE_COLORS].
@@ -74,7 +79,15 @@ def _gram_key(label: str | None) -> str | None:
     return None
 
 
-def gram_style(key: str) -> dict[str, object]:
+class GramStyle(TypedDict):
+    """What [`gram_style`][fedhead.plotting.gram_style] returns: matplotlib keywords of a Gram's lines."""
+
+    color: str
+    linestyle: LineStyleType
+    marker: str
+
+
+def gram_style(key: str) -> GramStyle:
     """Colour, line style and marker of a Gram named in [`PALETTE`][fedhead.plotting.PALETTE] (``G_<digits>`` is
     ``G_t``)."""
     k = _gram_key(key)
