@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sized
 from typing import Any, TextIO
 
 from tqdm.auto import tqdm
@@ -58,8 +58,8 @@ class PlainProgress:
         self.desc = desc
         self.unit = unit
         self.summary = summary
-        if total is None and iterable is not None and hasattr(iterable, "__len__"):
-            total = len(iterable)  # type: ignore[arg-type]
+        if total is None and isinstance(iterable, Sized):
+            total = len(iterable)
         self.total = total
         self.n = 0
         self.postfix = ""

@@ -146,8 +146,8 @@ def final_gram(results: Results) -> np.ndarray | None:
 def gap_traces(results: Results) -> tuple[float, float, float] | None:
     """``(Tr M_mu, Tr M_Sigma, Tr M_A)`` of the run's diagnosis (docs/theory.md §7), or None."""
     d = results.diagnosis or {}
-    vals = tuple(num(d.get(k)) for k in ("trace_m_mu", "trace_m_sigma", "trace_m_a"))
-    return None if None in vals else vals  # type: ignore[return-value]
+    t_mu, t_sigma, t_a = (num(d.get(k)) for k in ("trace_m_mu", "trace_m_sigma", "trace_m_a"))
+    return None if t_mu is None or t_sigma is None or t_a is None else (t_mu, t_sigma, t_a)
 
 
 def measured_gap_trace(results: Results) -> float | None:

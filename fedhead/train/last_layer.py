@@ -108,8 +108,9 @@ def solve_output_layer(
     keep_better : bool
         Try ``ridge`` and [`RIDGE_STEPS`][fedhead.train.last_layer.RIDGE_STEPS] - 1 smaller filters (each a
         factor 10 below the previous) and set the layer to the one with the lowest objective, or
-        leave the layer as it is when none is lower by more than ``KEEP_MARGIN`` (relative). The objectives are computed exactly from
-        ``z`` ([`_layer_objective`][fedhead.train.last_layer._layer_objective]): the solve never raises the objective.
+        leave the layer as it is when none is lower by more than ``KEEP_MARGIN`` (relative). The
+        objectives are computed exactly from ``z``
+        ([`_layer_objective`][fedhead.train.last_layer._layer_objective]): the solve never raises the objective.
     finish : bool
         Compare objectives as the finishing step leaves the features (``h -> P_W (h - m)``).
 
