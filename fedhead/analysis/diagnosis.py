@@ -28,9 +28,9 @@ def _key(name: str) -> dict[str, str]:
 class Diagnosis:
     """What the theory predicts for a federation, from the exchanged statistics alone.
 
-    A new field is one declaration: [`to_dict`][fedhead.analysis.diagnosis.Diagnosis.to_dict] is generated from the
-    fields (the JSON key
-    is the field name unless its metadata names another; NaN floats become ``None``).
+    A new field is one declaration: [`to_dict`][fedhead.analysis.diagnosis.Diagnosis.to_dict] is generated
+    from the fields (the JSON key is the field name unless its metadata names another; NaN floats become
+    ``None``).
 
     Attributes
     ----------

@@ -1,11 +1,10 @@
 """The typed local-training procedure every layer reads (Hydra group ``procedure/``).
 
-[`ProcedureConfig`][fedhead.analysis.procedure.ProcedureConfig] carries and validates a procedure's parameters (``rho``,
-``gamma``,
-alignment, centring, full-model averaging, the exact rule);
-[`reference_name`][fedhead.analysis.procedure.reference_name] is the one
-rule for the Gram a procedure should reach. Pure Python: the server, the clients, the training
-layer and the configuration all import it.
+[`ProcedureConfig`][fedhead.analysis.procedure.ProcedureConfig] carries and validates a procedure's
+parameters (``rho``, ``gamma``, alignment, centring, full-model averaging, the exact rule);
+[`reference_name`][fedhead.analysis.procedure.reference_name] is the one rule for the Gram a procedure
+should reach. Pure Python: the server, the clients, the training layer and the configuration all import
+it.
 
 A procedure is declared once, as a file ``conf/procedure/<name>.yaml`` naming this class; the
 procedures a run knows are those files

@@ -40,9 +40,8 @@ log = logging.getLogger(__name__)
 # -------------------------------------------------------------------------------- handlers
 def handle_query(job: JobConfig, msg: Message, context: Context) -> Message:
     """Reply with ``(N_m, mu_m, Sigma_m)`` of the client's training targets (theory.md §3,
-    [`fedhead.clients.step.moment_reply`][fedhead.clients.moment_reply]), or, for ``stage="mismatch"``, with the
-    mismatch
-    objectives ([`handle_mismatch`][fedhead.clients.app.handle_mismatch])."""
+    [`fedhead.clients.step.moment_reply`][fedhead.clients.moment_reply]), or, for ``stage="mismatch"``,
+    with the mismatch objectives ([`handle_mismatch`][fedhead.clients.app.handle_mismatch])."""
     cfg = msg.content.config_records.get(protocol.CONFIG)
     if cfg is not None and cfg.get(protocol.STAGE) == protocol.STAGE_MISMATCH:
         return handle_mismatch(job, msg, context)
@@ -56,10 +55,9 @@ def handle_query(job: JobConfig, msg: Message, context: Context) -> Message:
 
 def handle_mismatch(job: JobConfig, msg: Message, context: Context) -> Message:
     """The client's three objectives of the mismatch measurement (docs/theory.md §13): its own
-    trained local model, the trained heads' average with its backbone, the aligned average with
-    its aligned backbone ([`mismatch_objectives`][fedhead.train.mismatch_objectives.mismatch_objectives]; the stored
-    backbone of the
-    message's round is only read)."""
+    trained local model, the trained heads' average with its backbone, the aligned average with its
+    aligned backbone ([`mismatch_objectives`][fedhead.train.mismatch_objectives.mismatch_objectives]; the
+    stored backbone of the message's round is only read)."""
     limit_threads(job)
     pid = partition_of(context, job, msg)
     data, cd = local_data(job, context, msg, pid)

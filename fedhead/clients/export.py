@@ -30,10 +30,9 @@ MODELS_DIR = "models"
 
 def model_folder(job: JobConfig, context: Context, pid: int) -> Path:
     """Where partition ``pid`` saves its model: ``<store>/models/partition_<pid>`` under the node's
-    ``state-dir`` (a deployment: [`fedhead.clients.state.store_of`][fedhead.clients.state.store_of], on the client's
-    machine),
-    else ``<run folder>/<procedure>/models/partition_<pid>`` (a simulation; kept after the run,
-    unlike ``client_state/``)."""
+    ``state-dir`` (a deployment: [`fedhead.clients.state.store_of`][fedhead.clients.state.store_of], on
+    the client's machine), else ``<run folder>/<procedure>/models/partition_<pid>`` (a simulation; kept
+    after the run, unlike ``client_state/``)."""
     if context.node_config.get(STATE_DIR_KEY):
         return store_of(job, context).root / MODELS_DIR / f"partition_{pid}"
     return job.output_dir / MODELS_DIR / f"partition_{pid}"

@@ -37,9 +37,9 @@ DATA_PATH_KEY = "data-path"  # Flower's node config key of a SuperNode's own dat
 # -------------------------------------------------------------------------------- helpers
 def partition_of(context: Context, job: JobConfig, msg: Message | None = None) -> int:
     """The client's partition id, checked against M: the server's number in the message's config
-    (SuperNodes known by their ``data-path``, [`fedhead.strategies.statistics`][fedhead.strategies.statistics]), else
-    the
-    node config's ``partition-id``."""
+    (SuperNodes known by their ``data-path``,
+    [`fedhead.strategies.statistics`][fedhead.strategies.statistics]), else the node config's
+    ``partition-id``."""
     cfg = None if msg is None else msg.content.config_records.get(protocol.CONFIG)
     if cfg is not None and protocol.PARTITION_ID in cfg:
         pid = protocol.record_int(cfg[protocol.PARTITION_ID])
@@ -105,9 +105,9 @@ def limit_threads(job: JobConfig) -> None:
 
 def simulation_state_dir(job: JobConfig, run_id: int) -> Path:
     """``<output>/<procedure>/client_state/run_<key>`` of a simulation (single machine): the key
-    is [`fedhead.federation.checkpoint.state_key`][fedhead.federation.checkpoint.state_key] of the config hash, so a
-    resumed run (a new flwr run
-    id) finds the interrupted run's backbones; flwr's run id when the job has no hash."""
+    is [`fedhead.federation.checkpoint.state_key`][fedhead.federation.checkpoint.state_key] of the config
+    hash, so a resumed run (a new flwr run id) finds the interrupted run's backbones; flwr's run id when
+    the job has no hash."""
     key = state_key(job.config_hash) if job.config_hash else str(run_id)
     return job.state_dir / f"run_{key}"
 
@@ -123,11 +123,9 @@ def deployment_run_key(job: JobConfig, run_id: int) -> str:
 
 def store_of(job: JobConfig, context: Context) -> BackboneStore:
     """The private backbone store of this client: ``<state-dir>/<procedure>/run_<key>``
-    ([`deployment_run_key`][fedhead.clients.state.deployment_run_key]) when the SuperNode's node config names a
-    ``state-dir``
-    (deployments: a folder local to the client), else
-    [`simulation_state_dir`][fedhead.clients.state.simulation_state_dir]
-    (simulation, single machine)."""
+    ([`deployment_run_key`][fedhead.clients.state.deployment_run_key]) when the SuperNode's node config
+    names a ``state-dir`` (deployments: a folder local to the client), else
+    [`simulation_state_dir`][fedhead.clients.state.simulation_state_dir] (simulation, single machine)."""
     node_dir = context.node_config.get(STATE_DIR_KEY)
     site = context.node_config.get(DATA_PATH_KEY)  # a node known by its file: its state under its own key
     site_dir = f"site_{hashlib.sha256(str(site).encode()).hexdigest()[:12]}" if site else ""

@@ -298,8 +298,8 @@ def evaluate_step(
     x, y : Tensor
         Training inputs and targets ``(N_m, C)``.
     procedure, problem
-        As for [`train_step`][fedhead.clients.train_step] (``full_model``; penalties and centring: a centring client is
-        evaluated on ``y - mu_m``).
+        As for [`train_step`][fedhead.clients.train_step] (``full_model``; penalties and centring: a
+        centring client is evaluated on ``y - mu_m``).
     partition_id : int
     test : (Tensor, Tensor), optional
         Held-out inputs and targets; adds ``test_mse`` and ``num-test-examples``.

@@ -1,21 +1,19 @@
 """CIFAR-geo (docs/theory.md §10): source images shifted and zoomed into a 40x40 frame.
 
-Every sample is one source image placed in a black ``frame_size x frame_size`` canvas after a
-zoom ``z`` and a shift ``(dx, dy)``; the targets are ``(shift_x, shift_y, log_zoom)`` =
-``(dx, dy, log z)`` in pixels / natural log. Geometry (continuous, bilinear resampling with
-zero fill outside the source, [`place_images`][fedhead.data.cifar_geo.place_images]): the source image is first scaled
-so that
-its side spans ``32 z`` frame pixels (so ``z = 1`` puts a CIFAR-10 image at its native size),
-then its centre is put at ``(frame_size / 2 + dx, frame_size / 2 + dy)``; ``dx`` grows to the
-right and ``dy`` downwards. Parts that leave the frame are cut off.
+Every sample is one source image placed in a black ``frame_size x frame_size`` canvas after a zoom ``z``
+and a shift ``(dx, dy)``; the targets are ``(shift_x, shift_y, log_zoom)`` = ``(dx, dy, log z)`` in pixels
+/ natural log. Geometry (continuous, bilinear resampling with zero fill outside the source,
+[`place_images`][fedhead.data.cifar_geo.place_images]): the source image is first scaled so that its side
+spans ``32 z`` frame pixels (so ``z = 1`` puts a CIFAR-10 image at its native size), then its centre is
+put at ``(frame_size / 2 + dx, frame_size / 2 + dy)``; ``dx`` grows to the right and ``dy`` downwards.
+Parts that leave the frame are cut off.
 
-Four designed client groups ([`GROUPS`][fedhead.data.cifar_geo.GROUPS]) draw ``(dx, dy, log z)`` from different
-Gaussians
-(different means and covariances), truncated to ``|dx|, |dy| <= max_shift`` and
-``log z`` in ``[log 0.5, log 1.3]`` by redrawing. Training samples are split as equally as
-possible over the groups (3,000 each for 12,000), and so are test samples (750 each);
-[`RawDataset`][fedhead.data.RawDataset] carries the group of every sample in ``groups`` /
-``groups_test``, sorted by group.
+Four designed client groups ([`GROUPS`][fedhead.data.cifar_geo.GROUPS]) draw ``(dx, dy, log z)`` from
+different Gaussians (different means and covariances), truncated to ``|dx|, |dy| <= max_shift`` and ``log
+z`` in ``[log 0.5, log 1.3]`` by redrawing. Training samples are split as equally as possible over the
+groups (3,000 each for 12,000), and so are test samples (750 each);
+[`RawDataset`][fedhead.data.RawDataset] carries the group of every sample in ``groups`` / ``groups_test``,
+sorted by group.
 
 Image sources (``image_source``):
 

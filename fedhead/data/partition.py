@@ -78,12 +78,11 @@ def leading_direction(y: np.ndarray) -> np.ndarray:
 def eigen_partition(y_train: np.ndarray, num_clients: int, y_test: np.ndarray | None = None) -> Partition:
     """Leading-eigenvector partition (docs/theory.md §10).
 
-    Every training target is projected on [`leading_direction`][fedhead.data.leading_direction] ``v``; samples are
-    sorted by
-    ``z = Y v`` (stable sort, ties by index) and cut into ``num_clients`` contiguous groups of
-    equal size (sizes differ by at most one when ``N`` is not divisible): client 0 holds the
-    smallest projections. A test sample goes to the client whose training projection interval
-    ``[min z, max z]`` is nearest to its projection (distance 0 inside; the lower id on a tie).
+    Every training target is projected on [`leading_direction`][fedhead.data.leading_direction] ``v``;
+    samples are sorted by ``z = Y v`` (stable sort, ties by index) and cut into ``num_clients`` contiguous
+    groups of equal size (sizes differ by at most one when ``N`` is not divisible): client 0 holds the
+    smallest projections. A test sample goes to the client whose training projection interval ``[min z,
+    max z]`` is nearest to its projection (distance 0 inside; the lower id on a tie).
 
     Parameters
     ----------

@@ -10,19 +10,19 @@ the site or test column). Clients:
 * one file and ``dataset.partition=eigen dataset.num_clients=K``: the leading-eigenvector split
   of the pooled standardised targets ([`fedhead.data.partition.eigen_partition`][fedhead.data.eigen_partition]).
 
-``dataset.targets`` names the target columns (required for tables; for ``.npz`` optional names of
-``y``'s columns); ``dataset.features`` the inputs (default: every other numeric column but the site
-and test columns). A held-out test split comes from ``dataset.test_column`` (truthy rows are test
-rows) or ``dataset.test_fraction`` (that fraction of every site's rows, chosen by ``seed``).
-Targets (``standardize_targets=pooled|none``) and tabular inputs (``standardize_inputs=pooled|
-site|none``) are standardised with the pooled training statistics (docs/theory.md §10). With one
-file per client and every row ([`TableConfig.site_local`][fedhead.data.table_config.TableConfig.site_local]) a
-federation never pools rows:
-each client reads only its own file ([`fedhead.data.site`][fedhead.data.site]; a deployed SuperNode's node
-config ``data-path``, then ``dataset.files=[] dataset.num_clients=M``) and the pooled
-statistics come from the exchanged moments ([`fedhead.analysis.standardization`][fedhead.analysis.standardization]);
-[`load`][fedhead.data.table.load] gives the same numbers on one machine (the simulation's checks before Ray).
-``n_train=null`` keeps every training row.
+``dataset.targets`` names the target columns (required for tables; for ``.npz`` optional names of ``y``'s
+columns); ``dataset.features`` the inputs (default: every other numeric column but the site and test
+columns). A held-out test split comes from ``dataset.test_column`` (truthy rows are test rows) or
+``dataset.test_fraction`` (that fraction of every site's rows, chosen by ``seed``). Targets
+(``standardize_targets=pooled|none``) and tabular inputs (``standardize_inputs=pooled| site|none``) are
+standardised with the pooled training statistics (docs/theory.md §10). With one file per client and every
+row ([`TableConfig.site_local`][fedhead.data.table_config.TableConfig.site_local]) a federation never
+pools rows: each client reads only its own file ([`fedhead.data.site`][fedhead.data.site]; a deployed
+SuperNode's node config ``data-path``, then ``dataset.files=[] dataset.num_clients=M``) and the pooled
+statistics come from the exchanged moments
+([`fedhead.analysis.standardization`][fedhead.analysis.standardization]);
+[`load`][fedhead.data.table.load] gives the same numbers on one machine (the simulation's checks before
+Ray). ``n_train=null`` keeps every training row.
 
 Every problem with the files is a [`TableError`][fedhead.data.table_files.TableError] (a data and a configuration error:
 one

@@ -178,9 +178,9 @@ def deployment_logging(job: JobConfig) -> None:
 
 def deployment_resume(job: JobConfig) -> Checkpoint | None:
     """The checkpoint a deployed ServerApp continues from (``resume`` in the run config), read
-    before anything is written: [`fedhead.federation.checkpoint.ResumeError`][fedhead.federation.checkpoint.ResumeError]
-    when there is none or it
-    was written with another config or procedure (the rule of ``fedhead-run resume=``)."""
+    before anything is written:
+    [`fedhead.federation.checkpoint.ResumeError`][fedhead.federation.checkpoint.ResumeError] when there is
+    none or it was written with another config or procedure (the rule of ``fedhead-run resume=``)."""
     if not job.resume:
         return None
     ckpt = load_for_resume(job.output_dir, config_hash=job.config_hash, procedure=job.name, rounds=job.settings.rounds)

@@ -177,12 +177,11 @@ def prox_profiled_solve(
     """Minimise ``F(W; T) + gamma C(W) + rho/2 ||W - anchor||_F^2`` with SciPy trust-exact.
 
     ``F`` (value, gradient, Hessian in row-major ``vec(W)``) is
-    [`fedhead.ufm.profiled_objective`][fedhead.ufm.profiled_objective] (docs/theory.md §4) and the correction ``C``
-    (docs/theory.md §2, §8) is
-    [`fedhead.ufm.moment_correction`][fedhead.ufm.moment_correction], both with analytic Hessians.  Trust-exact is
-    followed
-    by a few plain Newton steps, because near the minimiser the objective's value stops
-    resolving progress (differences below rounding) long before its gradient does; along the
+    [`fedhead.ufm.profiled_objective`][fedhead.ufm.profiled_objective] (docs/theory.md §4) and the
+    correction ``C`` (docs/theory.md §2, §8) is
+    [`fedhead.ufm.moment_correction`][fedhead.ufm.moment_correction], both with analytic Hessians.
+    Trust-exact is followed by a few plain Newton steps, because near the minimiser the objective's value
+    stops resolving progress (differences below rounding) long before its gradient does; along the
     rotation directions the curvature is only ``rho``, so this matters for small ``rho``.
 
     Parameters

@@ -18,10 +18,9 @@ The server has no random state: the initial head and backbone come from the run 
 client's local training seed from [`fedhead.train.round_seed`][fedhead.train.round_seed] ``(seed, round, partition)``,
 so a resumed run repeats exactly what the uninterrupted run would have done.
 
-The private backbones stay with the clients ([`fedhead.clients.store.BackboneStore`][fedhead.clients.BackboneStore]); in
-a
-simulation their folder is keyed by [`state_key`][fedhead.federation.checkpoint.state_key] (from the config hash, not
-flwr's run id,
+The private backbones stay with the clients
+([`fedhead.clients.store.BackboneStore`][fedhead.clients.BackboneStore]); in a simulation their folder is
+keyed by [`state_key`][fedhead.federation.checkpoint.state_key] (from the config hash, not flwr's run id,
 which changes between the original and the resumed run).
 
 [`load_for_resume`][fedhead.federation.checkpoint.load_for_resume] refuses a folder written with another config (another

@@ -17,8 +17,8 @@ Server -> client
                  (``sigma_cen (C,C)``, corrected procedures), optional ``backbone`` ArrayRecord
                  (full-model averaging; BatchNorm statistics never included).
     ``evaluate``: ``head`` ArrayRecord, ``config`` ConfigRecord; in the run's last round the
-                 config also has ``final-round=true``: the head is the run's final shared head,
-                 and each client saves its final model ([`fedhead.clients.export`][fedhead.clients.export],
+                 config also has ``final-round=true``: the head is the run's final shared head, and each
+                 client saves its final model ([`fedhead.clients.export`][fedhead.clients.export],
                  ``output.export_model``).
     After a statistics exchange every message also carries a ``standardization`` ArrayRecord
     (``target_offset``, ``target_scale`` ``(C,)``, ``input_offset``, ``input_scale`` ``(F,)`` or

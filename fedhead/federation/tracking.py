@@ -32,14 +32,13 @@ __all__ = ["Targets", "RoundRecord", "RoundTracker", "reference_targets", "selec
 class Targets:
     """Reference Grams of a run, from training-target moments, weights and penalties only.
 
-    ``client_grams`` ``(M,C,C)`` are the optimal Grams the procedure's clients fit
-    (``phi(Sigma_m)``, or ``phi((1-gamma) Sigma_m + gamma Sigma_cen)`` when corrected); the
-    exact recursion and the selection distance use them. ``reference`` names the endpoint the
-    procedure should reach (``"star"``, ``"cen"``, ``"corrected"`` or ``"within"``, see
-    [`fedhead.analysis.procedure.reference_name`][fedhead.analysis.procedure.reference_name]). ``g_corrected`` is the BW
-    barycenter of the
-    corrected ``client_grams`` for a partial correction ``0 < gamma < 1`` (the fixed point of
-    exact selection there, not ``G_cen``); None otherwise.
+    ``client_grams`` ``(M,C,C)`` are the optimal Grams the procedure's clients fit (``phi(Sigma_m)``, or
+    ``phi((1-gamma) Sigma_m + gamma Sigma_cen)`` when corrected); the exact recursion and the selection
+    distance use them. ``reference`` names the endpoint the procedure should reach (``"star"``, ``"cen"``,
+    ``"corrected"`` or ``"within"``, see
+    [`fedhead.analysis.procedure.reference_name`][fedhead.analysis.procedure.reference_name]).
+    ``g_corrected`` is the BW barycenter of the corrected ``client_grams`` for a partial correction ``0 <
+    gamma < 1`` (the fixed point of exact selection there, not ``G_cen``); None otherwise.
 
     Outside the fully active regime (``fully_active=False``, only with the explicit
     ``dataset.allow_outside_regime=true`` override) ``phi`` is the PSD minimiser with clipped

@@ -1,13 +1,12 @@
 """Noticing a dead simulation engine from the ServerApp thread.
 
-flwr's `flwr.simulation.run_simulation` runs the ServerApp in a (non-daemon) thread and the
-simulation engine (Ray backend) in the calling thread. When the engine crashes, the call raises
-but the ServerApp thread keeps waiting for replies that will never come, and the process never
-exits. The driver trips an [`EngineWatch`][fedhead.federation.watchdog.EngineWatch] when the engine call ends (crash or
-not); every
-wait of the ServerApp ([`fedhead.federation.progress_grid.ProgressGrid`][fedhead.federation.progress_grid.ProgressGrid],
-the strategy's node wait) checks
-it and ends with [`EngineDied`][fedhead.federation.watchdog.EngineDied].
+flwr's `flwr.simulation.run_simulation` runs the ServerApp in a (non-daemon) thread and the simulation
+engine (Ray backend) in the calling thread. When the engine crashes, the call raises but the ServerApp
+thread keeps waiting for replies that will never come, and the process never exits. The driver trips an
+[`EngineWatch`][fedhead.federation.watchdog.EngineWatch] when the engine call ends (crash or not); every
+wait of the ServerApp
+([`fedhead.federation.progress_grid.ProgressGrid`][fedhead.federation.progress_grid.ProgressGrid], the
+strategy's node wait) checks it and ends with [`EngineDied`][fedhead.federation.watchdog.EngineDied].
 
 The other way round, flwr's engine waits without a deadline for every ClientApp task it started:
 [`end_hung_clients`][fedhead.federation.watchdog.end_hung_clients] ends the Ray actors still busy once the ServerApp has

@@ -24,8 +24,8 @@ new_figure, save_figure
 
 Colours: [`PALETTE`][fedhead.plotting.PALETTE] fixes one colour per Gram (``G_t``, ``G_star``, ``G_cen``,
 ``G_within``, ``G_0``, the exact recursion) for every figure and TensorBoard image;
-[`gram_style`][fedhead.plotting.gram_style] and [`gram_label`][fedhead.plotting.gram_label] give the matching style and
-mathtext label.
+[`gram_style`][fedhead.plotting.gram_style] and [`gram_label`][fedhead.plotting.gram_label] give the
+matching style and mathtext label.
 
 This module is the public facade: the implementation lives in [`fedhead.plotting`][fedhead.plotting]
 (``style``: palette and labels; ``canvas``: ``new_figure``/``save_figure``; ``ellipses``;

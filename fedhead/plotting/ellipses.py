@@ -343,9 +343,8 @@ def gram_ellipse_figure(
     procedure, round_ : optional
         Procedure name and round shown in the default title.
     view : {"pairs", "3d"}
-        Planar pairs of coordinates ([`coordinate_groups`][fedhead.plotting.coordinate_groups]), or 3-d ellipsoids of
-        triples
-        (needs ``C >= 3``).
+        Planar pairs of coordinates ([`coordinate_groups`][fedhead.plotting.coordinate_groups]), or 3-d
+        ellipsoids of triples (needs ``C >= 3``).
     panel_size : (width, height)
         Inches per panel.
 

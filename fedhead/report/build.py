@@ -87,8 +87,8 @@ class Report:
     figure_errors : list of str
         Figures that failed to draw (one line each; the report goes on without them).
     claims : list of (Claim, Verdict)
-        The paper's claims ([`fedhead.report.paper_claims.CLAIMS`][fedhead.report.paper_claims.CLAIMS]) with their
-        verdicts.
+        The paper's claims ([`fedhead.report.paper_claims.CLAIMS`][fedhead.report.paper_claims.CLAIMS])
+        with their verdicts.
     """
 
     out: Path

@@ -1,13 +1,12 @@
 """results.json's per-round record and per-client metrics, each key declared once (numpy only).
 
-[`RoundRecord`][fedhead.results.rounds.RoundRecord] is one round's server measurements (``rounds[t]`` of results.json):
-every
-field carries its meaning in its metadata ([`key`][fedhead.results.rounds.key]), and
+[`RoundRecord`][fedhead.results.rounds.RoundRecord] is one round's server measurements (``rounds[t]`` of
+results.json): every field carries its meaning in its metadata ([`key`][fedhead.results.rounds.key]), and
 [`RoundRecord.to_dict`][fedhead.results.rounds.RoundRecord.to_dict],
 [`RoundRecord.from_dict`][fedhead.results.rounds.RoundRecord.from_dict],
 [`RoundRecord.scalars`][fedhead.results.rounds.RoundRecord.scalars] and the README's schema section
-([`fedhead.results.schema_doc`][fedhead.results.schema_doc]) are generated from the fields. A new per-round measurement
-is one field here plus its computation
+([`fedhead.results.schema_doc`][fedhead.results.schema_doc]) are generated from the fields. A new
+per-round measurement is one field here plus its computation
 ([`fedhead.federation.tracking.RoundTracker`][fedhead.federation.tracking.RoundTracker]).
 
 [`ROUND_EXTRA_KEYS`][fedhead.results.rounds.ROUND_EXTRA_KEYS] documents the per-round entries a strategy adds through

@@ -65,9 +65,8 @@ class ExchangeSettings:
     message_config : Mapping
         Entries added to every message's ``config`` record (read-only).
     site_statistics : (str, str) or None
-        ``(standardize_targets, standardize_inputs)`` of a site-local table run, whose
-        statistics exchange ([`fedhead.strategies.statistics`][fedhead.strategies.statistics]) replaces the moment
-        query.
+        ``(standardize_targets, standardize_inputs)`` of a site-local table run, whose statistics exchange
+        ([`fedhead.strategies.statistics`][fedhead.strategies.statistics]) replaces the moment query.
     """
 
     lambda_h: float
@@ -211,11 +210,10 @@ def collect_moments(
     replies: Iterable[Message], settings: ExchangeSettings, *, expected_nodes: Sequence[int] | None
 ) -> MomentExchange:
     """The exchange of the query replies: each reply screened by the failure policy
-    ([`fedhead.strategies.failures.screen`][fedhead.strategies.failures.screen]: error replies, invalid moments and
-    replies
-    missing from ``expected_nodes`` within the exchange's deadline drop the client while
-    ``settings.required`` remain), then [`build_exchange`][fedhead.strategies.exchange.build_exchange] over the
-    survivors."""
+    ([`fedhead.strategies.failures.screen`][fedhead.strategies.failures.screen]: error replies, invalid
+    moments and replies missing from ``expected_nodes`` within the exchange's deadline drop the client
+    while ``settings.required`` remain), then
+    [`build_exchange`][fedhead.strategies.exchange.build_exchange] over the survivors."""
     kept, dropped = screen(
         replies,
         parse_moment_reply,

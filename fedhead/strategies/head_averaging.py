@@ -49,9 +49,9 @@ InitialHead = tuple[np.ndarray, np.ndarray] | Callable[[int], tuple[np.ndarray, 
 class HeadAveraging(Strategy):
     """Head-only federated averaging with the one-time moment exchange.
 
-    It implements flwr's four hooks itself (no FedAvg code runs); [`run`][fedhead.strategies.HeadAveraging.run] is the
-    entry point:
-    the exchange and the diagnosis, then flwr's round loop (``Strategy.start``).
+    It implements flwr's four hooks itself (no FedAvg code runs);
+    [`run`][fedhead.strategies.HeadAveraging.run] is the entry point: the exchange and the diagnosis, then
+    flwr's round loop (``Strategy.start``).
 
     Parameters
     ----------

@@ -41,9 +41,8 @@ def screen_phase(
     timeout: float,
 ) -> tuple[list[tuple[Message, T]], list[Dropped]]:
     """The valid ``(reply, parse(reply))`` pairs ordered by partition (``parse(reply)[0]``) and
-    the dropped clients ([`fedhead.strategies.failures.screen`][fedhead.strategies.failures.screen] against the nodes
-    the phase
-    was ``sent`` to, waiting at most ``timeout`` for them).
+    the dropped clients ([`fedhead.strategies.failures.screen`][fedhead.strategies.failures.screen]
+    against the nodes the phase was ``sent`` to, waiting at most ``timeout`` for them).
 
     The replies' partitions must be distinct and among the exchange's; otherwise
     [`fedhead.strategies.replies.FederationError`][fedhead.strategies.FederationError] stops the run.
@@ -80,9 +79,8 @@ def stack_heads(
 
 def mean_mse(rows: Sequence[Sequence[float]]) -> tuple[float, float | None]:
     """Train and test MSE weighted by the clients' sample counts, from the evaluation rows
-    ([`fedhead.strategies.replies.parse_evaluate_reply`][fedhead.strategies.replies.parse_evaluate_reply]); the test MSE
-    only when every
-    client reported one."""
+    ([`fedhead.strategies.replies.parse_evaluate_reply`][fedhead.strategies.replies.parse_evaluate_reply]);
+    the test MSE only when every client reported one."""
     train_v, train_n = [r[0] for r in rows], [r[1] for r in rows]
     test_v, test_n = [r[2] for r in rows if len(r) > 2], [r[3] for r in rows if len(r) > 2]
     train = agg.weighted_mean(train_v, train_n)
@@ -94,9 +92,8 @@ def round_inputs(
     msgs: Sequence[Message], exchange: MomentExchange
 ) -> tuple[agg.LocalFit, list[int], list[dict[str, float]]]:
     """What a round record takes from the kept training replies: the clients' objective gaps
-    ([`fedhead.federation.aggregation.local_fit`][fedhead.federation.aggregation.local_fit]), their indices among the
-    exchange's
-    partitions, and each client's scalar metrics."""
+    ([`fedhead.federation.aggregation.local_fit`][fedhead.federation.aggregation.local_fit]), their
+    indices among the exchange's partitions, and each client's scalar metrics."""
     metrics = [metrics_of(m) for m in msgs]
     fit = agg.local_fit(metrics, [protocol.node_of(m) for m in msgs])
     present = [exchange.partition_ids.index(partition_of(m)) for m in msgs]

@@ -1,9 +1,8 @@
 """The client's part of the mismatch measurement (docs/theory.md §13): three objectives, eval mode.
 
-[`mismatch_objectives`][fedhead.train.mismatch_objectives.mismatch_objectives] evaluates the client's local objective
-``L_m`` (theory.md §2: data fit,
-``lambda_H`` feature penalty, ``lambda_W`` head penalty; no proximal or correction term) on its
-full training data for
+[`mismatch_objectives`][fedhead.train.mismatch_objectives.mismatch_objectives] evaluates the client's
+local objective ``L_m`` (theory.md §2: data fit, ``lambda_H`` feature penalty, ``lambda_W`` head penalty;
+no proximal or correction term) on its full training data for
 
 * its own trained local model ``(backbone, W~_m, b~_m)`` (``local``),
 * the trained heads' average ``(W_bar, b_bar)`` with the same trained backbone (``trained``),

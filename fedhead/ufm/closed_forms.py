@@ -130,8 +130,8 @@ class FullyActiveReport(NamedTuple):
 def fully_active_margins(moments, lambda_h: float, lambda_w: float) -> FullyActiveReport:
     """``lambda_min(Sigma_m) - lambda_H lambda_W`` for every client (theory.md §3), without raising.
 
-    The one computation of the fully active margins; [`check_fully_active`][fedhead.ufm.check_fully_active] raises on
-    it.
+    The one computation of the fully active margins;
+    [`check_fully_active`][fedhead.ufm.check_fully_active] raises on it.
 
     Parameters
     ----------

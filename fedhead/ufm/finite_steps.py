@@ -209,11 +209,10 @@ def finite_step_fixed_point(
 ) -> FiniteStepResult:
     """Iterate profiled rounds until the server Gram stops moving (docs/theory.md §9).
 
-    Rounds ``W <- Kbar(W W^T) W`` (see [`profiled_gram_map`][fedhead.ufm.profiled_gram_map]) from ``w0`` until
-    ``||G_{t+1} - G_t||_F / ||G_t||_F < tol`` or ``max_rounds``; a
-    [`ConvergenceWarning`][fedhead.ufm.ConvergenceWarning] is issued if ``tol`` is not reached. For ``E = 1`` the limit
-    is
-    ``G_within``.
+    Rounds ``W <- Kbar(W W^T) W`` (see [`profiled_gram_map`][fedhead.ufm.profiled_gram_map]) from ``w0``
+    until ``||G_{t+1} - G_t||_F / ||G_t||_F < tol`` or ``max_rounds``; a
+    [`ConvergenceWarning`][fedhead.ufm.ConvergenceWarning] is issued if ``tol`` is not reached. For ``E =
+    1`` the limit is ``G_within``.
 
     Parameters
     ----------

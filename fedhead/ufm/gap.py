@@ -41,9 +41,9 @@ class GapDecomposition:
     barycenter_iters : int
         Fixed-point iterations used for ``g_star``.
     barycenter_converged : bool
-        Whether the barycenter iteration reached its tolerance; when False ``g_star`` is the last
-        iterate (a [`ConvergenceWarning`][fedhead.ufm.ConvergenceWarning] was issued) and every quantity built on it is
-        approximate.
+        Whether the barycenter iteration reached its tolerance; when False ``g_star`` is the last iterate
+        (a [`ConvergenceWarning`][fedhead.ufm.ConvergenceWarning] was issued) and every quantity built on
+        it is approximate.
     barycenter_residual : float
         ``||G_{k+1} - G_k||_F / ||G_k||_F`` of the last barycenter step.
     """

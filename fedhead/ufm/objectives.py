@@ -240,11 +240,10 @@ def local_head(
     """The minimiser of ``F(W; T) + rho/2 ||W - W_ref||_F^2`` that L-BFGS reaches from ``W0``.
 
     ``F(W; T) = lambda_H/2 Tr(T A^{-1}) + lambda_W/2 ||W||_F^2``, ``A = W W^T + lambda_H I``
-    ([`profiled_objective`][fedhead.ufm.profiled_objective]). With ``rho = 0`` the minimisers form the orbit ``W* Q``
-    (``Q``
-    orthogonal) and the one reached lies near ``W0``; with ``rho > 0`` (inside the fully active
-    regime) the minimiser near ``W_ref`` is the proximal step of the local objective, the head that
-    a client of the proximal procedure returns at its local optimum.
+    ([`profiled_objective`][fedhead.ufm.profiled_objective]). With ``rho = 0`` the minimisers form the
+    orbit ``W* Q`` (``Q`` orthogonal) and the one reached lies near ``W0``; with ``rho > 0`` (inside the
+    fully active regime) the minimiser near ``W_ref`` is the proximal step of the local objective, the
+    head that a client of the proximal procedure returns at its local optimum.
 
     Parameters
     ----------
