@@ -158,7 +158,7 @@ def recommend(
     )
 
 
-def _not_converged_note(gap: Any) -> str:
+def _not_converged_note(gap: ufm.GapDecomposition) -> str:
     return (
         f"the barycenter G_star did not converge (residual {gap.barycenter_residual:.3g} after "
         f"{gap.barycenter_iters} iterations): G_star and the gap terms are approximate; "
@@ -167,7 +167,7 @@ def _not_converged_note(gap: Any) -> str:
 
 def diagnose(
     moments: ufm.TargetMoments, lambda_h: float, lambda_w: float, *, warn_outside_regime: bool = True
-) -> tuple[Diagnosis, Any]:
+) -> tuple[Diagnosis, ufm.GapDecomposition | None]:
     """Diagnose a federation before training from its moments alone.
 
     Returns the [`Diagnosis`][fedhead.analysis.diagnosis.Diagnosis] and the

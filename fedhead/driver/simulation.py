@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from flwr.app import Context
+from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
 from fedhead.clients import make_client_app
@@ -67,7 +68,7 @@ def run_federations(
     *,
     show_progress: bool = True,
     verbose: bool = False,
-    client_app: Any = None,
+    client_app: ClientApp | None = None,
     keep_going: bool = False,
     on_job_end: Callable[[int, Results], None] | None = None,
     parallel: int = 1,

@@ -73,7 +73,7 @@ class Targets:
 
 def reference_targets(
     moments: ufm.TargetMoments,
-    gap: Any,
+    gap: ufm.GapDecomposition | None,
     lambda_h: float,
     lambda_w: float,
     *,

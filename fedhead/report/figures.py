@@ -11,9 +11,9 @@ from __future__ import annotations
 import textwrap
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
 
 import numpy as np
+from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import NullLocator
 
@@ -251,7 +251,7 @@ def rho_figure(runs: Sequence[RunEntry]) -> Figure | None:
     return fig
 
 
-def _rho_ticks(ax: Any, positions: Mapping[float, float], zero: float | None) -> None:
+def _rho_ticks(ax: Axes, positions: Mapping[float, float], zero: float | None) -> None:
     """Ticks at the swept ρ (``0`` at the placeholder) and a dotted axis break beside it."""
     rhos = sorted(positions)
     ax.xaxis.set_minor_locator(NullLocator())
