@@ -1,25 +1,14 @@
 """3D Shapes (docs/theory.md §10): 64x64 RGB scenes, targets object hue, scale and orientation.
 
-Two sources, both returning a [`RawDataset`][fedhead.data.RawDataset] with images
-``(N, 3, 64, 64)`` uint8 and targets ``(N, 3)`` float64 ``(object_hue, scale, orientation)`` in
-the data set's own units (hue in [0, 0.9], scale in [0.75, 1.25], orientation in degrees
-[-30, 30]):
-
-* the official ``3dshapes.h5`` (datasets ``images`` ``(480000, 64, 64, 3)`` uint8 and ``labels``
-  ``(480000, 6)``: floor hue, wall hue, object hue, scale, shape, orientation), read from
-  ``dataset.root``; only the drawn rows are read;
-* [`render_scenes`][fedhead.data.shapes3d.render_scenes], an offline renderer of a floor / two-wall / object scene with
-MuJoCo's
-  OpenGL renderer (offscreen; EGL by default, which runs on the CPU through Mesa's software
-  rasteriser where there is no GPU) over the same factors: 10 floor hues, 10 wall hues,
-  10 object hues, 8 scales 0.75..1.25, 4 shapes (cube, cylinder, sphere, capsule),
-  15 orientations -30..30 degrees. Orientation turns the whole room (walls, floor and object)
-  about the vertical axis through the object, so it is visible for every shape. The scenes follow
-  the published factor grid; they are not pixel-identical to the official images.
-
-Both sources draw the same factor combinations: ``n_train + n_test`` distinct flat indices of the
-``10 x 10 x 10 x 8 x 4 x 15`` grid drawn with ``numpy.random.default_rng(seed)``; the first
-``n_train`` are the training split, the rest the held-out split.
+Two sources give the same [`RawDataset`][fedhead.data.RawDataset] (images ``(N, 3, 64, 64)``
+uint8, targets ``(N, 3)`` float64 in the data set's own units): the official ``3dshapes.h5``
+under ``dataset.root`` (only the drawn rows are read), or
+[`render_scenes`][fedhead.data.shapes3d.render_scenes], an offline MuJoCo renderer (offscreen
+OpenGL; EGL runs on the CPU through Mesa where there is no GPU) of a floor / two-wall / object
+scene over the same factor grid (orientation turns the whole room; not pixel-identical to the
+official images). Both draw ``n_train + n_test`` distinct flat indices of the
+``10 x 10 x 10 x 8 x 4 x 15`` grid with ``numpy.random.default_rng(seed)``: the first
+``n_train`` train, the rest are held out.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 
 from matplotlib.figure import Figure
@@ -23,6 +23,7 @@ from fedhead.plotting.canvas import save_figure
 from fedhead.report import paper, scope_tables, selection_tables
 from fedhead.report.claims import Claim, Verdict, evaluate
 from fedhead.report.collect import Collection, RunEntry, collect
+from fedhead.report.contents import FigureInfo, Report, TableSpec
 from fedhead.report.document import claims_csv, report_markdown
 from fedhead.report.figures import ellipses_figure, epochs_figure, error_curves_figure, rho_figure
 from fedhead.report.figures_bars import CENTERING_NOTE, centering_figure, mse_figure
@@ -32,17 +33,6 @@ from fedhead.report.tables import Table
 from fedhead.results.io import write_bytes_atomic
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class TableSpec:
-    """A paper table: its number, what it shows, the sweeps that fill it and its builder."""
-
-    number: int
-    title: str
-    sweeps: tuple[str, ...]
-    build: Callable[[Sequence[RunEntry]], list[Table]]
-    all_runs: bool = False  # the builder picks its runs from every counted run
 
 
 TABLES = (
@@ -58,51 +48,6 @@ TABLES = (
     ),
     TableSpec(9, "prediction (test MSE)", ("prediction",), scope_tables.table9, all_runs=True),
 )
-
-
-@dataclass(frozen=True)
-class FigureInfo:
-    """A written figure: file name (under ``OUT/figures``), caption and path."""
-
-    name: str
-    caption: str
-    path: Path
-
-
-@dataclass
-class Report:
-    """What [`build_report`][fedhead.report.build_report] produced.
-
-    Attributes
-    ----------
-    out : Path
-        The output folder.
-    collection : Collection
-        The sweeps and runs found (counted and excluded).
-    tables : dict
-        Table key (``table4``, ``table4_wins``, ...) -> [`fedhead.report.tables.Table`][fedhead.report.Table].
-    missing : list of TableSpec
-        The paper tables no counted run could fill.
-    figures : list of FigureInfo
-    figure_errors : list of str
-        Figures that failed to draw (one line each; the report goes on without them).
-    claims : list of (Claim, Verdict)
-        The paper's claims ([`fedhead.report.paper_claims.CLAIMS`][fedhead.report.paper_claims.CLAIMS])
-        with their verdicts.
-    """
-
-    out: Path
-    collection: Collection
-    tables: dict[str, Table] = field(default_factory=dict)
-    missing: list[TableSpec] = field(default_factory=list)
-    figures: list[FigureInfo] = field(default_factory=list)
-    figure_errors: list[str] = field(default_factory=list)
-    claims: list[tuple[Claim, Verdict]] = field(default_factory=list)
-
-    @property
-    def markdown(self) -> Path:
-        """``OUT/report.md``."""
-        return self.out / "report.md"
 
 
 def compute_tables(collection: Collection) -> tuple[dict[str, Table], list[TableSpec]]:

@@ -4,15 +4,12 @@ runs that do not count and where each number came from."""
 from __future__ import annotations
 
 import datetime as _dt
-from typing import TYPE_CHECKING
 
 from fedhead.report import measures
 from fedhead.report.claims import NOT_MEASURED, OPTIMUM_GAP, runs_text
+from fedhead.report.contents import Report
 from fedhead.report.render import csv_text, to_markdown
 from fedhead.report.tables import fmt, median_cell
-
-if TYPE_CHECKING:  # pragma: no cover
-    from fedhead.report.build import Report
 
 STATUSES = ("completed", "failed", "skipped", "pending", "unreadable")
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from results_helpers import typed_results
 
-from fedhead.report.build import Report
+from fedhead.report import Report
 from fedhead.report.collect import Collection, RunEntry, RunRef
 from fedhead.report.document import report_markdown
 from fedhead.report.render import to_csv, to_markdown
