@@ -111,7 +111,7 @@ def finish(
         "headline": {h.name: {"value": h.value, "theory": h.expected} for h in headline},
         "results": results,
         "figures": [p.name for p in figures],
-        "provenance": {**provenance(), "seeds": dict(seeds)},  # seeds may be lists (gap_terms' controlled seeds)
+        "provenance": provenance(seeds),
     }
     write_json_atomic(Path(out_dir) / "results.json", payload)
     return ExperimentResult(name=name, out_dir=Path(out_dir), results=results, headline=headline, figures=list(figures))

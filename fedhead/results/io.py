@@ -9,7 +9,7 @@ import platform
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -98,8 +98,8 @@ def git_revision(start: str | os.PathLike | None = None) -> str:
         return "unknown"
 
 
-def provenance(seeds: dict[str, int] | None = None) -> dict[str, Any]:
-    """Git revision, versions and seeds to store beside every result."""
+def provenance(seeds: Mapping[str, int | list[int]] | None = None) -> dict[str, Any]:
+    """Git revision, versions and seeds (a seed or a list of them per name) to store beside every result."""
     return {
         "git_revision": git_revision(),
         "python": sys.version.split()[0],
