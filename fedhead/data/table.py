@@ -14,7 +14,7 @@ the site or test column). Clients:
 columns); ``dataset.features`` the inputs (default: every other numeric column but the site and test
 columns). A held-out test split comes from ``dataset.test_column`` (truthy rows are test rows) or
 ``dataset.test_fraction`` (that fraction of every site's rows, chosen by ``seed``). Targets
-(``standardize_targets=pooled|none``) and tabular inputs (``standardize_inputs=pooled| site|none``) are
+(``standardize_targets=pooled|none``) and tabular inputs (``standardize_inputs=pooled|site|none``) are
 standardised with the pooled training statistics (docs/theory.md §10). With one file per client and every
 row ([`TableConfig.site_local`][fedhead.data.table_config.TableConfig.site_local]) a federation never
 pools rows: each client reads only its own file ([`fedhead.data.site`][fedhead.data.site]; a deployed
