@@ -121,7 +121,7 @@ def feature_table(module: nn.Module) -> nn.Parameter | None:
 
 
 def require_backbone(module: nn.Module, need: str) -> Backbone:
-    """``module`` as a [`Backbone`][fedhead.models.Backbone]; a clear error naming what ``need`` s one."""
+    """``module`` as a [`Backbone`][fedhead.models.Backbone]; a clear error naming ``need``, what requires one."""
     if not isinstance(module, Backbone):
         raise ModelError(f"{need} needs a fedhead Backbone (rotate_features/map_features), got {type(module).__name__}")
     return module
