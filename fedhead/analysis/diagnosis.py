@@ -59,6 +59,13 @@ class Diagnosis:
         Relative step of the last barycenter iteration (NaN outside the regime).
     barycenter_iters : int
         Barycenter iterations used (0 outside the regime).
+    outlier_scores : ndarray (M,) or None
+        How far each site's covariance lies from the others' (BW distance) relative to the
+        federation's spread ([`fedhead.analysis.consistency.outlier_scores`][fedhead.analysis.consistency.outlier_scores];
+        None with fewer than three sites or before the server computed them).
+    flags : tuple of str
+        One line per site whose replies disagree with what the theory says an honest site sends
+        (``trust.flag_outlier``); a flag names the site and the figure, it does not drop it.
     """
 
     margins: np.ndarray
@@ -77,6 +84,8 @@ class Diagnosis:
     barycenter_converged: bool | None = None
     barycenter_residual: float = float("nan")
     barycenter_iters: int = 0
+    outlier_scores: np.ndarray | None = None
+    flags: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict (undefined, i.e. NaN, quantities become ``None``)."""
@@ -87,6 +96,8 @@ class Diagnosis:
                 v = v.tolist()
             elif isinstance(v, float):
                 v = v if np.isfinite(v) else None
+            elif isinstance(v, tuple):
+                v = list(v)
             out[f.metadata.get("key", f.name)] = v
         return out
 
@@ -106,6 +117,7 @@ class Diagnosis:
                 f"WARNING: the barycenter G_star did not converge (residual {self.barycenter_residual:.3g} "
                 f"after {self.barycenter_iters} iterations); G_star and the gap terms are approximate"
             )
+        lines.extend(f"FLAG: {flag}" for flag in self.flags)
         lines.append(f"recommendation: {self.recommendation}")
         return "\n".join(lines)
 

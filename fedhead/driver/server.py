@@ -76,6 +76,7 @@ def make_job_strategy(
         timeouts=job.timeouts,
         min_clients=job.failure.min_clients,
         site_statistics=site_statistics(job),
+        trust=job.trust,
     )
 
 

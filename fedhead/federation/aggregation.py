@@ -34,6 +34,11 @@ class ReplyError(ValueError):
 # --------------------------------------------------------------------------------------------
 
 
+#: The largest count a reply may carry: integers above 2^53 are not exact in float64 (where the
+#: weights are computed); no site holds that many rows.
+MAX_COUNT = 2.0**53
+
+
 def validate_count(count: Any, *, node_id: int | str) -> int:
     """Check that a reported sample count ``N_m`` is a positive integer and return it."""
     try:
@@ -42,6 +47,8 @@ def validate_count(count: Any, *, node_id: int | str) -> int:
         raise ReplyError(node_id, f"sample count {count!r} is not a number") from exc
     if not np.isfinite(value) or value <= 0 or value != int(value):
         raise ReplyError(node_id, f"sample count must be a positive integer, got {count!r}")
+    if value > MAX_COUNT:
+        raise ReplyError(node_id, f"sample count {value:.3g} is beyond any data set (above 2^53)")
     return int(value)
 
 
@@ -56,6 +63,16 @@ def validate_array(array: Any, shape: tuple[int, ...] | None, *, node_id: int | 
     return arr
 
 
+def check_magnitude(
+    array: np.ndarray, bound: float | None, *, node_id: int | str, name: str, rule: str = "trust.max_abs"
+) -> np.ndarray:
+    """``array`` when every entry's magnitude is at most ``bound`` (None: no bound); else
+    [`ReplyError`][fedhead.federation.aggregation.ReplyError] naming the ``rule`` (the value is not quoted)."""
+    if bound is not None and array.size and float(np.max(np.abs(array))) > bound:
+        raise ReplyError(node_id, f"{name} exceeds the magnitude bound {bound:g} ({rule})")
+    return array
+
+
 def validate_head(
     weight: Any,
     bias: Any,
@@ -63,12 +80,20 @@ def validate_head(
     *,
     node_id: int | str,
     shape: tuple[int, int],
+    max_abs: float | None = None,
 ) -> tuple[np.ndarray, np.ndarray, int]:
-    """Validate one uploaded head ``(W~_m (C,P), b~_m (C,), N_m)``; raise
-    [`ReplyError`][fedhead.federation.aggregation.ReplyError]."""
+    """Validate one uploaded head ``(W~_m (C,P), b~_m (C,), N_m)``, entries at most ``max_abs`` in
+    magnitude; raise [`ReplyError`][fedhead.federation.aggregation.ReplyError]."""
     c, p = shape
-    w = validate_array(weight, (c, p), node_id=node_id, name="head weight")
-    b = validate_array(bias, (c,), node_id=node_id, name="head bias")
+    w = check_magnitude(
+        validate_array(weight, (c, p), node_id=node_id, name="head weight"),
+        max_abs,
+        node_id=node_id,
+        name="head weight",
+    )
+    b = check_magnitude(
+        validate_array(bias, (c,), node_id=node_id, name="head bias"), max_abs, node_id=node_id, name="head bias"
+    )
     return w, b, validate_count(count, node_id=node_id)
 
 
@@ -80,11 +105,13 @@ def validate_moments(
     node_id: int | str,
     dim: int | None = None,
     tol: float = 1e-8,
+    max_abs: float | None = None,
 ) -> tuple[int, np.ndarray, np.ndarray]:
     """Validate one client's exchanged statistics ``(N_m, mu_m (C,), Sigma_m (C,C))``.
 
     ``Sigma_m`` must be symmetric and positive semi-definite up to ``tol`` (relative to its
-    largest entry). Returns the values as ``(int, float64, float64)``.
+    largest entry). With ``max_abs``, every ``|mu_m|`` entry and ``sqrt(lambda_max(Sigma_m))`` (a
+    standard deviation) must be at most ``max_abs``. Returns the values as ``(int, float64, float64)``.
     """
     n = validate_count(count, node_id=node_id)
     mu = validate_array(mean, None, node_id=node_id, name="target mean mu_m")
@@ -93,15 +120,24 @@ def validate_moments(
     c = dim if dim is not None else mu.shape[0]
     if mu.shape != (c,):
         raise ReplyError(node_id, f"target mean mu_m has shape {mu.shape}, expected {(c,)}")
+    check_magnitude(mu, max_abs, node_id=node_id, name="target mean mu_m")
     sigma = validate_array(cov, (c, c), node_id=node_id, name="target covariance Sigma_m")
+    if max_abs is not None and float(np.max(np.abs(sigma))) > max_abs * max_abs:  # |S_ij| <= lambda_max
+        raise ReplyError(
+            node_id, f"target covariance Sigma_m exceeds the magnitude bound {max_abs:g}^2 (trust.max_abs)"
+        )
     scale = max(1.0, float(np.max(np.abs(sigma))))
     asym = float(np.max(np.abs(sigma - sigma.T)))
     if asym > tol * scale:
         raise ReplyError(node_id, f"target covariance Sigma_m is not symmetric (max |S - S^T| = {asym:.3g})")
-    lam_min = float(np.linalg.eigvalsh(0.5 * (sigma + sigma.T))[0])
-    if lam_min < -tol * scale:
+    eigs = np.linalg.eigvalsh(0.5 * (sigma + sigma.T))
+    if float(eigs[0]) < -tol * scale:
         raise ReplyError(
-            node_id, f"target covariance Sigma_m is not positive semi-definite (lambda_min = {lam_min:.3g})"
+            node_id, f"target covariance Sigma_m is not positive semi-definite (lambda_min = {float(eigs[0]):.3g})"
+        )
+    if max_abs is not None and float(eigs[-1]) > max_abs * max_abs:
+        raise ReplyError(
+            node_id, f"target covariance Sigma_m exceeds the magnitude bound {max_abs:g}^2 (trust.max_abs)"
         )
     return n, mu, 0.5 * (sigma + sigma.T)
 
@@ -121,6 +157,78 @@ def aggregation_weights(counts: Sequence[int] | np.ndarray) -> np.ndarray:
     return n / n.sum()
 
 
+def capped_shares(counts: Sequence[int] | np.ndarray, max_share: float | None) -> np.ndarray:
+    """Aggregation weights ``p_m = N_m / N`` with no site above ``max_share`` (water-filling).
+
+    Parameters
+    ----------
+    counts : array_like, shape (M,)
+        Positive sample counts ``N_m``.
+    max_share : float or None
+        Cap on every ``p_m``; None, or fewer than three sites: no cap (``N_m / N`` exactly).
+
+    Returns
+    -------
+    ndarray, shape (M,)
+        ``p_m = min(max_share, s N_m)`` with ``s`` such that the weights sum to one: capped sites
+        get ``max_share``, the others share the rest in proportion to their counts. When the cap
+        does not bind this is ``N_m / N`` bit for bit; when ``M max_share <= 1`` every site gets ``1/M``.
+    """
+    p = aggregation_weights(counts)
+    if max_share is None or p.size < 3 or float(p.max()) <= max_share:
+        return p
+    n = np.asarray(counts, dtype=np.float64)
+    if p.size * max_share <= 1.0:
+        return np.full(p.size, 1.0 / p.size)
+    capped = np.zeros(p.size, dtype=bool)
+    while True:
+        free = ~capped
+        rest = 1.0 - max_share * np.count_nonzero(capped)
+        q = np.where(capped, max_share, rest * n / n[free].sum())
+        over = free & (q > max_share)
+        if not over.any():
+            return q
+        capped |= over
+
+
+@dataclass(frozen=True)
+class ClippedUpdates:
+    """Heads after [`clip_updates`][fedhead.federation.aggregation.clip_updates]: ``weight (M, C, P)``,
+    ``bias (M, C)`` and each site's factor ``scale (M,)`` (1 where the update was within the bound)."""
+
+    weight: np.ndarray
+    bias: np.ndarray
+    scale: np.ndarray
+
+
+def clip_updates(
+    weights: np.ndarray, biases: np.ndarray, broadcast: tuple[np.ndarray, np.ndarray], max_norm: float
+) -> ClippedUpdates:
+    """Scale each site's update ``U_m = [W~_m - W_t, b~_m - b_t]`` to Frobenius norm at most ``max_norm``.
+
+    Parameters
+    ----------
+    weights : ndarray, shape (M, C, P)
+    biases : ndarray, shape (M, C)
+    broadcast : (ndarray (C, P), ndarray (C,))
+        The head ``(W_t, b_t)`` the round started from.
+    max_norm : float
+        The bound ``c > 0``.
+
+    Returns
+    -------
+    ClippedUpdates
+        ``W_t + s_m (W~_m - W_t)``, ``b_t + s_m (b~_m - b_t)`` with ``s_m = min(1, c / ||U_m||_F)``.
+    """
+    w = np.asarray(weights, dtype=np.float64)
+    b = np.asarray(biases, dtype=np.float64)
+    w0, b0 = (np.asarray(a, dtype=np.float64) for a in broadcast)
+    dw, db = w - w0[None], b - b0[None]
+    norms = np.sqrt(np.einsum("mcp,mcp->m", dw, dw) + np.einsum("mc,mc->m", db, db))
+    scale = np.minimum(1.0, max_norm / np.maximum(norms, np.finfo(np.float64).tiny))
+    return ClippedUpdates(w0[None] + scale[:, None, None] * dw, b0[None] + scale[:, None] * db, scale)
+
+
 @dataclass(frozen=True)
 class HeadAverage:
     """Result of head averaging: ``W = sum p_m W~_m`` ``(C,P)``, ``b = sum p_m b~_m`` ``(C,)``."""
@@ -130,8 +238,9 @@ class HeadAverage:
     weights: np.ndarray  # p_m (M,)
 
 
-def average_heads(weights: np.ndarray, biases: np.ndarray, counts: Sequence[int] | np.ndarray) -> HeadAverage:
-    """Average uploaded heads with weights ``N_m / N`` (theory.md §1).
+def average_heads(weights: np.ndarray, biases: np.ndarray, counts: Sequence[float] | np.ndarray) -> HeadAverage:
+    """Average uploaded heads with weights ``N_m / N`` (theory.md §1; capped weights:
+    pass [`capped_shares`][fedhead.federation.aggregation.capped_shares] as ``counts``).
 
     Parameters
     ----------
@@ -140,7 +249,7 @@ def average_heads(weights: np.ndarray, biases: np.ndarray, counts: Sequence[int]
     biases : ndarray, shape (M, C)
         Uploaded head biases ``b~_m``.
     counts : array_like, shape (M,)
-        Sample counts ``N_m``.
+        Sample counts ``N_m`` (or any positive weights; normalised to sum to one).
 
     Returns
     -------
@@ -210,13 +319,15 @@ def aggregate_moments(
     covs: Sequence[np.ndarray],
     *,
     node_ids: Sequence[int | str] | None = None,
+    max_share: float | None = None,
 ) -> ufm.TargetMoments:
     """Build [`fedhead.ufm.TargetMoments`][fedhead.ufm.TargetMoments] from the exchanged ``(N_m, mu_m, Sigma_m)``.
 
     Every client's statistics are validated first
     ([`validate_moments`][fedhead.federation.aggregation.validate_moments]); the weights are
     ``N_m / N`` so that ``Sigma_cen = (1/N) sum N_m (Sigma_m + mu_m mu_m^T) - mu_g mu_g^T``
-    (theory.md §3).
+    (theory.md §3), capped at ``max_share``
+    ([`capped_shares`][fedhead.federation.aggregation.capped_shares]).
     """
     ids = list(node_ids) if node_ids is not None else list(range(len(counts)))
     if not (len(counts) == len(means) == len(covs) == len(ids)) or len(counts) < 2:
@@ -231,7 +342,7 @@ def aggregate_moments(
     n = np.array([c[0] for c in checked], dtype=np.float64)
     mu = np.stack([c[1] for c in checked])
     sig = np.stack([c[2] for c in checked])
-    return ufm.TargetMoments.from_stats(n, mu, sig)
+    return ufm.TargetMoments.from_stats(n, mu, sig, weights=capped_shares(n, max_share))
 
 
 def effective_covariances(moments: ufm.TargetMoments, gamma: float = 0.0) -> np.ndarray:

@@ -172,6 +172,32 @@ class RoundRecord:
         default_factory=list,
         metadata=key("the clients the failure policy left out of this round, with the reason", "list"),
     )
+    gram_errors: list[float] | None = field(
+        default=None,
+        metadata=key(
+            "per client (partition order) ‖W̃_m W̃_mᵀ − G_m‖_F / ‖G_m‖_F: its returned head's Gram against the "
+            "optimal Gram of the covariance it sent (`client_grams`)",
+            "(M)",
+        ),
+    )
+    flags: list[str] = field(
+        default_factory=list,
+        metadata=key(
+            "one line per client whose reply disagrees with what an honest one looks like: it reports "
+            "trained_gap ≤ 1e-2 but its `gram_errors` entry exceeds `trust.flag_gram_error` (a flag, not a drop)",
+            "list",
+        ),
+    )
+    ignored_metrics: int = field(
+        default=0,
+        metadata=key(
+            "metric entries of the training replies left out of `client_metrics` (undeclared or not finite)", "int"
+        ),
+    )
+    clipped_updates: int = field(
+        default=0,
+        metadata=key("clients whose head update was scaled down to `trust.clip_update` before averaging", "int"),
+    )
 
     def scalars(self) -> dict[str, float]:
         """Every defined scalar of the record (for TensorBoard and progress lines)."""

@@ -31,6 +31,7 @@ from fedhead.settings.job import (
     RunSettings,
 )
 from fedhead.settings.limits import FailurePolicy, Timeouts
+from fedhead.settings.trust import TrustPolicy
 
 if TYPE_CHECKING:  # flwr: not imported at fedhead-run's start-up
     from flwr.app import Context
@@ -233,6 +234,8 @@ def load_config(cfg: DictConfig) -> FedheadConfig:
         )
     failure = build_section(cfg.get("failure") or {}, "failure", FailurePolicy, FailurePolicy)
     failure.check(settings.num_clients)
+    trust = build_section(cfg.get("trust") or {}, "trust", TrustPolicy, TrustPolicy)
+    trust.check(settings.num_clients)
     return FedheadConfig(
         settings=settings,
         dataset=dataset,
@@ -245,6 +248,7 @@ def load_config(cfg: DictConfig) -> FedheadConfig:
         resolved=freeze(plain_mapping(cfg, "the composed config")),
         timeouts=build_section(cfg.get("timeouts") or {}, "timeouts", Timeouts, Timeouts),
         failure=failure,
+        trust=trust,
         resume=None if cfg.get("resume") in (None, "") else str(cfg.get("resume")),
     )
 

@@ -20,6 +20,7 @@ from fedhead.analysis.procedure import ConfigError, ProcedureConfig, penalty_pro
 from fedhead.analysis.seeds import INIT_MODES
 from fedhead.results.io import to_jsonable
 from fedhead.settings.limits import FailurePolicy, Timeouts
+from fedhead.settings.trust import TrustPolicy
 
 if TYPE_CHECKING:  # torch-importing layers: annotations only (see the module docstring)
     from fedhead.data.config import DatasetConfig
@@ -192,6 +193,7 @@ class JobConfig:
     resolved: FrozenDict = field(default_factory=FrozenDict, compare=False)
     timeouts: Timeouts = field(default_factory=Timeouts)
     failure: FailurePolicy = field(default_factory=FailurePolicy)
+    trust: TrustPolicy = field(default_factory=TrustPolicy)
     #: [`config_hash`][fedhead.settings.job.config_hash] of ``resolved`` (checkpoints, the simulation's state key)
     config_hash: str = ""
     #: continue from ``output_dir/checkpoint.npz`` (``resume=<run folder>``)
@@ -231,6 +233,7 @@ class FedheadConfig:
     resolved: FrozenDict
     timeouts: Timeouts = field(default_factory=Timeouts)
     failure: FailurePolicy = field(default_factory=FailurePolicy)
+    trust: TrustPolicy = field(default_factory=TrustPolicy)
     resume: str | None = None  # a run folder to continue (``resume=``)
 
     def __post_init__(self) -> None:
@@ -268,6 +271,7 @@ class FedheadConfig:
                     resolved=self.resolved,
                     timeouts=self.timeouts,
                     failure=self.failure,
+                    trust=self.trust,
                     config_hash=hash_,
                     resume=bool(self.resume),
                 )

@@ -12,6 +12,7 @@ measured against. What it reads of its strategy is an
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 import warnings
@@ -23,16 +24,18 @@ from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 from flwr.serverapp import Grid
 
 from fedhead import ufm
+from fedhead.analysis.consistency import outlier_scores
 from fedhead.analysis.diagnosis import Diagnosis, diagnose
 from fedhead.analysis.regime import OutsideRegimeWarning, ensure_fully_active
 from fedhead.analysis.standardization import Standardization
 from fedhead.federation import aggregation as agg
 from fedhead.federation import protocol
-from fedhead.federation.deploy_checks import FederationMismatch, check_node_count, check_partitions
+from fedhead.federation.deploy_checks import FederationMismatch, check_node_count
 from fedhead.federation.progress_grid import ProgressGrid
 from fedhead.federation.tracking import Targets, reference_targets
 from fedhead.settings.limits import Timeouts
-from fedhead.strategies.failures import Dropped, check_partition_subset, screen
+from fedhead.settings.trust import TrustPolicy
+from fedhead.strategies.failures import Dropped, TooFewReplies, screen
 from fedhead.strategies.replies import metrics_of, partition_of
 
 log = logging.getLogger(__name__)
@@ -67,6 +70,8 @@ class ExchangeSettings:
     site_statistics : (str, str) or None
         ``(standardize_targets, standardize_inputs)`` of a site-local table run, whose statistics exchange
         ([`fedhead.strategies.statistics`][fedhead.strategies.statistics]) replaces the moment query.
+    trust : TrustPolicy
+        What a reply may claim ([`fedhead.settings.trust.TrustPolicy`][fedhead.settings.trust.TrustPolicy]).
     """
 
     lambda_h: float
@@ -78,6 +83,7 @@ class ExchangeSettings:
     timeouts: Timeouts
     message_config: Mapping[str, ConfigValue]
     site_statistics: tuple[str, str] | None = None
+    trust: TrustPolicy = TrustPolicy()
 
 
 @dataclass(frozen=True)
@@ -162,31 +168,89 @@ def parse_moment_reply(msg: Message) -> MomentRow:
     return pid, node, n, mu, cov
 
 
+def screen_rows(
+    rows: Sequence[MomentRow], settings: ExchangeSettings, stage: str = "moment exchange"
+) -> tuple[list[MomentRow], list[Dropped]]:
+    """The rows the trust policy accepts, ordered by partition, and one
+    [`Dropped`][fedhead.strategies.failures.Dropped] per refused site: a partition id outside
+    ``0..num_clients-1`` or claimed by several nodes (all of them are refused: the server cannot
+    tell which one is honest), a count beyond ``trust.expected_counts``/``trust.max_count``, moments
+    beyond ``trust.max_abs``."""
+    trust, m = settings.trust, settings.num_clients
+    claims: dict[int, list[int]] = {}
+    for pid, node, *_ in rows:
+        claims.setdefault(int(pid), []).append(int(node))
+    kept: list[MomentRow] = []
+    dropped: list[Dropped] = []
+    for row in sorted(rows, key=lambda r: (r[0], r[1])):
+        pid, node, n, mu, cov = row
+        reason = None
+        if not 0 <= pid < m:
+            reason = f"reports partition {pid} outside 0..{m - 1}"
+        elif len(claims[pid]) > 1:
+            others = [k for k in claims[pid] if k != node]
+            reason = (
+                f"partition {pid} is also claimed by node(s) {others}: none of them is used (check each "
+                f"SuperNode's --node-config partition-id=K num-partitions={m})"
+            )
+        else:
+            reason = trust.count_problem(n, pid)
+        if reason is None:
+            try:
+                agg.validate_moments(n, mu, cov, node_id=node, dim=mu.shape[0], max_abs=trust.max_abs)
+            except agg.ReplyError as exc:
+                reason = str(exc).split(": ", 1)[1]
+        if reason is None:
+            kept.append(row)
+        else:
+            dropped.append(Dropped(stage, node, "invalid", reason, pid if 0 <= pid < m else None))
+    return kept, dropped
+
+
 def build_exchange(rows: Sequence[MomentRow], dropped: Sequence[Dropped], settings: ExchangeSettings) -> MomentExchange:
     """Moments, diagnosis and reference Grams of the valid replies ``rows`` (any order).
 
-    The partitions must be distinct and, without ``dropped`` clients, exactly
-    ``0..settings.num_clients-1``
-    ([`fedhead.federation.deploy_checks.check_partitions`][fedhead.federation.deploy_checks.check_partitions]). The
-    targets are those of the settings' correction and centring
+    The trust policy screens the rows first ([`screen_rows`][fedhead.strategies.exchange.screen_rows]);
+    each refused site is dropped (one console line) while ``settings.required`` remain, else
+    [`TooFewReplies`][fedhead.strategies.failures.TooFewReplies] names them all. The weights are
+    capped at ``trust.max_weight_share``; the diagnosis flags covariance outliers
+    (``trust.flag_outlier``). The targets are those of the settings' correction and centring
     ([`fedhead.federation.tracking.reference_targets`][fedhead.federation.tracking.reference_targets]).
     """
-    rows = sorted(rows, key=lambda r: (r[0], r[1]))
-    pairs = [(r[0], r[1]) for r in rows]
-    if dropped:
-        check_partition_subset(pairs, settings.num_clients, "moment exchange")
-    else:
-        check_partitions(pairs, settings.num_clients)
+    rows, refused = screen_rows(rows, settings)
+    dropped = [*dropped, *refused]
+    expected = settings.num_clients
+    if len(rows) < settings.required:
+        detail = "; ".join(d.describe() for d in dropped)
+        raise TooFewReplies(
+            f"moment exchange: {len(rows)} valid of {expected} clients, {settings.required} required "
+            f"(failure.min_clients): {detail}",
+            dropped,
+        )
+    for d in refused:
+        log.warning("moment exchange: dropping %s; continuing with %d of %d clients", d.describe(), len(rows), expected)
+    trust = settings.trust
     moments = agg.aggregate_moments(
         [r[2] for r in rows],
         [r[3] for r in rows],
         [r[4] for r in rows],
         node_ids=[f"{r[1]} (partition {r[0]})" for r in rows],
+        max_share=trust.max_weight_share,
     )
+    plain = np.asarray(moments.counts) / np.sum(np.asarray(moments.counts))
+    capped = tuple(
+        f"node {rows[i][1]} (partition {rows[i][0]}): reported {100 * plain[i]:.3g}% of the rows; its weight is "
+        f"capped at {moments.weights[i]:.3g} (trust.max_weight_share={trust.max_weight_share})"
+        for i in np.flatnonzero(np.asarray(moments.weights) < plain * (1 - 1e-12))
+    )
+    for line in capped:
+        log.warning("moment exchange: %s", line)
     # the regime is reported by the strategy's check_regime (refusal or OutsideRegimeWarning); a
     # barycenter that does not converge keeps its ConvergenceWarning and is flagged in the diagnosis
     lambda_h, lambda_w = settings.lambda_h, settings.lambda_w
     diagnosis, gap = diagnose(moments, lambda_h, lambda_w, warn_outside_regime=False)
+    diagnosis = flag_outliers(diagnosis, moments, rows, trust.flag_outlier)
+    diagnosis = dataclasses.replace(diagnosis, flags=capped + diagnosis.flags)
     if diagnosis.barycenter_converged is False:
         log.warning(
             "the barycenter G_star did not converge (residual %.3g after %d iterations): G_star, "
@@ -204,6 +268,25 @@ def build_exchange(rows: Sequence[MomentRow], dropped: Sequence[Dropped], settin
         partition_ids=tuple(r[0] for r in rows),
         dropped=tuple(dropped),
     )
+
+
+def flag_outliers(
+    diagnosis: Diagnosis, moments: ufm.TargetMoments, rows: Sequence[MomentRow], limit: float
+) -> Diagnosis:
+    """The diagnosis with each site's covariance outlier score
+    ([`fedhead.analysis.consistency.outlier_scores`][fedhead.analysis.consistency.outlier_scores]) and a flag
+    (one log line) for every score above ``limit``."""
+    scores = outlier_scores(np.asarray(moments.covs))
+    if scores is None:
+        return diagnosis
+    flags = tuple(
+        f"node {rows[i][1]} (partition {rows[i][0]}): its covariance lies {scores[i]:.3g} times as far from the "
+        f"others' (BW distance) as the sites typically lie from each other (trust.flag_outlier={limit:g})"
+        for i in np.flatnonzero(scores > limit)
+    )
+    for flag in flags:
+        log.warning("moment exchange: flagged %s", flag)
+    return dataclasses.replace(diagnosis, outlier_scores=scores, flags=flags)
 
 
 def collect_moments(

@@ -17,11 +17,13 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricReco
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
+from fedhead.analysis.consistency import gram_errors
 from fedhead.federation import aggregation as agg
 from fedhead.federation import protocol
 from fedhead.federation.checkpoint import ServerState
 from fedhead.federation.tracking import RoundRecord
 from fedhead.settings.limits import FailurePolicy, Timeouts
+from fedhead.settings.trust import TrustPolicy
 from fedhead.strategies.exchange import (
     ConfigValue,
     ExchangeSettings,
@@ -72,6 +74,10 @@ class HeadAveraging(Strategy):
         Outside the fully active regime the run refuses to train unless True; then it trains with the
         partial targets of [`Targets`][fedhead.federation.tracking.Targets] (``G_star`` and the
         recursion null) and a warning.
+    trust : TrustPolicy, optional
+        What a site's reply may claim: weight cap, count and magnitude bounds, update clipping,
+        consistency flags ([`fedhead.settings.trust.TrustPolicy`][fedhead.settings.trust.TrustPolicy];
+        None: the defaults).
     """
 
     def __init__(
@@ -89,6 +95,7 @@ class HeadAveraging(Strategy):
         message_config: dict[str, ConfigValue] | None = None,
         allow_outside_regime: bool = False,
         site_statistics: tuple[str, str] | None = None,
+        trust: TrustPolicy | None = None,
     ) -> None:
         if lambda_h <= 0 or lambda_w <= 0:
             raise ValueError(f"lambda_h and lambda_w must be positive, got {lambda_h}, {lambda_w}")
@@ -103,7 +110,9 @@ class HeadAveraging(Strategy):
             timeouts=timeouts or Timeouts(),
             message_config=MappingProxyType(dict(message_config or {})),
             site_statistics=site_statistics,
+            trust=trust or TrustPolicy(),
         )
+        self.settings.trust.check(int(min_nodes))
         self.observer: RunObserver = observer or NullObserver()
         self.evaluate_mse = bool(evaluate_mse)
         self.allow_outside_regime = bool(allow_outside_regime)
@@ -268,14 +277,20 @@ class HeadAveraging(Strategy):
         shape = self.rounds.head_shape
 
         def parse(msg: Message):
-            return parse_train_reply(msg, shape, expected_n)
+            parsed = parse_train_reply(msg, shape, expected_n, max_abs=self.settings.trust.max_abs)
+            self.check_reply(msg, parsed[1])
+            return parsed
 
         kept, dropped = self._screen(replies, parse, "training", "train")
         self._round_dropped = list(dropped)
         return stack_heads(kept)
 
+    def check_reply(self, msg: Message, weight: np.ndarray) -> None:
+        """Hook: a variant's own checks of one training reply (its head ``weight``); raising
+        [`fedhead.federation.aggregation.ReplyError`][fedhead.federation.aggregation.ReplyError] drops the client."""
+
     def verify_replies(self, msgs: Sequence[Message], heads: np.ndarray) -> dict[str, float]:
-        """Hook: extra checks on the replies; returns scalars to log with the round."""
+        """Hook: measurements over the kept replies; returns scalars to log with the round."""
         return {}
 
     def aggregate_train(
@@ -284,10 +299,18 @@ class HeadAveraging(Strategy):
         server_round = self.rounds.round(server_round)
         msgs, heads, biases, counts = self.parse_train_replies(replies)
         extra = self.verify_replies(msgs, heads)
-        avg = agg.average_heads(heads, biases, counts)
-        self.rounds.set_head(avg.weight, avg.bias)
-        fit, present, client_metrics = round_inputs(msgs, self._exchanged("aggregation"))
+        fit, present, client_metrics, ignored = round_inputs(msgs, self._exchanged("aggregation"))
         assert self.rounds.tracker is not None and self._broadcast is not None
+        shares = self._shares(present, counts)
+        avg_heads, avg_biases, clipped = heads, biases, 0
+        clip = self.settings.trust.clip_update
+        if clip is not None:
+            bounded = agg.clip_updates(heads, biases, self._broadcast, clip)
+            avg_heads, avg_biases, clipped = bounded.weight, bounded.bias, int(np.count_nonzero(bounded.scale < 1))
+            if clipped:
+                log.info("training: %d of %d head updates clipped to trust.clip_update=%g", clipped, len(msgs), clip)
+        avg = agg.average_heads(avg_heads, avg_biases, shares)
+        self.rounds.set_head(avg.weight, avg.bias)
         rec = self.rounds.tracker.record(
             server_round,
             avg.weight,
@@ -300,15 +323,47 @@ class HeadAveraging(Strategy):
             present=present,
             dropped=[d.to_dict() for d in self._round_dropped],
         )
+        rec.ignored_metrics, rec.clipped_updates = ignored, clipped
+        rec.gram_errors, rec.flags = self._consistency(msgs, heads, present, fit)
         arrays = protocol.head_record(avg.weight, avg.bias)
-        self._add_aggregate(arrays, msgs, counts)
+        self._add_aggregate(arrays, msgs, shares)
         out_metrics = MetricRecord({k: float(v) for k, v in rec.scalars().items() if "/" not in k})
         if not self.evaluate_mse:
             self._round_complete(rec)
         return arrays, out_metrics
 
-    def _add_aggregate(self, arrays: ArrayRecord, msgs: Sequence[Message], counts: np.ndarray) -> None:
-        """Hook for subclasses that aggregate more than the head."""
+    def _shares(self, present: Sequence[int], counts: np.ndarray) -> np.ndarray:
+        """The averaging weights of the clients ``present`` (indices into the exchange): their counts
+        when the exchange's weight cap did not bind (``N_m / N`` over them, bit for bit), else their
+        capped exchange weights renormalised."""
+        moments = self._exchanged("aggregation").moments
+        weights, plain = np.asarray(moments.weights), np.asarray(moments.counts) / np.sum(np.asarray(moments.counts))
+        if np.all(weights >= plain * (1 - 1e-12)):
+            return np.asarray(counts, dtype=np.float64)
+        return weights[np.asarray(present, dtype=int)]
+
+    def _consistency(
+        self, msgs: Sequence[Message], heads: np.ndarray, present: Sequence[int], fit: agg.LocalFit
+    ) -> tuple[list[float], list[str]]:
+        """Each returned head's Gram against the optimal Gram of its site
+        ([`fedhead.analysis.consistency.gram_errors`][fedhead.analysis.consistency.gram_errors]) and a flag
+        (one log line) for a client that reports its local optimum but whose Gram is far from it."""
+        targets = self._exchanged("aggregation").targets
+        errors = gram_errors(heads, np.asarray(targets.client_grams)[np.asarray(present, dtype=int)])
+        limit = self.settings.trust.flag_gram_error
+        flags = []
+        for msg, pid, err, gap in zip(msgs, present, errors, fit.trained_gaps, strict=True):
+            if gap <= agg.LOCAL_GAP_THRESHOLD and err > limit:
+                flags.append(
+                    f"node {protocol.node_of(msg)} (partition {self._exchanged('aggregation').partition_ids[pid]}): "
+                    f"reports its local optimum (trained_gap {gap:.2g}) but its head's Gram is {err:.3g} "
+                    f"(relative) from the optimal Gram of the covariance it sent (trust.flag_gram_error={limit:g})"
+                )
+                log.warning("training: flagged %s", flags[-1])
+        return [float(e) for e in errors], flags
+
+    def _add_aggregate(self, arrays: ArrayRecord, msgs: Sequence[Message], shares: np.ndarray) -> None:
+        """Hook for subclasses that aggregate more than the head (``shares``: the averaging weights, unnormalised)."""
 
     # ---------------------------------------------------------------- evaluation (MSE)
     def configure_evaluate(

@@ -5,7 +5,9 @@ reduced to what the strategy aggregates (the heads of a training phase, the MSE 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+import logging
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TypeVar
 
 import numpy as np
@@ -13,9 +15,12 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
 
 from fedhead.federation import aggregation as agg
 from fedhead.federation import protocol
+from fedhead.results.rounds import CLIENT_METRIC_KEYS
 from fedhead.strategies.exchange import MomentExchange
 from fedhead.strategies.failures import Dropped, screen
-from fedhead.strategies.replies import FederationError, metrics_of, partition_of
+from fedhead.strategies.replies import metrics_of, partition_of
+
+log = logging.getLogger(__name__)
 
 T = TypeVar("T", bound=tuple)
 
@@ -44,22 +49,30 @@ def screen_phase(
     the dropped clients ([`fedhead.strategies.failures.screen`][fedhead.strategies.failures.screen]
     against the nodes the phase was ``sent`` to, waiting at most ``timeout`` for them).
 
-    The replies' partitions must be distinct and among the exchange's; otherwise
-    [`fedhead.strategies.replies.FederationError`][fedhead.strategies.FederationError] stops the run.
+    A reply must come from a node of the exchange and report the partition that node had there;
+    otherwise it is invalid and drops that node like any other invalid reply.
     """
+    partitions = dict(zip(exchange.node_ids, exchange.partition_ids))
+
+    def parse_own(msg: Message) -> T:
+        node = protocol.node_of(msg)
+        if node not in partitions:
+            raise agg.ReplyError(node, "this node took no part in the moment exchange")
+        pid = partition_of(msg)
+        if pid != partitions[node]:
+            raise agg.ReplyError(node, f"reports partition {pid}, but it is partition {partitions[node]} of this run")
+        return parse(msg)
+
     kept, dropped = screen(
         replies,
-        parse,
+        parse_own,
         stage=stage,
         required=required,
         expected_nodes=sent,
         expected_count=len(exchange.partition_ids),
         timeout=timeout if sent is not None else None,
-        partitions=dict(zip(exchange.node_ids, exchange.partition_ids)),
+        partitions=partitions,
     )
-    pids = [r[0] for _, r in kept]
-    if len(set(pids)) != len(pids) or not set(pids) <= set(exchange.partition_ids):
-        raise FederationError(f"replies came from partitions {sorted(pids)}, expected {list(exchange.partition_ids)}")
     return sorted(kept, key=lambda mr: mr[1][0]), dropped
 
 
@@ -88,14 +101,43 @@ def mean_mse(rows: Sequence[Sequence[float]]) -> tuple[float, float | None]:
     return train, test
 
 
+#: The metric names a client may report (results.json's ``client_metrics``); others are ignored.
+DECLARED_METRICS = frozenset(k.name for k in CLIENT_METRIC_KEYS)
+
+
+def declared_metrics(metrics: Mapping[str, object]) -> tuple[dict[str, float], int]:
+    """A reply's metrics with a declared name
+    ([`fedhead.results.rounds.ClientMetric`][fedhead.results.rounds.ClientMetric]) and a finite
+    number as value, and how many entries were ignored."""
+    kept = {
+        k: float(v)
+        for k, v in metrics.items()
+        if k in DECLARED_METRICS and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    }
+    return kept, len(metrics) - len(kept)
+
+
 def round_inputs(
     msgs: Sequence[Message], exchange: MomentExchange
-) -> tuple[agg.LocalFit, list[int], list[dict[str, float]]]:
+) -> tuple[agg.LocalFit, list[int], list[dict[str, float]], int]:
     """What a round record takes from the kept training replies: the clients' objective gaps
     ([`fedhead.federation.aggregation.local_fit`][fedhead.federation.aggregation.local_fit]), their
-    indices among the exchange's partitions, and each client's scalar metrics."""
+    indices among the exchange's partitions, each client's declared metrics
+    ([`declared_metrics`][fedhead.strategies.phases.declared_metrics]) and the number of metric
+    entries ignored (one log line per client that sent any)."""
     metrics = [metrics_of(m) for m in msgs]
     fit = agg.local_fit(metrics, [protocol.node_of(m) for m in msgs])
     present = [exchange.partition_ids.index(partition_of(m)) for m in msgs]
-    client_metrics = [{k: float(v) for k, v in m.items() if not isinstance(v, list)} for m in metrics]
-    return fit, present, client_metrics
+    client_metrics, ignored = [], 0
+    for msg, m in zip(msgs, metrics, strict=True):
+        kept, n_ignored = declared_metrics(m)
+        client_metrics.append(kept)
+        if n_ignored:
+            log.warning(
+                "training: ignored %d metric entries of node %s (undeclared names or values that are not "
+                "finite numbers)",
+                n_ignored,
+                protocol.node_of(msg),
+            )
+        ignored += n_ignored
+    return fit, present, client_metrics, ignored

@@ -33,16 +33,20 @@ def partition_of(message: Message) -> int:
     metrics = metrics_of(message)
     if protocol.PARTITION_ID not in metrics:
         raise agg.ReplyError(protocol.node_of(message), f"metrics lack '{protocol.PARTITION_ID}'")
-    return protocol.record_int(metrics[protocol.PARTITION_ID])
+    try:
+        return protocol.record_int(metrics[protocol.PARTITION_ID])
+    except (TypeError, ValueError):
+        raise agg.ReplyError(protocol.node_of(message), f"'{protocol.PARTITION_ID}' is not an integer") from None
 
 
 def parse_train_reply(
-    msg: Message, head_shape: tuple[int, int], expected_n: Mapping[int, int]
+    msg: Message, head_shape: tuple[int, int], expected_n: Mapping[int, int], *, max_abs: float | None = None
 ) -> tuple[int, np.ndarray, np.ndarray, int]:
     """``(partition id, W (C, P), b (C,), N_m)`` of one training reply, validated.
 
-    The head must have ``head_shape``, the sample count must be the one of the moment exchange
-    (``expected_n``: partition id -> ``N_m``), and the metrics must carry the objective gaps
+    The head must have ``head_shape`` and entries at most ``max_abs`` (``trust.max_abs``), the
+    sample count must be the one of the moment exchange (``expected_n``: partition id -> ``N_m``),
+    and the metrics must carry the objective gaps
     every round record needs ([`fedhead.federation.aggregation.local_fit`][fedhead.federation.aggregation.local_fit]).
     """
     node = protocol.node_of(msg)
@@ -54,7 +58,9 @@ def parse_train_reply(
         raise agg.ReplyError(node, f"unreadable head record ({exc})") from None
     metrics = metrics_of(msg)
     pid = partition_of(msg)
-    w, b, n = agg.validate_head(w, b, metrics.get(protocol.NUM_EXAMPLES), node_id=node, shape=head_shape)
+    w, b, n = agg.validate_head(
+        w, b, metrics.get(protocol.NUM_EXAMPLES), node_id=node, shape=head_shape, max_abs=max_abs
+    )
     n_exp = expected_n.get(pid)
     if n_exp is not None and n != n_exp:
         raise agg.ReplyError(node, f"reported {n} samples, but {n_exp} in the moment exchange")

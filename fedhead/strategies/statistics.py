@@ -22,11 +22,14 @@ from fedhead.federation import aggregation as agg
 from fedhead.federation import protocol
 from fedhead.strategies.exchange import ConfigValue, ExchangeSettings, MomentExchange, MomentRow, build_exchange
 from fedhead.strategies.failures import Dropped, TooFewReplies, screen
-from fedhead.strategies.replies import metrics_of
+from fedhead.strategies.replies import metrics_of, partition_of
 
 log = logging.getLogger(__name__)
 
 STAGE = "statistics exchange"
+#: The largest raw mean or standard deviation a statistics reply may carry: pooling squares
+#: ``N_m (sigma^2 + mu^2)`` of larger values can overflow float64.
+RAW_LIMIT = 1e100
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,8 +77,14 @@ def parse_statistics_reply(msg: Message) -> StatsRow:
     x_var = agg.validate_array(arrays[protocol.X_VAR].numpy(), x_mean.shape, node_id=node, name="input variances")
     if x_mean.ndim != 1 or np.any(x_var < 0):
         raise agg.ReplyError(node, "input means and variances must be vectors, variances >= 0")
-    pid = metrics.get(protocol.PARTITION_ID)
-    pid = None if pid is None else protocol.record_int(pid)
+    for name, values in (
+        ("target means", mu),
+        ("target standard deviations", np.sqrt(np.abs(np.diag(cov)))),
+        ("input means", x_mean),
+        ("input standard deviations", np.sqrt(x_var)),
+    ):
+        agg.check_magnitude(values, RAW_LIMIT, node_id=node, name=name, rule="beyond what float64 can pool")
+    pid = None if protocol.PARTITION_ID not in metrics else partition_of(msg)
     names = site[protocol.COLUMNS]
     if not isinstance(names, list):
         raise agg.ReplyError(node, f"statistics reply: '{protocol.COLUMNS}' must be a list of column names")
@@ -88,10 +97,8 @@ def refuse_other_columns(
 ) -> list[StatsRow]:
     """The rows whose column signature is the run's (the one most nodes share; ties: the
     smallest site key); the others are refused, one line naming the node, under the failure policy."""
-    if not rows:
-        return []
     count = Counter(r.columns for r in rows)
-    ref = min(count, key=lambda cols: (-count[cols], min(r.key for r in rows if r.columns == cols)))
+    ref = min(count, key=lambda cols: (-count[cols], min(r.key for r in rows if r.columns == cols)), default=())
     kept = []
     for r in rows:
         if r.columns == ref:
@@ -109,6 +116,25 @@ def refuse_other_columns(
     for d in dropped:
         if "columns differ" in d.reason:
             log.warning("%s: refusing %s; continuing with %d of %d clients", STAGE, d.describe(), len(kept), expected)
+    return kept
+
+
+def refuse_duplicate_sites(rows: Sequence[StatsRow], dropped: list[Dropped]) -> list[StatsRow]:
+    """The rows whose site key (the sha256 of the site's file) no other node reported; nodes that
+    share a key are all refused (the same rows must not count twice, and the server cannot tell
+    which node holds the file), one line each."""
+    nodes: dict[str, list[int]] = {}
+    for r in rows:
+        nodes.setdefault(r.key, []).append(r.node)
+    kept = []
+    for r in rows:
+        if len(nodes[r.key]) == 1:
+            kept.append(r)
+            continue
+        others = [n for n in nodes[r.key] if n != r.node]
+        reason = f"its file is byte-identical to that of node(s) {others} (site key {r.key}): none of them is used"
+        dropped.append(Dropped(STAGE, r.node, "invalid", reason, r.partition))
+        log.warning("%s: refusing node %s: %s", STAGE, r.node, reason)
     return kept
 
 
@@ -160,7 +186,9 @@ def collect_statistics(
 
     1. screens the replies with the failure policy ([`screen`][fedhead.strategies.failures.screen];
        a SuperNode without ``data-path`` answers with an error naming itself);
-    2. refuses the nodes whose columns differ from the run's
+    2. refuses nodes that report the same site file
+       ([`refuse_duplicate_sites`][fedhead.strategies.statistics.refuse_duplicate_sites]) and the nodes
+       whose columns differ from the run's
        ([`refuse_other_columns`][fedhead.strategies.statistics.refuse_other_columns]);
     3. numbers the clients when the SuperNodes have no ``partition-id`` (by site key, then node
        id: stable across restarts); the number then travels in every message's config;
@@ -176,9 +204,8 @@ def collect_statistics(
         expected_count=settings.num_clients,
         timeout=settings.timeouts.exchange if expected_nodes is not None else None,
     )
-    rows = refuse_other_columns(
-        [r for _, r in kept], dropped, required=settings.required, expected=settings.num_clients
-    )
+    unique = refuse_duplicate_sites([r for _, r in kept], dropped)
+    rows = refuse_other_columns(unique, dropped, required=settings.required, expected=settings.num_clients)
     rows, assigned = number_clients(rows)
     exchange = exchange_from_statistics(rows, dropped, settings)
     return dataclasses.replace(exchange, assigned_partitions=assigned)

@@ -35,26 +35,30 @@ class AlignedHeadAveraging(HeadAveraging):
         super().__init__(**kwargs)
         self.rtol = float(rtol)
 
-    def verify_replies(self, msgs: Sequence[Message], heads: np.ndarray) -> dict[str, float]:
-        worst = 0.0
-        for msg, w in zip(msgs, heads, strict=True):
-            node = protocol.node_of(msg)
-            if protocol.CHECKS not in msg.content.array_records:
-                raise agg.ReplyError(node, f"aligned reply lacks the '{protocol.CHECKS}' ArrayRecord")
-            g_trained = agg.validate_array(
-                msg.content.array_records[protocol.CHECKS][protocol.TRAINED_GRAM].numpy(),
-                (w.shape[0], w.shape[0]),
-                node_id=node,
-                name=protocol.TRAINED_GRAM,
+    @staticmethod
+    def alignment_error(msg: Message, w: np.ndarray) -> float:
+        """Relative change of the client's Gram through alignment (its reported ``trained_gram``
+        against the uploaded head ``w``)."""
+        node = protocol.node_of(msg)
+        checks = msg.content.array_records.get(protocol.CHECKS)
+        if checks is None or protocol.TRAINED_GRAM not in checks:
+            raise agg.ReplyError(node, f"aligned reply lacks the '{protocol.CHECKS}' ArrayRecord")
+        g_trained = agg.validate_array(
+            checks[protocol.TRAINED_GRAM].numpy(), (w.shape[0], w.shape[0]), node_id=node, name=protocol.TRAINED_GRAM
+        )
+        return float(relative_error(w @ w.T, g_trained))
+
+    def check_reply(self, msg: Message, weight: np.ndarray) -> None:
+        err = self.alignment_error(msg, weight)
+        if err > self.rtol:
+            raise agg.ReplyError(
+                protocol.node_of(msg),
+                f"aligned head changed the trained Gram (relative error {err:.3g} > {self.rtol:g})",
             )
-            err = float(relative_error(w @ w.T, g_trained))
-            if err > self.rtol:
-                raise agg.ReplyError(
-                    node,
-                    f"aligned head changed the trained Gram (relative error {err:.3g} > {self.rtol:g})",
-                )
-            worst = max(worst, err)
-        return {"alignment_gram_error": worst}
+
+    def verify_replies(self, msgs: Sequence[Message], heads: np.ndarray) -> dict[str, float]:
+        errors = [self.alignment_error(msg, w) for msg, w in zip(msgs, heads, strict=True)]
+        return {"alignment_gram_error": max(errors, default=0.0)}
 
 
 class FullModelAveraging(HeadAveraging):
@@ -85,14 +89,28 @@ class FullModelAveraging(HeadAveraging):
         if state:
             self._backbone = state
 
-    def _add_aggregate(self, arrays: ArrayRecord, msgs: Sequence[Message], counts: np.ndarray) -> None:
-        states = []
-        for msg in msgs:
-            if protocol.BACKBONE not in msg.content.array_records:
-                raise agg.ReplyError(protocol.node_of(msg), f"full-model reply lacks '{protocol.BACKBONE}'")
-            states.append(protocol.arrays_to_numpy(msg.content.array_records[protocol.BACKBONE]))
+    def check_reply(self, msg: Message, weight: np.ndarray) -> None:
+        """The backbone must be there, with the broadcast backbone's names and shapes (once there is
+        one), finite and within ``trust.max_abs``."""
+        node = protocol.node_of(msg)
+        if protocol.BACKBONE not in msg.content.array_records:
+            raise agg.ReplyError(node, f"full-model reply lacks '{protocol.BACKBONE}'")
+        try:
+            state = protocol.arrays_to_numpy(msg.content.array_records[protocol.BACKBONE])
+        except (TypeError, ValueError) as exc:
+            raise agg.ReplyError(node, f"unreadable backbone record ({exc})") from None
+        shared = {k: v for k, v in state.items() if not protocol.is_private_state(k)}
+        if self._backbone is not None and sorted(shared) != sorted(self._backbone):
+            raise agg.ReplyError(node, "its backbone's parameter names differ from the broadcast backbone's")
+        for name, value in shared.items():
+            shape = None if self._backbone is None else np.shape(self._backbone[name])
+            arr = agg.validate_array(value, shape, node_id=node, name=f"model state {name!r}")
+            agg.check_magnitude(arr, self.settings.trust.max_abs, node_id=node, name=f"model state {name!r}")
+
+    def _add_aggregate(self, arrays: ArrayRecord, msgs: Sequence[Message], shares: np.ndarray) -> None:
+        states = [protocol.arrays_to_numpy(msg.content.array_records[protocol.BACKBONE]) for msg in msgs]
         dtypes = {k: v.dtype for k, v in states[0].items()}
-        avg = agg.average_states(states, counts, node_ids=[protocol.node_of(m) for m in msgs])
+        avg = agg.average_states(states, shares, node_ids=[protocol.node_of(m) for m in msgs])
         self._backbone = {
             k: v.astype(dtypes[k]) if np.issubdtype(dtypes[k], np.floating) else v for k, v in avg.items()
         }

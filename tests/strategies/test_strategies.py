@@ -73,7 +73,8 @@ def test_exchange_rejects_errors_missing_and_bad_replies(task_identity, fig2_tar
     with pytest.raises(agg.ReplyError, match="node 33 .*positive integer"):
         strategy.aggregate_moments([good[0], good[1], bad])
     dup = query_reply(instruction(33, "query"), fig2_targets[2], 1)
-    with pytest.raises(ValueError, match="partition 1 by nodes"):
+    # two nodes claiming one partition: neither is used (the server cannot tell which is honest)
+    with pytest.raises(FederationError, match=r"node 33 \(partition 1\): partition 1 is also claimed by node\(s\) \[57\]"):
         strategy.aggregate_moments([good[0], good[1], dup])
 
 
@@ -128,7 +129,7 @@ def test_training_replies_are_validated(task_identity, fig2_targets):
         _train_round(strategy, [w0, w0, np.eye(2, 5)], counts)
     with pytest.raises(agg.ReplyError, match="node 101.*reported 7 samples"):
         _train_round(strategy, heads, [7] + counts[1:])
-    with pytest.raises(FederationError, match="partitions"):
+    with pytest.raises(FederationError, match="node 57 .*reports partition 0, but it is partition 1 of this run"):
         replies = [train_reply(instruction(n, "train"), w0, np.zeros(2), counts[0], 0) for n in NODES]
         strategy.aggregate_train(1, replies)
 
