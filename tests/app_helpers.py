@@ -226,3 +226,63 @@ def captured_strategies_log(caplog):
     finally:
         logger.removeHandler(caplog.handler)
         logger.propagate = propagate
+
+
+# ------------------------------------------------------------------ lying and failing sites (tests of trust:)
+class Lying:
+    """A site's honest handler (``Message -> Message``), whose replies to ``kind`` messages ``lie``
+    (``RecordDict -> RecordDict``) rewrites."""
+
+    def __init__(self, client, kind: str, lie):
+        self.client, self.kind, self.lie = client, kind, lie
+
+    def __call__(self, msg: Message):
+        reply = self.client(msg)
+        if msg.metadata.message_type != self.kind:
+            return reply
+        return Message(self.lie(reply.content), reply_to=msg)
+
+
+def moments_lie(count=None, mean=None, cov=None):
+    def lie(content: RecordDict) -> RecordDict:
+        arrays = content.array_records[protocol.MOMENTS]
+        metrics = dict(content.metric_records[protocol.METRICS])
+        mu = arrays[protocol.MEAN].numpy() if mean is None else mean
+        sigma = arrays[protocol.COV].numpy() if cov is None else cov
+        if count is not None:
+            metrics[protocol.NUM_EXAMPLES] = count
+        return RecordDict(
+            {
+                protocol.MOMENTS: ArrayRecord({protocol.MEAN: Array(np.asarray(mu)), protocol.COV: Array(sigma)}),
+                protocol.METRICS: MetricRecord(metrics),
+            }
+        )
+
+    return lie
+
+
+def train_lie(head=None, metrics=None):
+    def lie(content: RecordDict) -> RecordDict:
+        w, b = protocol.read_head(content.array_records[protocol.HEAD])
+        m = dict(content.metric_records[protocol.METRICS])
+        m.update(metrics or {})
+        return RecordDict(
+            {
+                protocol.HEAD: protocol.head_record(w if head is None else head(w), b),
+                protocol.METRICS: MetricRecord(m),
+            }
+        )
+
+    return lie
+
+
+class Crashing:
+    """The same site failing at ``kind`` messages: the run without the attacker."""
+
+    def __init__(self, client, kind: str):
+        self.client, self.kind = client, kind
+
+    def __call__(self, msg: Message):
+        if msg.metadata.message_type == self.kind:
+            raise RuntimeError("this site is down")
+        return self.client(msg)

@@ -140,6 +140,7 @@ def diagnosis_lines(d: dict[str, Any]) -> list[str]:
             for k in ("mu", "sigma", "a")
         ),
         f"recommendation: {d['recommendation']}",
+        *(f"FLAG: {flag}" for flag in d.get("flags") or ()),
     ]
 
 

@@ -170,7 +170,10 @@ class RoundRecord:
     )
     dropped: list[dict[str, Any]] = field(
         default_factory=list,
-        metadata=key("the clients the failure policy left out of this round, with the reason", "list"),
+        metadata=key(
+            "the clients the failure policy left out of this round, with the reason (round 0: of the moment exchange)",
+            "list",
+        ),
     )
     gram_errors: list[float] | None = field(
         default=None,

@@ -194,6 +194,7 @@ class HeadAveraging(Strategy):
         exchange = self._exchanged("training")
         self.check_regime()
         rec = self.rounds.start(exchange.targets, *initial_head, dim=exchange.moments.dim)
+        rec.dropped = [d.to_dict() for d in exchange.dropped]  # the sites the exchange left out
         self._round_complete(rec)
         return rec
 

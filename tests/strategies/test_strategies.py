@@ -74,7 +74,9 @@ def test_exchange_rejects_errors_missing_and_bad_replies(task_identity, fig2_tar
         strategy.aggregate_moments([good[0], good[1], bad])
     dup = query_reply(instruction(33, "query"), fig2_targets[2], 1)
     # two nodes claiming one partition: neither is used (the server cannot tell which is honest)
-    with pytest.raises(FederationError, match=r"node 33 \(partition 1\): partition 1 is also claimed by node\(s\) \[57\]"):
+    with pytest.raises(
+        FederationError, match=r"node 33 \(partition 1\): partition 1 is also claimed by node\(s\) \[57\]"
+    ):
         strategy.aggregate_moments([good[0], good[1], dup])
 
 

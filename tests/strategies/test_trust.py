@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from app_helpers import FakeGrid, NumpyClient, Recorder
+from app_helpers import Crashing, FakeGrid, Lying, NumpyClient, Recorder, moments_lie, train_lie
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
 from fedhead import ufm
@@ -83,64 +83,6 @@ def test_the_policy_is_validated_at_start():
 
 
 # ------------------------------------------------------------------ a lying site in a federation
-class Lying:
-    """Site ``LIAR``'s honest client, whose replies to ``kind`` messages ``lie`` rewrites."""
-
-    def __init__(self, client, kind: str, lie):
-        self.client, self.kind, self.lie = client, kind, lie
-
-    def __call__(self, msg: Message):
-        reply = self.client(msg)
-        if msg.metadata.message_type != self.kind:
-            return reply
-        return Message(self.lie(reply.content), reply_to=msg)
-
-
-def moments_lie(count=None, mean=None, cov=None):
-    def lie(content: RecordDict) -> RecordDict:
-        arrays = content.array_records[protocol.MOMENTS]
-        metrics = dict(content.metric_records[protocol.METRICS])
-        mu = arrays[protocol.MEAN].numpy() if mean is None else mean
-        sigma = arrays[protocol.COV].numpy() if cov is None else cov
-        if count is not None:
-            metrics[protocol.NUM_EXAMPLES] = count
-        return RecordDict(
-            {
-                protocol.MOMENTS: ArrayRecord({protocol.MEAN: Array(np.asarray(mu)), protocol.COV: Array(sigma)}),
-                protocol.METRICS: MetricRecord(metrics),
-            }
-        )
-
-    return lie
-
-
-def train_lie(head=None, metrics=None):
-    def lie(content: RecordDict) -> RecordDict:
-        w, b = protocol.read_head(content.array_records[protocol.HEAD])
-        m = dict(content.metric_records[protocol.METRICS])
-        m.update(metrics or {})
-        return RecordDict(
-            {
-                protocol.HEAD: protocol.head_record(w if head is None else head(w), b),
-                protocol.METRICS: MetricRecord(m),
-            }
-        )
-
-    return lie
-
-
-class Crashing:
-    """The same site failing at ``kind`` messages: the run without the attacker."""
-
-    def __init__(self, client, kind: str):
-        self.client, self.kind = client, kind
-
-    def __call__(self, msg: Message):
-        if msg.metadata.message_type == self.kind:
-            raise RuntimeError("this site is down")
-        return self.client(msg)
-
-
 def _run(handlers, *, trust=None, min_clients=2, rounds=2):
     obs = Recorder()
     strategy = HeadAveraging(
@@ -179,7 +121,9 @@ def test_a_huge_count_is_held_to_the_weight_cap(task_identity, fig2_targets, cap
     huge = 10**15  # claimed in the exchange and in every training reply
 
     def liar(client):
-        return Lying(Lying(client, "query", moments_lie(count=huge)), "train", train_lie(metrics={"num-examples": huge}))
+        return Lying(
+            Lying(client, "query", moments_lie(count=huge)), "train", train_lie(metrics={"num-examples": huge})
+        )
 
     strategy, obs = _run(_with(fig2_targets, liar))
     ex = strategy.exchange
@@ -220,7 +164,9 @@ def test_a_fake_covariance_is_dropped_beyond_the_bound_and_flagged_below_it(task
     fake = 200 * np.asarray(honest.covs[1])  # standard deviations x 14, far below trust.max_abs
     strategy, _ = _run(_with(fig2_targets, lambda c: Lying(c, "query", moments_lie(cov=fake))))
     flags = strategy.exchange.diagnosis.flags
-    assert len(flags) == 1 and flags[0].startswith("node 57 (partition 1): its covariance lies 8.91 times as far"), flags
+    assert len(flags) == 1 and flags[0].startswith("node 57 (partition 1): its covariance lies 8.91 times as far"), (
+        flags
+    )
     assert strategy.exchange.diagnosis.outlier_scores[1] > 5
     # without a lie nothing is flagged
     assert _run(_clients(fig2_targets))[0].exchange.diagnosis.flags == ()
