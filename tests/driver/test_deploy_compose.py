@@ -179,7 +179,8 @@ def assert_insecure(services: dict[str, dict]) -> None:
     for name, spec in services.items():
         args = _parsed(_full(spec))
         assert args.insecure is True and args.superexec_auth_secret_file is None, name
-        assert not getattr(args, "enable_supernode_auth", False) and not getattr(args, "auth_supernode_private_key", None)
+        assert not getattr(args, "enable_supernode_auth", False), name
+        assert not getattr(args, "auth_supernode_private_key", None), name
     assert _cert_sources(services) == {}
     _assert_ports_on_loopback(services)
 
@@ -327,14 +328,15 @@ def test_docs_links_stay_inside_repository():
 
 
 def test_docs_compose_commands_name_existing_files():
-    """Every ``docker-compose -f ...`` in the docs, README, scripts and compose files names
-    files that exist, and none runs the insecure overlay with real sites' data."""
+    """Every ``docker-compose -f ...`` (and ``FILES=(-f ...)`` of scripts/docker_check.sh) in
+    the docs, README, scripts and compose files starts with the base file, names files that
+    exist, and none runs the insecure overlay with real sites' data."""
     sources = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), *sorted(REPO.glob("*.yml"))]
     sources += sorted((REPO / "scripts").glob("*.sh"))
     commands = [
         m
         for src in sources
-        for m in re.findall(r"docker[- ]compose((?:\s+-f\s+\S+)+)", src.read_text())
+        for m in re.findall(r"(?:docker[- ]compose|FILES=\()((?:\s*\[?-f\s+[\w.-]+\.yml\]?)+)", src.read_text())
         if src.name != "mkdocs.yml"
     ]
     assert len(commands) >= 8
