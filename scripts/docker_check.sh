@@ -26,7 +26,7 @@ export FEDHEAD_BIND_ADDRESS=${FEDHEAD_BIND_ADDRESS:-127.0.0.1}
 export FEDHEAD_BASE_IMAGE=${FEDHEAD_BASE_IMAGE:-fedhead-base:bookworm}
 export FEDHEAD_CERTS=${FEDHEAD_CERTS:-$REPO/certs}
 RUN_LIMIT=${RUN_LIMIT:-900}
-FILES=(-f docker-compose.yml -f with-tls.yml -f with-state.yml)
+FILES=(-f docker-compose.yml -f with-state.yml)   # TLS and SuperNode authentication: the base file
 log() { printf '[docker_check %s] %s\n' "$(date +%H:%M:%S)" "$*"; }
 
 # ---- 1. base image: Debian bookworm minbase from debootstrap, when it is not there ---------

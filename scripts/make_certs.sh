@@ -18,8 +18,12 @@
 #                                      authentication (flower-superlink --enable-supernode-auth,
 #                                      `flwr supernode register supernode-K.auth.pub`,
 #                                      flower-supernode --auth-supernode-private-key)
-#   superexec.secret                   shared secret of the SuperExec processes (process
-#                                      isolation, --superexec-auth-secret-file)
+#   superlink.superexec.secret         shared secret of the SuperLink's runtime API and the
+#                                      SuperExec running the ServerApp (process isolation,
+#                                      --superexec-auth-secret-file on both)
+#   supernode-K.superexec.secret       shared secret of SuperNode K's runtime API and the
+#                                      SuperExec running its ClientApps (one per SuperNode:
+#                                      no secret is shared by two sites)
 # Needs openssl and ssh-keygen. For tests and local deployments only: a real federation uses
 # certificates of its own CA and keeps private keys on the machine that uses them.
 set -euo pipefail
@@ -52,7 +56,9 @@ for k in $(seq 1 "$N"); do
   server_cert "supernode-$k"
   [[ -f supernode-$k.auth ]] || ssh-keygen -q -t ecdsa -b 384 -N "" -C "supernode-$k" -f "supernode-$k.auth"
 done
-[[ -f superexec.secret ]] || openssl rand -hex 32 | tr -d '\n' > superexec.secret
+for name in superlink $(seq -f 'supernode-%g' 1 "$N"); do
+  [[ -f $name.superexec.secret ]] || openssl rand -hex 32 | tr -d '\n' > "$name.superexec.secret"
+done
 # public material is world-readable; private keys stay owner-only (0600)
 chmod 644 ./*.crt ./*.pub
 echo "certificates and keys in $(pwd)"

@@ -2,9 +2,10 @@
 
 The loopback deployment test (``tests/driver/test_deploy_loopback.py``) starts its processes from
 these functions, and ``tests/driver/test_deploy_compose.py`` checks that every service of
-``docker-compose.yml`` (with the overlays ``with-tls.yml`` and ``with-state.yml``) runs exactly
-the command these functions give for that service's paths and addresses. One list of flags
-therefore serves the tested process deployment and the compose files.
+``docker-compose.yml`` (TLS and SuperNode authentication; alone, with ``with-state.yml`` and
+with the loopback-only ``with-insecure.yml``) runs exactly the command these functions give for
+that service's paths and addresses. One list of flags therefore serves the tested process
+deployment and the compose files.
 
 Topology (flwr 1.42): one SuperLink serves the Fleet, Control and runtime APIs on one HTTP(S)
 port; each SuperNode serves its own runtime API; the ServerApp / ClientApps run either as
@@ -15,8 +16,10 @@ separate ``flower-superexec`` processes that connect to those runtime APIs
 Security: TLS is on unless ``tls`` is None (``--insecure``); SuperNode authentication
 (``--enable-supernode-auth`` on the SuperLink, ``--auth-supernode-private-key`` on each
 SuperNode, the public keys registered beforehand with ``flwr supernode register``) is on when
-``supernode_auth`` / ``auth_key`` are given. ``scripts/make_certs.sh`` makes a local CA, the
-server certificates and the SuperNode key pairs.
+``supernode_auth`` / ``auth_key`` are given; ``superexec_secret`` (``process`` isolation) is the
+file of the secret shared by one runtime API and the SuperExec that connects to it.
+``scripts/make_certs.sh`` makes a local CA, the server certificates, the SuperNode key pairs
+and one SuperExec secret per runtime API (SuperLink, each SuperNode).
 """
 
 from __future__ import annotations

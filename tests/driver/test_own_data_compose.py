@@ -20,7 +20,7 @@ from deploy_helpers import merged_services, mount_target
 from fedhead.driver.deploy import SUPERLINK_PORT, SUPERNODE_RUNTIME_PORT, ServerTls, node_config, supernode_command
 
 REPO = Path(__file__).resolve().parents[2]
-FILES = ("docker-compose.yml", "with-tls.yml", "with-own-data.yml")
+FILES = ("docker-compose.yml", "with-own-data.yml")
 DATA_PATH = "/data/site/site.csv"
 
 
@@ -37,7 +37,7 @@ def _expected_supernode(k: int) -> list[str]:
         isolation="process",
         auth_key=f"/certs/supernode-{k}.auth",
         runtime_tls=ServerTls(ca, f"/certs/supernode-{k}.crt", f"/certs/supernode-{k}.key"),
-        superexec_secret="/certs/superexec.secret",
+        superexec_secret=f"/certs/supernode-{k}.superexec.secret",
         data_path=DATA_PATH,
     )
 
