@@ -61,7 +61,8 @@ class Diagnosis:
         Barycenter iterations used (0 outside the regime).
     outlier_scores : ndarray (M,) or None
         How far each site's covariance lies from the others' (BW distance) relative to the
-        federation's spread ([`fedhead.analysis.consistency.outlier_scores`][fedhead.analysis.consistency.outlier_scores];
+        federation's spread
+        ([`fedhead.analysis.consistency.outlier_scores`][fedhead.analysis.consistency.outlier_scores];
         None with fewer than three sites or before the server computed them).
     flags : tuple of str
         One line per site whose replies disagree with what the theory says an honest site sends

@@ -2,23 +2,17 @@
 
 In a deployment the ServerApp sees whichever SuperNodes are connected; each carries its
 partition in its node config (``partition-id``, ``num-partitions``), which the ClientApp
-reports in its replies. A SuperNode too many, one missing, or two SuperNodes serving the same
-partition would silently average the wrong federation; these functions turn that into an
-error that names the nodes and the remedy. Pure functions, no Flower objects: callers pass ids.
-
-Call sites (the ServerApp / strategy, see docs/deployment.md, "Checks of the federation"):
-
-* [`check_node_count`][fedhead.federation.deploy_checks.check_node_count] once the grid has ``num_clients`` nodes,
-before the first message
-  (``strategies/exchange.py``, ``wait_for_nodes``: pass ``grid.get_node_ids()``);
-* [`check_partitions`][fedhead.federation.deploy_checks.check_partitions] on the moment-exchange replies (``partition id
--> node id`` pairs
-  gathered in ``strategies/exchange.py``, ``build_exchange``), which also gives the node order by partition.
+reports in its replies. A SuperNode too many or one missing would silently average the wrong
+federation; [`check_node_count`][fedhead.federation.deploy_checks.check_node_count] turns that into an
+error that names the nodes and the remedy, once the grid has ``num_clients`` nodes and before the
+first message (``strategies/exchange.py``, ``wait_for_nodes``). Two SuperNodes claiming one
+partition are refused with the replies (``strategies/exchange.py``, ``screen_rows``: both are
+dropped). A pure function, no Flower objects: callers pass ids.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 
 
 class FederationMismatch(ValueError):
@@ -44,42 +38,3 @@ def check_node_count(node_ids: Iterable[int], num_clients: int) -> list[int]:
             f"num-partitions={m}), or set num_clients={len(nodes)} in the run's overrides"
         )
     return nodes
-
-
-def check_partitions(pairs: Sequence[tuple[int, int]], num_clients: int) -> list[int]:
-    """Node ids ordered by partition id, from ``(partition_id, node_id)`` pairs.
-
-    Raises [`FederationMismatch`][fedhead.federation.deploy_checks.FederationMismatch] unless the partition ids are
-    exactly ``0..num_clients-1``,
-    each served by one node, and no node serves two partitions.
-    """
-    m = int(num_clients)
-    by_pid: dict[int, list[int]] = {}
-    by_node: dict[int, list[int]] = {}
-    for pid, node in pairs:
-        by_pid.setdefault(int(pid), []).append(int(node))
-        by_node.setdefault(int(node), []).append(int(pid))
-    problems = []
-    dup = {p: n for p, n in sorted(by_pid.items()) if len(n) > 1}
-    if dup:
-        problems.append(
-            "partitions served by several nodes: " + ", ".join(f"partition {p} by nodes {n}" for p, n in dup.items())
-        )
-    twice = {n: p for n, p in sorted(by_node.items()) if len(p) > 1}
-    if twice:
-        problems.append(
-            "nodes answering for several partitions: " + ", ".join(f"node {n}: {p}" for n, p in twice.items())
-        )
-    outside = sorted(p for p in by_pid if not 0 <= p < m)
-    if outside:
-        problems.append(f"partition ids {outside} outside 0..{m - 1}")
-    missing = sorted(set(range(m)) - set(by_pid))
-    if missing:
-        problems.append(f"no node serves partitions {missing}")
-    if problems:
-        raise FederationMismatch(
-            f"the SuperNodes do not match num_clients={m}: "
-            + "; ".join(problems)
-            + f" (check each SuperNode's --node-config partition-id=K num-partitions={m})"
-        )
-    return [by_pid[p][0] for p in range(m)]

@@ -174,18 +174,22 @@ def screen_rows(
     """The rows the trust policy accepts, ordered by partition, and one
     [`Dropped`][fedhead.strategies.failures.Dropped] per refused site: a partition id outside
     ``0..num_clients-1`` or claimed by several nodes (all of them are refused: the server cannot
-    tell which one is honest), a count beyond ``trust.expected_counts``/``trust.max_count``, moments
-    beyond ``trust.max_abs``."""
+    tell which one is honest), a node answering twice, a count beyond ``trust.expected_counts`` or
+    ``trust.max_count``, moments beyond ``trust.max_abs``."""
     trust, m = settings.trust, settings.num_clients
     claims: dict[int, list[int]] = {}
+    answers: dict[int, int] = {}
     for pid, node, *_ in rows:
         claims.setdefault(int(pid), []).append(int(node))
+        answers[int(node)] = answers.get(int(node), 0) + 1
     kept: list[MomentRow] = []
     dropped: list[Dropped] = []
     for row in sorted(rows, key=lambda r: (r[0], r[1])):
         pid, node, n, mu, cov = row
         reason = None
-        if not 0 <= pid < m:
+        if answers[node] > 1:
+            reason = "answered more than once"
+        elif not 0 <= pid < m:
             reason = f"reports partition {pid} outside 0..{m - 1}"
         elif len(claims[pid]) > 1:
             others = [k for k in claims[pid] if k != node]

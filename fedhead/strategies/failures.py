@@ -16,7 +16,6 @@ from flwr.app import Message
 
 from fedhead.federation import aggregation as agg
 from fedhead.federation import protocol
-from fedhead.federation.deploy_checks import FederationMismatch
 from fedhead.settings.limits import STRAGGLER_ERROR_CODE
 from fedhead.strategies.replies import FederationError
 
@@ -152,17 +151,3 @@ def screen(
             required,
         )
     return kept, dropped
-
-
-def check_partition_subset(pairs: Sequence[tuple[int, int]], num_clients: int, stage: str) -> None:
-    """Partition ids of the surviving replies: each in ``0..num_clients-1``, each from one node."""
-    seen: dict[int, int] = {}
-    for pid, node in pairs:
-        if not 0 <= int(pid) < num_clients:
-            raise FederationMismatch(f"{stage}: node {node} reports partition {pid} outside 0..{num_clients - 1}")
-        if int(pid) in seen:
-            raise FederationMismatch(
-                f"{stage}: partition {pid} served by nodes {seen[int(pid)]} and {node} (duplicate partition; "
-                f"check each SuperNode's --node-config partition-id=K num-partitions={num_clients})"
-            )
-        seen[int(pid)] = int(node)
