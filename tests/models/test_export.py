@@ -89,12 +89,12 @@ def test_the_saved_model_gives_the_in_memory_outputs(tmp_path, name):
     want_std = NO_STD if image else {"mode": "none", "offset": i_off.tolist(), "scale": i_scale.tolist()}
     assert meta["inputs"]["standardization"] == want_std
     loaded = torch.export.load(str(tmp_path / PROGRAM_FILE)).module()  # plain torch
-    want = _reference(backbone, x, w, b, t_off, t_scale, i_off, i_scale)
-    for rows in (slice(0, 1), slice(0, 7)):
+    for rows in (slice(0, 1), slice(0, 7)):  # the reference on the same batch (float32 kernels differ by size)
+        want = _reference(backbone, x[rows], w, b, t_off, t_scale, i_off, i_scale)
         with torch.no_grad():
             got = loaded(torch.as_tensor(x[rows])).numpy()
         assert got.dtype == np.float64 and got.shape == (rows.stop, C)
-        np.testing.assert_allclose(got, want[rows], rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
 
 
 def _meta(**changes) -> dict:
