@@ -251,9 +251,14 @@ def _is_file_name(name: object) -> bool:
 def _check_inputs(meta: dict[str, Any], path: Path) -> None:
     """``inputs.shape``, ``inputs.dtype`` and ``inputs.standardization`` make sense together."""
     inputs = meta["inputs"]
+    if inputs["kind"] not in ("table", "image"):
+        raise ModelFileError(f"{path}: inputs.kind must be 'table' or 'image', got {inputs['kind']!r}")
     shape = inputs["shape"]
     if not isinstance(shape, list) or not all(isinstance(s, int) and s > 0 for s in shape):
         raise ModelFileError(f"{path}: inputs.shape must be a list of positive integers, got {shape!r}")
+    features = inputs.get("features") or []
+    if not isinstance(features, list) or (features and [len(features)] != shape):
+        raise ModelFileError(f"{path}: inputs.features must name the {shape} inputs' columns, got {features!r}")
     if inputs["dtype"] not in _DTYPES:
         raise ModelFileError(f"{path}: inputs.dtype must be one of {', '.join(_DTYPES)}, got {inputs['dtype']!r}")
     std = inputs["standardization"]

@@ -144,6 +144,8 @@ def test_a_folder_without_model_json_or_with_another_format_is_refused(tmp_path)
         ({"inputs": {"kind": "table", "shape": [2], "dtype": "float64"}}, "lacks inputs.standardization"),
         ({"inputs": _meta()["inputs"] | {"dtype": "load"}}, "inputs.dtype must be one of float64, float32, uint8"),
         ({"inputs": _meta()["inputs"] | {"shape": [-2]}}, "inputs.shape must be a list of positive integers"),
+        ({"inputs": _meta()["inputs"] | {"kind": "text"}}, "inputs.kind must be 'table' or 'image', got 'text'"),
+        ({"inputs": _meta()["inputs"] | {"features": ["u"]}}, "inputs.features must name the [2] inputs' columns"),
         (
             {"inputs": _meta()["inputs"] | {"standardization": {"offset": [0.0], "scale": [1.0]}}},
             "offset and scale must be empty or 2 finite numbers each (scale nonzero), got 1 and 1",
