@@ -109,11 +109,8 @@ def save_final_model(
             "features": list(site.features),
             "shape": shape,
             "dtype": dtype,
-            "standardization": {
-                "mode": "none" if site.is_image else st.input_mode,
-                "offset": [] if i_off is None else np.asarray(i_off, dtype=float).tolist(),
-                "scale": [] if i_scale is None else np.asarray(i_scale, dtype=float).tolist(),
-            },
+            # its offset and scale: the module's (export_model)
+            "standardization": {"mode": "none" if site.is_image else st.input_mode},
         },
         "targets": {
             "names": list(site.target_names),
