@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from fedhead.analysis.constraints import Field, Together, check, integer, number, optional
+from fedhead.analysis.constraints import Field, Together, check, integer, names, number, optional
 from fedhead.analysis.procedure import ConfigError
 
 __all__ = ["TrustPolicy"]
@@ -43,6 +43,7 @@ _TRUST_RULES = (
     Field("clip_update", optional(number(0, low_open=True)), "must be a finite number > 0 or null (off)"),
     Field("flag_gram_error", number(0, low_open=True), "must be a finite number > 0"),
     Field("flag_outlier", number(1, low_open=True), "must be a finite number > 1"),
+    Field("extra_metrics", names, "must be a list of metric names"),
     Together(
         lambda t: (
             t.expected_counts is None
@@ -89,6 +90,11 @@ class TrustPolicy:
         A site whose covariance lies this many times farther from the others' (BW distance) than the
         sites typically lie from each other is flagged in the diagnosis (three sites or more;
         [`fedhead.analysis.consistency.outlier_scores`][fedhead.analysis.consistency.outlier_scores]).
+    extra_metrics : tuple of str
+        Metric names the app's clients add to their training replies, accepted (finite numbers
+        only) beside fedhead's declared ones
+        ([`fedhead.results.rounds.ClientMetric`][fedhead.results.rounds.ClientMetric]); every other
+        entry is ignored and counted (``ignored_metrics`` of the round).
     """
 
     max_weight_share: float | None = 0.5
@@ -98,6 +104,7 @@ class TrustPolicy:
     clip_update: float | None = None
     flag_gram_error: float = 0.5
     flag_outlier: float = 5.0
+    extra_metrics: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         check(self, _TRUST_RULES, prefix="trust.", error=ConfigError)
@@ -108,6 +115,7 @@ class TrustPolicy:
         for name in ("max_weight_share", "clip_update"):
             value = getattr(self, name)
             object.__setattr__(self, name, None if value is None else float(value))
+        object.__setattr__(self, "extra_metrics", tuple(self.extra_metrics))
         for name in ("max_abs", "flag_gram_error", "flag_outlier"):
             object.__setattr__(self, name, float(getattr(self, name)))
 

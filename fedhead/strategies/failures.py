@@ -98,7 +98,8 @@ def screen(
     invalid reply. Missing
     replies are the ``expected_nodes`` that did not answer (or, without them, the shortfall
     against ``expected_count``). ``partitions`` (node -> partition id, known after the moment
-    exchange) names the partition of a dropped client that did not say it. A SuperNode that
+    exchange) names the partition of a dropped client (the one it had there, whatever its reply
+    says). A SuperNode that
     stopped sending heartbeats comes back from flwr as an error reply ("Node Unavailable"); a
     straggler given up by the server's rule of [`Timeouts`][fedhead.settings.limits.Timeouts] is
     ``missing``. Every dropped client is logged with its node and reason.
@@ -120,7 +121,7 @@ def screen(
             kept.append((msg, parse(msg)))
         except agg.ReplyError as exc:
             pid = _partition(msg)
-            dropped.append(Dropped(stage, node, "invalid", str(exc), part.get(node) if pid is None else pid))
+            dropped.append(Dropped(stage, node, "invalid", str(exc), part.get(node, pid)))
     waited = "" if timeout is None else f" within {timeout:g} s"
     if expected_nodes is not None:
         answered = {int(m.metadata.src_node_id) for m in replies}

@@ -300,7 +300,9 @@ class HeadAveraging(Strategy):
         server_round = self.rounds.round(server_round)
         msgs, heads, biases, counts = self.parse_train_replies(replies)
         extra = self.verify_replies(msgs, heads)
-        fit, present, client_metrics, ignored = round_inputs(msgs, self._exchanged("aggregation"))
+        fit, present, client_metrics, ignored = round_inputs(
+            msgs, self._exchanged("aggregation"), self.settings.trust.extra_metrics
+        )
         assert self.rounds.tracker is not None and self._broadcast is not None
         shares = self._shares(present, counts)
         avg_heads, avg_biases, clipped = heads, biases, 0

@@ -105,20 +105,21 @@ def mean_mse(rows: Sequence[Sequence[float]]) -> tuple[float, float | None]:
 DECLARED_METRICS = frozenset(k.name for k in CLIENT_METRIC_KEYS)
 
 
-def declared_metrics(metrics: Mapping[str, object]) -> tuple[dict[str, float], int]:
+def declared_metrics(metrics: Mapping[str, object], extra: Iterable[str] = ()) -> tuple[dict[str, float], int]:
     """A reply's metrics with a declared name
-    ([`fedhead.results.rounds.ClientMetric`][fedhead.results.rounds.ClientMetric]) and a finite
-    number as value, and how many entries were ignored."""
+    ([`fedhead.results.rounds.ClientMetric`][fedhead.results.rounds.ClientMetric], or one of ``extra``:
+    ``trust.extra_metrics``) and a finite number as value, and how many entries were ignored."""
+    allowed = DECLARED_METRICS.union(extra)
     kept = {
         k: float(v)
         for k, v in metrics.items()
-        if k in DECLARED_METRICS and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+        if k in allowed and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
     }
     return kept, len(metrics) - len(kept)
 
 
 def round_inputs(
-    msgs: Sequence[Message], exchange: MomentExchange
+    msgs: Sequence[Message], exchange: MomentExchange, extra_metrics: Iterable[str] = ()
 ) -> tuple[agg.LocalFit, list[int], list[dict[str, float]], int]:
     """What a round record takes from the kept training replies: the clients' objective gaps
     ([`fedhead.federation.aggregation.local_fit`][fedhead.federation.aggregation.local_fit]), their
@@ -130,7 +131,7 @@ def round_inputs(
     present = [exchange.partition_ids.index(partition_of(m)) for m in msgs]
     client_metrics, ignored = [], 0
     for msg, m in zip(msgs, metrics, strict=True):
-        kept, n_ignored = declared_metrics(m)
+        kept, n_ignored = declared_metrics(m, extra_metrics)
         client_metrics.append(kept)
         if n_ignored:
             log.warning(

@@ -285,3 +285,35 @@ def test_raw_statistics_beyond_float64_pooling_are_refused(task_identity):
     )
     with pytest.raises(agg.ReplyError, match="target means exceeds the magnitude bound 1e.100 "):
         parse_statistics_reply(Message(content, reply_to=ask))
+
+
+def test_partition_claims_that_cannot_all_be_honest_drop_the_claimants():
+    from fedhead.strategies.exchange import ExchangeSettings, screen_rows
+
+    settings = ExchangeSettings(
+        lambda_h=LH,
+        lambda_w=LW,
+        gamma=0.0,
+        centered=False,
+        num_clients=3,
+        required=1,
+        timeouts=FAST,
+        message_config={},
+    )
+    mu, cov = np.zeros(2), np.eye(2)
+    rows = [(0, 5, 10, mu, cov), (0, 6, 10, mu, cov), (1, 7, 10, mu, cov), (2, 7, 10, mu, cov), (3, 8, 10, mu, cov)]
+    kept, dropped = screen_rows(rows, settings)
+    assert kept == []
+    reasons = {d.node: d.reason for d in dropped}
+    assert reasons[5].startswith("partition 0 is also claimed by node(s) [6]")
+    assert reasons[7] == "answered more than once" and reasons[8] == "reports partition 3 outside 0..2"
+
+
+def test_metrics_the_app_declares_are_kept(task_identity, fig2_targets):
+    lie = train_lie(metrics={"backbone_norm": 2.5, "other": 1.0})
+    _, obs = _run(
+        _with(fig2_targets, lambda c: Lying(c, "train", lie)), trust=TrustPolicy(extra_metrics=["backbone_norm"])
+    )
+    last = obs.records[-1]
+    assert last.client_metrics[1]["backbone_norm"] == 2.5 and "other" not in last.client_metrics[1]
+    assert last.ignored_metrics == 1
