@@ -147,7 +147,7 @@ def validate_moments(
 # --------------------------------------------------------------------------------------------
 
 
-def aggregation_weights(counts: Sequence[int] | np.ndarray) -> np.ndarray:
+def aggregation_weights(counts: Sequence[float] | np.ndarray) -> np.ndarray:
     """``p_m = N_m / N`` for positive counts ``(M,)``."""
     n = np.asarray(counts, dtype=np.float64)
     if n.ndim != 1 or n.size == 0:
@@ -157,7 +157,7 @@ def aggregation_weights(counts: Sequence[int] | np.ndarray) -> np.ndarray:
     return n / n.sum()
 
 
-def capped_shares(counts: Sequence[int] | np.ndarray, max_share: float | None) -> np.ndarray:
+def capped_shares(counts: Sequence[float] | np.ndarray, max_share: float | None) -> np.ndarray:
     """Aggregation weights ``p_m = N_m / N`` with no site above ``max_share`` (water-filling).
 
     Parameters

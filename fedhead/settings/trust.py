@@ -135,7 +135,7 @@ class TrustPolicy:
             and partition < len(expected)
             and count != expected[partition]
         ):
-            return f"reported {count} rows, but trust.expected_counts says {self.expected_counts[partition]}"
+            return f"reported {count} rows, but trust.expected_counts says {expected[partition]}"
         limit = self.max_count
         if isinstance(limit, tuple):
             limit = limit[partition] if partition is not None and partition < len(limit) else None

@@ -286,7 +286,7 @@ def flag_outliers(
     flags = tuple(
         f"node {rows[i][1]} (partition {rows[i][0]}): its covariance lies {scores[i]:.3g} times as far from the "
         f"others' (BW distance) as the sites typically lie from each other (trust.flag_outlier={limit:g})"
-        for i in np.flatnonzero(scores > limit)
+        for i in np.flatnonzero(scores > limit).tolist()
     )
     for flag in flags:
         log.warning("moment exchange: flagged %s", flag)
