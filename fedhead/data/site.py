@@ -13,7 +13,6 @@ signature: no rows), and standardises locally with the federation's pooled offse
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from dataclasses import dataclass
 
@@ -24,7 +23,16 @@ from fedhead.analysis.standardization import Standardization
 from fedhead.data.base import ClientData, RawDataset
 from fedhead.data.pipeline import resize_images
 from fedhead.data.table_config import TableConfig
-from fedhead.data.table_files import SitePart, SiteTable, TableError, file_label, numeric, read_file, truthy
+from fedhead.data.table_files import (
+    SitePart,
+    SiteTable,
+    TableError,
+    file_key,
+    file_label,
+    numeric,
+    read_file,
+    truthy,
+)
 
 log = logging.getLogger("fedhead.data.table")  # the logger of dataset=table's messages
 
@@ -75,14 +83,6 @@ class Site:
     @property
     def n_train(self) -> int:
         return int(self.y.shape[0])
-
-
-def file_key(path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()[:16]
 
 
 def split_index(key: str) -> int:

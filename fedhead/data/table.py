@@ -37,7 +37,6 @@ import numpy as np
 
 from fedhead.data.base import RawDataset
 from fedhead.data.site import (
-    file_key,
     finite_rows,
     run_columns,
     site_arrays,
@@ -52,7 +51,9 @@ from fedhead.data.table_files import (
     SitePart,
     SiteTable,
     TableError,
+    check_distinct_keys,
     check_same_columns,
+    file_key,
     file_label,
     read_file,
     site_values,
@@ -73,6 +74,8 @@ def load(cfg: TableConfig) -> RawDataset:
         )
     cfg = cfg.preflight()
     sites = [read_file(f) for f in cfg.files]
+    keys = [file_key(s.path) for s in sites]
+    check_distinct_keys([s.path for s in sites], keys)
     check_same_columns(sites)
     first = sites[0]
     targets, features = run_columns(cfg, first)
@@ -90,9 +93,9 @@ def load(cfg: TableConfig) -> RawDataset:
             t = test[rows] if test is not None else test_rows(cfg, site, rows.size, i)
             parts.append(SitePart(label, x[rows], y[rows], t))
     else:
-        for site in sites:
+        for site, key in zip(sites, keys):
             x, y = site_arrays(cfg, site, targets, features)
-            index = split_index(file_key(site.path))  # as a site read alone (fedhead.data.site)
+            index = split_index(key)  # as a site read alone (fedhead.data.site)
             parts.append(SitePart(file_label(site.path), x, y, test_rows(cfg, site, y.shape[0], index)))
     names = tuple(targets) + tuple(features)
     for p in parts:

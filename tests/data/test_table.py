@@ -163,6 +163,10 @@ def _bad(tmp_path: Path, case: str):
         return {"files": [good[0], f]}, "short.csv: its columns differ from site_0.csv's (missing ['f3'], extra [])"
     if case == "same file twice":
         return {"files": [good[0], good[1], tmp_path / "." / "site_0.csv"]}, "the same file is given twice"
+    if case == "byte-identical copy":  # another name, the same bytes: its rows would count twice
+        copy = tmp_path / "copy_of_0.csv"
+        copy.write_bytes(good[0].read_bytes())
+        return {"files": [good[0], good[1], copy]}, "copy_of_0.csv has the same bytes as site_0.csv"
     if case == "npz without y":
         np.savez(tmp_path / "a.npz", x=np.zeros((5, 2)), y=np.zeros(5))
         np.savez(tmp_path / "b.npz", x=np.zeros((5, 2)))
@@ -198,6 +202,7 @@ CASES = [
     "nan",
     "columns differ",
     "same file twice",
+    "byte-identical copy",
     "npz without y",
     "npz lengths",
     "npz sample shapes",
