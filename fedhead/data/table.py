@@ -35,9 +35,13 @@ import logging
 
 import numpy as np
 
-from fedhead.data.base import RawDataset
+from fedhead.data.base import DataError, RawDataset
+from fedhead.data.pipeline import standardize_targets
 from fedhead.data.site import (
     finite_rows,
+    refuse_nonfinite_statistics,
+    refuse_overflow,
+    row_statistics,
     run_columns,
     site_arrays,
     split_index,
@@ -98,10 +102,13 @@ def load(cfg: TableConfig) -> RawDataset:
             index = split_index(key)  # as a site read alone (fedhead.data.site)
             parts.append(SitePart(file_label(site.path), x, y, test_rows(cfg, site, y.shape[0], index)))
     names = tuple(targets) + tuple(features)
+    is_image = first.x is not None and first.x.ndim == 4
     for p in parts:
         keep = finite_rows(cfg, p.label, p.x, p.y, names)
         p.x, p.y, p.test = p.x[keep], p.y[keep], p.test[keep]
-    return _assemble(cfg, parts, tuple(targets), features, is_image=first.x is not None and first.x.ndim == 4)
+        stats = row_statistics(p.x[~p.test], p.y[~p.test], is_image=is_image)  # what the site would report
+        refuse_nonfinite_statistics(p.label, stats, tuple(targets), tuple(features))
+    return _assemble(cfg, parts, tuple(targets), tuple(features), is_image=is_image)
 
 
 def _assemble(cfg: TableConfig, parts: list[SitePart], targets, features, *, is_image: bool) -> RawDataset:
@@ -156,8 +163,14 @@ def _assemble(cfg: TableConfig, parts: list[SitePart], targets, features, *, is_
             x, x_test = standardize_pooled(x, x_test)
         elif cfg.standardize_inputs == "site":
             x, x_test = standardize_per_site(x, x_test, None if eigen else groups, groups_test)
+        _refuse_overflow(parts, features, "input", x, x_test, groups, groups_test)
         x = x.astype(np.float32)
         x_test = None if x_test is None else x_test.astype(np.float32)
+    try:  # the targets as the pipeline standardises them (fedhead.data.pipeline.build_federated)
+        st = standardize_targets(y, y_test, enabled=cfg.standardize_targets == "pooled", names=targets)
+    except DataError as exc:
+        raise TableError(f"{', '.join(p.label for p in parts)}: {exc}") from None
+    _refuse_overflow(parts, targets, "target", st.y, st.y_test, groups, groups_test)
     label = f"{parts[0].label}" if len(parts) == 1 else f"{parts[0].label} ... ({len(parts)} sites)"
     return RawDataset(
         name=cfg.name,
@@ -171,3 +184,12 @@ def _assemble(cfg: TableConfig, parts: list[SitePart], targets, features, *, is_
         standardize=cfg.standardize_targets == "pooled",
         source=f"table {label}; inputs {list(features) if features else 'x'}",
     )
+
+
+def _refuse_overflow(parts: list[SitePart], names, what: str, z, z_test, groups, groups_test) -> None:
+    """[`refuse_overflow`][fedhead.data.site.refuse_overflow] of the standardised training and test
+    rows, naming the file of the first row that overflows."""
+    labels = [p.label for p in parts]
+    refuse_overflow(z, tuple(names), labels, groups, what)
+    if z_test is not None:
+        refuse_overflow(z_test, tuple(names), labels, groups_test, what)
