@@ -2,11 +2,11 @@
 ``fedhead-ufm``).
 
 [`report`][fedhead.driver.errors.report] turns an exception into ``<prog>: error: <what and where>`` on stderr and an
-exit
-code: 2 for usage/configuration errors
+exit code: 2 for usage/configuration errors
 ([`fedhead.analysis.procedure.ConfigError`][fedhead.analysis.procedure.ConfigError], Hydra/OmegaConf
-config errors, a deployment whose SuperNodes do not match), 130 for an interrupt, 1 for
-everything else (data, regime, federation, engine failures). With ``FEDHEAD_DEBUG=1`` (or
+config errors, a deployment whose SuperNodes do not match, a ``resume=`` that does not match its
+run folder: [`fedhead.federation.checkpoint.ResumeError`][fedhead.federation.checkpoint.ResumeError]),
+130 for an interrupt, 1 for everything else (data, regime, federation, engine failures). With ``FEDHEAD_DEBUG=1`` (or
 ``debug=true`` for the Hydra CLIs) the exception propagates with its traceback instead.
 """
 
@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from fedhead.analysis.procedure import ConfigError
+from fedhead.federation.checkpoint import ResumeError
 from fedhead.federation.deploy_checks import FederationMismatch
 
 #: Exit status of a usage or configuration error.
@@ -37,7 +38,7 @@ def debug_enabled(flag: object = None) -> bool:
 
 
 def _usage_types() -> tuple[type, ...]:
-    types: list[type] = [ConfigError, FederationMismatch]
+    types: list[type] = [ConfigError, FederationMismatch, ResumeError]
     try:
         from omegaconf.errors import OmegaConfBaseException
 

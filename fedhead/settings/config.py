@@ -116,8 +116,8 @@ def run_app(
     from hydra._internal.utils import create_config_search_path
     from hydra.core.hydra_config import HydraConfig
     from hydra.core.utils import run_job
-    from omegaconf import open_dict, read_write
     from hydra.types import HydraContext, RunMode
+    from omegaconf import open_dict, read_write
 
     if any(a.startswith("-") for a in argv):
         hydra.main(config_path=HYDRA_CONFIG_PATH, config_name=config_name, version_base=None)(task)()
