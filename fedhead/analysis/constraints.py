@@ -10,11 +10,24 @@ key as users type it (``dataset.files``, ``TrainConfig.lr``) with the value and 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Field", "Together", "check", "integer", "number", "one_of", "optional", "boolean", "names"]
+__all__ = [
+    "Field",
+    "Together",
+    "check",
+    "integer",
+    "number",
+    "one_of",
+    "optional",
+    "boolean",
+    "names",
+    "safe_name",
+    "SAFE_NAME_NEED",
+]
 
 
 @dataclass(frozen=True)
@@ -89,3 +102,14 @@ def boolean(v: Any) -> bool:
 def names(v: Any) -> bool:
     """A sequence of non-empty strings (not one string)."""
     return not isinstance(v, (str, bytes)) and isinstance(v, Iterable) and all(isinstance(s, str) and s for s in v)
+
+
+#: What [`safe_name`][fedhead.analysis.constraints.safe_name] accepts, as an error message says it.
+SAFE_NAME_NEED = "must be letters, digits, '_', '.' or '-', starting with a letter or digit, without '..'"
+_SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+
+
+def safe_name(v: Any) -> bool:
+    """A string usable as one folder name: ``[A-Za-z0-9][A-Za-z0-9_.-]*`` without ``..`` (no path
+    separator, no parent folder, not hidden)."""
+    return isinstance(v, str) and _SAFE_NAME.fullmatch(v) is not None and ".." not in v

@@ -19,7 +19,7 @@ import math
 from dataclasses import dataclass
 from typing import TypeGuard
 
-from fedhead.analysis.constraints import Together, check
+from fedhead.analysis.constraints import SAFE_NAME_NEED, Field, Together, check, safe_name
 
 REFERENCES = ("star", "cen", "corrected", "within")
 GAMMA_NEED = "must be >= 0 and <= 1 (correction strength in [0, 1])"
@@ -71,6 +71,8 @@ class ConfigError(ValueError):
 
 
 _PROCEDURE_RULES = (
+    # the name is a folder under the run folder (outputs, client state): no path may leave it
+    Field("name", safe_name, SAFE_NAME_NEED),
     Together(lambda p: not rho_problem(p.rho), "procedure {name!r}: rho " + RHO_NEED + ", got {rho!r}"),
     Together(lambda p: not gamma_problem(p.gamma), "procedure {name!r}: gamma " + GAMMA_NEED + ", got {gamma!r}"),
     Together(
@@ -95,7 +97,8 @@ class ProcedureConfig:
     Attributes
     ----------
     name : str
-        The name users type (``procedure=corrected_proximal``).
+        The name users type (``procedure=corrected_proximal``); also the folder of the procedure's
+        outputs, so ``[A-Za-z0-9][A-Za-z0-9_.-]*`` without ``..``.
     rho : float
         Proximal weight (``rho/2 ||W - W_t||^2``); the top-level ``rho=`` overrides it.
     gamma : float

@@ -8,6 +8,7 @@ std) | ``none``.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +22,10 @@ __all__ = [
     "pooled_mean_std",
     "standardized_moments",
     "pooled_standardization",
+    "nonfinite_columns",
+    "check_offset_scale",
+    "check_standardization",
+    "overflowing_columns",
 ]
 
 TARGET_MODES = ("pooled", "none")
@@ -76,8 +81,9 @@ def pooled_mean_std(counts, means, variances) -> tuple[np.ndarray, np.ndarray]:
     if np.any(n <= 0):
         raise StandardizationError(f"counts must be positive, got {n.tolist()}")
     p = n / n.sum()
-    mean = p @ mu
-    pooled = p @ (var + (mu - mean) ** 2)
+    with np.errstate(over="ignore", invalid="ignore"):  # an overflow gives inf: check_offset_scale refuses it
+        mean = p @ mu
+        pooled = p @ (var + (mu - mean) ** 2)
     return mean, np.sqrt(np.maximum(pooled, 0.0))
 
 
@@ -106,8 +112,10 @@ def pooled_standardization(
     """The federation's standardisation from the clients' exchanged statistics.
 
     Targets: ``pooled`` (pooled mean and std; a constant target column is an error) or ``none``
-    (offset 0, scale 1). Inputs (``(M, F)`` means and variances; ``None`` or ``F = 0`` for image
-    inputs, which are never standardised here): ``pooled`` (a constant column is only centred),
+    (offset 0, scale 1); offsets and scales that are not finite are refused
+    ([`check_offset_scale`][fedhead.analysis.standardization.check_offset_scale]). Inputs
+    (``(M, F)`` means and variances; ``None`` or ``F = 0`` for image inputs, which are never
+    standardised here): ``pooled`` (a constant column is only centred),
     ``site`` or ``none`` (empty arrays: nothing pooled).
     """
     if target_mode not in TARGET_MODES:
@@ -118,6 +126,7 @@ def pooled_standardization(
     c = covs.shape[-1]
     if target_mode == "pooled":
         t_off, t_scale = pooled_mean_std(counts, target_means, np.diagonal(covs, axis1=-2, axis2=-1))
+        check_offset_scale(t_off, t_scale, positive=False)  # before the constant check: inf - inf is NaN
         bad = np.flatnonzero(~(t_scale > 0))
         if bad.size:
             raise StandardizationError(
@@ -130,5 +139,81 @@ def pooled_standardization(
     i_off, i_scale = empty, empty
     if input_mode == "pooled" and input_means is not None and np.asarray(input_means).size:
         i_off, i_scale = pooled_mean_std(counts, input_means, input_vars)
+        check_offset_scale(i_off, i_scale, what="input", positive=False)  # before a NaN scale would become 1
         i_scale = np.where(i_scale > 0, i_scale, 1.0)
     return Standardization(target_mode, input_mode, t_off, t_scale, i_off, i_scale)
+
+
+# --------------------------------------------------------------------------- finiteness
+def nonfinite_columns(*arrays) -> list[int]:
+    """The columns (last axis) where any of ``arrays`` holds a NaN or an infinity."""
+    bad = np.zeros(0, dtype=bool)
+    for a in arrays:
+        a = np.asarray(a, dtype=np.float64)
+        col = ~np.isfinite(a).reshape(-1, a.shape[-1]).all(axis=0) if a.size else np.zeros(a.shape[-1:], bool)
+        bad = col if bad.size == 0 else bad | col
+    return np.flatnonzero(bad).tolist()
+
+
+def _columns(idx: Sequence[int], names: Sequence[str] | None) -> str:
+    if names is not None and all(i < len(names) for i in idx):
+        return ", ".join(repr(str(names[i])) for i in idx)
+    return f"{list(idx)}"
+
+
+def check_offset_scale(
+    offset, scale, *, names: Sequence[str] | None = None, what: str = "target", positive: bool = True
+) -> None:
+    """Refuse an ``offset`` or ``scale`` ``(K,)`` that is not finite (a value or a sum of squares
+    beyond float64) or, with ``positive``, a scale that is not positive.
+
+    Parameters
+    ----------
+    offset, scale : array_like (K,)
+        What ``(v - offset) / scale`` would use.
+    names : sequence of str, optional
+        The columns' names for the message (else their indices).
+    what : str
+        ``"target"`` or ``"input"``, for the message.
+    positive : bool
+        Also refuse a scale ``<= 0`` (False: finiteness only; the caller treats constant columns).
+
+    Raises
+    ------
+    StandardizationError
+        One line naming the columns, never a value (no row value leaves a site).
+    """
+    bad = nonfinite_columns(offset, scale)
+    if bad:
+        raise StandardizationError(
+            f"the pooled {what} mean or standard deviation of column(s) {_columns(bad, names)} is not finite "
+            "(values or their squares beyond float64): these columns cannot be standardised; check their values"
+        )
+    bad = np.flatnonzero(~(np.asarray(scale, dtype=np.float64) > 0)).tolist()
+    if positive and bad:
+        raise StandardizationError(
+            f"the pooled {what} standard deviation of column(s) {_columns(bad, names)} is not positive: "
+            "a constant column cannot be standardised"
+        )
+
+
+def check_standardization(
+    st: Standardization, *, target_names: Sequence[str] | None = None, input_names: Sequence[str] | None = None
+) -> None:
+    """[`check_offset_scale`][fedhead.analysis.standardization.check_offset_scale] of the targets'
+    and the pooled inputs' offsets and scales of ``st`` (the server's check of the pooled
+    statistics; raises [`StandardizationError`][fedhead.analysis.standardization.StandardizationError])."""
+    check_offset_scale(st.target_offset, st.target_scale, names=target_names, what="target")
+    if np.asarray(st.input_offset).size:
+        check_offset_scale(st.input_offset, st.input_scale, names=input_names, what="input")
+
+
+def overflowing_columns(values, offset, scale) -> list[int]:
+    """The columns of ``values`` ``(N, K)`` whose standardised ``(v - offset) / scale`` is not
+    finite in float32 (what the clients train on); [] for finite standardised values."""
+    v = np.asarray(values, dtype=np.float64)
+    if v.size == 0:
+        return []
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        z = (v - np.asarray(offset, dtype=np.float64)) / np.asarray(scale, dtype=np.float64)
+        return nonfinite_columns(z.astype(np.float32))

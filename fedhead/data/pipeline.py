@@ -22,13 +22,14 @@ import logging
 import os
 import threading
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, cast
 
 import numpy as np
 import torch
 
+from fedhead.analysis.standardization import StandardizationError, check_offset_scale
 from fedhead.data.base import ClientData, DataError, FederatedData, RawDataset
 from fedhead.data.config import DatasetConfig
 from fedhead.data.partition import Partition, designed_partition, eigen_partition
@@ -82,7 +83,9 @@ class Standardization:
     scale: np.ndarray
 
 
-def standardize_targets(y: np.ndarray, y_test: np.ndarray | None = None, *, enabled: bool = True) -> Standardization:
+def standardize_targets(
+    y: np.ndarray, y_test: np.ndarray | None = None, *, enabled: bool = True, names: Sequence[str] | None = None
+) -> Standardization:
     """Centre and scale targets with pooled training statistics (docs/theory.md §10).
 
     Parameters
@@ -93,18 +96,26 @@ def standardize_targets(y: np.ndarray, y_test: np.ndarray | None = None, *, enab
         Transformed with the *training* offset and scale.
     enabled : bool
         False keeps the stored scale (offset 0, scale 1).
+    names : sequence of str, optional
+        The target columns' names for the error messages (else their indices).
 
     Returns
     -------
     Standardization
         ``offset = mean(y, axis=0)``, ``scale = std(y, axis=0)`` (population, ``ddof=0``), so the
-        standardised training targets have zero mean and unit variance per coordinate.
+        standardised training targets have zero mean and unit variance per coordinate. An offset
+        or scale that is not finite (values beyond float64) or a constant column is a `DataError`.
     """
     y = np.asarray(y, dtype=np.float64)
     c = y.shape[1]
     if enabled:
-        offset = y.mean(axis=0)
-        scale = y.std(axis=0)
+        with np.errstate(over="ignore", invalid="ignore"):  # an overflow gives inf or NaN, refused here
+            offset = y.mean(axis=0)
+            scale = y.std(axis=0)
+        try:
+            check_offset_scale(offset, scale, names=names, positive=False)
+        except StandardizationError as exc:
+            raise DataError(str(exc)) from None
         bad = np.flatnonzero(~(scale > 0))
         if bad.size:
             raise DataError(
@@ -113,8 +124,9 @@ def standardize_targets(y: np.ndarray, y_test: np.ndarray | None = None, *, enab
             )
     else:
         offset, scale = np.zeros(c), np.ones(c)
-    ys = (y - offset) / scale
-    yts = None if y_test is None else (np.asarray(y_test, dtype=np.float64) - offset) / scale
+    with np.errstate(over="ignore", invalid="ignore"):  # test rows beyond float64: refused by the caller
+        ys = (y - offset) / scale
+        yts = None if y_test is None else (np.asarray(y_test, dtype=np.float64) - offset) / scale
     return Standardization(y=ys, y_test=yts, offset=offset, scale=scale)
 
 
@@ -136,7 +148,7 @@ def build_federated(raw: RawDataset, num_clients: int) -> FederatedData:
     Training inputs keep their dtype (float32 tabular, uint8 images); targets become float32 in
     standardised units. Every client gets its samples in ascending original order.
     """
-    st = standardize_targets(raw.y, raw.y_test, enabled=raw.standardize)
+    st = standardize_targets(raw.y, raw.y_test, enabled=raw.standardize, names=raw.target_names)
     part = partition_raw(raw, st.y, st.y_test, num_clients)
     x = raw.x if raw.is_image else raw.x.astype(np.float32, copy=False)
     xt = None

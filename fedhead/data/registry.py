@@ -12,10 +12,15 @@ import dataclasses
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
 
 from fedhead.data.base import DataError, FederatedData, RawDataset
 from fedhead.data.config import DatasetConfig
 from fedhead.data.pipeline import build_federated, load_raw_cached, resize_images
+from fedhead.data.table_files import file_key
 
 __all__ = [
     "DatasetEntry",
@@ -27,6 +32,7 @@ __all__ = [
     "get_loader",
     "load_raw",
     "load_federated",
+    "data_record",
 ]
 
 
@@ -162,3 +168,34 @@ def load_federated(
         raise DataError(f"num_clients must be a positive integer, got {m!r}")
     raw = load_raw(cfg, use_cache=use_cache)
     return build_federated(raw, m)
+
+
+def data_record(cfg: DatasetConfig, data: FederatedData) -> dict[str, Any]:
+    """What a resumed run must find again (no rows; JSON-ready): the site keys of the files
+    (``dataset.files``; [`file_key`][fedhead.data.table_files.file_key]), the target
+    standardisation (offsets and scales) and each client's per-column mean and variance of its
+    tabular training inputs as trained on (none for images).
+
+    Parameters
+    ----------
+    cfg : DatasetConfig
+        The config ``data`` was loaded with.
+    data : FederatedData
+        [`load_federated`][fedhead.data.load_federated]'s result.
+    """
+    files = tuple(getattr(cfg, "files", ()) or ())
+    means, variances = [], []
+    for c in data.clients:
+        x = c.x_train.detach().cpu().numpy()
+        if x.ndim == 2 and x.dtype.kind == "f":
+            x = x.astype(np.float64)
+            means.append(x.mean(axis=0).tolist())
+            variances.append(x.var(axis=0).tolist())
+    return {
+        "site_keys": [[Path(f).name, file_key(f)] for f in files],
+        "target_names": list(data.target_names),
+        "target_offset": np.asarray(data.target_offset, dtype=np.float64).tolist(),
+        "target_scale": np.asarray(data.target_scale, dtype=np.float64).tolist(),
+        "input_mean": means,
+        "input_var": variances,
+    }

@@ -13,18 +13,26 @@ signature: no rows), and standardises locally with the federation's pooled offse
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from fedhead.analysis.standardization import Standardization
+from fedhead.analysis.standardization import Standardization, nonfinite_columns
 from fedhead.data.base import ClientData, RawDataset
 from fedhead.data.pipeline import resize_images
 from fedhead.data.table_config import TableConfig
-from fedhead.data.table_files import SitePart, SiteTable, TableError, file_label, numeric, read_file, truthy
+from fedhead.data.table_files import (
+    SitePart,
+    SiteTable,
+    TableError,
+    file_key,
+    file_label,
+    numeric,
+    read_file,
+    truthy,
+)
 
 log = logging.getLogger("fedhead.data.table")  # the logger of dataset=table's messages
 
@@ -77,14 +85,6 @@ class Site:
         return int(self.y.shape[0])
 
 
-def file_key(path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()[:16]
-
-
 def split_index(key: str) -> int:
     """The index a file's ``test_fraction`` split is drawn with, ``(seed, index)``: from its key
     (its bytes), so that a site splits alike wherever it is read and whatever its client number."""
@@ -117,6 +117,7 @@ def read_site(cfg: TableConfig, path) -> Site:
     if has_test and not test.any():
         raise TableError(f"{label}: no test rows (dataset.test_column / dataset.test_fraction)")
     x_train, x_test = x[~test], x[test] if has_test else None
+    refuse_nonfinite_statistics(label, row_statistics(x_train, y[~test], is_image=is_image), targets, features)
     warn_shared_inputs(label, x_train, y[~test])
     if is_image and cfg.image_size is not None:  # dataset.image_size, as the pooled loader resamples
         raw = RawDataset(cfg.name, x_train, y[~test], targets, x_test, y[test] if has_test else None)
@@ -139,15 +140,62 @@ def read_site(cfg: TableConfig, path) -> Site:
 def site_statistics(site: Site) -> dict[str, np.ndarray]:
     """What the site reports (no rows): ``y_mean (C,)``, ``y_cov (C, C)`` (population) of its
     training targets and ``x_mean``, ``x_var`` ``(F,)`` of its tabular inputs (empty for images)."""
-    y = site.y
-    mu = y.mean(axis=0)
-    d = y - mu
-    out = {"y_mean": mu, "y_cov": d.T @ d / y.shape[0]}
-    if site.is_image:
-        out["x_mean"] = out["x_var"] = np.zeros(0)
-    else:
-        out["x_mean"], out["x_var"] = site.x.mean(axis=0), site.x.var(axis=0)
+    return row_statistics(site.x, site.y, is_image=site.is_image)
+
+
+def row_statistics(x: np.ndarray, y: np.ndarray, *, is_image: bool) -> dict[str, np.ndarray]:
+    """[`site_statistics`][fedhead.data.site.site_statistics] of training rows ``x``, ``y`` (an
+    overflow gives inf or NaN: [`refuse_nonfinite_statistics`][fedhead.data.site.refuse_nonfinite_statistics])."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        mu = y.mean(axis=0)
+        d = y - mu
+        out = {"y_mean": mu, "y_cov": d.T @ d / y.shape[0]}
+        if is_image:
+            out["x_mean"] = out["x_var"] = np.zeros(0)
+        else:
+            x = x.reshape(x.shape[0], -1).astype(np.float64, copy=False)
+            out["x_mean"], out["x_var"] = x.mean(axis=0), x.var(axis=0)
     return out
+
+
+def refuse_nonfinite_statistics(
+    label: str, stats: dict[str, np.ndarray], targets: tuple[str, ...], features: tuple[str, ...]
+) -> None:
+    """Refuse a site whose count/mean/variance sums are not finite in float64 (a value, a sum or
+    a sum of squares beyond float64): one line naming its file and the column, never a value
+    (what it would report could not be standardised)."""
+    sets = (
+        (nonfinite_columns(stats["y_mean"], np.diagonal(stats["y_cov"])), targets, "target"),
+        (nonfinite_columns(stats["x_mean"], stats["x_var"]), features, "input"),
+    )
+    for bad, names, what in sets:
+        if bad:
+            name = repr(names[bad[0]]) if bad[0] < len(names) else f"x[{bad[0]}]"
+            raise TableError(
+                f"{label}: the mean or variance of {what} column {name} is not finite (values or their squares "
+                "beyond float64): it cannot be standardised; check the column's values"
+            )
+
+
+def refuse_overflow(
+    z: np.ndarray, names: tuple[str, ...], labels: list[str], groups: np.ndarray | None, what: str
+) -> None:
+    """Refuse standardised values ``z`` ``(N, K)`` (rows of the sites ``labels[groups[row]]``)
+    that are not finite in float32, what the clients train on: one line naming the first such
+    site's file and column, never a value."""
+    if z.size == 0:
+        return
+    with np.errstate(over="ignore", invalid="ignore"):
+        bad = ~np.isfinite(np.asarray(z).reshape(z.shape[0], -1).astype(np.float32))
+    if not bad.any():
+        return
+    row, col = (int(i[0]) for i in np.nonzero(bad))
+    label = labels[int(groups[row])] if groups is not None else labels[0]
+    name = repr(names[col]) if col < len(names) else f"x[{col}]"
+    raise TableError(
+        f"{label}: {what} column {name} overflows when standardised ((value - offset) / scale beyond "
+        "float32); check the column's values"
+    )
 
 
 def client_data(site: Site, st: Standardization) -> ClientData:
@@ -155,18 +203,20 @@ def client_data(site: Site, st: Standardization) -> ClientData:
     tabular inputs float32, images as stored)."""
 
     def targets(y):
-        return torch.from_numpy(np.ascontiguousarray((y - st.target_offset) / st.target_scale, dtype=np.float32))
+        with np.errstate(over="ignore", invalid="ignore"):  # an overflow is refused below, naming the column
+            return torch.from_numpy(np.ascontiguousarray((y - st.target_offset) / st.target_scale, dtype=np.float32))
 
     def inputs(x):
         if site.is_image:
             return torch.from_numpy(np.ascontiguousarray(x if x.dtype == np.uint8 else x.astype(np.float32)))
-        if st.input_mode == "pooled" and st.input_offset.size:
-            if st.input_offset.shape != (x.shape[1],):
-                raise TableError(
-                    f"{site.label}: {x.shape[1]} inputs but the federation standardises {st.input_offset.size}"
-                )
-            x = (x - st.input_offset) / st.input_scale
-        return torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))
+        pooled = st.input_mode == "pooled" and st.input_offset.size
+        if pooled and st.input_offset.shape != (x.shape[1],):
+            n = st.input_offset.size
+            raise TableError(f"{site.label}: {x.shape[1]} inputs but the federation standardises {n}")
+        with np.errstate(over="ignore", invalid="ignore"):  # an overflow is refused below, naming the column
+            if pooled:
+                x = (x - st.input_offset) / st.input_scale
+            return torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))
 
     if not site.is_image and st.input_mode == "site":
         x, xt = standardize_pooled(site.x, site.x_test)  # this site's own mean and std
@@ -174,6 +224,14 @@ def client_data(site: Site, st: Standardization) -> ClientData:
     cd = ClientData(x_train=inputs(site.x), y_train=targets(site.y))
     if site.y_test is not None:
         cd.x_test, cd.y_test = inputs(site.x_test), targets(site.y_test)
+    labels = [site.label]
+    for t in (cd.y_train, cd.y_test):
+        if t is not None:
+            refuse_overflow(t.numpy(), site.target_names, labels, None, "target")
+    if not site.is_image:
+        for t in (cd.x_train, cd.x_test):
+            if t is not None:
+                refuse_overflow(t.numpy(), site.features, labels, None, "input")
     return cd
 
 

@@ -35,10 +35,13 @@ import logging
 
 import numpy as np
 
-from fedhead.data.base import RawDataset
+from fedhead.data.base import DataError, RawDataset
+from fedhead.data.pipeline import standardize_targets
 from fedhead.data.site import (
-    file_key,
     finite_rows,
+    refuse_nonfinite_statistics,
+    refuse_overflow,
+    row_statistics,
     run_columns,
     site_arrays,
     split_index,
@@ -52,7 +55,9 @@ from fedhead.data.table_files import (
     SitePart,
     SiteTable,
     TableError,
+    check_distinct_keys,
     check_same_columns,
+    file_key,
     file_label,
     read_file,
     site_values,
@@ -73,6 +78,8 @@ def load(cfg: TableConfig) -> RawDataset:
         )
     cfg = cfg.preflight()
     sites = [read_file(f) for f in cfg.files]
+    keys = [file_key(s.path) for s in sites]
+    check_distinct_keys([s.path for s in sites], keys)
     check_same_columns(sites)
     first = sites[0]
     targets, features = run_columns(cfg, first)
@@ -90,15 +97,18 @@ def load(cfg: TableConfig) -> RawDataset:
             t = test[rows] if test is not None else test_rows(cfg, site, rows.size, i)
             parts.append(SitePart(label, x[rows], y[rows], t))
     else:
-        for site in sites:
+        for site, key in zip(sites, keys):
             x, y = site_arrays(cfg, site, targets, features)
-            index = split_index(file_key(site.path))  # as a site read alone (fedhead.data.site)
+            index = split_index(key)  # as a site read alone (fedhead.data.site)
             parts.append(SitePart(file_label(site.path), x, y, test_rows(cfg, site, y.shape[0], index)))
     names = tuple(targets) + tuple(features)
+    is_image = first.x is not None and first.x.ndim == 4
     for p in parts:
         keep = finite_rows(cfg, p.label, p.x, p.y, names)
         p.x, p.y, p.test = p.x[keep], p.y[keep], p.test[keep]
-    return _assemble(cfg, parts, tuple(targets), features, is_image=first.x is not None and first.x.ndim == 4)
+        stats = row_statistics(p.x[~p.test], p.y[~p.test], is_image=is_image)  # what the site would report
+        refuse_nonfinite_statistics(p.label, stats, tuple(targets), tuple(features))
+    return _assemble(cfg, parts, tuple(targets), tuple(features), is_image=is_image)
 
 
 def _assemble(cfg: TableConfig, parts: list[SitePart], targets, features, *, is_image: bool) -> RawDataset:
@@ -153,8 +163,14 @@ def _assemble(cfg: TableConfig, parts: list[SitePart], targets, features, *, is_
             x, x_test = standardize_pooled(x, x_test)
         elif cfg.standardize_inputs == "site":
             x, x_test = standardize_per_site(x, x_test, None if eigen else groups, groups_test)
+        _refuse_overflow(parts, features, "input", x, x_test, groups, groups_test)
         x = x.astype(np.float32)
         x_test = None if x_test is None else x_test.astype(np.float32)
+    try:  # the targets as the pipeline standardises them (fedhead.data.pipeline.build_federated)
+        st = standardize_targets(y, y_test, enabled=cfg.standardize_targets == "pooled", names=targets)
+    except DataError as exc:
+        raise TableError(f"{', '.join(p.label for p in parts)}: {exc}") from None
+    _refuse_overflow(parts, targets, "target", st.y, st.y_test, groups, groups_test)
     label = f"{parts[0].label}" if len(parts) == 1 else f"{parts[0].label} ... ({len(parts)} sites)"
     return RawDataset(
         name=cfg.name,
@@ -168,3 +184,12 @@ def _assemble(cfg: TableConfig, parts: list[SitePart], targets, features, *, is_
         standardize=cfg.standardize_targets == "pooled",
         source=f"table {label}; inputs {list(features) if features else 'x'}",
     )
+
+
+def _refuse_overflow(parts: list[SitePart], names, what: str, z, z_test, groups, groups_test) -> None:
+    """[`refuse_overflow`][fedhead.data.site.refuse_overflow] of the standardised training and test
+    rows, naming the file of the first row that overflows."""
+    labels = [p.label for p in parts]
+    refuse_overflow(z, tuple(names), labels, groups, what)
+    if z_test is not None:
+        refuse_overflow(z_test, tuple(names), labels, groups_test, what)

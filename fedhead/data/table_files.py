@@ -7,6 +7,7 @@ Every problem is a [`TableError`][fedhead.data.table_files.TableError] (one line
 
 from __future__ import annotations
 
+import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,6 +52,32 @@ class SiteTable:
 
 def file_label(path: str | os.PathLike) -> str:
     return Path(path).name
+
+
+def file_key(path: str | os.PathLike) -> str:
+    """A site's identity: the first 16 hex digits of the sha256 of the file's bytes (stable
+    across restarts and renames)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()[:16]
+
+
+def check_distinct_keys(paths: list[str], keys: list[str]) -> None:
+    """Refuse two files with equal [`file_key`][fedhead.data.table_files.file_key]s (a byte-identical
+    copy under another name would count its rows twice): one line naming both files."""
+    seen: dict[str, str] = {}
+    for path, key in zip(paths, keys):
+        if key in seen:
+            a, b = file_label(seen[key]), file_label(path)
+            if a == b:
+                a, b = seen[key], path
+            raise TableError(
+                f"{b} has the same bytes as {a} (site key {key}): a site given twice would count its rows "
+                "twice; give each site's file once"
+            )
+        seen[key] = path
 
 
 def read_file(path: str | os.PathLike, *, targets: bool = True) -> SiteTable:

@@ -13,11 +13,12 @@ from __future__ import annotations
 import math
 import os
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from fedhead.analysis.regime import ensure_fully_active
-from fedhead.data.registry import load_federated
+from fedhead.data.registry import data_record, load_federated
 from fedhead.data.site import warn_shared_inputs
 from fedhead.models.user import check_user_model
 from fedhead.settings.config import ConfigError, JobConfig
@@ -88,18 +89,20 @@ def data_key(job: JobConfig) -> tuple[str, int, float, float, bool]:
     return repr(job.dataset), st.num_clients, st.lambda_h, st.lambda_w, st.diagnose_only
 
 
-#: [`data_key`][fedhead.driver.checks.data_key] of every data check that passed in this process
-_DATA_CHECKED: set[tuple[str, int, float, float, bool]] = set()
+#: [`data_key`][fedhead.driver.checks.data_key] of every data check that passed in this process, with the
+#: data's record ([`fedhead.data.data_record`][fedhead.data.data_record])
+_DATA_CHECKED: dict[tuple[str, int, float, float, bool], dict[str, Any]] = {}
 
 
-def check_data_once(job: JobConfig) -> None:
+def check_data_once(job: JobConfig) -> dict[str, Any]:
     """[`prepare_data`][fedhead.driver.checks.prepare_data] unless the same check already passed in this process (a
-    sweep checks
-    every data set before Ray starts, then runs several simulations over them)."""
+    sweep checks every data set before Ray starts, then runs several simulations over them).
+    Returns the data's record, which checkpoints keep and a resume compares
+    ([`fedhead.federation.checkpoint.check_data`][fedhead.federation.checkpoint.check_data])."""
     key = data_key(job)
     if key not in _DATA_CHECKED:
-        prepare_data(job)
-        _DATA_CHECKED.add(key)
+        _DATA_CHECKED[key] = data_record(job.dataset, prepare_data(job))
+    return _DATA_CHECKED[key]
 
 
 def client_slots(job: JobConfig) -> int:

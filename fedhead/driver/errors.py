@@ -2,16 +2,17 @@
 ``fedhead-ufm``).
 
 [`report`][fedhead.driver.errors.report] turns an exception into ``<prog>: error: <what and where>`` on stderr and an
-exit
-code: 2 for usage/configuration errors
+exit code: 2 for usage/configuration errors
 ([`fedhead.analysis.procedure.ConfigError`][fedhead.analysis.procedure.ConfigError], Hydra/OmegaConf
-config errors, a deployment whose SuperNodes do not match), 130 for an interrupt, 1 for
-everything else (data, regime, federation, engine failures). With ``FEDHEAD_DEBUG=1`` (or
+config errors, a deployment whose SuperNodes do not match, a ``resume=`` that does not match its
+run folder: [`fedhead.federation.checkpoint.ResumeError`][fedhead.federation.checkpoint.ResumeError]),
+130 for an interrupt, 1 for everything else (data, regime, federation, engine failures). With ``FEDHEAD_DEBUG=1`` (or
 ``debug=true`` for the Hydra CLIs) the exception propagates with its traceback instead.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import sys
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from fedhead.analysis.procedure import ConfigError
+from fedhead.federation.checkpoint import ResumeError
 from fedhead.federation.deploy_checks import FederationMismatch
 
 #: Exit status of a usage or configuration error.
@@ -36,7 +38,7 @@ def debug_enabled(flag: object = None) -> bool:
 
 
 def _usage_types() -> tuple[type, ...]:
-    types: list[type] = [ConfigError, FederationMismatch]
+    types: list[type] = [ConfigError, FederationMismatch, ResumeError]
     try:
         from omegaconf.errors import OmegaConfBaseException
 
@@ -96,27 +98,52 @@ def one_line(exc: BaseException, limit: int = 800) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+#: What each run folder held before this process's Hydra run (``note_run_dir``): the relative
+#: paths of its files and folders, or None when the run creates the folder.
+_BEFORE_RUN: dict[Path, frozenset[Path] | None] = {}
+
+
+def note_run_dir(path: str | Path) -> None:
+    """Remember what ``path`` holds before a run writes there (``run_app``'s ``before_run``), so
+    that [`remove_unused_dir`][fedhead.driver.errors.remove_unused_dir] removes only what the run created."""
+    root = Path(path).absolute()
+    _BEFORE_RUN[root] = frozenset(p.relative_to(root) for p in root.rglob("*")) if root.exists() else None
+
+
+def _bookkeeping(rel: Path) -> bool:
+    """Hydra's bookkeeping in a run folder: ``.hydra/`` and a top-level ``*.log``."""
+    return rel.parts[0] == ".hydra" or (len(rel.parts) == 1 and rel.suffix == ".log")
+
+
 def remove_unused_dir(path: str | Path | None) -> bool:
-    """Remove a run folder that holds only Hydra's bookkeeping (``.hydra/``, ``*.log``): a run
-    that never started leaves nothing behind. Returns whether it was removed."""
+    """Undo a run that never started: remove what it created in its run folder when that is only
+    Hydra's bookkeeping (``.hydra/``, ``*.log``), and the folder itself when the run created it.
+    Nothing that existed before the run ([`note_run_dir`][fedhead.driver.errors.note_run_dir]) is
+    removed; a folder the run did not note is left alone. Returns whether anything was removed."""
     if not path:
         return False
-    root = Path(path)
-    if not root.is_dir():
+    root = Path(path).absolute()
+    if not root.is_dir() or root not in _BEFORE_RUN:
         return False
-    for p in root.rglob("*"):
-        rel = p.relative_to(root)
-        if p.is_dir():
-            continue
-        if rel.parts[0] == ".hydra" or (len(rel.parts) == 1 and p.suffix == ".log"):
-            continue
-        return False
-    shutil.rmtree(root, ignore_errors=True)
-    return True
+    before = _BEFORE_RUN[root]
+    created = [p for p in root.rglob("*") if before is None or p.relative_to(root) not in before]
+    if any(not p.is_dir() and not _bookkeeping(p.relative_to(root)) for p in created):
+        return False  # the run wrote outputs: it started
+    if before is None:
+        shutil.rmtree(root, ignore_errors=True)
+        return True
+    for p in sorted(created, key=lambda q: len(q.parts), reverse=True):  # files, then their folders
+        if p.is_dir() and not p.is_symlink():
+            with contextlib.suppress(OSError):
+                p.rmdir()  # empty: everything in it was created and removed
+        else:
+            p.unlink(missing_ok=True)
+    return bool(created)
 
 
 def report(prog: str, exc: BaseException, *, unused_dir: str | Path | None = None) -> int:
-    """Print ``prog: error: ...`` to stderr, remove ``unused_dir`` when empty, return the code."""
+    """Print ``prog: error: ...`` to stderr, undo ``unused_dir`` when the run never started
+    ([`remove_unused_dir`][fedhead.driver.errors.remove_unused_dir]), return the code."""
     remove_unused_dir(unused_dir)
     print(f"{prog}: error: {one_line(exc)}", file=sys.stderr, flush=True)
     return exit_code(exc)
@@ -139,7 +166,7 @@ def run_hydra_app(prog: str, config_name: str, task: Callable[[Any], None], argv
 
     args = list(sys.argv[1:] if argv is None else argv)
     try:
-        run_app(config_name, task, args, task_name=prog.removeprefix("fedhead-"))
+        run_app(config_name, task, args, task_name=prog.removeprefix("fedhead-"), before_run=note_run_dir)
     except Exception as exc:
         if _debug_requested(args):
             raise

@@ -11,6 +11,7 @@ import shutil
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from flwr.app import Context
@@ -100,6 +101,7 @@ def serve(
     resume: Checkpoint | None = None,
     window: int | None = None,
     concurrency: int | None = None,
+    data_record: dict[str, Any] | None = None,
 ) -> ProgressGrid:
     """The ServerApp body: moment exchange, diagnosis, then the rounds of the job's procedure.
 
@@ -117,7 +119,9 @@ def serve(
     its round. ``window``: see
     [`fedhead.federation.progress_grid.ProgressGrid`][fedhead.federation.progress_grid.ProgressGrid] (the simulation's
     messages in flight);
-    ``concurrency``: the clients a simulation runs at once (None: all, a deployment).
+    ``concurrency``: the clients a simulation runs at once (None: all, a deployment);
+    ``data_record`` ([`fedhead.data.data_record`][fedhead.data.data_record]; None where the server
+    has no data, a deployment): kept in every checkpoint, for a resume to compare.
     """
     pgrid = ProgressGrid(grid, label=job.name, show=show_progress)
     pgrid.watch = watch
@@ -131,18 +135,19 @@ def serve(
         job.settings.rounds,
         diagnose_only=job.settings.diagnose_only,
         resume=None if resume is None else resume.state,
-        on_round_end=None if job.settings.diagnose_only else checkpointer(job),
+        on_round_end=None if job.settings.diagnose_only else checkpointer(job, data_record),
         on_resume=recorder.on_resume,
     )
     return pgrid
 
 
-def checkpointer(job: JobConfig):
-    """The function writing a job's server state after every round (atomically)."""
+def checkpointer(job: JobConfig, data_record: dict[str, Any] | None = None):
+    """The function writing a job's server state (and the run's ``data_record``) after every
+    round (atomically)."""
     path = checkpoint_path(job.output_dir)
 
     def write(state: ServerState) -> None:
-        write_checkpoint(path, state, config_hash=job.config_hash, procedure=job.name)
+        write_checkpoint(path, state, config_hash=job.config_hash, procedure=job.name, data=data_record)
 
     return write
 

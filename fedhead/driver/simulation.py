@@ -43,7 +43,7 @@ from fedhead.driver.ray_session import start_ray, stop_ray
 from fedhead.driver.recorder import RunRecorder
 from fedhead.driver.server import finish_job, serve
 from fedhead.driver.timing import timing_summary
-from fedhead.federation.checkpoint import Checkpoint, ResumeError, resume_checkpoints
+from fedhead.federation.checkpoint import Checkpoint, ResumeError, check_data, resume_checkpoints
 from fedhead.federation.progress_grid import ProgressGrid
 from fedhead.federation.protocol import JOB
 from fedhead.federation.watchdog import EngineDied, EngineWatch, end_hung_clients
@@ -173,12 +173,16 @@ def _set_up(jobs: list[JobConfig], *, show_progress: bool, verbose: bool):
 
 
 def prepare_resume(jobs: list[JobConfig]) -> list[Checkpoint | None]:
-    """The checkpoint every job continues from (all None unless ``resume=``); checks that the
-    interrupted run's client state (the private backbones of the checkpointed round) is there."""
+    """The checkpoint every job continues from (all None unless ``resume=``); checks that the data
+    are those of the first start ([`check_data`][fedhead.federation.checkpoint.check_data]: site
+    keys, standardisation, input statistics) and that the interrupted run's client state (the
+    private backbones of the checkpointed round) is there. Removes nothing."""
     if not any(job.resume for job in jobs):
         return [None] * len(jobs)
     ckpts = resume_checkpoints(jobs)
     for job, ckpt in zip(jobs, ckpts):
+        if ckpt is not None:
+            check_data(ckpt, check_data_once(job))
         if ckpt is None or ckpt.round in (0, job.settings.rounds) or job.procedure.exact:
             continue  # nothing stored yet, nothing left to train, or no private backbones
         store = BackboneStore(simulation_state_dir(job, 0))
@@ -281,6 +285,7 @@ class _Simulation:
                 resume=self.resumes[i],
                 window=message_window(job),
                 concurrency=client_slots(job),
+                data_record=check_data_once(job),  # checked before Ray started: the process's record
             )
             finish_job(job, rec, self.grids[i], self.sim_start[i] if i else self.t_sim, time.perf_counter())
         except Exception as exc:

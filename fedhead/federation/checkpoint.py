@@ -4,8 +4,8 @@ After every complete round (round 0: the initial head) the server writes
 ``<procedure dir>/checkpoint.npz`` atomically
 ([`fedhead.results.io.write_bytes_atomic`][fedhead.results.io.write_bytes_atomic]): one
 ``.npz`` whose ``meta`` entry is a JSON document (format version, round, procedure, config
-hash, the tracker's round records, the exchanged moments as lists) and whose other entries are
-the float64 arrays the next round starts from:
+hash, the tracker's round records, and ``data``: the data record of the first start, see below)
+and whose other entries are the float64 arrays the next round starts from:
 
 * ``head/weight`` ``(C, P)``, ``head/bias`` ``(C,)`` -- the aggregated head after the round;
 * ``recursion`` ``(t + 1, C, C)`` -- the exact recursion run alongside (absent outside the regime);
@@ -25,6 +25,12 @@ which changes between the original and the resumed run).
 
 [`load_for_resume`][fedhead.federation.checkpoint.load_for_resume] refuses a folder written with another config (another
 [`config_hash`][fedhead.settings.job.config_hash]).
+[`check_data`][fedhead.federation.checkpoint.check_data] refuses one whose data changed: the
+simulation driver records [`fedhead.data.data_record`][fedhead.data.data_record] (site keys,
+target offsets and scales, each client's input means and variances; no rows) in every
+checkpoint and compares it before anything starts. A checkpoint without it (written before
+fedhead recorded it, or by a deployed ServerApp, which has no data to record) cannot be checked:
+the simulation refuses to resume it (a clear line; start a new run).
 """
 
 from __future__ import annotations
@@ -75,6 +81,7 @@ class Checkpoint:
     config_hash: str
     procedure: str
     path: Path
+    data: dict[str, Any] | None = None  # the data record of the first start (None: not recorded)
 
     @property
     def round(self) -> int:
@@ -85,8 +92,11 @@ def checkpoint_path(job_dir: str | Path) -> Path:
     return Path(job_dir) / CHECKPOINT_NAME
 
 
-def write_checkpoint(path: str | Path, state: ServerState, *, config_hash: str, procedure: str) -> Path:
-    """Write ``state`` atomically to ``path`` (see the module docstring for the format)."""
+def write_checkpoint(
+    path: str | Path, state: ServerState, *, config_hash: str, procedure: str, data: dict[str, Any] | None = None
+) -> Path:
+    """Write ``state`` atomically to ``path`` (see the module docstring for the format); ``data``:
+    the run's data record ([`fedhead.data.data_record`][fedhead.data.data_record]), None when unknown."""
     meta = {
         "format_version": FORMAT_VERSION,
         "round": int(state.round),
@@ -95,6 +105,7 @@ def write_checkpoint(path: str | Path, state: ServerState, *, config_hash: str, 
         "records": state.records,
         "rng": None,
         "extra": sorted(state.extra),
+        "data": data,
     }
     arrays: dict[str, np.ndarray] = {
         "meta": np.frombuffer(json.dumps(to_jsonable(meta), allow_nan=True).encode("utf-8"), dtype=np.uint8),
@@ -140,7 +151,14 @@ def read_checkpoint(path: str | Path) -> Checkpoint:
         covs=data["moments/covs"],
         extra={k[len("server/") :]: v for k, v in data.items() if k.startswith("server/")},
     )
-    return Checkpoint(state=state, config_hash=str(meta["config_hash"]), procedure=str(meta["procedure"]), path=path)
+    data = meta.get("data")  # absent before fedhead recorded it
+    return Checkpoint(
+        state=state,
+        config_hash=str(meta["config_hash"]),
+        procedure=str(meta["procedure"]),
+        path=path,
+        data=data if isinstance(data, dict) else None,
+    )
 
 
 def load_for_resume(job_dir: str | Path, *, config_hash: str, procedure: str, rounds: int) -> Checkpoint | None:
@@ -178,6 +196,73 @@ def check_moments(state: ServerState, counts: np.ndarray, means: np.ndarray, cov
             raise ResumeError(
                 f"the clients' target {name} differ from the checkpointed run's: the data changed, cannot resume"
             )
+
+
+def check_data(ckpt: Checkpoint, data: dict[str, Any]) -> None:
+    """Refuse a resume whose data (``data``, the record of this start) differ from the record the
+    checkpointed run made at its first start, or whose checkpoint holds none: one
+    [`ResumeError`][fedhead.federation.checkpoint.ResumeError] line saying what differs (file
+    names, columns, clients; never a value). Nothing is written or removed."""
+    where = ckpt.path.parent
+    if ckpt.data is None:
+        raise ResumeError(
+            f"cannot resume {where}: its checkpoint records no site keys, standardisation or input statistics "
+            "(written by an earlier fedhead or by a deployed ServerApp), so the data cannot be checked against it; "
+            "start a new run"
+        )
+    diffs = data_differences(ckpt.data, data)
+    if diffs:
+        raise ResumeError(
+            f"cannot resume {where}: the data differ from the checkpointed run's ({'; '.join(diffs)}); "
+            "start a new run for other data"
+        )
+
+
+def data_differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """What differs between two data records (empty: the same data), named by file, column or
+    client, never by value."""
+    out = []
+    a, b = dict(map(tuple, old.get("site_keys", []))), dict(map(tuple, new.get("site_keys", [])))
+    if a != b:
+        changed = sorted(k for k in a.keys() & b.keys() if a[k] != b[k])
+        parts = [f"{k} changed" for k in changed] + [f"{k} removed" for k in sorted(a.keys() - b.keys())]
+        parts += [f"{k} added" for k in sorted(b.keys() - a.keys())]
+        if not parts:  # the same files under other names
+            parts = ["the files were renamed or reordered"]
+        out.append(f"site keys: {', '.join(parts)}")
+    names = list(new.get("target_names", []))
+    if list(old.get("target_names", [])) != names:
+        out.append("target columns")
+    else:
+        cols = _differing(old, new, ("target_offset", "target_scale"))
+        if cols is not None:
+            named = [repr(names[i]) if i < len(names) else str(i) for i in cols]
+            out.append(f"target standardisation (offset/scale) of {', '.join(named) or 'the targets'}")
+    mean_a, mean_b = old.get("input_mean", []), new.get("input_mean", [])
+    if len(mean_a) != len(mean_b):
+        out.append("input statistics (the clients' inputs)")
+    else:
+        for m in range(len(mean_a)):
+            pair_a = {k: old.get(k, [])[m] for k in ("input_mean", "input_var")}
+            pair_b = {k: new.get(k, [])[m] for k in ("input_mean", "input_var")}
+            cols = _differing(pair_a, pair_b, ("input_mean", "input_var"))
+            if cols is not None:
+                out.append(f"input statistics (mean/variance) of client {m}, input column(s) {cols or 'all'}")
+                break
+    return out
+
+
+def _differing(old: dict[str, Any], new: dict[str, Any], keys: tuple[str, ...]) -> list[int] | None:
+    """Columns where the arrays ``keys`` of ``old`` and ``new`` differ (beyond rounding); [] for
+    other shapes; None when they agree."""
+    bad: set[int] = set()
+    for k in keys:
+        x, y = np.asarray(old.get(k, []), dtype=np.float64), np.asarray(new.get(k, []), dtype=np.float64)
+        if x.shape != y.shape:
+            return []
+        close = np.isclose(x, y, rtol=1e-9, atol=1e-12, equal_nan=True)
+        bad |= set(np.flatnonzero(~close).tolist())
+    return sorted(bad) if bad else None
 
 
 def resume_checkpoints(jobs: list[Any], folder: str | Path | None = None) -> list[Checkpoint | None]:

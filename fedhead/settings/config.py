@@ -9,8 +9,10 @@ The procedures a run knows are the files of ``conf/procedure/``
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Callable, Sequence
 from importlib import resources
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hydra import compose, initialize_config_dir
@@ -94,19 +96,29 @@ def compose_config(overrides: list[str] | tuple[str, ...] = (), config_name: str
         return compose(config_name=config_name, overrides=list(overrides))
 
 
-def run_app(config_name: str, task: Callable[[DictConfig], None], argv: Sequence[str], task_name: str) -> None:
+def run_app(
+    config_name: str,
+    task: Callable[[DictConfig], None],
+    argv: Sequence[str],
+    task_name: str,
+    before_run: Callable[[Path], None] | None = None,
+) -> None:
     """Run ``task`` as a Hydra app on ``conf/<config_name>.yaml`` with the command line ``argv``:
     the run's one composition (``hydra.main`` composes twice, once to find the run mode), then
     Hydra's job as ``hydra.main`` runs it (run folder, ``.hydra/``, logging). A command line with
     Hydra's own flags (``--help``, ``--cfg``, ``-m`` ...) goes to ``hydra.main`` as it is. A config
-    that does not compose raises Hydra's exception (the entry points report it in one line)."""
+    that does not compose raises Hydra's exception (the entry points report it in one line).
+    ``before_run`` receives the run folder (absolute, resolved once and pinned in the config)
+    before Hydra creates or writes anything in it."""
     import hydra
     from hydra import version
     from hydra._internal.callbacks import Callbacks
     from hydra._internal.hydra import Hydra
     from hydra._internal.utils import create_config_search_path
+    from hydra.core.hydra_config import HydraConfig
     from hydra.core.utils import run_job
     from hydra.types import HydraContext, RunMode
+    from omegaconf import open_dict, read_write
 
     if any(a.startswith("-") for a in argv):
         hydra.main(config_path=HYDRA_CONFIG_PATH, config_name=config_name, version_base=None)(task)()
@@ -116,6 +128,12 @@ def run_app(config_name: str, task: Callable[[DictConfig], None], argv: Sequence
     app = Hydra.create_main_hydra2(task_name=task_name, config_search_path=create_config_search_path(HYDRA_CONFIG_PATH))
     try:
         cfg = app.compose_config(config_name=config_name, overrides=list(argv), run_mode=RunMode.RUN)
+        if before_run is not None:
+            HydraConfig.instance().set_config(cfg)  # ${hydra:...} in the folder's name
+            run_dir = os.path.abspath(str(OmegaConf.select(cfg, "hydra.run.dir")))
+            with read_write(cfg.hydra), open_dict(cfg.hydra):
+                cfg.hydra.run.dir = run_dir  # ${now:...} resolved once: Hydra creates this very folder
+            before_run(Path(run_dir))
         callbacks = Callbacks(cfg)
         context = HydraContext(config_loader=app.config_loader, callbacks=callbacks)
         job = run_job(task, cfg, job_dir_key="hydra.run.dir", job_subdir_key=None, hydra_context=context)

@@ -74,3 +74,34 @@ def test_modes_none_and_site_and_refusals():
     assert st.input_scale[1] == 1.0
     with pytest.raises(StandardizationError, match="input mode"):
         pooled_standardization(counts, means, covs, input_mode="global")
+
+
+def test_pooled_offsets_and_scales_that_are_not_finite_are_refused_naming_columns_not_values():
+    """A site whose sums overflowed (inf mean, NaN/inf variance) or pooled sums that overflow:
+    refused, never the 'constant' message nor a standardisation to zeros; no value in the message."""
+    from fedhead.analysis.standardization import check_offset_scale, check_standardization, overflowing_columns
+
+    counts, means, covs = _raw_moments(_sites())
+    for bad_mean, bad_var in ((np.inf, 1.0), (1e308, np.inf), (1.0, np.nan)):
+        m, c = [a.copy() for a in means], [a.copy() for a in covs]
+        m[1][2], c[1][2, 2] = bad_mean, bad_var
+        with pytest.raises(StandardizationError, match=r"target mean or standard deviation of column\(s\) \[2\]"):
+            pooled_standardization(counts, m, c)
+        x_mean, x_var = [np.array([0.0, 1.0])] * 3, [np.array([1.0, 1.0])] * 3
+        x_mean[2] = np.array([0.0, bad_mean])
+        x_var[2] = np.array([1.0, bad_var])
+        with pytest.raises(StandardizationError, match=r"input mean or standard deviation of column\(s\) \[1\]"):
+            pooled_standardization(counts, means, covs, x_mean, x_var)
+    # finite per site, but the pooled sum of squares overflows
+    with pytest.raises(StandardizationError, match=r"column\(s\) \[0\] is not finite") as info:
+        pooled_standardization([2, 2], [[1e300, 0.0], [-1e300, 1.0]], [np.eye(2), np.eye(2)])
+    assert "e+300" not in str(info.value) and "e300" not in str(info.value)
+    st = pooled_standardization(counts, means, covs, [np.zeros(2)] * 3, [np.ones(2)] * 3)
+    check_standardization(st, target_names=["a", "b", "c"], input_names=["u", "v"])  # an honest one passes
+    with pytest.raises(StandardizationError, match=r"target mean or standard deviation of column\(s\) 'b'"):
+        check_offset_scale([0.0, np.inf], [1.0, 1.0], names=["a", "b"])
+    with pytest.raises(StandardizationError, match=r"input standard deviation of column\(s\) 'v' is not positive"):
+        check_offset_scale([0.0, 0.0], [1.0, 0.0], names=["u", "v"], what="input")
+    check_offset_scale([0.0, 0.0], [1.0, 0.0], positive=False)  # finiteness only
+    assert overflowing_columns([[1.0, 1e300], [2.0, 0.0]], [0.0, 0.0], [1.0, 1.0]) == [1]  # beyond float32
+    assert overflowing_columns([[1.0, 3.0]], [1.0, 2.0], [0.5, 4.0]) == []

@@ -140,3 +140,42 @@ def test_a_site_whose_rows_share_inputs_is_named_in_a_warning(tmp_path, caplog):
     with caplog.at_level("WARNING", logger="fedhead.data.table"):
         data_site.read_site(cfg, other)
     assert "share their inputs" not in caplog.text
+
+
+@pytest.mark.parametrize("column, value", [("t1", 1e308), ("f2", 1e200)])
+def test_a_site_whose_own_sums_overflow_refuses_locally_naming_file_and_column(tmp_path, column, value):
+    """One cell of 1e308 (the mean's sum overflows) or 1e200 (the variance's squares do): the site
+    refuses before it reports anything, naming its file and the column, never the cell's value."""
+    files = _files(tmp_path)
+    cols = _rows(30, 7)
+    cols[column][4] = value  # a training row (is_test marks every fifth row from 0)
+    big = write_csv(tmp_path / "big.csv", cols)
+    cfg = TableConfig(files=[str(files[0]), str(big)], targets=["t1", "t2"])
+    what = "target" if column.startswith("t") else "input"
+    with pytest.raises(TableError) as info:
+        data_site.read_site(cfg, big)
+    msg = str(info.value)
+    assert msg.startswith(f"big.csv: the mean or variance of {what} column {column!r} is not finite"), msg
+    assert "\n" not in msg and "e+308" not in msg and "e+200" not in msg and "1e" not in msg
+    data_site.read_site(cfg, files[0])  # the honest site reads as before
+
+
+def test_a_test_row_that_overflows_standardisation_is_refused_by_its_site(tmp_path):
+    """A held-out row beyond float32 once standardised (it is in no exchanged sum): the site refuses
+    when it standardises, naming its file and column."""
+    files = _files(tmp_path)
+    cols = _rows(30, 7)
+    cols["f1"][0] = 1e300  # row 0 is a test row
+    big = write_csv(tmp_path / "big.csv", cols)
+    cfg = TableConfig(files=[str(files[0]), str(big)], targets=["t1", "t2"], test_column="is_test")
+    site = data_site.read_site(cfg, big)  # its training sums are finite
+    st = pooled_standardization(
+        [site.n_train],
+        [data_site.site_statistics(site)["y_mean"]],
+        [data_site.site_statistics(site)["y_cov"]],
+        [data_site.site_statistics(site)["x_mean"]],
+        [data_site.site_statistics(site)["x_var"]],
+    )
+    with pytest.raises(TableError, match=r"^big.csv: input column 'f1' overflows when standardised") as info:
+        data_site.client_data(site, st)
+    assert "1e" not in str(info.value)

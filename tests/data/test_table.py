@@ -163,6 +163,31 @@ def _bad(tmp_path: Path, case: str):
         return {"files": [good[0], f]}, "short.csv: its columns differ from site_0.csv's (missing ['f3'], extra [])"
     if case == "same file twice":
         return {"files": [good[0], good[1], tmp_path / "." / "site_0.csv"]}, "the same file is given twice"
+    if case == "byte-identical copy":  # another name, the same bytes: its rows would count twice
+        copy = tmp_path / "copy_of_0.csv"
+        copy.write_bytes(good[0].read_bytes())
+        return {"files": [good[0], good[1], copy]}, "copy_of_0.csv has the same bytes as site_0.csv"
+    if case in ("cell of 1e308", "variance overflow", "pooled overflow", "test row overflow"):
+        cols = _rows(30, 9)
+        if case == "cell of 1e308":  # its file's mean would be inf: every target 0 once standardised
+            cols["t1"][4] = 1e308
+        elif case == "variance overflow":
+            cols["f3"][7] = 1e200
+        elif case == "pooled overflow":  # finite in each file, beyond float64 when pooled
+            cols["t2"][:] = 1e160 * (1.0 + 1e-10 * np.arange(30))  # its squares overflow once the files pool
+        else:  # a held-out row: in no training sum, beyond float32 once standardised
+            cols["t2"][0] = 1e300
+        f = write_csv(tmp_path / "big.csv", cols)
+        if case == "pooled overflow":
+            g = write_csv(tmp_path / "big2.csv", {**cols, "t2": -cols["t2"]})
+            text = "big.csv, big2.csv: the pooled target mean or standard deviation of column(s) 't2'"
+            return {"files": [f, g]}, text
+        text = {
+            "cell of 1e308": "big.csv: the mean or variance of target column 't1' is not finite",
+            "variance overflow": "big.csv: the mean or variance of input column 'f3' is not finite",
+            "test row overflow": "big.csv: target column 't2' overflows when standardised",
+        }[case]
+        return {"files": [good[0], f], **({"test_column": "is_test"} if case == "test row overflow" else {})}, text
     if case == "npz without y":
         np.savez(tmp_path / "a.npz", x=np.zeros((5, 2)), y=np.zeros(5))
         np.savez(tmp_path / "b.npz", x=np.zeros((5, 2)))
@@ -198,6 +223,11 @@ CASES = [
     "nan",
     "columns differ",
     "same file twice",
+    "byte-identical copy",
+    "cell of 1e308",
+    "variance overflow",
+    "pooled overflow",
+    "test row overflow",
     "npz without y",
     "npz lengths",
     "npz sample shapes",
@@ -214,6 +244,7 @@ def test_bad_input_is_one_line_naming_the_file(tmp_path, case):
         load_federated(TableConfig(files=files, targets=targets, **kw), use_cache=False)
     msg = one_line(info.value)
     assert text in msg and "\n" not in str(info.value), msg
+    assert "e+3" not in msg and "e+2" not in msg and "1e" not in msg, msg  # never a cell's value
     assert isinstance(info.value, ConfigError) and exit_code(info.value) == EXIT_USAGE
 
 

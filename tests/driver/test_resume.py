@@ -20,10 +20,12 @@ from app_helpers import InProcessGrid
 from fedhead.clients import BackboneStore, make_client_app
 from fedhead.clients.cache import CLIENT_CACHE
 from fedhead.clients.state import simulation_state_dir
+from fedhead.driver.checks import check_data_once
+from fedhead.driver.errors import EXIT_USAGE, exit_code
 from fedhead.driver.recorder import RunRecorder
 from fedhead.driver.server import serve
 from fedhead.driver.simulation import prepare_resume
-from fedhead.federation.checkpoint import ResumeError, checkpoint_path, read_checkpoint
+from fedhead.federation.checkpoint import ResumeError, checkpoint_path, data_differences, read_checkpoint
 from fedhead.settings.config import compose_config, load_config
 from fedhead.settings.job import config_hash
 
@@ -79,7 +81,7 @@ class CrashingGrid(InProcessGrid):
 
 def _run(job, grid, resume=None):
     rec = RunRecorder(job, show_progress=False)
-    serve(grid, job, rec, show_progress=False, resume=resume)
+    serve(grid, job, rec, show_progress=False, resume=resume, data_record=check_data_once(job))  # as the driver
     return rec.finish("completed").to_dict()  # the JSON object results.json holds
 
 
@@ -154,12 +156,103 @@ def test_resume_refuses_another_config_or_missing_client_state(tmp_path, task_id
     from fedhead.federation.checkpoint import write_checkpoint
 
     ckpt.state.round, ckpt.state.records = 1, ckpt.state.records[:2]  # as if killed after round 1
-    write_checkpoint(ckpt.path, ckpt.state, config_hash=ckpt.config_hash, procedure="proximal")
+    write_checkpoint(ckpt.path, ckpt.state, config_hash=ckpt.config_hash, procedure="proximal", data=ckpt.data)
     with pytest.raises(ResumeError, match=r"partitions \[1\]"):
         prepare_resume([longer])
     (empty,) = _jobs(tmp_path, "x", "procedure=proximal", "rounds=2", f"resume={tmp_path / 'nothing'}")
     with pytest.raises(ResumeError, match="no checkpoint.npz"):
         prepare_resume([empty])
+
+
+def _write_site(path: Path, n: int, seed: int, scale_f2: float = 1.0) -> Path:
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n, 3))
+    y = x @ np.array([[1.0, 0.5], [-0.3, 2.0], [0.2, 0.1]]) + 0.3 * rng.normal(size=(n, 2)) + seed
+    x[:, 1] *= scale_f2
+    rows = [",".join(repr(float(v)) for v in (*x[i], *y[i])) for i in range(n)]
+    path.write_text("\n".join(["f1,f2,f3,t1,t2", *rows]) + "\n")
+    return path
+
+
+def _table_jobs(tmp_path: Path, out: str, files, *overrides: str):
+    listed = ",".join(f'"{f}"' for f in files)
+    return _jobs(
+        tmp_path,
+        out,
+        "dataset=table",
+        f"dataset.files=[{listed}]",
+        "dataset.targets=[t1,t2]",
+        "dataset.n_train=null",
+        "procedure=proximal",
+        "rounds=2",
+        *overrides,
+    )
+
+
+def _listing(root: Path) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_resume_refuses_edited_site_files_and_keeps_the_run(tmp_path, task_identity):
+    """The config hash names the files, not their contents: a feature column edited in place (same
+    names, same config) is refused on resume with one line naming the file, and nothing of the
+    checkpointed run is touched. The unedited files resume."""
+    files = [_write_site(tmp_path / f"site_{i}.csv", 40 + 5 * i, i) for i in range(3)]
+    (job,) = _table_jobs(tmp_path, "run", files, "num_clients=3")
+    _run(job, InProcessGrid(make_client_app(job), 3, run_id=5))
+    ckpt = read_checkpoint(checkpoint_path(job.output_dir))
+    assert [k for k, _ in ckpt.data["site_keys"]] == ["site_0.csv", "site_1.csv", "site_2.csv"]
+    (same,) = _table_jobs(tmp_path, "x", files, "num_clients=3", f"resume={tmp_path / 'run'}")
+    assert prepare_resume([same])[0].round == 2  # the same bytes: resumable
+
+    before = _listing(tmp_path / "run")
+    _write_site(files[1], 45, 1, scale_f2=3.0)  # feature f2 of site_1 edited; the targets are untouched
+    (edited,) = _table_jobs(tmp_path, "x", files, "num_clients=3", f"resume={tmp_path / 'run'}")
+    assert edited.config_hash == job.config_hash  # what the old check compared
+    with pytest.raises(ResumeError) as info:
+        prepare_resume([edited])
+    msg = str(info.value)
+    assert "\n" not in msg and exit_code(info.value) == EXIT_USAGE
+    assert "the data differ from the checkpointed run's (site keys: site_1.csv changed; " in msg, msg
+    assert "input statistics (mean/variance) of client " in msg and "target standardisation" not in msg, msg
+    assert _listing(tmp_path / "run") == before  # nothing of the previous run removed or rewritten
+
+
+def test_resume_refuses_a_checkpoint_without_a_data_record(tmp_path, task_identity):
+    """A checkpoint written before the data record existed (or by a deployed ServerApp) cannot be
+    checked: the simulation refuses it with one line, and leaves it as it was."""
+    files = [_write_site(tmp_path / f"site_{i}.csv", 40, i) for i in range(3)]
+    (job,) = _table_jobs(tmp_path, "run", files, "num_clients=3")
+    _run(job, InProcessGrid(make_client_app(job), 3, run_id=5))
+    from fedhead.federation.checkpoint import write_checkpoint
+
+    ckpt = read_checkpoint(checkpoint_path(job.output_dir))
+    write_checkpoint(ckpt.path, ckpt.state, config_hash=ckpt.config_hash, procedure=ckpt.procedure)  # data=None
+    before = _listing(tmp_path / "run")
+    (again,) = _table_jobs(tmp_path, "x", files, "num_clients=3", f"resume={tmp_path / 'run'}")
+    with pytest.raises(ResumeError, match="its checkpoint records no site keys, standardisation or input statistics"):
+        prepare_resume([again])
+    assert _listing(tmp_path / "run") == before
+
+
+def test_data_differences_name_what_differs_never_a_value():
+    base = {
+        "site_keys": [["a.csv", "k1"], ["b.csv", "k2"]],
+        "target_names": ["t1", "t2"],
+        "target_offset": [1.5, 123456.789],
+        "target_scale": [2.0, 3.0],
+        "input_mean": [[0.1, 0.2], [0.3, 0.4]],
+        "input_var": [[1.0, 1.0], [1.0, 1.0]],
+    }
+    assert data_differences(base, json.loads(json.dumps(base))) == []
+    scaled = {**base, "target_scale": [2.0, 3.5]}
+    assert data_differences(base, scaled) == ["target standardisation (offset/scale) of 't2'"]
+    moved = {**base, "input_var": [[1.0, 1.0], [1.0, 7.25]]}
+    assert data_differences(base, moved) == ["input statistics (mean/variance) of client 1, input column(s) [1]"]
+    renamed = {**base, "site_keys": [["c.csv", "k1"], ["b.csv", "k2"]]}
+    assert data_differences(base, renamed) == ["site keys: a.csv removed, c.csv added"]
+    text = "; ".join(data_differences(base, {**scaled, **moved, "target_offset": [9.0, 123456.789]}))
+    assert "123456" not in text and "7.25" not in text and "9.0" not in text and "3.5" not in text
 
 
 def test_config_hash_ignores_only_resume_and_output():
