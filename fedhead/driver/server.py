@@ -10,6 +10,7 @@ import logging
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ from fedhead.federation.checkpoint import (
     Checkpoint,
     ResumeError,
     ServerState,
+    check_data,
     checkpoint_path,
     load_for_resume,
     write_checkpoint,
@@ -34,7 +36,7 @@ from fedhead.federation.progress_grid import ProgressGrid
 from fedhead.federation.watchdog import EngineWatch
 from fedhead.settings.config import JobConfig, job_from_context
 from fedhead.strategies import HeadAveraging, RunObserver, make_strategy
-from fedhead.strategies.exchange import ConfigValue
+from fedhead.strategies.exchange import ConfigValue, MomentExchange
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +123,9 @@ def serve(
     messages in flight);
     ``concurrency``: the clients a simulation runs at once (None: all, a deployment);
     ``data_record`` ([`fedhead.data.data_record`][fedhead.data.data_record]; None where the server
-    has no data, a deployment): kept in every checkpoint, for a resume to compare.
+    has no data, a deployment): kept in every checkpoint, for a resume to compare; a site-local
+    deployment's server takes it from the statistics exchange instead (the site keys, the pooled
+    standardisation and each site's input statistics) and compares it on a resume.
     """
     pgrid = ProgressGrid(grid, label=job.name, show=show_progress)
     pgrid.watch = watch
@@ -129,25 +133,37 @@ def serve(
     pgrid.window = window
     pgrid.concurrency = concurrency  # a simulation's clients queue for its slots: the straggler rule waits per wave
     strategy = make_job_strategy(job, recorder, message_config)
+    record = {"data": data_record}
+
+    def exchanged(exchange: MomentExchange) -> None:
+        """A site-local run's server learns the data record from the statistics exchange: a
+        resume compares it with the checkpoint's, every checkpoint keeps it."""
+        if exchange.site_record is None:
+            return
+        if resume is not None:
+            check_data(resume, dict(exchange.site_record))
+        record["data"] = dict(exchange.site_record)
+
     strategy.run(
         pgrid,
         lambda c: initial_head(job, c),
         job.settings.rounds,
         diagnose_only=job.settings.diagnose_only,
         resume=None if resume is None else resume.state,
-        on_round_end=None if job.settings.diagnose_only else checkpointer(job, data_record),
+        on_exchange=exchanged,
+        on_round_end=None if job.settings.diagnose_only else checkpointer(job, lambda: record["data"]),
         on_resume=recorder.on_resume,
     )
     return pgrid
 
 
-def checkpointer(job: JobConfig, data_record: dict[str, Any] | None = None):
-    """The function writing a job's server state (and the run's ``data_record``) after every
-    round (atomically)."""
+def checkpointer(job: JobConfig, data_record: Callable[[], dict[str, Any] | None]):
+    """The function writing a job's server state (and the run's data record, as ``data_record()``
+    returns it) after every round (atomically)."""
     path = checkpoint_path(job.output_dir)
 
     def write(state: ServerState) -> None:
-        write_checkpoint(path, state, config_hash=job.config_hash, procedure=job.name, data=data_record)
+        write_checkpoint(path, state, config_hash=job.config_hash, procedure=job.name, data=data_record())
 
     return write
 

@@ -18,6 +18,7 @@ import time
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from flwr.app import ConfigRecord, Message, MessageType, RecordDict
@@ -102,6 +103,9 @@ class MomentExchange:
     #: scales every message carries, and whether the server numbered the clients
     standardization: Standardization | None = None
     assigned_partitions: bool = False
+    #: after a statistics exchange: what a resume must find again (site keys by partition, the
+    #: pooled target standardisation, each site's input means and variances; JSON-ready)
+    site_record: Mapping[str, Any] | None = None
 
     def sample_counts(self) -> dict[int, int]:
         """Partition id -> ``N_m``, as the clients reported them in the exchange."""

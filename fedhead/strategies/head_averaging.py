@@ -408,6 +408,7 @@ class HeadAveraging(Strategy):
         resume: ServerState | None = None,
         on_round_end: Callable[[ServerState], None] | None = None,
         on_resume: Callable[[list[RoundRecord]], None] | None = None,
+        on_exchange: Callable[[MomentExchange], None] | None = None,
     ) -> Result | None:
         """Moment exchange, diagnosis, then ``num_rounds`` rounds of flwr's ``Strategy.start``.
 
@@ -415,11 +416,14 @@ class HeadAveraging(Strategy):
         exchange) returning it. ``resume`` (a [`ServerState`][fedhead.federation.checkpoint.ServerState])
         continues after its round instead (the exchange must give the same moments); ``on_resume``
         then receives the restored records. ``on_round_end`` (the checkpointer) receives the
-        server state after every complete round, round 0 included.
+        server state after every complete round, round 0 included; ``on_exchange`` the exchange,
+        before anything is restored or trained (it may refuse the resume by raising).
         """
         self._on_round_end = on_round_end
         self.num_rounds = int(num_rounds)
         exchange = self.exchange_moments(grid)
+        if on_exchange is not None:
+            on_exchange(exchange)
         if diagnose_only:
             return None
         if resume is not None:

@@ -175,7 +175,16 @@ def exchange_from_statistics(
             raise ValueError(f"node {r.node} has no partition id: number the clients first (number_clients)")
         moment_rows.append((r.partition, r.node, r.n, mus[i], covs[i]))
     exchange = build_exchange(moment_rows, dropped, settings)
-    return dataclasses.replace(exchange, standardization=st)
+    used = sorted((r for r in rows if r.partition in exchange.partition_ids), key=lambda r: r.partition or 0)
+    record = {
+        "site_keys": [[f"partition {r.partition}", r.key] for r in used],
+        "target_names": [],
+        "target_offset": np.asarray(st.target_offset, dtype=np.float64).tolist(),
+        "target_scale": np.asarray(st.target_scale, dtype=np.float64).tolist(),
+        "input_mean": [r.x_mean.tolist() for r in used],
+        "input_var": [r.x_var.tolist() for r in used],
+    }
+    return dataclasses.replace(exchange, standardization=st, site_record=record)
 
 
 def collect_statistics(

@@ -194,6 +194,47 @@ class _CrashingGrid(InProcessGrid):
         return super().push_messages(messages)
 
 
+def test_a_data_path_deployment_refuses_to_resume_on_edited_site_files(tmp_path, task_identity):
+    """The server of a site-local deployment records the sites' keys, the pooled standardisation and
+    each site's input statistics from the statistics exchange; a resume after a site's feature
+    column changed is refused with one line naming what differs, and nothing of the run is removed."""
+    from fedhead import client_app, server_app
+    from fedhead.clients.cache import CLIENT_CACHE
+    from fedhead.federation.checkpoint import ResumeError, checkpoint_path, read_checkpoint
+
+    files = _sites(tmp_path)
+    overrides = "dataset=table dataset.files=[] dataset.num_clients=3 dataset.targets=[t1,t2] model=free "
+    overrides += "procedure=proximal rounds=3 local_epochs=2 output.tensorboard=false output.figures=false"
+
+    def grid(cls, resume: bool):
+        run_config = {"overrides": overrides, "output-dir": str(tmp_path / "out"), "resume": resume}
+        g = cls(client_app.app, 3, run_id=41 + resume, run_config=run_config)
+        for node, site in zip(sorted(g.contexts), range(3)):
+            g.contexts[node].node_config = {"data-path": str(files[site]), "state-dir": str(tmp_path / f"site{site}")}
+        return g
+
+    with pytest.raises(_Crash):
+        crashed = grid(_CrashingGrid, False)
+        server_app.app(crashed, next(iter(crashed.contexts.values())))
+    run_dir = tmp_path / "out" / "proximal"
+    ckpt = read_checkpoint(checkpoint_path(run_dir))
+    assert ckpt.data is not None and len(ckpt.data["site_keys"]) == 3
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*") if p.is_file() and "site_1" not in p.name)
+    cols = _rows(SIZES[1], 1)
+    cols["f2"] = 2.0 * cols["f2"]  # an edited feature column, same targets
+    _write(files[1], cols)
+    CLIENT_CACHE.clear()
+    with pytest.raises(ResumeError) as err:
+        resumed = grid(InProcessGrid, True)
+        server_app.app(resumed, next(iter(resumed.contexts.values())))
+    message = str(err.value)
+    assert "\n" not in message and "the data differ from the checkpointed run's" in message, message
+    assert "site keys:" in message and "input statistics" in message, message
+    after = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*") if p.is_file() and "site_1" not in p.name)
+    assert set(before) <= set(after)  # nothing of the run removed
+    assert read_checkpoint(checkpoint_path(run_dir)).round == ckpt.round
+
+
 def test_a_data_path_deployment_resumes_with_its_sites_on_other_node_ids(tmp_path, task_identity):
     """The ServerApp and ClientApp of ``flwr run .``: a run killed in round 2 resumes
     (``resume=true``) with every site behind another node id; the server numbers the sites as
