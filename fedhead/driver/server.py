@@ -136,9 +136,10 @@ def serve(
     record = {"data": data_record}
 
     def exchanged(exchange: MomentExchange) -> None:
-        """A site-local run's server learns the data record from the statistics exchange: a
-        resume compares it with the checkpoint's, every checkpoint keeps it."""
-        if exchange.site_record is None:
+        """A site-local deployment's server, which reads no data itself, learns the data record
+        from the statistics exchange: a resume compares it with the checkpoint's, every checkpoint
+        keeps it (a simulation's driver passes its own record, by file name, checked before Ray starts)."""
+        if exchange.site_record is None or data_record is not None:
             return
         if resume is not None:
             check_data(resume, dict(exchange.site_record))
