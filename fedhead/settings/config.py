@@ -215,8 +215,8 @@ def build_section(node: Any, where: str, expected: type, default: type | None = 
     try:
         return cls(**values)
     except (ValueError, TypeError) as exc:  # the class's own check: its message says it all
-        if isinstance(exc, ConfigError) and not where:
-            raise
+        if isinstance(exc, ConfigError) and (not where or str(exc).startswith(f"{where}.")):
+            raise  # the message already names the key as users type it
         raise ConfigError(f"{where}: {exc}" if where else str(exc)) from exc
 
 
