@@ -20,6 +20,7 @@ import torch
 from fedhead.analysis.regime import ensure_fully_active
 from fedhead.data.registry import data_record, load_federated
 from fedhead.data.site import warn_shared_inputs
+from fedhead.driver.cluster import cluster_address
 from fedhead.models.user import check_user_model
 from fedhead.settings.config import ConfigError, JobConfig
 
@@ -33,6 +34,14 @@ def preflight(jobs: list[JobConfig]) -> None:
     if not jobs:
         return
     job = jobs[0]
+    address = cluster_address(job.resources.ray_address)
+    if address:  # a joined cluster decides its resources: checked once joined (driver/cluster.py)
+        if job.resources.ray_num_cpus is not None or job.resources.ray_num_gpus is not None:
+            raise ConfigError(
+                f"resources.ray_num_cpus and ray_num_gpus must be null when joining the Ray cluster at {address} "
+                "(RAY_ADDRESS or resources.ray_address): the cluster decides its resources"
+            )
+        return
     wants_gpu = (
         job.settings.device == "cuda" or (job.resources.client_gpus or 0) > 0 or (job.resources.ray_num_gpus or 0) > 0
     )
@@ -106,8 +115,14 @@ def check_data_once(job: JobConfig) -> dict[str, Any]:
 
 
 def client_slots(job: JobConfig) -> int:
-    """Clients a simulation runs at once: the CPUs Ray gets over ``resources.client_cpus``."""
+    """Clients a simulation runs at once: the CPUs Ray gets (a joined cluster's, all of its nodes)
+    over ``resources.client_cpus``."""
     cpus = job.resources.ray_num_cpus or os.cpu_count() or 1
+    if cluster_address(job.resources.ray_address):
+        import ray
+
+        if ray.is_initialized():
+            cpus = int(ray.cluster_resources().get("CPU", cpus))
     return max(1, math.floor(cpus / job.resources.client_cpus)) if job.resources.client_cpus > 0 else 1
 
 

@@ -9,6 +9,8 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
+from fedhead.driver.cluster import check_reachable
+
 
 def start_ray(init_args: dict[str, Any]) -> bool:
     """Start Ray for a simulation unless it is running; return whether this call started it.
@@ -18,17 +20,26 @@ def start_ray(init_args: dict[str, Any]) -> bool:
     cores, see benchmarks/bench_overhead.py). Starting it here without one, with the same
     ``PYTHONPATH`` exported to the worker processes, no dashboard and ``init_args`` from the
     resources config, lets flwr reuse the running instance (it shuts Ray down at the end).
+    With ``init_args["address"]`` it joins that running cluster instead, after checking that it
+    answers ([`fedhead.driver.cluster.check_reachable`][fedhead.driver.cluster.check_reachable]);
+    ``ray.shutdown()`` then only disconnects this driver.
     """
     # Ray (seconds to import): only when a simulation starts
     import ray
 
     if ray.is_initialized():
         return False
+    args = dict(init_args)
+    if args.get("address"):  # join a running cluster: it has its own resources and workers
+        check_reachable(str(args["address"]))
+        for key in ("num_cpus", "num_gpus", "include_dashboard"):
+            args.pop(key, None)
+        ray.init(**args)
+        return False  # not started here: leaving disconnects, the cluster keeps running
     paths = [p for p in sys.path if p]
     if os.environ.get("PYTHONPATH"):
         paths.append(os.environ["PYTHONPATH"])
     os.environ["PYTHONPATH"] = os.pathsep.join(paths)
-    args = dict(init_args)
     args.setdefault("include_dashboard", False)
     ray.init(**args)
     return True

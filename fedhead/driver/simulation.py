@@ -35,6 +35,7 @@ from fedhead.clients.state import simulation_state_dir
 from fedhead.clients.store import BackboneStore
 from fedhead.driver import ray_session
 from fedhead.driver.checks import check_data_once, client_slots, message_window, preflight, uses_cuda
+from fedhead.driver.cluster import check_client_fits, check_shared_folder, cluster_address, describe_cluster
 from fedhead.driver.console import error_table, local_optimality_note, local_steps_line, start_line
 from fedhead.driver.errors import debug_enabled, is_flwr_wrapper, one_line
 from fedhead.driver.figures import write_procedures_figure
@@ -155,6 +156,9 @@ def _set_up(jobs: list[JobConfig], *, show_progress: bool, verbose: bool):
         if (job.settings.num_clients, job.resources) != (first.settings.num_clients, first.resources):
             raise ValueError("jobs of one simulation must share the client count and the resources")
     backend = first.resources.backend_config(first.settings.num_clients, uses_cuda(first))
+    address = cluster_address(first.resources.ray_address)
+    if address:
+        backend["init_args"]["address"] = address
     simulation_logging(backend["init_args"], verbose=verbose)
     if not verbose and not debug_enabled() and not run_logging_active():
         # flwr logs an engine crash's traceback (twice); the error says it once
@@ -205,7 +209,23 @@ def _prepare_and_start_ray(jobs: list[JobConfig], init_args: dict[str, Any]) -> 
         check_data_once(job)
     t_ray = time.perf_counter()
     start_ray(init_args)
+    if init_args.get("address"):
+        join_checks(jobs, str(init_args["address"]))
     return time.perf_counter() - t_ray
+
+
+def join_checks(jobs: list[JobConfig], address: str) -> None:
+    """On a joined cluster, before any run: one console line with its nodes, CPUs and GPUs; one
+    line refusing a cluster on which one client does not fit, or whose nodes do not all see the
+    clients' state folder ([`fedhead.driver.cluster`][fedhead.driver.cluster])."""
+    info = describe_cluster()
+    console.info("%s", info.line(address))
+    res = jobs[0].resources
+    gpus = res.backend_config(jobs[0].settings.num_clients, uses_cuda(jobs[0]))["client_resources"]["num_gpus"]
+    check_client_fits(info, float(res.client_cpus), float(gpus))
+    for job in jobs:
+        if not job.procedure.exact:  # exact clients keep no backbone
+            check_shared_folder(info, job.state_dir)
 
 
 class _Simulation:

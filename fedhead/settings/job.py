@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fedhead.analysis.constraints import Field, boolean, check, integer, number, one_of, optional
+from fedhead.analysis.constraints import Field, Together, boolean, check, integer, number, one_of, optional
 from fedhead.analysis.frozen import FrozenDict, freeze
 from fedhead.analysis.procedure import ConfigError, ProcedureConfig, penalty_problem, rho_problem
 from fedhead.analysis.seeds import INIT_MODES
@@ -83,6 +83,16 @@ class ExperimentConfig:
 _RESOURCES_RULES = (
     Field("client_cpus", number(0, low_open=True), "must be > 0"),
     Field(
+        "ray_address",
+        lambda v: v is None or (isinstance(v, str) and v.strip() != ""),
+        "must be host:port, auto or null",
+    ),
+    Together(
+        lambda r: not r.ray_address or (r.ray_num_cpus is None and r.ray_num_gpus is None),
+        "resources.ray_num_cpus and ray_num_gpus must be null with resources.ray_address={ray_address}: "
+        "the cluster decides its resources",
+    ),
+    Field(
         "client_gpus",
         optional(number(0, 1)),
         "must be a GPU share in [0, 1] (fractions let clients share a GPU)",
@@ -99,6 +109,9 @@ class ResourcesConfig:
     ray_num_cpus: int | None = None
     ray_num_gpus: int | None = None
     evaluate_mse: bool = True
+    #: a running Ray cluster to join (``host:port`` of its head, or ``auto``); None: ``RAY_ADDRESS``
+    #: if set, else Ray starts on this machine ([`fedhead.driver.cluster`][fedhead.driver.cluster])
+    ray_address: str | None = None
 
     def __post_init__(self) -> None:
         check(self, _RESOURCES_RULES, prefix="resources.", error=ConfigError)
@@ -109,6 +122,8 @@ class ResourcesConfig:
         if gpus is None:
             gpus = (1.0 / num_clients) if use_cuda else 0.0
         init_args: dict[str, Any] = {}
+        if self.ray_address:
+            init_args["address"] = str(self.ray_address)
         if self.ray_num_cpus is not None:
             init_args["num_cpus"] = int(self.ray_num_cpus)
         if self.ray_num_gpus is not None:

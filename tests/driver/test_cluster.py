@@ -1,0 +1,111 @@
+"""Joining a running Ray cluster (``resources.ray_address`` / ``RAY_ADDRESS``).
+
+The default suite checks the address rules and the refusals that come before Ray; the slow test
+starts a 2-node cluster on this host (``ray.cluster_utils.Cluster``, each node its own raylet)
+and runs ``fedhead-run`` on it twice: the first run leaves the cluster running for the second.
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from fedhead.analysis.procedure import ConfigError
+from fedhead.driver.cluster import ClusterError, ClusterInfo, check_client_fits, check_reachable, cluster_address
+from fedhead.settings.job import ResourcesConfig
+
+RUN = [
+    sys.executable,
+    "-m",
+    "fedhead.cli.run",
+    "model=free",
+    "dataset.n_train=200",
+    "num_clients=2",
+    "procedure=proximal",
+    "rounds=1",
+    "local_epochs=5",
+    "resources.evaluate_mse=false",
+    "output.tensorboard=false",
+    "output.figures=false",
+]
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]  # closed once the socket is
+
+
+def test_the_address_comes_from_the_config_then_ray_address(monkeypatch):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    assert cluster_address(None) is None
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")
+    assert cluster_address(None) == "10.0.0.1:6379"
+    assert cluster_address("127.0.0.1:6380") == "127.0.0.1:6380"
+
+
+def test_a_cluster_decides_its_resources():
+    with pytest.raises(ConfigError, match="ray_num_cpus and ray_num_gpus must be null with resources.ray_address"):
+        ResourcesConfig(ray_address="127.0.0.1:6379", ray_num_cpus=4)
+
+
+def test_an_unreachable_or_malformed_address_is_one_line():
+    t0 = time.perf_counter()
+    with pytest.raises(ClusterError, match=r"cannot reach the Ray cluster at 127\.0\.0\.1:\d+ within 2 s"):
+        check_reachable(f"127.0.0.1:{_closed_port()}", timeout=2)
+    assert time.perf_counter() - t0 < 5
+    with pytest.raises(ClusterError, match="must be host:port"):
+        check_reachable("just-a-host")
+
+
+def test_a_cluster_without_room_for_one_client_is_refused():
+    info = ClusterInfo((("a", "10.0.0.1", 2.0, 0.0), ("b", "10.0.0.2", 1.0, 0.0)))
+    check_client_fits(info, 2.0, 0.0)
+    with pytest.raises(ClusterError, match="largest node has 2 CPUs and 0 GPUs"):
+        check_client_fits(info, 4.0, 0.0)
+    with pytest.raises(ClusterError, match="client_gpus=0.5"):
+        check_client_fits(info, 1.0, 0.5)
+    assert "2 node(s), 3 CPUs, 0 GPUs" in info.line("10.0.0.1:6379")
+
+
+def test_fedhead_run_refuses_an_unreachable_cluster_before_anything_runs(tmp_path):
+    out = subprocess.run(
+        [*RUN, f"resources.ray_address=127.0.0.1:{_closed_port()}", f"hydra.run.dir={tmp_path / 'run'}"],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=tmp_path,
+    )
+    assert out.returncode == 2, out.stderr[-2000:]
+    errors = [line for line in out.stderr.splitlines() if "error" in line.lower()]
+    assert len(errors) == 1 and "cannot reach the Ray cluster at 127.0.0.1:" in errors[0], out.stderr[-2000:]
+    assert not (tmp_path / "run").exists()  # nothing written
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_runs_join_a_two_node_cluster_and_leave_it_running(tmp_path):
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, connect=False, head_node_args={"num_cpus": 1})
+    cluster.add_node(num_cpus=1)
+    try:
+        for name in ("first", "second"):
+            out = subprocess.run(
+                [*RUN, f"resources.ray_address={cluster.address}", f"output.dir={tmp_path / name}"],
+                capture_output=True,
+                text=True,
+                timeout=400,
+                cwd=tmp_path,
+            )
+            assert out.returncode == 0, out.stderr[-3000:]
+            assert f"Ray cluster at {cluster.address}: 2 node(s), 2 CPUs" in out.stdout + out.stderr
+            assert (Path(tmp_path / name / "proximal" / "results.json")).is_file()
+        assert cluster.head_node.remaining_processes_alive()  # fedhead did not stop it
+    finally:
+        cluster.shutdown()
