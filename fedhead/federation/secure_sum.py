@@ -39,14 +39,15 @@ Encoding: [`FixedPoint`][fedhead.federation.secure_sum.FixedPoint] maps ``x`` to
 picks the largest such ``f``. Each entry of the decoded sum is within ``M 2^-(f+1)`` of the exact
 sum of the inputs (plus the float64 rounding of the result itself, half an ulp). Example: bound
 ``2^20``, ``M = 100``: ``f = 36``, error at most ``7.3e-10`` on sums that can reach ``1e8``
-(relative ``7e-18`` of that range, well below float64's own ``1.1e-16``).
+(relative ``7e-18`` of that range), below the float64 rounding of such a sum itself (half an
+ulp, ``7.5e-9`` at ``1e8``): the secure sum is as accurate as a float64 sum.
 
 Threshold: ``t`` must be a majority of the sites, ``floor(n/2) + 1 <= t <= n``; the default is
 ``floor(M/2) + 1``. A site answers the unmasking once, with one kind of share per site, so a
-server that calls a site dropped to some and a survivor to others still needs ``2t > n`` distinct
-honest answers to unmask it. At least 3 sites: with two, the sum and one's own input give the
-other's input to each site that sees the result. ``t >= 2`` survivors always, so no single
-input is ever decoded.
+server that calls a site dropped to some sites and a survivor to others would need ``t`` answers
+of each kind from different sites, ``2t > n`` in all: it cannot unmask that site. At least 3
+sites: with two, the sum and one's own input give the other's input to each site that sees the
+result. ``t >= 2`` survivors always, so no single input is ever decoded.
 
 What the server learns: the sum over the survivors and who dropped at which stage. A site learns
 nothing of the others' inputs. Up to ``t - 1`` sites colluding with an honest-but-curious server
@@ -410,7 +411,8 @@ class SecureSumClient:
         ciphertexts : mapping peer -> bytes
             The stage-2 ciphertexts addressed to this site; their senders are the peers ``U2``.
         values : ndarray, shape (L,)
-            This site's input (float64, every entry at most ``encoding.bound`` in magnitude).
+            This site's input (float64, every entry at most ``encoding.bound`` in magnitude);
+            several arrays go in one sum concatenated (``np.concatenate([a.ravel() for a in ...])``).
         encoding : FixedPoint
             The encoding the server fixed for this sum.
 
