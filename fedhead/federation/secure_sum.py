@@ -180,10 +180,11 @@ class FixedPoint:
             The largest ``f`` with ``sites * round(bound 2^f) < 2^63``; each entry of a decoded sum
             is then within ``sites 2^-(f+1)`` of the exact sum.
         """
-        if isinstance(sites, bool) or not isinstance(sites, int) or sites < 1:
+        if isinstance(sites, bool) or not isinstance(sites, int | np.integer) or sites < 1:
             raise ConfigError(f"fixed point: the number of sites must be a positive integer, got {sites!r}")
         if not _finite_positive(bound):
             raise ConfigError(f"fixed point: bound must be a finite positive number, got {bound!r}")
+        sites = int(sites)
         fits = lambda f: sites * int(np.rint(np.ldexp(float(bound), f))) < _LIMIT  # noqa: E731
         f = int(math.floor(math.log2(_LIMIT / (sites * float(bound)))))
         f = min(max(f, 0), MAX_FRAC_BITS)

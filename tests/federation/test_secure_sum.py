@@ -120,6 +120,12 @@ def test_for_sites_picks_the_most_precise_exact_encoding():
         assert m * enc.max_encoded < 2**63
         with pytest.raises(ConfigError):
             FixedPoint(enc.frac_bits + 1, bound).check_sites(m)
+    assert FixedPoint.for_sites(1e3, np.int64(5)) == FixedPoint.for_sites(1e3, 5)
+    for sites in (0, 2.0, True):
+        with pytest.raises(ConfigError, match="number of sites must be a positive integer"):
+            FixedPoint.for_sites(1.0, sites)
+    with pytest.raises(ConfigError, match="bound must be a finite positive"):
+        FixedPoint.for_sites(-1.0, 3)
 
 
 @pytest.mark.parametrize(
