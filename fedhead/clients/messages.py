@@ -33,10 +33,11 @@ def site_data_error(exc: Exception, where: str) -> ClientError:
     text in the traceback flwr may send.
     """
     if isinstance(exc, TableError):
-        public, detail = str(exc), exc.detail
+        public, local = str(exc), exc.local_text()
     else:
-        public, detail = f"its data could not be read ({type(exc).__name__}; see the node's log)", str(exc)
-    log.warning("%s: %s%s", where, public, f" ({detail})" if detail else "")
+        public = f"its data could not be read ({type(exc).__name__}; see the node's log)"
+        local = f"{public} [{exc}]"
+    log.warning("%s: %s", where, local)
     return ClientError(f"{where}: {public}")
 
 

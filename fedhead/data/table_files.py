@@ -130,9 +130,9 @@ def read_file(path: str | os.PathLike, *, targets: bool = True) -> SiteTable:
                 import pyarrow.parquet as pq
 
                 table = pq.read_table(fh)
-    except Exception as exc:
-        text = " ".join(str(exc).split())  # the reader's words may quote a line of the file: detail only
-        raise TableError(f"{name}: cannot read it as {suffix[1:].upper()} ({type(exc).__name__})", detail=text) from None
+    except Exception as exc:  # noqa: BLE001 - the reader's words may quote a line of the file: detail only
+        kind = f"{suffix[1:].upper()} ({type(exc).__name__})"
+        raise TableError(f"{name}: cannot read it as {kind}", detail=" ".join(str(exc).split())) from None
     if table.num_rows == 0:
         raise TableError(f"{name}: the file has a header but no rows")
     import pyarrow.types as pat
@@ -157,7 +157,7 @@ def _read_npz(p: Path, *, targets: bool = True) -> SiteTable:
     try:
         with np.load(p, allow_pickle=False) as z:
             arrays = {k: z[k] for k in z.files}
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - its words stay on the node: detail only
         raise TableError(f"{name}: cannot read it as .npz ({type(exc).__name__})", detail=str(exc)) from None
     missing = [k for k in (("x", "y") if targets else ("x",)) if k not in arrays]
     if missing:

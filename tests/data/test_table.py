@@ -201,7 +201,10 @@ def _bad(tmp_path: Path, case: str):
     if case == "npz lengths":
         np.savez(tmp_path / "a.npz", x=np.zeros((5, 2)), y=np.zeros(5))
         np.savez(tmp_path / "b.npz", x=np.zeros((5, 2)), y=np.zeros(4))
-        return {"files": [tmp_path / "a.npz", tmp_path / "b.npz"], "targets": None}, "b.npz: x and y have different numbers of rows [x 5, y 4]"
+        return {
+            "files": [tmp_path / "a.npz", tmp_path / "b.npz"],
+            "targets": None,
+        }, "b.npz: x and y have different numbers of rows [x 5, y 4]"
     if case == "npz sample shapes":
         np.savez(tmp_path / "a.npz", x=np.zeros((5, 2)), y=np.zeros(5))
         np.savez(tmp_path / "b.npz", x=np.zeros((5, 3)), y=np.zeros(5))
