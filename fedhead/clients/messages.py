@@ -13,6 +13,7 @@ import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord, Message, RecordDict
 
+from fedhead.data.base import DataError
 from fedhead.data.table_files import TableError
 from fedhead.federation import protocol
 
@@ -27,13 +28,15 @@ def site_data_error(exc: Exception, where: str) -> ClientError:
     """The error a site sends for a problem with its own data (``exc``), and its local log entry.
 
     The reply carries the text of a [`TableError`][fedhead.data.table_files.TableError] (the file,
-    the column, the kind of problem), and of any other exception only its type: neither ever
-    quotes a row. The detail (the offending value and row, the counts; another exception's text)
-    goes to this node's own log only. Raise it ``from None``: a chained cause would show ``exc``'s
-    text in the traceback flwr may send.
+    the column, the kind of problem; any [`DataError`][fedhead.data.DataError] of the data layer
+    alike), and of any other exception only its type: neither ever quotes a row. The detail (the
+    offending value and row, the counts; another exception's text) goes to this node's own log
+    only. Raise it ``from None``: a chained cause would show ``exc``'s text in the traceback flwr
+    may send.
     """
-    if isinstance(exc, TableError):
-        public, local = str(exc), exc.local_text()
+    if isinstance(exc, DataError):  # its text names the file, the column, the kind: never a value
+        public = str(exc)
+        local = exc.local_text() if isinstance(exc, TableError) else public
     else:
         public = f"its data could not be read ({type(exc).__name__}; see the node's log)"
         local = f"{public} [{exc}]"

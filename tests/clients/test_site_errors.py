@@ -132,3 +132,12 @@ def test_an_unexpected_failure_reading_a_site_sends_only_its_kind(caplog):
         err = site_data_error(OSError(secret), "node 3")
     assert isinstance(err, ClientError) and secret not in str(err) and "OSError" in str(err), str(err)
     assert secret in caplog.text  # the node's own log
+
+
+def test_another_data_error_sends_its_text_which_names_no_value(caplog):
+    from fedhead.data.base import DataError
+
+    text = "site.npz: dataset.image_size=64 exceeds the native (32, 32) images"
+    with caplog.at_level(logging.WARNING, logger="fedhead.clients.messages"):
+        assert str(site_data_error(DataError(text), "node 3")) == f"node 3: {text}"
+    assert text in caplog.text
