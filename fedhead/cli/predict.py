@@ -95,8 +95,8 @@ def model_inputs(meta: dict, path: str | Path) -> np.ndarray:
             x = np.stack([numeric(table, f, "features") for f in features], axis=1)
             _check_columns(x, meta, path)
             return x
-    except TableError as exc:
-        raise PredictInputError(str(exc)) from None
+    except TableError as exc:  # the user's own file: its detail (the offending value) too
+        raise PredictInputError(exc.local_text()) from None
     x = table.x
     if tuple(x.shape[1:]) != shape:
         what = "images" if inputs["kind"] == "image" else "inputs"

@@ -1,21 +1,47 @@
 """Reading and writing the records of the messages a client serves (no state, no cache): the
 round a message names, the pooled ``Sigma_cen`` it carries, and the shared backbone state of
-full-model averaging. [`ClientError`][fedhead.clients.messages.ClientError] is a client's error.
+full-model averaging. [`ClientError`][fedhead.clients.messages.ClientError] is a client's error;
+[`site_data_error`][fedhead.clients.messages.site_data_error] the one of a problem with its data.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord, Message, RecordDict
 
+from fedhead.data.base import DataError
+from fedhead.data.table_files import TableError
 from fedhead.federation import protocol
+
+log = logging.getLogger(__name__)
 
 
 class ClientError(RuntimeError):
     """A client could not serve a message; the text names the partition and the cause."""
+
+
+def site_data_error(exc: Exception, where: str) -> ClientError:
+    """The error a site sends for a problem with its own data (``exc``), and its local log entry.
+
+    The reply carries the text of a [`TableError`][fedhead.data.table_files.TableError] (the file,
+    the column, the kind of problem; any [`DataError`][fedhead.data.DataError] of the data layer
+    alike), and of any other exception only its type: neither ever quotes a row. The detail (the
+    offending value and row, the counts; another exception's text) goes to this node's own log
+    only. Raise it ``from None``: a chained cause would show ``exc``'s text in the traceback flwr
+    may send.
+    """
+    if isinstance(exc, DataError):  # its text names the file, the column, the kind: never a value
+        public = str(exc)
+        local = exc.local_text() if isinstance(exc, TableError) else public
+    else:
+        public = f"its data could not be read ({type(exc).__name__}; see the node's log)"
+        local = f"{public} [{exc}]"
+    log.warning("%s: %s", where, local)
+    return ClientError(f"{where}: {public}")
 
 
 @dataclass(frozen=True)

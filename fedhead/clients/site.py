@@ -12,13 +12,15 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricR
 
 from fedhead.analysis.standardization import Standardization
 from fedhead.clients.cache import CLIENT_CACHE
-from fedhead.clients.messages import ClientError
+from fedhead.clients.messages import ClientError, site_data_error
 from fedhead.clients.state import DATA_PATH_KEY, PARTITION_ID_KEY, client_data, partition_of
 from fedhead.data import site as data_site
 from fedhead.data.base import ClientData, FederatedData
 from fedhead.data.table_config import TableConfig
+from fedhead.data.table_files import TableError
 from fedhead.federation import protocol
 from fedhead.settings.job import JobConfig
+from fedhead.settings.privacy import NODE_MIN_ROWS_KEY
 
 
 def site_local(job: JobConfig) -> bool:
@@ -53,16 +55,30 @@ def _file_of(job: JobConfig, context: Context) -> str:
     return files[pid]
 
 
+def row_minimum(job: JobConfig, context: Context) -> data_site.RowMinimum:
+    """The fewest training rows this site takes part with: ``privacy.min_rows``, raised by the
+    node's own ``min-rows`` ([`PrivacyPolicy.at_site`][fedhead.settings.privacy.PrivacyPolicy.at_site])."""
+    try:
+        rows, setting = job.privacy.at_site(context.node_config.get(NODE_MIN_ROWS_KEY))
+    except ValueError as exc:
+        raise ClientError(f"node {context.node_id}: {exc}") from None
+    return data_site.RowMinimum(rows, setting)
+
+
 def own_site(job: JobConfig, context: Context) -> data_site.Site:
-    """The node's site, read once per process (only its own file is opened)."""
+    """The node's site, read once per process (only its own file is opened). A site below its
+    [`row_minimum`][fedhead.clients.site.row_minimum] refuses here, before any statistic of its
+    rows is computed; every problem with its file leaves the node as
+    [`site_data_error`][fedhead.clients.messages.site_data_error] (no value, no row, no count)."""
     path = _file_of(job, context)
-    key = (repr(job.dataset), path)
+    minimum = row_minimum(job, context)
+    key = (repr(job.dataset), path, minimum)
 
     def read() -> data_site.Site:
         try:
-            return data_site.read_site(site_table_config(job), path)
-        except ValueError as exc:  # TableError: one line naming the file
-            raise ClientError(f"node {context.node_id}: {exc}") from None
+            return data_site.read_site(site_table_config(job), path, minimum)
+        except Exception as exc:  # noqa: BLE001 - whatever the file holds, only its kind leaves the node
+            raise site_data_error(exc, f"node {context.node_id}") from None
 
     return CLIENT_CACHE.remember(CLIENT_CACHE.sites, key, read)
 
@@ -88,16 +104,26 @@ def standardization_of(msg: Message, job: JobConfig, where: str) -> Standardizat
 
 def local_data(job: JobConfig, context: Context, msg: Message, pid: int) -> tuple[FederatedData, ClientData]:
     """The client's data: its own file standardised with the message's statistics (site-local
-    tables), else partition ``pid`` of the loaded data set."""
+    tables), else partition ``pid`` of the loaded data set. Every handler starts here: a site
+    below its [`row_minimum`][fedhead.clients.site.row_minimum] refuses before anything of its
+    rows is computed."""
     if not site_local(job):
-        return client_data(job, pid)
+        data, cd = client_data(job, pid)
+        try:
+            data_site.refuse_few_rows(f"partition {pid}", cd.n_train, row_minimum(job, context))
+        except TableError as exc:
+            raise site_data_error(exc, f"node {context.node_id}") from None
+        return data, cd
     site = own_site(job, context)
     st = standardization_of(msg, job, f"node {context.node_id}")
     key = (repr(job.dataset), site.key, pid, *(a.tobytes() for a in (st.target_offset, st.target_scale)))
     key += (st.input_offset.tobytes(), st.input_scale.tobytes())
 
     def standardize() -> tuple[FederatedData, ClientData]:
-        cd = data_site.client_data(site, st)
+        try:
+            cd = data_site.client_data(site, st)
+        except TableError as exc:  # a column that overflows once standardised: named, no value
+            raise site_data_error(exc, f"node {context.node_id}") from None
         data = FederatedData(
             name=job.dataset.name,
             clients=[cd],

@@ -91,10 +91,47 @@ def split_index(key: str) -> int:
     return int(key[:8], 16)
 
 
-def read_site(cfg: TableConfig, path) -> Site:
+@dataclass(frozen=True)
+class RowMinimum:
+    """The fewest training rows a site takes part with (``rows``) and the setting that asks for
+    it (``setting``, as users type it; the clients build it from
+    [`fedhead.settings.privacy.PrivacyPolicy`][fedhead.settings.privacy.PrivacyPolicy])."""
+
+    rows: int
+    setting: str = "privacy.min_rows"
+
+
+class TooFewRows(TableError):
+    """A site below its [`RowMinimum`][fedhead.data.site.RowMinimum] refuses: the text names the
+    minimum, never the site's count (that is the ``detail``, for the node's own log)."""
+
+
+def refuse_few_rows(label: str, n_train: int, minimum: RowMinimum | None) -> None:
+    """Raise [`TooFewRows`][fedhead.data.site.TooFewRows] when a site (``label``) has fewer than
+    ``minimum.rows`` training rows (None: no minimum)."""
+    if minimum is not None and n_train < minimum.rows:
+        raise TooFewRows(
+            f"{label}: fewer training rows than the site's minimum ({minimum.setting}={minimum.rows})",
+            detail=f"{n_train} training row(s)",
+        )
+
+
+def too_few_for_covariance(label: str, n_train: int, n_targets: int) -> TableError:
+    """The error of a client with fewer than ``C + 1`` training rows (its count: the detail)."""
+    need = n_targets + 1
+    return TableError(
+        f"{label}: fewer training rows than a client needs, C + 1 = {need} "
+        f"({n_targets} target(s): its target covariance must be full rank)",
+        detail=f"{n_train} training row(s)",
+    )
+
+
+def read_site(cfg: TableConfig, path, minimum: RowMinimum | None = None) -> Site:
     """One client's file alone: the run's columns, rows with NaN/Inf refused or dropped
     (``dataset.missing``), the test split (``test_column``, or ``test_fraction`` drawn from
-    ``(seed, split_index)`` as the pooled loader does), at least ``C + 1`` training rows."""
+    ``(seed, split_index)`` as the pooled loader does), at least ``minimum.rows``
+    ([`refuse_few_rows`][fedhead.data.site.refuse_few_rows], checked before any statistic of the
+    rows is computed) and at least ``C + 1`` training rows."""
     table = read_file(path)
     key = file_key(path)
     index = split_index(key)
@@ -107,12 +144,10 @@ def read_site(cfg: TableConfig, path) -> Site:
     is_image = x.ndim == 4
     if not is_image:
         x = x.reshape(x.shape[0], -1).astype(np.float64)
-    need = len(targets) + 1
-    if int((~test).sum()) < need:
-        raise TableError(
-            f"{label}: {int((~test).sum())} training row(s), but a client needs at least C + 1 = {need} "
-            f"({len(targets)} target(s): its target covariance must be full rank)"
-        )
+    n_train = int((~test).sum())
+    refuse_few_rows(label, n_train, minimum)
+    if n_train < len(targets) + 1:
+        raise too_few_for_covariance(label, n_train, len(targets))
     has_test = cfg.test_column is not None or cfg.test_fraction > 0
     if has_test and not test.any():
         raise TableError(f"{label}: no test rows (dataset.test_column / dataset.test_fraction)")
@@ -266,10 +301,11 @@ def finite_rows(cfg: TableConfig, label: str, x: np.ndarray, y: np.ndarray, name
         return np.ones(y.shape[0], dtype=bool)
     if cfg.missing == "refuse":
         per_col = bad.sum(axis=0)
-        where = ", ".join(f"{names[i] if i < len(names) else 'x'}: {int(c)}" for i, c in enumerate(per_col) if c)
+        named = [(names[i] if i < len(names) else "x", int(c)) for i, c in enumerate(per_col) if c]
+        columns = list(dict.fromkeys(n for n, _ in named))
         raise TableError(
-            f"{label}: {int(rows.sum())} row(s) have NaN or Inf in a used column ({where}); "
-            "clean the file or set dataset.missing=drop"
+            f"{label}: rows have NaN or Inf in used column(s) {columns}; clean the file or set dataset.missing=drop",
+            detail=f"{int(rows.sum())} row(s): " + ", ".join(f"{n}: {c}" for n, c in named),
         )
     log.info("%s: dropped %d row(s) with NaN or Inf in a used column (dataset.missing=drop)", label, int(rows.sum()))
     return ~rows

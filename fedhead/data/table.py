@@ -48,6 +48,7 @@ from fedhead.data.site import (
     standardize_per_site,
     standardize_pooled,
     test_rows,
+    too_few_for_covariance,
 )
 from fedhead.data.table_config import TableConfig
 from fedhead.data.table_files import (
@@ -139,10 +140,7 @@ def _assemble(cfg: TableConfig, parts: list[SitePart], targets, features, *, is_
     else:
         for p, n in zip(parts, counts):
             if n < need:
-                raise TableError(
-                    f"{p.label}: {int(n)} training row(s), but a client needs at least C + 1 = {need} "
-                    f"({c} target(s): its target covariance must be full rank)"
-                )
+                raise too_few_for_covariance(p.label, int(n), c)
             if has_test and not p.test.any():
                 raise TableError(f"{p.label}: no test rows (dataset.test_column / dataset.test_fraction)")
     x_test = y_test = groups_test = None

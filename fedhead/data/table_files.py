@@ -24,7 +24,23 @@ _FALSE = ("false", "no", "0", "f", "n", "")
 
 
 class TableError(DataError, ConfigError):
-    """A problem with the user's files or their options (exit status 2: nothing has started)."""
+    """A problem with the user's files or their options (exit status 2: nothing has started).
+
+    Its text (``str()``) is what may leave a site: the file's name, the column and the kind of
+    problem, never a cell value, a row number or a count of rows. ``detail`` holds those (the
+    offending value and its row, the counts): the node's own log shows it
+    ([`fedhead.clients.messages.site_data_error`][fedhead.clients.messages.site_data_error]), and
+    so does the local console of ``fedhead-run`` and ``fedhead-data``
+    ([`fedhead.driver.errors.report`][fedhead.driver.errors.report]); results.json does not.
+    """
+
+    def __init__(self, message: str, detail: str = ""):
+        super().__init__(message)
+        self.detail = detail
+
+    def local_text(self) -> str:
+        """The text and its ``detail``, for the console of the user whose files these are."""
+        return f"{self} [{self.detail}]" if self.detail else str(self)
 
 
 @dataclass
@@ -91,7 +107,7 @@ def read_file(path: str | os.PathLike, *, targets: bool = True) -> SiteTable:
     p = Path(path)
     name = file_label(p)
     if not p.is_file():
-        raise TableError(f"{name}: no such file ({p})")
+        raise TableError(f"{name}: no such file", detail=str(p))
     if p.stat().st_size == 0:
         raise TableError(f"{name}: the file is empty")
     suffix = p.suffix.lower()
@@ -114,9 +130,9 @@ def read_file(path: str | os.PathLike, *, targets: bool = True) -> SiteTable:
                 import pyarrow.parquet as pq
 
                 table = pq.read_table(fh)
-    except Exception as exc:
-        text = " ".join(str(exc).split())
-        raise TableError(f"{name}: cannot read it as {suffix[1:].upper()} ({type(exc).__name__}: {text})") from exc
+    except Exception as exc:  # noqa: BLE001 - the reader's words may quote a line of the file: detail only
+        kind = f"{suffix[1:].upper()} ({type(exc).__name__})"
+        raise TableError(f"{name}: cannot read it as {kind}", detail=" ".join(str(exc).split())) from None
     if table.num_rows == 0:
         raise TableError(f"{name}: the file has a header but no rows")
     import pyarrow.types as pat
@@ -141,8 +157,8 @@ def _read_npz(p: Path, *, targets: bool = True) -> SiteTable:
     try:
         with np.load(p, allow_pickle=False) as z:
             arrays = {k: z[k] for k in z.files}
-    except Exception as exc:
-        raise TableError(f"{name}: cannot read it as .npz ({type(exc).__name__}: {exc})") from exc
+    except Exception as exc:  # noqa: BLE001 - its words stay on the node: detail only
+        raise TableError(f"{name}: cannot read it as .npz ({type(exc).__name__})", detail=str(exc)) from None
     missing = [k for k in (("x", "y") if targets else ("x",)) if k not in arrays]
     if missing:
         need = "x (N, F) or (N, C, H, W) and y (N, C)" if targets else "x (N, F) or (N, C, H, W)"
@@ -153,10 +169,12 @@ def _read_npz(p: Path, *, targets: bool = True) -> SiteTable:
         y = y[:, None]
     if x.ndim not in (2, 4) or y.ndim != 2:
         raise TableError(
-            f"{name}: x must be (N, F) or images (N, C, H, W) and y (N,) or (N, C); got x {x.shape}, y {y.shape}"
+            f"{name}: x must be (N, F) or images (N, C, H, W) and y (N,) or (N, C); "
+            f"got x of {x.ndim} dimension(s), y of {y.ndim}",
+            detail=f"x {x.shape}, y {y.shape}",
         )
     if x.shape[0] != y.shape[0]:
-        raise TableError(f"{name}: x has {x.shape[0]} rows but y has {y.shape[0]}")
+        raise TableError(f"{name}: x and y have different numbers of rows", detail=f"x {x.shape[0]}, y {y.shape[0]}")
     if y.shape[0] == 0:
         raise TableError(f"{name}: x and y have no rows")
     if not (np.issubdtype(y.dtype, np.number) or y.dtype == bool) or not (
@@ -203,17 +221,29 @@ def truthy(site: SiteTable, col: str) -> np.ndarray:
         t = "" if s is None else str(s).strip().lower()
         if t not in _TRUE + _FALSE:
             raise TableError(
-                f"{file_label(site.path)}: the test column {col!r} has {s!r} in row {i + 1}; expected true/false or 1/0"
+                f"{file_label(site.path)}: the test column {col!r} has a value that is not true/false or 1/0",
+                detail=f"{s!r} in data row {i + 1}",
             )
         out[i] = t in _TRUE
     return out
 
 
+def _is_number(text: object) -> bool:
+    try:
+        float(str(text))
+    except ValueError:
+        return False
+    return True
+
+
 def numeric(site: SiteTable, col: str, key: str) -> np.ndarray:
     v = _column(site, col, key)
     if col not in site.numeric:
-        example = next((s for s in v if s is not None), None)
-        raise TableError(f"{file_label(site.path)}: column {col!r} (dataset.{key}) is not numeric (e.g. {example!r})")
+        row = next((i for i, s in enumerate(v) if s is not None and not _is_number(s)), None)
+        raise TableError(
+            f"{file_label(site.path)}: column {col!r} (dataset.{key}) is not numeric",
+            detail="" if row is None else f"e.g. {v[row]!r} in data row {row + 1}",
+        )
     return v
 
 

@@ -85,10 +85,15 @@ def is_flwr_wrapper(exc: BaseException) -> bool:
     return str(exc) in FLWR_WRAPPERS
 
 
-def one_line(exc: BaseException, limit: int = 800) -> str:
-    """``Type: message`` of the exception that says what went wrong, on one line."""
+def one_line(exc: BaseException, limit: int = 800, *, local: bool = False) -> str:
+    """``Type: message`` of the exception that says what went wrong, on one line.
+
+    ``local=True`` (the console of this process's user, never results.json): an exception with a
+    ``local_text()`` (a [`fedhead.data.table_files.TableError`][fedhead.data.table_files.TableError]
+    of the user's own files) adds its detail, e.g. the offending value and its row."""
     target = root_cause(exc) if is_flwr_wrapper(exc) else exc
-    text = " ".join(str(target).split()) or type(target).__name__
+    local_text = getattr(target, "local_text", None) if local else None
+    text = " ".join(str(local_text() if callable(local_text) else target).split()) or type(target).__name__
     if _is_hydra_error(target):  # "Could not override 'x'." + its OmegaConf cause, first lines only
         text = " ".join(" ".join(str(e).split("\n")[0].split()) for e in (target, target.__cause__) if e is not None)
     if isinstance(target, KeyboardInterrupt):
@@ -142,10 +147,11 @@ def remove_unused_dir(path: str | Path | None) -> bool:
 
 
 def report(prog: str, exc: BaseException, *, unused_dir: str | Path | None = None) -> int:
-    """Print ``prog: error: ...`` to stderr, undo ``unused_dir`` when the run never started
+    """Print ``prog: error: ...`` to stderr (with the detail of an error of the user's own files:
+    [`one_line`][fedhead.driver.errors.one_line] ``local=True``), undo ``unused_dir`` when the run never started
     ([`remove_unused_dir`][fedhead.driver.errors.remove_unused_dir]), return the code."""
     remove_unused_dir(unused_dir)
-    print(f"{prog}: error: {one_line(exc)}", file=sys.stderr, flush=True)
+    print(f"{prog}: error: {one_line(exc, local=True)}", file=sys.stderr, flush=True)
     return exit_code(exc)
 
 

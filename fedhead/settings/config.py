@@ -33,6 +33,7 @@ from fedhead.settings.job import (
     RunSettings,
 )
 from fedhead.settings.limits import FailurePolicy, Timeouts
+from fedhead.settings.privacy import PrivacyPolicy
 from fedhead.settings.trust import TrustPolicy
 
 if TYPE_CHECKING:  # flwr: not imported at fedhead-run's start-up
@@ -267,6 +268,7 @@ def load_config(cfg: DictConfig) -> FedheadConfig:
         timeouts=build_section(cfg.get("timeouts") or {}, "timeouts", Timeouts, Timeouts),
         failure=failure,
         trust=trust,
+        privacy=build_section(cfg.get("privacy") or {}, "privacy", PrivacyPolicy, PrivacyPolicy),
         resume=None if cfg.get("resume") in (None, "") else str(cfg.get("resume")),
     )
 

@@ -20,6 +20,7 @@ from fedhead.analysis.procedure import ConfigError, ProcedureConfig, penalty_pro
 from fedhead.analysis.seeds import INIT_MODES
 from fedhead.results.io import to_jsonable
 from fedhead.settings.limits import FailurePolicy, Timeouts
+from fedhead.settings.privacy import PrivacyPolicy
 from fedhead.settings.trust import TrustPolicy
 
 if TYPE_CHECKING:  # torch-importing layers: annotations only (see the module docstring)
@@ -209,6 +210,8 @@ class JobConfig:
     timeouts: Timeouts = field(default_factory=Timeouts)
     failure: FailurePolicy = field(default_factory=FailurePolicy)
     trust: TrustPolicy = field(default_factory=TrustPolicy)
+    #: what each site keeps to itself (its own ClientApp applies it)
+    privacy: PrivacyPolicy = field(default_factory=PrivacyPolicy)
     #: [`config_hash`][fedhead.settings.job.config_hash] of ``resolved`` (checkpoints, the simulation's state key)
     config_hash: str = ""
     #: continue from ``output_dir/checkpoint.npz`` (``resume=<run folder>``)
@@ -249,6 +252,7 @@ class FedheadConfig:
     timeouts: Timeouts = field(default_factory=Timeouts)
     failure: FailurePolicy = field(default_factory=FailurePolicy)
     trust: TrustPolicy = field(default_factory=TrustPolicy)
+    privacy: PrivacyPolicy = field(default_factory=PrivacyPolicy)
     resume: str | None = None  # a run folder to continue (``resume=``)
 
     def __post_init__(self) -> None:
@@ -287,6 +291,7 @@ class FedheadConfig:
                     timeouts=self.timeouts,
                     failure=self.failure,
                     trust=self.trust,
+                    privacy=self.privacy,
                     config_hash=hash_,
                     resume=bool(self.resume),
                 )

@@ -143,7 +143,7 @@ def _bad_inputs(tmp_path: Path, folder: Path) -> dict[str, tuple[list[str], str]
         ),
         "non-numeric": (
             [str(folder), str(_csv(tmp_path / "text.csv", text))],
-            "text.csv: column 'f2' (dataset.features) is not numeric (e.g. '1.0')",
+            "text.csv: column 'f2' (dataset.features) is not numeric [e.g. 'high' in data row 3]",
         ),
         "missing values": (
             [str(folder), str(_csv(tmp_path / "nan.csv", nan))],

@@ -155,7 +155,10 @@ def _bad(tmp_path: Path, case: str):
         cols["t2"][[3, 8]] = np.nan
         cols["f1"][5] = np.inf
         f = write_csv(tmp_path / "holes.csv", cols)
-        return {"files": [good[0], f]}, "holes.csv: 3 row(s) have NaN or Inf in a used column (t2: 2, f1: 1)"
+        return {"files": [good[0], f]}, (
+            "holes.csv: rows have NaN or Inf in used column(s) ['t2', 'f1']; clean the file or set "
+            "dataset.missing=drop [3 row(s): t2: 2, f1: 1]"
+        )
     if case == "columns differ":
         cols = _rows(30, 9)
         cols.pop("f3")
@@ -198,7 +201,10 @@ def _bad(tmp_path: Path, case: str):
     if case == "npz lengths":
         np.savez(tmp_path / "a.npz", x=np.zeros((5, 2)), y=np.zeros(5))
         np.savez(tmp_path / "b.npz", x=np.zeros((5, 2)), y=np.zeros(4))
-        return {"files": [tmp_path / "a.npz", tmp_path / "b.npz"], "targets": None}, "b.npz: x has 5 rows but y has 4"
+        return {
+            "files": [tmp_path / "a.npz", tmp_path / "b.npz"],
+            "targets": None,
+        }, "b.npz: x and y have different numbers of rows [x 5, y 4]"
     if case == "npz sample shapes":
         np.savez(tmp_path / "a.npz", x=np.zeros((5, 2)), y=np.zeros(5))
         np.savez(tmp_path / "b.npz", x=np.zeros((5, 3)), y=np.zeros(5))
@@ -208,7 +214,10 @@ def _bad(tmp_path: Path, case: str):
         }, "b.npz has x of sample shape [3] but a.npz has x of sample shape [2]"
     if case == "site too small":
         f = write_csv(tmp_path / "tiny.csv", _rows(2, 5))
-        return {"files": [good[0], f]}, "tiny.csv: 2 training row(s), but a client needs at least C + 1 = 3"
+        return {"files": [good[0], f]}, (
+            "tiny.csv: fewer training rows than a client needs, C + 1 = 3 (2 target(s): its target covariance "
+            "must be full rank) [2 training row(s)]"
+        )
     raise AssertionError(case)
 
 
@@ -242,7 +251,7 @@ def test_bad_input_is_one_line_naming_the_file(tmp_path, case):
     targets = kw.pop("targets", ["t1", "t2"])
     with pytest.raises(TableError) as info:
         load_federated(TableConfig(files=files, targets=targets, **kw), use_cache=False)
-    msg = one_line(info.value)
+    msg = one_line(info.value, local=True)  # the user's own files: the console shows the detail
     assert text in msg and "\n" not in str(info.value), msg
     assert "e+3" not in msg and "e+2" not in msg and "1e" not in msg, msg  # never a cell's value
     assert isinstance(info.value, ConfigError) and exit_code(info.value) == EXIT_USAGE
