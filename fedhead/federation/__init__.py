@@ -1,1 +1,2 @@
-"""The federation layer: the message protocol, aggregation, tracking, checkpoints, the Grid wrapper and the watchdog."""
+"""The federation layer: the message protocol, aggregation, tracking, checkpoints, the Grid wrapper, the watchdog
+and the secure-sum engine."""
