@@ -22,3 +22,19 @@ def test_nested_shared_sessions_keep_the_outer_one():
         assert ray.is_initialized() == running  # the inner context started nothing
         assert ray_session.shared() and raybackend.RayBackend.terminate is patched
     assert ray_session.shared() == outer and raybackend.RayBackend.terminate is original
+
+
+def test_flwr_backend_still_does_what_the_shared_session_replaces():
+    """shared_ray_session swaps flwr's private ``RayBackend.terminate`` for one that only ends the
+    actors: this pins what that method does in the installed flwr, so that an upgrade that
+    renames it, stops shutting Ray down there or drops ``pool.terminate_all_actors`` fails here
+    instead of leaking Ray sessions or stopping Ray under a sweep."""
+    import inspect
+
+    from flwr.server.superlink.fleet.vce.backend import raybackend
+    from flwr.simulation.ray_transport.ray_actor import BasicActorPool
+
+    source = inspect.getsource(raybackend.RayBackend.terminate)
+    assert "ray.shutdown()" in source and "self.pool.terminate_all_actors()" in source, source
+    assert "self.pool" in inspect.getsource(raybackend.RayBackend.__init__)
+    assert callable(getattr(BasicActorPool, "terminate_all_actors", None))
