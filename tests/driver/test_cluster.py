@@ -109,3 +109,44 @@ def test_runs_join_a_two_node_cluster_and_leave_it_running(tmp_path):
         assert cluster.head_node.remaining_processes_alive()  # fedhead did not stop it
     finally:
         cluster.shutdown()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_clients_moving_between_nodes_give_the_single_node_grams(tmp_path):
+    """4 clients on a 2-node cluster (1 CPU each: one client at a time per node, so the queue
+    moves clients between nodes from round to round); each client's private backbone follows it
+    through the shared state folder. The Grams equal a single-node run's to 1e-10."""
+    import json
+
+    import numpy as np
+    from ray.cluster_utils import Cluster
+
+    script = Path(__file__).with_name("cluster_run.py")
+
+    def run(out: Path, address: str | None) -> dict:
+        done = subprocess.run(
+            [sys.executable, str(script), str(out), *([address] if address else [])],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            cwd=tmp_path,
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        return json.loads((out / "proximal" / "results.json").read_text())
+
+    single = run(tmp_path / "single", None)
+    cluster = Cluster(initialize_head=True, connect=False, head_node_args={"num_cpus": 1})
+    cluster.add_node(num_cpus=1)
+    try:
+        spread = run(tmp_path / "cluster", cluster.address)
+    finally:
+        cluster.shutdown()
+    ran_on = {}
+    for f in (tmp_path / "cluster" / "nodes").iterdir():
+        pid, _ = f.name.split("_")
+        ran_on.setdefault(int(pid), set()).add(f.read_text())
+    assert len(set().union(*ran_on.values())) == 2, ran_on  # both nodes trained clients
+    assert any(len(n) > 1 for n in ran_on.values()), ran_on  # some client moved between nodes
+    for a, b in zip(single["rounds"], spread["rounds"], strict=True):
+        np.testing.assert_allclose(b["gram"], a["gram"], rtol=0, atol=1e-10, err_msg=f"round {a['round']}")
