@@ -1,6 +1,7 @@
 """A simulation run for tests/driver/test_cluster.py, in its own process (its own Ray driver):
-``python cluster_run.py OUT [ADDRESS]``. Every training message writes which Ray node ran it
-(``OUT/nodes/<partition>_<round>``); results.json lands under ``OUT/proximal``."""
+``python cluster_run.py OUT CLIENTS [ADDRESS] [--resume]``. Every training message writes which
+Ray node ran it (``OUT/nodes/<partition>_<round>``); results.json lands under ``OUT/proximal``;
+``--resume`` continues the run of ``OUT`` (``resume=OUT``)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import sys
 from pathlib import Path
 
 
-def main(out: Path, address: str | None) -> None:
+def main(out: Path, clients: int, address: str | None, resume: bool) -> None:
     import ray
     from flwr.clientapp import ClientApp
 
@@ -20,7 +21,7 @@ def main(out: Path, address: str | None) -> None:
         "model=free",
         "dataset.n_train=240",
         f"dataset.cache_dir={out / 'cache'}",
-        "num_clients=4",
+        f"num_clients={clients}",
         "procedure=proximal",
         "rounds=3",
         "local_epochs=20",
@@ -30,6 +31,7 @@ def main(out: Path, address: str | None) -> None:
         f"output.dir={out}",
     ]
     overrides += [f"resources.ray_address={address}"] if address else ["resources.ray_num_cpus=2"]
+    overrides += [f"resume={out}"] if resume else []
     jobs = load_config(compose_config(overrides)).jobs(out)
     nodes = out / "nodes"
     nodes.mkdir(parents=True, exist_ok=True)
@@ -54,4 +56,5 @@ def main(out: Path, address: str | None) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]), sys.argv[2] if len(sys.argv) > 2 else None)
+    args = [a for a in sys.argv[1:] if a != "--resume"]
+    main(Path(args[0]), int(args[1]), args[2] if len(args) > 2 else None, "--resume" in sys.argv)

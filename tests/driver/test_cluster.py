@@ -126,7 +126,7 @@ def test_clients_moving_between_nodes_give_the_single_node_grams(tmp_path):
 
     def run(out: Path, address: str | None) -> dict:
         done = subprocess.run(
-            [sys.executable, str(script), str(out), *([address] if address else [])],
+            [sys.executable, str(script), str(out), "4", *([address] if address else [])],
             capture_output=True,
             text=True,
             timeout=600,
@@ -150,3 +150,57 @@ def test_clients_moving_between_nodes_give_the_single_node_grams(tmp_path):
     assert any(len(n) > 1 for n in ran_on.values()), ran_on  # some client moved between nodes
     for a, b in zip(single["rounds"], spread["rounds"], strict=True):
         np.testing.assert_allclose(b["gram"], a["gram"], rtol=0, atol=1e-10, err_msg=f"round {a['round']}")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_16_client_run_killed_on_a_cluster_resumes_with_every_clients_state(tmp_path):
+    """16 clients on a 2-node cluster; the driver is killed (SIGKILL) once round 1 is
+    checkpointed, then ``resume=`` continues on the same cluster: every client finds its private
+    backbone in the shared state folder wherever Ray places it, and the run ends with the Grams
+    of an uninterrupted single-node run (1e-10)."""
+    import json
+    import os
+    import signal
+
+    import numpy as np
+    from ray.cluster_utils import Cluster
+
+    from fedhead.federation.checkpoint import checkpoint_path, read_checkpoint
+
+    script = Path(__file__).with_name("cluster_run.py")
+
+    def command(out: Path, address: str | None, *extra: str) -> list[str]:
+        return [sys.executable, str(script), str(out), "16", *([address] if address else []), *extra]
+
+    single = subprocess.run(command(tmp_path / "single", None), capture_output=True, text=True, timeout=600)
+    assert single.returncode == 0, single.stderr[-3000:]
+    cluster = Cluster(initialize_head=True, connect=False, head_node_args={"num_cpus": 1})
+    cluster.add_node(num_cpus=1)
+    out = tmp_path / "cluster"
+    try:
+        proc = subprocess.Popen(
+            command(out, cluster.address), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
+        )
+        ckpt = checkpoint_path(out / "proximal")
+        deadline = time.monotonic() + 400
+        while not (ckpt.is_file() and read_checkpoint(ckpt).round >= 1):
+            assert proc.poll() is None and time.monotonic() < deadline, "the run ended before round 1 was checkpointed"
+            time.sleep(0.2)
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=60)
+        killed_at = read_checkpoint(ckpt).round
+        assert killed_at < 3
+        resumed = subprocess.run(command(out, cluster.address, "--resume"), capture_output=True, text=True, timeout=600)
+        assert resumed.returncode == 0, resumed.stderr[-3000:]
+    finally:
+        cluster.shutdown()
+    a = json.loads((tmp_path / "single" / "proximal" / "results.json").read_text())
+    b = json.loads((out / "proximal" / "results.json").read_text())
+    assert b["status"] == "completed" and b["resumed_after_round"] == killed_at
+    moved = {}
+    for f in (out / "nodes").iterdir():
+        moved.setdefault(f.name.split("_")[0], set()).add(f.read_text())
+    assert any(len(n) > 1 for n in moved.values()), moved
+    for ra, rb in zip(a["rounds"], b["rounds"], strict=True):
+        np.testing.assert_allclose(rb["gram"], ra["gram"], rtol=0, atol=1e-10, err_msg=f"round {ra['round']}")
