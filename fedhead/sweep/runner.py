@@ -19,6 +19,7 @@ from typing import Any
 from fedhead.analysis.procedure import ConfigError
 from fedhead.data.base import MissingDataError
 from fedhead.driver.checks import check_data_once, data_key, uses_cuda
+from fedhead.driver.cluster import cluster_address, describe_cluster
 from fedhead.driver.errors import one_line
 from fedhead.driver.logs import simulation_logging
 from fedhead.driver.ray_session import shared_ray_session
@@ -224,8 +225,13 @@ class _Packer:
     def run(self, ran: list[str]) -> None:
         first = self.jobs[self.todo[0].id]
         init_args = first.resources.backend_config(first.settings.num_clients, uses_cuda(first))["init_args"]
+        address = cluster_address(first.resources.ray_address)
+        if address:  # RAY_ADDRESS: the sweep joins that cluster (driver/cluster.py)
+            init_args["address"] = address
         simulation_logging(init_args)  # Ray's worker output off the console (before Ray starts)
         with shared_ray_session(init_args):
+            if address:  # joined: one line with what the cluster has, before the first run
+                log.info("%s", describe_cluster().line(address))
             for group in self.groups(self.todo):
                 self.run_group(group, ran)
         self.bar.close()

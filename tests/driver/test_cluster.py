@@ -204,3 +204,38 @@ def test_a_16_client_run_killed_on_a_cluster_resumes_with_every_clients_state(tm
     assert any(len(n) > 1 for n in moved.values()), moved
     for ra, rb in zip(a["rounds"], b["rounds"], strict=True):
         np.testing.assert_allclose(rb["gram"], ra["gram"], rtol=0, atol=1e-10, err_msg=f"round {ra['round']}")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_sweep_joins_the_cluster_named_by_ray_address(tmp_path):
+    """``fedhead-sweep`` (the smoke preset on Hopper, one round of the free model) joins the
+    cluster that Ray's own ``RAY_ADDRESS`` names, says so, completes, and leaves it running."""
+    import json
+    import os
+
+    from ray.cluster_utils import Cluster
+
+    command = [
+        str(Path(sys.executable).with_name("fedhead-sweep")),
+        "sweep=main",
+        "scale=smoke",
+        "settings=[hopper]",
+        "seeds=[0]",
+        f"out={tmp_path / 'sweep'}",
+        f"run_overrides=['dataset.cache_dir={tmp_path / 'cache'}','model=free','model.feature_dim=8',"
+        "'local_epochs=30','rounds=1']",
+        f"hydra.run.dir={tmp_path / 'hydra'}",
+    ]
+    cluster = Cluster(initialize_head=True, connect=False, head_node_args={"num_cpus": 1})
+    cluster.add_node(num_cpus=1)
+    try:
+        env = {**os.environ, "RAY_ADDRESS": cluster.address}
+        done = subprocess.run(command, capture_output=True, text=True, timeout=800, env=env, cwd=tmp_path)
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert f"Ray cluster at {cluster.address}: 2 node(s), 2 CPUs" in done.stdout + done.stderr, done.stdout
+        runs = json.loads((tmp_path / "sweep" / "manifest.json").read_text())["runs"]
+        assert runs and all(r["status"] == "completed" for r in runs), runs
+        assert cluster.head_node.remaining_processes_alive()
+    finally:
+        cluster.shutdown()
