@@ -29,12 +29,17 @@ def test_flwr_backend_still_does_what_the_shared_session_replaces():
     actors: this pins what that method does in the installed flwr, so that an upgrade that
     renames it, stops shutting Ray down there or drops ``pool.terminate_all_actors`` fails here
     instead of leaking Ray sessions or stopping Ray under a sweep."""
+    import ast
     import inspect
 
     from flwr.server.superlink.fleet.vce.backend import raybackend
     from flwr.simulation.ray_transport.ray_actor import BasicActorPool
 
-    source = inspect.getsource(raybackend.RayBackend.terminate)
-    assert "ray.shutdown()" in source and "self.pool.terminate_all_actors()" in source, source
-    assert "self.pool" in inspect.getsource(raybackend.RayBackend.__init__)
+    # from the module's file: inside the test session's shared Ray session the class attribute is
+    # the replacement itself
+    module = inspect.getsource(raybackend)
+    (cls,) = [n for n in ast.parse(module).body if isinstance(n, ast.ClassDef) and n.name == "RayBackend"]
+    methods = {n.name: ast.get_source_segment(module, n) or "" for n in cls.body if isinstance(n, ast.FunctionDef)}
+    assert "ray.shutdown()" in methods["terminate"] and "self.pool.terminate_all_actors()" in methods["terminate"]
+    assert "self.pool" in methods["__init__"]
     assert callable(getattr(BasicActorPool, "terminate_all_actors", None))
