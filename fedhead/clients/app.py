@@ -26,6 +26,7 @@ from fedhead.clients.state import (
     limit_threads,
     load_backbone,
     partition_of,
+    record_ray_node,
     save_backbone,
     train_inputs,
 )
@@ -133,6 +134,7 @@ def handle_train(job: JobConfig, msg: Message, context: Context) -> Message:
     )
     if backbone is not None:
         save_backbone(job, context, pid, rnd, backbone)
+    record_ray_node(job)
     return Message(content, reply_to=msg)
 
 

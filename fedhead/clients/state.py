@@ -103,6 +103,33 @@ def limit_threads(job: JobConfig) -> None:
         torch.set_num_threads(n)
 
 
+#: Under a job's state folder: one empty file per Ray node that trained a client of the run
+#: (a simulation's record of where its clients ran; ``provenance.ray_nodes`` of results.json).
+RAY_NODES = "ray_nodes"
+
+
+def record_ray_node(job: JobConfig) -> None:
+    """In a Ray simulation's worker: note this node (``<IP>_<Ray node id prefix>``) under the job's state folder, which
+    every node of a cluster shares ([`fedhead.driver.cluster`][fedhead.driver.cluster]); nothing
+    outside Ray (a deployed ClientApp)."""
+    import sys
+
+    ray = sys.modules.get("ray")
+    if ray is None or not ray.is_initialized():
+        return
+    folder = job.state_dir / RAY_NODES
+    folder.mkdir(parents=True, exist_ok=True)
+    node = ray.get_runtime_context().get_node_id()
+    (folder / f"{ray.util.get_node_ip_address()}_{node[:12]}").touch()  # raylets on one host share the IP
+
+
+def ray_nodes(job: JobConfig) -> list[str]:
+    """The nodes that trained a client of the job's simulation
+    ([`record_ray_node`][fedhead.clients.state.record_ray_node]; empty when none was noted)."""
+    folder = job.state_dir / RAY_NODES
+    return sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
+
+
 def simulation_state_dir(job: JobConfig, run_id: int) -> Path:
     """``<output>/<procedure>/client_state/run_<key>`` of a simulation (single machine): the key
     is [`fedhead.federation.checkpoint.state_key`][fedhead.federation.checkpoint.state_key] of the config

@@ -19,6 +19,7 @@ import numpy as np
 
 from fedhead.analysis.seeds import backbone_seed
 from fedhead.analysis.standardization import Standardization
+from fedhead.clients.state import ray_nodes
 from fedhead.data.pipeline import memo_get, standardize_targets
 from fedhead.data.registry import coerce_config
 from fedhead.data.units import axis_unit
@@ -174,6 +175,9 @@ class RunRecorder:
         self.results.status = status
         if error:
             self.results.error = error
+        nodes = ray_nodes(self.job)
+        if nodes:  # a simulation: the Ray nodes its clients trained on (several on a cluster)
+            self.results.provenance["ray_nodes"] = nodes
         self.results.timing = dataclasses.replace(
             self.base_timing,
             **(timing or Timing()).to_dict(),

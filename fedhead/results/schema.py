@@ -101,7 +101,8 @@ class Results:
         metadata=key(
             "`git_revision, python, platform, numpy, argv, seeds`; under `flwr run` also `fab` (`fab_id, "
             "fab_version, fab_hash, run_id`: a deployed ServerApp runs from the installed FAB, where "
-            "`git_revision` is `unknown`) and `run_config`",
+            "`git_revision` is `unknown`) and `run_config`; a simulation adds `ray_nodes` (the Ray nodes its "
+            "clients trained on, `<IP>_<node id prefix>`)",
             "object",
         )
     )

@@ -42,10 +42,11 @@ class Manifest:
                    "dataset": "hopper", "model": "resmlp_small", "procedure": "proximal", "seed": 0,
                    "params": {...}, "overrides": [...], "status": "completed", "config_hash": "...",
                    "wall_seconds": 12.3, "dir": "runs/main/hopper/proximal/s0", "error": null,
-                   "needs": null}, ...]}
+                   "needs": null, "nodes": ["10.0.0.1_4f2a9c1b0e7d", "10.0.0.2_91c0d2e4a6b3"]}, ...]}
 
     ``status``: ``pending`` (not run yet), ``completed``, ``failed`` (``error`` says why; rerun on
-    the next start), ``skipped`` (its data files are missing: ``needs`` names them).
+    the next start), ``skipped`` (its data files are missing: ``needs`` names them). ``nodes``: the
+    Ray nodes (``<IP>_<node id prefix>``) the run's clients trained on (several on a cluster).
     """
 
     def __init__(self, root: str | Path, sweep: str, scale: str, *, extra: dict[str, Any] | None = None):

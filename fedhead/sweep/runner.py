@@ -270,7 +270,8 @@ class _Packer:
         status = "completed" if results.status == "completed" else "failed"
         wall = results.timing.total_seconds or None
         error = results.error or None
-        self.manifest.update(spec.id, status=status, error=error, wall_seconds=wall)
+        nodes = results.provenance.get("ray_nodes")  # where its clients trained (a cluster: several)
+        self.manifest.update(spec.id, status=status, error=error, wall_seconds=wall, nodes=nodes)
         with self._lock:
             ran.append(spec.id)
             self.done += 1

@@ -236,6 +236,8 @@ def test_a_sweep_joins_the_cluster_named_by_ray_address(tmp_path):
         assert f"Ray cluster at {cluster.address}: 2 node(s), 2 CPUs" in done.stdout + done.stderr, done.stdout
         runs = json.loads((tmp_path / "sweep" / "manifest.json").read_text())["runs"]
         assert runs and all(r["status"] == "completed" for r in runs), runs
+        used = set().union(*(r["nodes"] for r in runs))  # the manifest says where the clients trained
+        assert len(used) == 2, used  # both nodes
         assert cluster.head_node.remaining_processes_alive()
     finally:
         cluster.shutdown()
