@@ -45,16 +45,20 @@ class ClientCache:
       standardised data. The ``LOCAL_DATA_KEPT`` newest are kept (a worker serves several sites).
     * ``backbones``: (store root, partition) -> ``(round, stored state, module)``: the module a
       CPU client trained last, reused when the store's newest state is still that one. Only the
-      current store root is kept (one job at a time).
+      current store root is kept (one job at a time), and of it the ``STATES_KEPT`` partitions
+      used last: a worker that serves every client in turn (a cluster's clients move between
+      workers) would otherwise hold every client's model.
     * ``stored_states``: (store root, partition) -> ``(round, state)``: the newest state a
       [`BackboneStore`][fedhead.clients.store.BackboneStore] wrote or read (checked against the
-      file names on every load). Kept.
+      file names on every load). The ``STATES_KEPT`` used last are kept; an older one is read
+      from its file again.
 
     [`clear`][fedhead.clients.cache.ClientCache.clear] empties every table (a new process starts empty).
     """
 
     DATASETS_KEPT = 2
     LOCAL_DATA_KEPT = 16
+    STATES_KEPT = 4
 
     def __init__(self) -> None:
         self.lock = threading.RLock()
@@ -97,6 +101,23 @@ class ClientCache:
         key = tuple(sorted((str(k), str(v)) for k, v in context.run_config.items()))
         return self.remember(self.jobs, key, lambda: build(context))
 
+    def stored_state(self, key: tuple[str, int]) -> StoredState | None:
+        """The stored state kept for ``key`` (store root, partition), now the most recently used; or None."""
+        with self.lock:
+            entry = self.stored_states.pop(key, None)
+            if entry is not None:
+                self.stored_states[key] = entry
+            return entry
+
+    def keep_stored_state(self, key: tuple[str, int], entry: StoredState) -> None:
+        """Keep ``entry`` as the newest state of ``key``; at most ``STATES_KEPT`` are kept (the
+        least recently used dropped first)."""
+        with self.lock:
+            self.stored_states.pop(key, None)
+            self.stored_states[key] = entry
+            while len(self.stored_states) > self.STATES_KEPT:
+                self.stored_states.pop(next(iter(self.stored_states)))
+
     def trained_module(self, root: str, partition: int, stored: StoredState) -> torch.nn.Module | None:
         """The module this process trained last for ``partition`` under ``root``, when ``stored`` (the
         store's newest state) is the very state it saved; else None."""
@@ -112,7 +133,10 @@ class ClientCache:
         with self.lock:
             for key in [k for k in self.backbones if k[0] != root]:
                 del self.backbones[key]
+            self.backbones.pop((root, partition), None)
             self.backbones[(root, partition)] = (stored[0], stored[1], module)
+            while len(self.backbones) > self.STATES_KEPT:
+                self.backbones.pop(next(iter(self.backbones)))
 
     def forget_module(self, root: str, partition: int) -> None:
         """Drop the module kept for ``partition`` under ``root`` (it is no longer the stored state)."""

@@ -85,8 +85,7 @@ class BackboneStore:
         does not grow with the number of partitions; anything unexpected falls back to a listing.
         """
         key = (str(self.root.resolve()), partition)
-        with CLIENT_CACHE.lock:
-            cached = CLIENT_CACHE.stored_states.get(key)
+        cached = CLIENT_CACHE.stored_state(key)
         guess = expected_round if expected_round is not None else (cached[0] if cached is not None else None)
         files = self._newest_if(partition, guess)
         if files is None and expected_round is not None and self.path(partition, expected_round).is_file():
@@ -105,8 +104,7 @@ class BackboneStore:
         if not isinstance(payload, dict) or payload.get("round") != rnd or "state" not in payload:
             raise StoreError(f"private state file {path} is inconsistent (expected round {rnd})")
         entry = (rnd, payload["state"])
-        with CLIENT_CACHE.lock:
-            CLIENT_CACHE.stored_states[key] = entry
+        CLIENT_CACHE.keep_stored_state(key, entry)
         return entry
 
     def save(self, partition: int, round_: int, state: dict[str, Any]) -> Path:
@@ -122,16 +120,14 @@ class BackboneStore:
             for rnd, old in self._files(partition):
                 if rnd < round_ - 1:
                     old.unlink(missing_ok=True)
-        with CLIENT_CACHE.lock:
-            CLIENT_CACHE.stored_states[(str(self.root.resolve()), partition)] = (int(round_), cpu_state)
+        CLIENT_CACHE.keep_stored_state((str(self.root.resolve()), partition), (int(round_), cpu_state))
         return path
 
     def cached(self, partition: int) -> StoredState | None:
         """The in-process ``(round, state)`` of ``partition`` (what [`load`][fedhead.clients.BackboneStore.load] would
         return
         if nothing newer was stored since), or None."""
-        with CLIENT_CACHE.lock:
-            return CLIENT_CACHE.stored_states.get((str(self.root.resolve()), partition))
+        return CLIENT_CACHE.stored_state((str(self.root.resolve()), partition))
 
     @staticmethod
     def clear_cache() -> None:

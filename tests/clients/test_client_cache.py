@@ -67,6 +67,25 @@ def test_trained_modules_of_one_store_root_only():
     assert not cache.backbones
 
 
+def test_a_worker_serving_every_client_keeps_only_the_newest_states_and_modules(tmp_path):
+    """A worker that trains every client in turn (clients moving between a cluster's workers)
+    keeps at most STATES_KEPT states and modules; an older client's state is read from its file."""
+    CLIENT_CACHE.clear()
+    store = BackboneStore(tmp_path, sync=False)
+    root = str(tmp_path.resolve())
+    kept = ClientCache.STATES_KEPT
+    for pid in range(kept + 3):
+        store.save(pid, 1, {"w": torch.full((2,), float(pid))})
+        CLIENT_CACHE.keep_module(root, pid, store.cached(pid), torch.nn.Linear(1, 1))
+    assert [k[1] for k in CLIENT_CACHE.stored_states] == list(range(3, kept + 3))
+    assert [k[1] for k in CLIENT_CACHE.backbones] == list(range(3, kept + 3))
+    assert store.cached(0) is None
+    rnd, state = store.load(0)  # evicted: from its file, and now the newest again
+    assert rnd == 1 and torch.equal(state["w"], torch.zeros(2)) and store.cached(0) is not None
+    assert len(CLIENT_CACHE.stored_states) == kept and (root, 3) not in CLIENT_CACHE.stored_states
+    CLIENT_CACHE.clear()
+
+
 def test_backbone_store_reads_through_the_process_cache(tmp_path):
     CLIENT_CACHE.clear()
     store = BackboneStore(tmp_path, sync=False)
