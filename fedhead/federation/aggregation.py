@@ -254,14 +254,19 @@ def average_heads(weights: np.ndarray, biases: np.ndarray, counts: Sequence[floa
     Returns
     -------
     HeadAverage
-        ``(W_{t+1}, b_{t+1}) = sum_m p_m (W~_m, b~_m)`` and the weights ``p``.
+        ``(W_{t+1}, b_{t+1}) = sum_m p_m (W~_m, b~_m)`` and the weights ``p``; the sum runs in an
+        order independent of the clients' numbering (bit-for-bit invariant under permutation).
     """
     w = np.asarray(weights, dtype=np.float64)
     b = np.asarray(biases, dtype=np.float64)
     p = aggregation_weights(counts)
     if w.ndim != 3 or b.ndim != 2 or w.shape[0] != p.size or b.shape[:2] != w.shape[:2]:
         raise ValueError(f"heads (M,C,P)={w.shape}, biases (M,C)={b.shape} and counts (M,)={p.shape} disagree")
-    return HeadAverage(np.einsum("m,mcp->cp", p, w), np.einsum("m,mc->c", p, b), p)
+    # summed in a canonical order (weight, then the head's bytes): the average is the same bit for
+    # bit however the clients are numbered (a simulation numbers sites by file order, a
+    # deployment by their files' keys)
+    order = sorted(range(p.size), key=lambda m: (p[m], w[m].tobytes(), b[m].tobytes()))
+    return HeadAverage(np.einsum("m,mcp->cp", p[order], w[order]), np.einsum("m,mc->c", p[order], b[order]), p)
 
 
 def average_states(

@@ -208,3 +208,16 @@ def test_weighted_mean():
     assert agg.weighted_mean([1.0, 4.0], [3, 1]) == pytest.approx(1.75, rel=1e-15)
     with pytest.raises(ValueError):
         agg.weighted_mean([1.0], [0])
+
+
+def test_the_head_average_does_not_depend_on_how_the_clients_are_numbered():
+    """Bit for bit: a simulation numbers site-local clients by file order, a deployment by their
+    files' keys, and the two must train from the same broadcast."""
+    rng = np.random.default_rng(3)
+    w, b = rng.standard_normal((5, 3, 7)), rng.standard_normal((5, 3))
+    counts = np.array([10, 30, 10, 20, 30])
+    ref = agg.average_heads(w, b, counts)
+    for perm in (rng.permutation(5) for _ in range(6)):
+        out = agg.average_heads(w[perm], b[perm], counts[perm])
+        np.testing.assert_array_equal(out.weight, ref.weight)
+        np.testing.assert_array_equal(out.bias, ref.bias)
