@@ -24,8 +24,8 @@ __all__ = [
     "pooled_standardization",
     "nonfinite_columns",
     "check_offset_scale",
-    "check_standardization",
-    "overflowing_columns",
+    "FLOAT32_MAX",
+    "float32_overflow",
 ]
 
 TARGET_MODES = ("pooled", "none")
@@ -197,23 +197,11 @@ def check_offset_scale(
         )
 
 
-def check_standardization(
-    st: Standardization, *, target_names: Sequence[str] | None = None, input_names: Sequence[str] | None = None
-) -> None:
-    """[`check_offset_scale`][fedhead.analysis.standardization.check_offset_scale] of the targets'
-    and the pooled inputs' offsets and scales of ``st`` (the server's check of the pooled
-    statistics; raises [`StandardizationError`][fedhead.analysis.standardization.StandardizationError])."""
-    check_offset_scale(st.target_offset, st.target_scale, names=target_names, what="target")
-    if np.asarray(st.input_offset).size:
-        check_offset_scale(st.input_offset, st.input_scale, names=input_names, what="input")
+#: The largest magnitude float32 holds: the clients train, and an exported model's backbone runs, in float32.
+FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
-def overflowing_columns(values, offset, scale) -> list[int]:
-    """The columns of ``values`` ``(N, K)`` whose standardised ``(v - offset) / scale`` is not
-    finite in float32 (what the clients train on); [] for finite standardised values."""
-    v = np.asarray(values, dtype=np.float64)
-    if v.size == 0:
-        return []
-    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-        z = (v - np.asarray(offset, dtype=np.float64)) / np.asarray(scale, dtype=np.float64)
-        return nonfinite_columns(z.astype(np.float32))
+def float32_overflow(z) -> np.ndarray:
+    """Mask (the shape of ``z``) of standardised values that float32 cannot hold: beyond
+    ``FLOAT32_MAX`` in magnitude, or not a number."""
+    return ~(np.abs(np.asarray(z, dtype=np.float64)) <= FLOAT32_MAX)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from fedhead.analysis.standardization import Standardization, nonfinite_columns
+from fedhead.analysis.standardization import Standardization, float32_overflow, nonfinite_columns
 from fedhead.data.base import ClientData, RawDataset
 from fedhead.data.pipeline import resize_images
 from fedhead.data.table_config import TableConfig
@@ -220,8 +220,7 @@ def refuse_overflow(
     site's file and column, never a value."""
     if z.size == 0:
         return
-    with np.errstate(over="ignore", invalid="ignore"):
-        bad = ~np.isfinite(np.asarray(z).reshape(z.shape[0], -1).astype(np.float32))
+    bad = float32_overflow(np.asarray(z).reshape(z.shape[0], -1))
     if not bad.any():
         return
     row, col = (int(i[0]) for i in np.nonzero(bad))

@@ -47,6 +47,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from fedhead.analysis.standardization import float32_overflow
 from fedhead.data.base import batch_to_float
 from fedhead.models.backbones import ModelError
 from fedhead.results.io import write_bytes_atomic, write_json_atomic
@@ -62,8 +63,6 @@ META_FILE = "model.json"
 #: ``model.json``'s key for the SHA-256 (hex) of the program file.
 PROGRAM_SHA256 = "program_sha256"
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
-#: The largest magnitude the float32 backbone takes (beyond it the cast gives inf).
-FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 class ModelFileError(ValueError):
@@ -202,7 +201,7 @@ def input_overflow(x: np.ndarray, meta: dict[str, Any]) -> np.ndarray:
     if std["offset"]:
         with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
             xf = (xf - np.asarray(std["offset"], dtype=np.float64)) / np.asarray(std["scale"], dtype=np.float64)
-    return ~(np.abs(xf) <= FLOAT32_MAX)
+    return float32_overflow(xf)
 
 
 @dataclass

@@ -79,7 +79,7 @@ def test_modes_none_and_site_and_refusals():
 def test_pooled_offsets_and_scales_that_are_not_finite_are_refused_naming_columns_not_values():
     """A site whose sums overflowed (inf mean, NaN/inf variance) or pooled sums that overflow:
     refused, never the 'constant' message nor a standardisation to zeros; no value in the message."""
-    from fedhead.analysis.standardization import check_offset_scale, check_standardization, overflowing_columns
+    from fedhead.analysis.standardization import check_offset_scale, float32_overflow
 
     counts, means, covs = _raw_moments(_sites())
     for bad_mean, bad_var in ((np.inf, 1.0), (1e308, np.inf), (1.0, np.nan)):
@@ -97,11 +97,13 @@ def test_pooled_offsets_and_scales_that_are_not_finite_are_refused_naming_column
         pooled_standardization([2, 2], [[1e300, 0.0], [-1e300, 1.0]], [np.eye(2), np.eye(2)])
     assert "e+300" not in str(info.value) and "e300" not in str(info.value)
     st = pooled_standardization(counts, means, covs, [np.zeros(2)] * 3, [np.ones(2)] * 3)
-    check_standardization(st, target_names=["a", "b", "c"], input_names=["u", "v"])  # an honest one passes
+    check_offset_scale(st.target_offset, st.target_scale, names=["a", "b", "c"])  # an honest one passes
+    check_offset_scale(st.input_offset, st.input_scale, names=["u", "v"], what="input")
     with pytest.raises(StandardizationError, match=r"target mean or standard deviation of column\(s\) 'b'"):
         check_offset_scale([0.0, np.inf], [1.0, 1.0], names=["a", "b"])
     with pytest.raises(StandardizationError, match=r"input standard deviation of column\(s\) 'v' is not positive"):
         check_offset_scale([0.0, 0.0], [1.0, 0.0], names=["u", "v"], what="input")
     check_offset_scale([0.0, 0.0], [1.0, 0.0], positive=False)  # finiteness only
-    assert overflowing_columns([[1.0, 1e300], [2.0, 0.0]], [0.0, 0.0], [1.0, 1.0]) == [1]  # beyond float32
-    assert overflowing_columns([[1.0, 3.0]], [1.0, 2.0], [0.5, 4.0]) == []
+    assert float32_overflow([[1.0, 1e300], [2.0, 0.0]]).tolist() == [[False, True], [False, False]]  # beyond float32
+    assert not float32_overflow((np.array([[1.0, 3.0]]) - [1.0, 2.0]) / [0.5, 4.0]).any()
+    assert float32_overflow([np.nan, -np.inf, 3.5e38, 3.4e38]).tolist() == [True, True, True, False]
