@@ -122,10 +122,6 @@ def validate_moments(
         raise ReplyError(node_id, f"target mean mu_m has shape {mu.shape}, expected {(c,)}")
     check_magnitude(mu, max_abs, node_id=node_id, name="target mean mu_m")
     sigma = validate_array(cov, (c, c), node_id=node_id, name="target covariance Sigma_m")
-    if max_abs is not None and float(np.max(np.abs(sigma))) > max_abs * max_abs:  # |S_ij| <= lambda_max
-        raise ReplyError(
-            node_id, f"target covariance Sigma_m exceeds the magnitude bound {max_abs:g}^2 (trust.max_abs)"
-        )
     scale = max(1.0, float(np.max(np.abs(sigma))))
     asym = float(np.max(np.abs(sigma - sigma.T)))
     if asym > tol * scale:
@@ -189,6 +185,13 @@ def capped_shares(counts: Sequence[float] | np.ndarray, max_share: float | None)
         if not over.any():
             return q
         capped |= over
+
+
+def capped_sites(moments: ufm.TargetMoments) -> np.ndarray:
+    """Mask ``(M,)`` of the sites whose weight in ``moments`` is below their share of the rows
+    ``N_m / N``: where [`capped_shares`][fedhead.federation.aggregation.capped_shares]' cap bound."""
+    plain = aggregation_weights(np.asarray(moments.counts))
+    return np.asarray(moments.weights) < plain * (1 - 1e-12)
 
 
 @dataclass(frozen=True)

@@ -229,12 +229,7 @@ def build_exchange(rows: Sequence[MomentRow], dropped: Sequence[Dropped], settin
     dropped = [*dropped, *refused]
     expected = settings.num_clients
     if len(rows) < settings.required:
-        detail = "; ".join(d.describe() for d in dropped)
-        raise TooFewReplies(
-            f"moment exchange: {len(rows)} valid of {expected} clients, {settings.required} required "
-            f"(failure.min_clients): {detail}",
-            dropped,
-        )
+        raise TooFewReplies.of("moment exchange", len(rows), expected, settings.required, dropped)
     for d in refused:
         log.warning("moment exchange: dropping %s; continuing with %d of %d clients", d.describe(), len(rows), expected)
     trust = settings.trust
@@ -245,11 +240,11 @@ def build_exchange(rows: Sequence[MomentRow], dropped: Sequence[Dropped], settin
         node_ids=[f"{r[1]} (partition {r[0]})" for r in rows],
         max_share=trust.max_weight_share,
     )
-    plain = np.asarray(moments.counts) / np.sum(np.asarray(moments.counts))
+    plain = agg.aggregation_weights(np.asarray(moments.counts))
     capped = tuple(
         f"node {rows[i][1]} (partition {rows[i][0]}): reported {100 * plain[i]:.3g}% of the rows; its weight is "
         f"capped at {moments.weights[i]:.3g} (trust.max_weight_share={trust.max_weight_share})"
-        for i in np.flatnonzero(np.asarray(moments.weights) < plain * (1 - 1e-12))
+        for i in np.flatnonzero(agg.capped_sites(moments))
     )
     for line in capped:
         log.warning("moment exchange: %s", line)

@@ -32,6 +32,18 @@ class TooFewReplies(FederationError, agg.ReplyError):
         self.node_id = dropped[0].node if dropped else None
         self.dropped = list(dropped)
 
+    @classmethod
+    def of(
+        cls, stage: str, valid: int, expected: int, required: int, dropped: Sequence[Dropped], short: str = ""
+    ) -> TooFewReplies:
+        """The error of a phase left with ``valid`` of ``expected`` clients, ``required`` needed:
+        one line naming every dropped client and its reason (``short``: what came before them)."""
+        detail = "; ".join(d.describe() for d in dropped)
+        return cls(
+            f"{stage}: {short}{valid} valid of {expected} clients, {required} required (failure.min_clients): {detail}",
+            dropped,
+        )
+
 
 @dataclass(frozen=True)
 class Dropped:
@@ -135,13 +147,8 @@ def screen(
         for _ in range(max(0, n_expected - len(replies))):
             dropped.append(Dropped(stage, None, "missing", f"no reply{waited} (timeout or lost client)"))
     if len(kept) < required:
-        detail = "; ".join(d.describe() for d in dropped)
         short = f"expected {n_expected} replies, received {len(replies)}; " if len(replies) < n_expected else ""
-        raise TooFewReplies(
-            f"{stage}: {short}{len(kept)} valid of {n_expected} clients, {required} required "
-            f"(failure.min_clients): {detail}",
-            dropped,
-        )
+        raise TooFewReplies.of(stage, len(kept), n_expected, required, dropped, short)
     for d in dropped:
         log.warning(
             "%s: dropping %s; continuing with %d of %d clients (failure.min_clients=%d)",

@@ -340,10 +340,9 @@ class HeadAveraging(Strategy):
         when the exchange's weight cap did not bind (``N_m / N`` over them, bit for bit), else their
         capped exchange weights renormalised."""
         moments = self._exchanged("aggregation").moments
-        weights, plain = np.asarray(moments.weights), np.asarray(moments.counts) / np.sum(np.asarray(moments.counts))
-        if np.all(weights >= plain * (1 - 1e-12)):
+        if not agg.capped_sites(moments).any():
             return np.asarray(counts, dtype=np.float64)
-        return weights[np.asarray(present, dtype=int)]
+        return np.asarray(moments.weights)[np.asarray(present, dtype=int)]
 
     def _consistency(
         self, msgs: Sequence[Message], heads: np.ndarray, present: Sequence[int], fit: agg.LocalFit
@@ -351,14 +350,14 @@ class HeadAveraging(Strategy):
         """Each returned head's Gram against the optimal Gram of its site
         ([`fedhead.analysis.consistency.gram_errors`][fedhead.analysis.consistency.gram_errors]) and a flag
         (one log line) for a client that reports its local optimum but whose Gram is far from it."""
-        targets = self._exchanged("aggregation").targets
-        errors = gram_errors(heads, np.asarray(targets.client_grams)[np.asarray(present, dtype=int)])
+        exchange = self._exchanged("aggregation")
+        errors = gram_errors(heads, np.asarray(exchange.targets.client_grams)[np.asarray(present, dtype=int)])
         limit = self.settings.trust.flag_gram_error
         flags = []
         for msg, pid, err, gap in zip(msgs, present, errors, fit.trained_gaps, strict=True):
             if gap <= agg.LOCAL_GAP_THRESHOLD and err > limit:
                 flags.append(
-                    f"node {protocol.node_of(msg)} (partition {self._exchanged('aggregation').partition_ids[pid]}): "
+                    f"node {protocol.node_of(msg)} (partition {exchange.partition_ids[pid]}): "
                     f"reports its local optimum (trained_gap {gap:.2g}) but its head's Gram is {err:.3g} "
                     f"(relative) from the optimal Gram of the covariance it sent (trust.flag_gram_error={limit:g})"
                 )

@@ -108,11 +108,7 @@ def refuse_other_columns(
         reason = f"its columns differ from the run's (missing {missing}, extra {extra})"
         dropped.append(Dropped(STAGE, r.node, "invalid", reason, r.partition))
     if len(kept) < required:
-        detail = "; ".join(d.describe() for d in dropped)
-        raise TooFewReplies(
-            f"{STAGE}: {len(kept)} valid of {expected} clients, {required} required (failure.min_clients): {detail}",
-            dropped,
-        )
+        raise TooFewReplies.of(STAGE, len(kept), expected, required, dropped)
     for d in dropped:
         if "columns differ" in d.reason:
             log.warning("%s: refusing %s; continuing with %d of %d clients", STAGE, d.describe(), len(kept), expected)
