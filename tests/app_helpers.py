@@ -286,3 +286,25 @@ class Crashing:
         if msg.metadata.message_type == self.kind:
             raise RuntimeError("this site is down")
         return self.client(msg)
+
+
+def handlers_app(job, around=None):
+    """A ClientApp of fedhead's real handlers for ``job``; ``around(stage, handle)`` (stage
+    ``query``/``train``/``evaluate``, ``handle(msg, context)`` the real one) returns the handler to
+    register instead (a test's hanging, lying or recording site)."""
+    from flwr.clientapp import ClientApp
+
+    from fedhead.clients import app as handlers
+
+    app = ClientApp()
+    for stage, register, handle in (
+        ("query", app.query, handlers.handle_query),
+        ("train", app.train, handlers.handle_train),
+        ("evaluate", app.evaluate, handlers.handle_evaluate),
+    ):
+
+        def real(msg, context, handle=handle):
+            return handle(job, msg, context)
+
+        register()(real if around is None else around(stage, real))
+    return app

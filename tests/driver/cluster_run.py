@@ -8,12 +8,13 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: app_helpers
+
 
 def main(out: Path, clients: int, address: str | None, resume: bool) -> None:
     import ray
-    from flwr.clientapp import ClientApp
+    from app_helpers import handlers_app
 
-    from fedhead.clients import app as handlers
     from fedhead.driver.simulation import run_federations
     from fedhead.settings.config import compose_config, load_config
 
@@ -35,23 +36,23 @@ def main(out: Path, clients: int, address: str | None, resume: bool) -> None:
     jobs = load_config(compose_config(overrides)).jobs(out)
     nodes = out / "nodes"
     nodes.mkdir(parents=True, exist_ok=True)
-    app = ClientApp()
 
-    @app.query()
-    def query(msg, context):
-        return handlers.handle_query(jobs[0], msg, context)
+    def around(stage, handle):
+        if stage != "train":
+            return handle
 
-    @app.train()
-    def train(msg, context):
-        reply = handlers.handle_train(jobs[0], msg, context)
-        pid, rnd = int(context.node_config["partition-id"]), int(msg.content.config_records["config"]["server-round"])
-        (nodes / f"{pid}_{rnd}").write_text(ray.get_runtime_context().get_node_id())
-        return reply
+        def train(msg, context):
+            reply = handle(msg, context)
+            pid, rnd = (
+                int(context.node_config["partition-id"]),
+                int(msg.content.config_records["config"]["server-round"]),
+            )
+            (nodes / f"{pid}_{rnd}").write_text(ray.get_runtime_context().get_node_id())
+            return reply
 
-    @app.evaluate()
-    def evaluate(msg, context):
-        return handlers.handle_evaluate(jobs[0], msg, context)
+        return train
 
+    app = handlers_app(jobs[0], around)
     run_federations(jobs, show_progress=False, client_app=app)
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from app_helpers import moments_lie, train_lie
+from app_helpers import handlers_app, moments_lie, train_lie
 from flwr.app import Message
 
 from fedhead.federation import protocol
@@ -53,15 +53,10 @@ DOWN = object()  # the attacker's place in the run without it: that site fails a
 def _client_app(job, lies):
     """The real handlers; partition ATTACKER rewrites its replies to the stages named in ``lies``
     (stage -> ``RecordDict -> RecordDict``), or fails there (``DOWN``)."""
-    from flwr.clientapp import ClientApp
-
-    from fedhead.clients import app as handlers
-
-    app = ClientApp()
 
     def attacked(stage, handle):
         def handler(msg, context):
-            reply = handle(job, msg, context)
+            reply = handle(msg, context)
             lie = lies.get(stage)
             if lie is None or int(context.node_config["partition-id"]) != ATTACKER:
                 return reply
@@ -71,10 +66,7 @@ def _client_app(job, lies):
 
         return handler
 
-    app.query()(attacked("query", handlers.handle_query))
-    app.train()(attacked("train", handlers.handle_train))
-    app.evaluate()(attacked("evaluate", handlers.handle_evaluate))
-    return app
+    return handlers_app(job, attacked)
 
 
 def _run(tmp_path: Path, name: str, **lies):

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+from app_helpers import handlers_app
 
 from fedhead.federation.checkpoint import checkpoint_path, read_checkpoint
 from fedhead.settings.config import compose_config, load_config
@@ -55,31 +56,23 @@ def _jobs(tmp_path: Path, *overrides: str):
 def _hanging_client_app(jobs, stamps: Path):
     """The real handlers, except that partition HUNG sleeps on every training message; the
     others write when they replied (seconds since the epoch) into ``stamps``."""
-    from flwr.clientapp import ClientApp
 
-    from fedhead.clients import app as handlers
+    def around(stage, handle):
+        if stage != "train":
+            return handle
 
-    app = ClientApp()
+        def train(msg, context):
+            pid = int(context.node_config["partition-id"])
+            if pid == HUNG:
+                time.sleep(3600)  # "forever": the test's process ends it (end_hung_clients)
+            reply = handle(msg, context)
+            stamps.mkdir(parents=True, exist_ok=True)
+            (stamps / f"train_{pid}").write_text(repr(time.time()))
+            return reply
 
-    @app.query()
-    def query(msg, context):
-        return handlers.handle_query(jobs[0], msg, context)
+        return train
 
-    @app.train()
-    def train(msg, context):
-        pid = int(context.node_config["partition-id"])
-        if pid == HUNG:
-            time.sleep(3600)  # "forever": the test's process ends it (end_hung_clients)
-        reply = handlers.handle_train(jobs[0], msg, context)
-        stamps.mkdir(parents=True, exist_ok=True)
-        (stamps / f"train_{pid}").write_text(repr(time.time()))
-        return reply
-
-    @app.evaluate()
-    def evaluate(msg, context):
-        return handlers.handle_evaluate(jobs[0], msg, context)
-
-    return app
+    return handlers_app(jobs[0], around)
 
 
 def _others_replied(stamps: Path) -> float:
