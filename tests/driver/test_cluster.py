@@ -7,11 +7,14 @@ and runs ``fedhead-run`` on it twice: the first run leaves the cluster running f
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -33,6 +36,19 @@ RUN = [
     "output.tensorboard=false",
     "output.figures=false",
 ]
+
+
+@contextlib.contextmanager
+def two_nodes() -> Iterator[Any]:
+    """A 2-node Ray cluster on this host (``ray.cluster_utils.Cluster``, 1 CPU each), shut down after."""
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, connect=False, head_node_args={"num_cpus": 1})
+    cluster.add_node(num_cpus=1)
+    try:
+        yield cluster
+    finally:
+        cluster.shutdown()
 
 
 def _closed_port() -> int:
@@ -90,11 +106,7 @@ def test_fedhead_run_refuses_an_unreachable_cluster_before_anything_runs(tmp_pat
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_runs_join_a_two_node_cluster_and_leave_it_running(tmp_path):
-    from ray.cluster_utils import Cluster
-
-    cluster = Cluster(initialize_head=True, connect=False, head_node_args={"num_cpus": 1})
-    cluster.add_node(num_cpus=1)
-    try:
+    with two_nodes() as cluster:
         for name in ("first", "second"):
             out = subprocess.run(
                 [*RUN, f"resources.ray_address={cluster.address}", f"output.dir={tmp_path / name}"],
@@ -107,8 +119,6 @@ def test_runs_join_a_two_node_cluster_and_leave_it_running(tmp_path):
             assert f"Ray cluster at {cluster.address}: 2 node(s), 2 CPUs" in out.stdout + out.stderr
             assert (Path(tmp_path / name / "proximal" / "results.json")).is_file()
         assert cluster.head_node.remaining_processes_alive()  # fedhead did not stop it
-    finally:
-        cluster.shutdown()
 
 
 @pytest.mark.slow
@@ -120,7 +130,6 @@ def test_clients_moving_between_nodes_give_the_single_node_grams(tmp_path):
     import json
 
     import numpy as np
-    from ray.cluster_utils import Cluster
 
     script = Path(__file__).with_name("cluster_run.py")
 
@@ -136,12 +145,8 @@ def test_clients_moving_between_nodes_give_the_single_node_grams(tmp_path):
         return json.loads((out / "proximal" / "results.json").read_text())
 
     single = run(tmp_path / "single", None)
-    cluster = Cluster(initialize_head=True, connect=False, head_node_args={"num_cpus": 1})
-    cluster.add_node(num_cpus=1)
-    try:
+    with two_nodes() as cluster:
         spread = run(tmp_path / "cluster", cluster.address)
-    finally:
-        cluster.shutdown()
     ran_on = {}
     for f in (tmp_path / "cluster" / "nodes").iterdir():
         pid, _ = f.name.split("_")
@@ -164,7 +169,6 @@ def test_a_16_client_run_killed_on_a_cluster_resumes_with_every_clients_state(tm
     import signal
 
     import numpy as np
-    from ray.cluster_utils import Cluster
 
     from fedhead.federation.checkpoint import checkpoint_path, read_checkpoint
 
@@ -175,10 +179,8 @@ def test_a_16_client_run_killed_on_a_cluster_resumes_with_every_clients_state(tm
 
     single = subprocess.run(command(tmp_path / "single", None), capture_output=True, text=True, timeout=600)
     assert single.returncode == 0, single.stderr[-3000:]
-    cluster = Cluster(initialize_head=True, connect=False, head_node_args={"num_cpus": 1})
-    cluster.add_node(num_cpus=1)
     out = tmp_path / "cluster"
-    try:
+    with two_nodes() as cluster:
         proc = subprocess.Popen(
             command(out, cluster.address), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
         )
@@ -193,8 +195,6 @@ def test_a_16_client_run_killed_on_a_cluster_resumes_with_every_clients_state(tm
         assert killed_at < 3
         resumed = subprocess.run(command(out, cluster.address, "--resume"), capture_output=True, text=True, timeout=600)
         assert resumed.returncode == 0, resumed.stderr[-3000:]
-    finally:
-        cluster.shutdown()
     a = json.loads((tmp_path / "single" / "proximal" / "results.json").read_text())
     b = json.loads((out / "proximal" / "results.json").read_text())
     assert b["status"] == "completed" and b["resumed_after_round"] == killed_at
@@ -214,8 +214,6 @@ def test_a_sweep_joins_the_cluster_named_by_ray_address(tmp_path):
     import json
     import os
 
-    from ray.cluster_utils import Cluster
-
     command = [
         str(Path(sys.executable).with_name("fedhead-sweep")),
         "sweep=main",
@@ -227,9 +225,7 @@ def test_a_sweep_joins_the_cluster_named_by_ray_address(tmp_path):
         "'local_epochs=30','rounds=1']",
         f"hydra.run.dir={tmp_path / 'hydra'}",
     ]
-    cluster = Cluster(initialize_head=True, connect=False, head_node_args={"num_cpus": 1})
-    cluster.add_node(num_cpus=1)
-    try:
+    with two_nodes() as cluster:
         env = {**os.environ, "RAY_ADDRESS": cluster.address}
         done = subprocess.run(command, capture_output=True, text=True, timeout=800, env=env, cwd=tmp_path)
         assert done.returncode == 0, done.stderr[-3000:]
@@ -239,5 +235,3 @@ def test_a_sweep_joins_the_cluster_named_by_ray_address(tmp_path):
         used = set().union(*(r["nodes"] for r in runs))  # the manifest says where the clients trained
         assert len(used) == 2, used  # both nodes
         assert cluster.head_node.remaining_processes_alive()
-    finally:
-        cluster.shutdown()
