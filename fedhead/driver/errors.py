@@ -106,6 +106,9 @@ def one_line(exc: BaseException, limit: int = 800, *, local: bool = False) -> st
 #: What each run folder held before this process's Hydra run (``note_run_dir``): the relative
 #: paths of its files and folders, or None when the run creates the folder.
 _BEFORE_RUN: dict[Path, frozenset[Path] | None] = {}
+#: For a run folder the run creates: its nearest ancestor that existed (the folders in between,
+#: e.g. Hydra's ``outputs/<date>``, are the run's too).
+_EXISTING_ANCESTOR: dict[Path, Path] = {}
 
 
 def note_run_dir(path: str | Path) -> None:
@@ -113,6 +116,8 @@ def note_run_dir(path: str | Path) -> None:
     that [`remove_unused_dir`][fedhead.driver.errors.remove_unused_dir] removes only what the run created."""
     root = Path(path).absolute()
     _BEFORE_RUN[root] = frozenset(p.relative_to(root) for p in root.rglob("*")) if root.exists() else None
+    if not root.exists():
+        _EXISTING_ANCESTOR[root] = next(a for a in root.parents if a.exists())
 
 
 def _bookkeeping(rel: Path) -> bool:
@@ -122,7 +127,8 @@ def _bookkeeping(rel: Path) -> bool:
 
 def remove_unused_dir(path: str | Path | None) -> bool:
     """Undo a run that never started: remove what it created in its run folder when that is only
-    Hydra's bookkeeping (``.hydra/``, ``*.log``), and the folder itself when the run created it.
+    Hydra's bookkeeping (``.hydra/``, ``*.log``), and the folder itself when the run created it,
+    with the empty folders the run created on the way to it.
     Nothing that existed before the run ([`note_run_dir`][fedhead.driver.errors.note_run_dir]) is
     removed; a folder the run did not note is left alone. Returns whether anything was removed."""
     if not path:
@@ -136,6 +142,14 @@ def remove_unused_dir(path: str | Path | None) -> bool:
         return False  # the run wrote outputs: it started
     if before is None:
         shutil.rmtree(root, ignore_errors=True)
+        anchor = _EXISTING_ANCESTOR.get(root)
+        for parent in root.parents:  # the empty folders created on the way to it
+            if anchor is None or parent == anchor or not parent.is_relative_to(anchor):
+                break
+            try:
+                parent.rmdir()
+            except OSError:
+                break  # not empty: something else lives there
         return True
     for p in sorted(created, key=lambda q: len(q.parts), reverse=True):  # files, then their folders
         if p.is_dir() and not p.is_symlink():

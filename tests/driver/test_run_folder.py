@@ -62,6 +62,11 @@ def test_a_failed_run_removes_the_folder_it_created(tmp_path, monkeypatch, capsy
     code, err = _fedhead_run(monkeypatch, capsys, *BAD_NAME, f"hydra.run.dir={new}")
     assert code == 2 and NAME_ERROR in err[0]
     assert not new.exists()  # as before: a run that never started leaves nothing behind
+    assert not (tmp_path / "new").exists()  # nor the empty folder it created on the way (outputs/<date>)
+    (tmp_path / "kept").mkdir()
+    (tmp_path / "kept" / "other.txt").write_text("the user's\n")
+    code, _ = _fedhead_run(monkeypatch, capsys, *BAD_NAME, f"hydra.run.dir={tmp_path / 'kept' / 'a' / 'run'}")
+    assert code == 2 and sorted(p.name for p in (tmp_path / "kept").iterdir()) == ["other.txt"]
 
 
 def test_remove_unused_dir_removes_only_what_the_run_created(tmp_path):
