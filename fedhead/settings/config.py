@@ -255,6 +255,8 @@ def load_config(cfg: DictConfig) -> FedheadConfig:
     failure.check(settings.num_clients)
     trust = build_section(cfg.get("trust") or {}, "trust", TrustPolicy, TrustPolicy)
     trust.check(settings.num_clients)
+    privacy = build_section(cfg.get("privacy") or {}, "privacy", PrivacyPolicy, PrivacyPolicy)
+    privacy.check_sites(settings.num_clients)
     return FedheadConfig(
         settings=settings,
         dataset=dataset,
@@ -268,7 +270,7 @@ def load_config(cfg: DictConfig) -> FedheadConfig:
         timeouts=build_section(cfg.get("timeouts") or {}, "timeouts", Timeouts, Timeouts),
         failure=failure,
         trust=trust,
-        privacy=build_section(cfg.get("privacy") or {}, "privacy", PrivacyPolicy, PrivacyPolicy),
+        privacy=privacy,
         resume=None if cfg.get("resume") in (None, "") else str(cfg.get("resume")),
     )
 

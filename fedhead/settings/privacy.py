@@ -8,6 +8,16 @@ policy, ``failure.min_clients``, decides whether the run continues without it). 
 operator may raise its minimum with the SuperNode's ``--node-config "min-rows=K"``
 ([`PrivacyPolicy.at_site`][fedhead.settings.privacy.PrivacyPolicy.at_site]).
 
+``mode=secure`` sends every array the server aggregates (the one-time moment exchange, each
+round's heads, each evaluation's errors) only as a site's share of a secure sum
+([`fedhead.federation.secure_sum`][fedhead.federation.secure_sum]): the server learns the sum
+over the sites, never one site's values. On top of it, ``dp_noise > 0`` makes each release
+client-level differentially private: each site caps its weight at ``dp_max_rows``, clips its
+per-row statistics to the L2 norm ``dp_clip`` and adds Gaussian noise before masking, so the
+server sees only a noised sum
+([`fedhead.federation.privacy_noise`][fedhead.federation.privacy_noise] has the formulas and
+the accounting).
+
 No flwr, no torch: the config layer and the clients both import this module.
 """
 
@@ -15,16 +25,43 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fedhead.analysis.constraints import Field, check, integer
+from fedhead.analysis.constraints import Field, Together, check, integer, number, one_of, optional
 from fedhead.analysis.procedure import ConfigError
 
-__all__ = ["DEFAULT_MIN_ROWS", "NODE_MIN_ROWS_KEY", "PrivacyPolicy"]
+__all__ = ["DEFAULT_MIN_ROWS", "MIN_SECURE_SITES", "MODES", "NODE_MIN_ROWS_KEY", "PrivacyPolicy"]
 
 #: The default of ``privacy.min_rows`` (see [`PrivacyPolicy`][fedhead.settings.privacy.PrivacyPolicy]).
 DEFAULT_MIN_ROWS = 10
+#: The values of ``privacy.mode``: ``clear`` sends each site's values, ``secure`` only their sums.
+MODES = ("clear", "secure")
+#: The fewest sites of ``privacy.mode=secure`` (the secure sum's own minimum).
+MIN_SECURE_SITES = 3
 
 _MIN_ROWS_NEED = "must be an integer >= 1 (1: no minimum beyond C + 1 rows)"
-_PRIVACY_RULES = (Field("min_rows", integer(1), _MIN_ROWS_NEED),)
+_PRIVACY_RULES = (
+    Field("min_rows", integer(1), _MIN_ROWS_NEED),
+    Field("mode", one_of(MODES), "must be 'clear' or 'secure'"),
+    Field("threshold", optional(integer(2)), "must be an integer >= 2 or null (a majority of the sites)"),
+    Field("dp_noise", number(0), "must be a finite number >= 0 (0: no noise)"),
+    Field("dp_clip", number(0, low_open=True), "must be a finite number > 0"),
+    Field("dp_max_rows", optional(integer(1)), "must be an integer >= 1 or null"),
+    Field("dp_delta", number(0, 1, low_open=True, high_open=True), "must be a number in (0, 1)"),
+    Together(
+        lambda p: p.threshold is None or p.mode == "secure",
+        "privacy.threshold={threshold} needs privacy.mode=secure (it is the secure sum's threshold), got "
+        "privacy.mode={mode}",
+    ),
+    Together(
+        lambda p: p.dp_noise == 0 or p.mode == "secure",
+        "privacy.dp_noise={dp_noise} needs privacy.mode=secure, so that the server never sees an un-noised "
+        "sum, got privacy.mode={mode}",
+    ),
+    Together(
+        lambda p: p.dp_noise == 0 or p.dp_max_rows is not None,
+        "privacy.dp_noise={dp_noise} needs privacy.dp_max_rows (the public cap K on a site's weight: one "
+        "site changes a sum by at most K * privacy.dp_clip)",
+    ),
+)
 #: The SuperNode's own ``--node-config`` key of its minimum
 NODE_MIN_ROWS_KEY = "min-rows"
 
@@ -46,12 +83,75 @@ class PrivacyPolicy:
         ``(y - mu_m)^T Sigma_m^{-1} (y - mu_m) = C``. Every honest site of this repository
         (the built-in data sets' clients, the tutorial's 100-row sites, the tests' federations,
         the Palmer penguins benchmark's 52 rows and up) has at least 20.
+    mode : {"clear", "secure"}
+        ``clear`` (default): each site sends its own values. ``secure``: every array the server
+        aggregates leaves a site only as its share of a secure sum, so the server learns the sum
+        over the sites; needs at least 3 sites
+        ([`check_sites`][fedhead.settings.privacy.PrivacyPolicy.check_sites]).
+    threshold : int or None
+        The secure sum's Shamir threshold ``t``: a sum is decoded only from ``t`` surviving sites,
+        and ``t`` colluding sites could unmask one site's input. It must be a majority of the
+        sites, ``max(2, floor(M/2) + 1) <= t <= M``. None (default): ``floor(M/2) + 1``. Only with
+        ``mode=secure``.
+    dp_noise : float
+        The noise multiplier ``z`` of client-level differential privacy (0, the default: no
+        noise). Each released sum carries Gaussian noise of standard deviation
+        ``z * dp_max_rows * dp_clip``, drawn in parts by the sites. Needs ``mode=secure`` (a
+        site's noise alone is not enough to hide it, only the sum's) and ``dp_max_rows``.
+    dp_clip : float
+        ``Delta``: the L2 norm to which each site clips its per-row statistic vector before
+        weighting it, in standardised units (default 1.0).
+    dp_max_rows : int or None
+        ``K``: a public cap on a site's weight in every sum, ``w_m = min(N_m, K)``; one site then
+        changes a sum by at most ``K * Delta`` (its L2 sensitivity). Required when
+        ``dp_noise > 0``.
+    dp_delta : float
+        The ``delta`` at which the spent ``epsilon`` is reported (default 1e-5).
     """
 
     min_rows: int = DEFAULT_MIN_ROWS
+    mode: str = "clear"
+    threshold: int | None = None
+    dp_noise: float = 0.0
+    dp_clip: float = 1.0
+    dp_max_rows: int | None = None
+    dp_delta: float = 1e-5
 
     def __post_init__(self) -> None:
         check(self, _PRIVACY_RULES, prefix="privacy.", error=ConfigError)
+        for name in ("dp_noise", "dp_clip", "dp_delta"):
+            object.__setattr__(self, name, float(getattr(self, name)))
+
+    @property
+    def secure(self) -> bool:
+        """Whether the server receives only secure sums (``mode=secure``)."""
+        return self.mode == "secure"
+
+    def check_sites(self, num_clients: int) -> None:
+        """Refuse ``mode=secure`` with fewer than 3 sites, and a threshold that is not a majority.
+
+        The range is [`fedhead.federation.secure_sum.check_threshold`][fedhead.federation.secure_sum.check_threshold]'s
+        (the settings layer may not import the federation layer; a test keeps the two equal).
+        """
+        if not self.secure:
+            return
+        if num_clients < MIN_SECURE_SITES:
+            raise ConfigError(
+                f"privacy.mode=secure needs at least {MIN_SECURE_SITES} sites: with two, each learns the other's "
+                f"statistics from the sum and its own (num_clients={num_clients})"
+            )
+        if self.threshold is not None:
+            low = max(2, num_clients // 2 + 1)
+            if not low <= self.threshold <= num_clients:
+                raise ConfigError(
+                    f"privacy.threshold must be an integer in [{low}, {num_clients}] for num_clients={num_clients} "
+                    f"(a majority of the sites, so that no two groups of sites can reveal both shares of one "
+                    f"site), got {self.threshold!r}"
+                )
+
+    def threshold_for(self, num_clients: int) -> int:
+        """The secure sum's threshold for ``num_clients`` sites: ``threshold``, else ``floor(M/2) + 1``."""
+        return num_clients // 2 + 1 if self.threshold is None else self.threshold
 
     def at_site(self, node_min_rows: object = None) -> tuple[int, str]:
         """The minimum a site applies, and the setting that sets it (as users type it).

@@ -6,6 +6,7 @@ import pytest
 
 from fedhead.analysis.procedure import ConfigError
 from fedhead.driver.errors import EXIT_USAGE, exit_code
+from fedhead.federation.secure_sum import check_threshold
 from fedhead.settings.config import compose_config, load_config
 from fedhead.settings.privacy import DEFAULT_MIN_ROWS, PrivacyPolicy
 
@@ -23,12 +24,46 @@ def test_the_default_minimum_reaches_every_job():
         ("privacy.min_rows=0", "privacy.min_rows must be an integer >= 1 (1: no minimum beyond C + 1 rows), got 0"),
         ("privacy.min_rows=2.5", "privacy.min_rows must be an integer >= 1"),
         ("privacy.min_rows=true", "privacy.min_rows must be an integer >= 1"),
-        ("+privacy.mode=secure", "privacy: unknown keys ['mode']; expected some of ['min_rows']"),
+        (
+            "+privacy.noise=1",
+            "privacy: unknown keys ['noise']; expected some of ['dp_clip', 'dp_delta', 'dp_max_rows', 'dp_noise', "
+            "'min_rows', 'mode', 'threshold']",
+        ),
+        ("privacy.mode=open", "privacy.mode must be 'clear' or 'secure', got 'open'"),
+        ("privacy.threshold=1", "privacy.threshold must be an integer >= 2 or null (a majority of the sites), got 1"),
+        ("privacy.dp_noise=-0.5", "privacy.dp_noise must be a finite number >= 0 (0: no noise), got -0.5"),
+        ("privacy.dp_noise=.inf", "privacy.dp_noise must be a finite number >= 0"),
+        ("privacy.dp_clip=0", "privacy.dp_clip must be a finite number > 0, got 0"),
+        ("privacy.dp_max_rows=0", "privacy.dp_max_rows must be an integer >= 1 or null, got 0"),
+        ("privacy.dp_max_rows=2.5", "privacy.dp_max_rows must be an integer >= 1 or null, got 2.5"),
+        ("privacy.dp_delta=1", "privacy.dp_delta must be a number in (0, 1), got 1"),
+        ("privacy.dp_delta=0", "privacy.dp_delta must be a number in (0, 1), got 0"),
+        ("privacy.threshold=3", "privacy.threshold=3 needs privacy.mode=secure (it is the secure sum's threshold), "),
+        (
+            "privacy.dp_noise=1.0",
+            "privacy.dp_noise=1.0 needs privacy.mode=secure, so that the server never sees an un-noised sum, got "
+            "privacy.mode=clear",
+        ),
+        (
+            "privacy.mode=secure privacy.dp_noise=1.0",
+            "privacy.dp_noise=1.0 needs privacy.dp_max_rows (the public cap K",
+        ),
+        (
+            "num_clients=2 privacy.mode=secure",
+            "privacy.mode=secure needs at least 3 sites: with two, each learns the "
+            "other's statistics from the sum and its own (num_clients=2)",
+        ),
+        (
+            "num_clients=5 privacy.mode=secure privacy.threshold=2",
+            "privacy.threshold must be an integer in [3, 5] for num_clients=5 (a majority of the sites, so that no "
+            "two groups of sites can reveal both shares of one site), got 2",
+        ),
+        ("num_clients=5 privacy.mode=secure privacy.threshold=6", "privacy.threshold must be an integer in [3, 5]"),
     ],
 )
 def test_a_bad_privacy_setting_is_one_usage_error(override, message):
     with pytest.raises(ConfigError) as err:
-        load_config(compose_config(["procedure=exact", override]))
+        load_config(compose_config(["procedure=exact", *override.split()]))
     assert message in str(err.value) and "\n" not in str(err.value), str(err.value)
     assert exit_code(err.value) == EXIT_USAGE
 
@@ -41,3 +76,50 @@ def test_a_site_raises_its_minimum_never_lowers_it():
     for bad in (0, "40", 2.0, True):
         with pytest.raises(ConfigError, match="node config min-rows must be an integer >= 1"):
             policy.at_site(bad)
+
+
+def test_the_secure_and_private_settings_reach_every_job():
+    assert PrivacyPolicy() == PrivacyPolicy(
+        min_rows=10, mode="clear", threshold=None, dp_noise=0.0, dp_clip=1.0, dp_max_rows=None, dp_delta=1e-5
+    )
+    overrides = [
+        "procedure=exact",
+        "num_clients=5",
+        "privacy.mode=secure",
+        "privacy.threshold=4",
+        "privacy.dp_noise=2",
+        "privacy.dp_clip=3",
+        "privacy.dp_max_rows=200",
+        "privacy.dp_delta=1e-6",
+    ]
+    policy = load_config(compose_config(overrides)).jobs("out")[0].privacy
+    assert policy == PrivacyPolicy(
+        mode="secure", threshold=4, dp_noise=2.0, dp_clip=3.0, dp_max_rows=200, dp_delta=1e-6
+    )
+    assert policy.secure and policy.threshold_for(5) == 4
+    assert all(isinstance(getattr(policy, k), float) for k in ("dp_noise", "dp_clip", "dp_delta"))
+
+
+def test_secure_mode_without_noise_needs_no_row_cap():
+    policy = PrivacyPolicy(mode="secure")
+    policy.check_sites(3)
+    assert policy.threshold_for(3) == 2 and policy.threshold_for(4) == 3 and policy.threshold_for(7) == 4
+    PrivacyPolicy().check_sites(2)  # clear mode: two sites are fine
+
+
+@pytest.mark.parametrize("sites", range(3, 12))
+def test_the_threshold_range_is_the_secure_sums(sites):
+    """The settings may not import the secure sum: its range is restated there, and kept equal here."""
+    for threshold in range(2, sites + 3):
+        try:
+            check_threshold(threshold, sites)
+            accepted = True
+        except ConfigError:
+            accepted = False
+        policy = PrivacyPolicy(mode="secure", threshold=threshold)
+        if accepted:
+            policy.check_sites(sites)
+        else:
+            with pytest.raises(ConfigError, match="privacy.threshold must be an integer in"):
+                policy.check_sites(sites)
+    check_threshold(PrivacyPolicy(mode="secure").threshold_for(sites), sites)
