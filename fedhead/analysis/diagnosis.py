@@ -87,6 +87,7 @@ class Diagnosis:
     barycenter_iters: int = 0
     outlier_scores: np.ndarray | None = None
     flags: tuple[str, ...] = ()
+    absent: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict (undefined, i.e. NaN, quantities become ``None``)."""
@@ -104,6 +105,14 @@ class Diagnosis:
 
     def format(self) -> str:
         """A few human-readable lines (console, log, TensorBoard text)."""
+        if self.absent is not None:
+            return "\n".join(
+                [
+                    f"fully active: {self.fully_active} ({self.recommendation})",
+                    f"per-site diagnosis absent: {self.absent}",
+                    *(f"FLAG: {flag}" for flag in self.flags),
+                ]
+            )
         margins = ", ".join(f"{m:.4g}" for m in self.margins)
         lines = [
             f"fully active margins lambda_min(Sigma_m) - lH*lW (threshold {self.threshold:.3g}): [{margins}]",
@@ -121,6 +130,30 @@ class Diagnosis:
         lines.extend(f"FLAG: {flag}" for flag in self.flags)
         lines.append(f"recommendation: {self.recommendation}")
         return "\n".join(lines)
+
+
+def pooled_diagnosis(threshold: float, fully_active: bool, passing: int, sites: int, reason: str) -> Diagnosis:
+    """The diagnosis of a server that holds only sums (``privacy.mode=secure``): the regime as the sites
+    report it of themselves (``passing`` of ``sites`` have a positive margin), every per-site quantity
+    absent (``margins`` empty, the gap terms NaN) for ``reason``."""
+    nan = float("nan")
+    note = f"{passing} of {sites} sites report a positive margin of their own"
+    return Diagnosis(
+        margins=np.zeros(0),
+        threshold=float(threshold),
+        fully_active=bool(fully_active),
+        rel_gap=nan,
+        gap_trace=nan,
+        trace_mu=nan,
+        trace_sigma=nan,
+        trace_a=nan,
+        share_mu=nan,
+        share_sigma=nan,
+        share_a=nan,
+        bw_variance=nan,
+        recommendation=note,
+        absent=reason,
+    )
 
 
 def recommend(

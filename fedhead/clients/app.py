@@ -13,12 +13,13 @@ import pickle
 from collections.abc import Callable, Sequence
 
 import numpy as np
-from flwr.app import Context, Message, MetricRecord, RecordDict
+from flwr.app import Context, Message, MetricRecord, MetricRecordValues, RecordDict
 from flwr.clientapp import ClientApp
 
 from fedhead.clients.cache import CLIENT_CACHE
 from fedhead.clients.export import is_final, save_final_model
 from fedhead.clients.messages import ClientError, round_of
+from fedhead.clients.secure import fully_active, handle_secure_step, secure_reply, sum_id
 from fedhead.clients.site import handle_statistics, local_data
 from fedhead.clients.state import (
     client_moments,
@@ -32,6 +33,8 @@ from fedhead.clients.state import (
 )
 from fedhead.clients.step import evaluate_step, moment_reply, train_step
 from fedhead.federation import protocol
+from fedhead.federation.secure_records import FULLY_ACTIVE, STAGE_REGIME, STAGE_SECURE
+from fedhead.federation.secure_sum import MIN_SITES
 from fedhead.settings.job import JobConfig
 from fedhead.train import mismatch_objectives, select_device
 
@@ -44,14 +47,46 @@ def handle_query(job: JobConfig, msg: Message, context: Context) -> Message:
     [`fedhead.clients.step.moment_reply`][fedhead.clients.moment_reply]), or, for ``stage="mismatch"``,
     with the mismatch objectives ([`handle_mismatch`][fedhead.clients.app.handle_mismatch])."""
     cfg = msg.content.config_records.get(protocol.CONFIG)
-    if cfg is not None and cfg.get(protocol.STAGE) == protocol.STAGE_MISMATCH:
+    stage = None if cfg is None else cfg.get(protocol.STAGE)
+    if stage == STAGE_SECURE:
+        return handle_secure_step(msg, context)
+    if stage == STAGE_REGIME:
+        return handle_regime(job, msg, context)
+    if stage == protocol.STAGE_MISMATCH:
         return handle_mismatch(job, msg, context)
-    if cfg is not None and cfg.get(protocol.STAGE) == protocol.STAGE_STATISTICS:
-        return handle_statistics(job, msg, context)
+    if stage == protocol.STAGE_STATISTICS:
+        return _reply(job, msg, context, handle_statistics(job, msg, context).content)
     pid = partition_of(context, job, msg)
     _, cd = local_data(job, context, msg, pid)
     y, mu, sigma = client_moments(job, pid, cd)
-    return Message(moment_reply(y, pid, moments=(mu, sigma)), reply_to=msg)
+    return _reply(job, msg, context, moment_reply(y, pid, moments=(mu, sigma)))
+
+
+def handle_regime(job: JobConfig, msg: Message, context: Context) -> Message:
+    """Secure mode, a site-local table: this site's own margin, pass or fail, for its targets in the
+    pooled standardisation the message carries (nothing else is sent)."""
+    pid = partition_of(context, job, msg)
+    _, cd = local_data(job, context, msg, pid)
+    _, _, sigma = client_moments(job, pid, cd)
+    passed = fully_active(sigma, (job.settings.lambda_h, job.settings.lambda_w))
+    metrics: dict[str, MetricRecordValues] = {protocol.PARTITION_ID: pid, FULLY_ACTIVE: int(passed)}
+    return Message(RecordDict({protocol.METRICS: MetricRecord(metrics)}), reply_to=msg)
+
+
+def _reply(job: JobConfig, msg: Message, context: Context, content: RecordDict) -> Message:
+    """The reply of ``content``; in secure mode (the message names a sum) only its secure form
+    ([`fedhead.clients.secure.secure_reply`][fedhead.clients.secure.secure_reply]) leaves the site."""
+    if sum_id(msg) is not None:
+        st = job.settings
+        content = secure_reply(
+            msg,
+            context,
+            content,
+            lambdas=(st.lambda_h, st.lambda_w),
+            privacy=job.privacy,
+            min_sites=max(MIN_SITES, job.failure.required(st.num_clients)),
+        )
+    return Message(content, reply_to=msg)
 
 
 def handle_mismatch(job: JobConfig, msg: Message, context: Context) -> Message:
@@ -135,7 +170,7 @@ def handle_train(job: JobConfig, msg: Message, context: Context) -> Message:
     if backbone is not None:
         save_backbone(job, context, pid, rnd, backbone)
     record_ray_node(job)
-    return Message(content, reply_to=msg)
+    return _reply(job, msg, context, content)
 
 
 def handle_evaluate(job: JobConfig, msg: Message, context: Context) -> Message:
@@ -166,7 +201,7 @@ def handle_evaluate(job: JobConfig, msg: Message, context: Context) -> Message:
             save_final_model(job, context, msg, pid, cd, backbone, (w, b), offset, round_of(msg))
         except Exception as exc:  # noqa: BLE001 - the run's results stand; the model is lost, said once
             log.warning("partition %d: the final model could not be saved: %s: %s", pid, type(exc).__name__, exc)
-    return Message(content, reply_to=msg)
+    return _reply(job, msg, context, content)
 
 
 # -------------------------------------------------------------------------------- the app

@@ -129,6 +129,12 @@ def error_table(all_results: list[Results]) -> str:
 def diagnosis_lines(d: dict[str, Any]) -> list[str]:
     """The diagnosis of a results.json ([`Results.diagnosis`][fedhead.results.schema.Results.diagnosis]) as console
     lines."""
+    if d.get("absent"):  # secure mode: the server holds only sums
+        return [
+            f"fully active: {d['fully_active']} ({d['recommendation']})",
+            "per-site diagnosis absent (privacy.mode=secure: the server holds only sums)",
+            *(f"FLAG: {flag}" for flag in d.get("flags") or ()),
+        ]
     return [
         f"fully active margins: {', '.join(f'{m:.3g}' for m in d['margins'])} (threshold {d['threshold']:.3g})",
         f"relative gap ||G_cen - G_star|| / ||G_cen|| = {d['rel_gap']:.4g}"
@@ -149,6 +155,11 @@ def local_optimality_note(results: Results) -> str | None:
     lo = results.local_optimality
     if not lo or lo.reached is not False:
         return None
+    if lo.last_round_max_trained_gap is None:  # secure mode: the sites' own pass or fail
+        return (
+            f"NOTE [{results.name}]: at the last round a site reports that it did not reach its local optimum: "
+            "the theory's references assume local optima. Raise local_epochs or train.lr, or set train.local_tol."
+        )
     return (
         f"NOTE [{results.name}]: at the last round a client is {lo.last_round_max_trained_gap:.2g} "
         f"from its local optimum (> {lo.threshold:g}): the theory's references assume local optima and do "

@@ -37,6 +37,9 @@ from fedhead.results.rounds import ClientMetric, RoundRecord
 from fedhead.results.schema import ABSENT, DatasetInfo, LocalOptimality, LocalSteps, Results, Timing
 from fedhead.settings.config import JobConfig
 from fedhead.strategies.exchange import MomentExchange
+from fedhead.strategies.secure import ABSENT as SECURE_ABSENT
+from fedhead.strategies.secure import ABSENT_REASON as SECURE_ABSENT_REASON
+from fedhead.strategies.secure import DP_EPSILON, DP_RELEASES, SITES_AT_OPTIMUM, SITES_SUMMED
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +107,35 @@ class RunRecorder:
         self.results.rounds = [self.records[t] for t in sorted(self.records)]
         schema.write(self.path, self.results)
 
+    def _record_secure(self, exchange: MomentExchange) -> None:
+        """A secure exchange: its pooled moments only, every per-site entry null, and why (said once)."""
+        assert exchange.secure is not None
+        self.results.moments = {
+            "counts": None,
+            "weights": None,
+            "means": None,
+            "covs": None,
+            "count": int(exchange.secure.count),
+            "mean": np.asarray(exchange.moments.means[0]).tolist(),
+            "sigma_cen": np.asarray(exchange.moments.sigma_cen).tolist(),
+            "sigma_within": np.asarray(exchange.secure.within).tolist(),
+        }
+        if self.results.targets is not None:
+            self.results.targets.update(grams=None, client_grams=None, weights=None)
+        self.results.privacy = {
+            "mode": "secure",
+            "sites": len(exchange.node_ids),
+            "absent": list(SECURE_ABSENT),
+            "reason": SECURE_ABSENT_REASON,
+        }
+        if str(self.dir.parent) not in _SECURE_SHOWN:
+            _SECURE_SHOWN.add(str(self.dir.parent))
+            console.info(
+                "privacy.mode=secure: the server holds only sums over the %d sites; G_star, the gap terms and "
+                "every per-site value are absent from results.json",
+                len(exchange.node_ids),
+            )
+
     # RunObserver
     def on_exchange(self, exchange: MomentExchange) -> None:
         self.t_exchange = time.perf_counter()
@@ -120,12 +152,15 @@ class RunRecorder:
         }
         if exchange.targets is not None:
             self.results.targets = exchange.targets.to_dict()
+        if exchange.secure is not None:
+            self._record_secure(exchange)
         st = exchange.standardization or loaded_standardization(self.job)
         if st is not None:  # the federation's pooled offsets and scales, or the loaded data set's
             self.results.standardization = st.to_dict()
-        self.results.dataset = dataclasses.replace(
-            self.results.dataset, counts=np.asarray(m.counts).astype(int).tolist()
-        )
+        if exchange.secure is None:
+            self.results.dataset = dataclasses.replace(
+                self.results.dataset, counts=np.asarray(m.counts).astype(int).tolist()
+            )
         log.info("[%s] diagnosis from the exchanged moments:\n%s", self.job.name, exchange.diagnosis.format())
         shown = (str(self.dir.parent), exchange.diagnosis.format())
         if shown not in _DIAGNOSES_SHOWN:  # once per experiment: every procedure sees the same moments
@@ -154,6 +189,17 @@ class RunRecorder:
     def on_round(self, record: RoundRecord) -> None:
         t = record.round
         self.records[t] = record
+        releases, epsilon = record.extra.get(DP_RELEASES), record.extra.get(DP_EPSILON)
+        if releases is not None and epsilon is not None and self.results.privacy:  # DP: what it cost so far
+            pv = self.job.privacy
+            self.results.privacy["dp"] = {
+                "noise_multiplier": pv.dp_noise,
+                "clip": pv.dp_clip,
+                "max_rows": pv.dp_max_rows,
+                "delta": pv.dp_delta,
+                "releases": int(releases),
+                "epsilon": float(epsilon),
+            }
         if t >= 1:
             self.round_times.append(time.perf_counter())
         if self.tb is not None:
@@ -240,6 +286,8 @@ class RunRecorder:
         return time.perf_counter() - t0
 
 
+#: experiment folders whose secure-mode note the console has shown
+_SECURE_SHOWN: set[str] = set()
 #: (experiment folder, diagnosis text) already shown on the console in this process
 _DIAGNOSES_SHOWN: set[tuple[str, str]] = set()
 
@@ -310,7 +358,18 @@ def job_hparams(job: JobConfig) -> dict[str, Any]:
 
 
 def local_optimality(records: list[RoundRecord]) -> LocalOptimality:
-    """results.json's ``local_optimality``: did every client reach its local optimum, per round?"""
+    """results.json's ``local_optimality``: did every client reach its local optimum, per round? (In secure
+    mode as the sites report it of themselves, pass or fail: the gaps are null.)"""
+    reported = [r for r in records if SITES_SUMMED in r.extra]
+    if reported:
+        short = [r.round for r in reported if (r.extra.get(SITES_AT_OPTIMUM) or 0) < (r.extra.get(SITES_SUMMED) or 0)]
+        return LocalOptimality(
+            threshold=LOCAL_GAP_THRESHOLD,
+            rounds_above_threshold=short,
+            last_round_max_trained_gap=None,
+            last_round_max_objective_gap=None,
+            reached=not short or short[-1] != reported[-1].round,
+        )
     trained = [r for r in records if r.max_trained_gap is not None]
     above = [r.round for r in trained if r.max_trained_gap is not None and r.max_trained_gap > LOCAL_GAP_THRESHOLD]
     last = trained[-1] if trained else None

@@ -80,6 +80,7 @@ def make_job_strategy(
         min_clients=job.failure.min_clients,
         site_statistics=site_statistics(job),
         trust=job.trust,
+        privacy=job.privacy,
     )
 
 

@@ -53,6 +53,7 @@ from fedhead.analysis.procedure import ConfigError
 __all__ = [
     "Clipped",
     "clip_contribution",
+    "dp_contribution",
     "dp_weight",
     "noise_for_epsilon",
     "privacy_spent",
@@ -176,6 +177,39 @@ def site_noise(
     if std == 0.0:
         return np.zeros(int(length))
     return rng.normal(0.0, std, size=int(length))
+
+
+def dp_contribution(
+    vector: np.ndarray,
+    rows: int,
+    *,
+    clip: float,
+    max_rows: int,
+    noise_multiplier: float,
+    min_sites: int,
+    rng: np.random.Generator,
+) -> np.ndarray:
+    """What a site sends into a secure sum under DP: ``min(N_m, K) clip(x / N_m) + e_m``.
+
+    Parameters
+    ----------
+    vector : ndarray (L,)
+        The site's count-weighted vector ``x = N_m v_m`` (its clear-mode input to the sum).
+    rows : int
+        ``N_m >= 1``.
+    clip, max_rows, noise_multiplier, min_sites, rng
+        ``Delta``, ``K``, ``z``, ``m_min`` and the site's own generator
+        ([`site_noise`][fedhead.federation.privacy_noise.site_noise]).
+
+    Returns
+    -------
+    numpy.ndarray
+        ``(L,)`` float64: ``w_m clip(v_m) + e_m`` with ``e_m ~ N(0, (z K Delta)^2 / m_min)``.
+    """
+    per_row = np.asarray(vector, dtype=np.float64).ravel() / float(rows)
+    clipped = clip_contribution(per_row, clip).values
+    noise = site_noise(rng, clipped.size, noise_multiplier, sensitivity(max_rows, clip), min_sites)
+    return dp_weight(rows, max_rows) * clipped + noise
 
 
 def privacy_spent(noise_multiplier: float, releases: int, sites: int, delta: float) -> PrivacySpent:

@@ -76,6 +76,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
 import logging
 import math
 import os
@@ -198,6 +199,10 @@ class FixedPoint:
             )
         return cls(f, float(bound))
 
+    def width(self, length: int) -> int:
+        """uint64 words of the encoding of ``length`` values (one each)."""
+        return int(length)
+
     def encode(self, values: np.ndarray) -> np.ndarray:
         """``round(x 2^f)`` (half to even) as uint64 two's complement; refuses NaN/inf and ``|x| > bound``.
 
@@ -217,6 +222,126 @@ class FixedPoint:
         if t.dtype != np.uint64:
             raise TypeError(f"fixed point: a sum to decode is uint64, got {t.dtype}")
         return np.ldexp(t.view(np.int64).astype(np.float64), -int(self.frac_bits))
+
+
+@dataclass(frozen=True)
+class WideFixedPoint:
+    """Values ``|x| <= bound`` as ``round(x 2^f)`` in ``32 k`` bits, one 32-bit limb per uint64 word.
+
+    Each value is the integer ``a = round(x 2^f)`` in two's complement modulo ``2^(32k)``, cut into
+    ``k`` limbs ``a_j < 2^32`` (word ``j L + i`` holds limb ``j`` of value ``i``). Words add modulo
+    ``2^64`` as the masks need; a sum of ``M < 2^32`` limbs cannot wrap, so the decoder recombines the
+    exact integer sum ``S = sum_j s_j 2^(32 j)`` (modulo ``2^(32k)``, read signed) and returns
+    ``S / 2^f`` rounded once to float64. Sums stay exact while ``M round(bound 2^f) < 2^(32k-1)``.
+
+    Parameters
+    ----------
+    frac_bits : int
+        Fractional bits ``f``; the step is ``2^-f``.
+    bound : float
+        Largest magnitude an input entry may have.
+    limbs : int
+        ``k`` (default 6: 192-bit integers).
+    """
+
+    frac_bits: int
+    bound: float
+    limbs: int = 6
+
+    def __post_init__(self) -> None:
+        k = self.limbs
+        if isinstance(k, bool) or not isinstance(k, int | np.integer) or not 1 <= k <= 32:
+            raise ConfigError(f"fixed point: limbs must be an integer in [1, 32], got {k!r}")
+        f = self.frac_bits
+        if isinstance(f, bool) or not isinstance(f, int | np.integer) or not 0 <= f <= MAX_FRAC_BITS:
+            raise ConfigError(f"fixed point: frac_bits must be an integer in [0, {MAX_FRAC_BITS}], got {f!r}")
+        if not _finite_positive(self.bound):
+            raise ConfigError(f"fixed point: bound must be a finite positive number, got {self.bound!r}")
+        if self.max_encoded >= self._limit:
+            raise ConfigError(f"fixed point: bound {self.bound:g} at {f} fractional bits fills {32 * k} bits")
+
+    @property
+    def _limit(self) -> int:
+        return 2 ** (32 * int(self.limbs) - 1)
+
+    @property
+    def max_encoded(self) -> int:
+        """The largest integer magnitude an input encodes to, ``round(bound 2^f)``."""
+        return int(np.rint(np.ldexp(float(self.bound), int(self.frac_bits))))
+
+    def capacity(self) -> int:
+        """How many encodings can be summed exactly (at most ``2^32 - 1``: the limbs must not wrap)."""
+        return min((self._limit - 1) // max(self.max_encoded, 1), 2**32 - 1)
+
+    def check_sites(self, sites: int) -> None:
+        """Raise [`ConfigError`][fedhead.analysis.procedure.ConfigError] unless sums of ``sites`` inputs stay exact."""
+        if sites > self.capacity():
+            raise ConfigError(
+                f"fixed point: {sites} sites with bound {self.bound:g} at {self.frac_bits} fractional bits can "
+                f"overflow {32 * self.limbs} bits"
+            )
+
+    @classmethod
+    def for_sites(cls, bound: float, sites: int, limbs: int = 6) -> WideFixedPoint:
+        """The most precise ``k``-limb encoding whose sums over ``sites`` inputs of magnitude at most ``bound`` stay
+        exact: the largest ``f`` with ``sites round(bound 2^f) < 2^(32k-1)``. Each entry of a decoded sum is then
+        within ``sites 2^-(f+1)`` of the exact sum, plus half an ulp of the float64 result."""
+        if isinstance(sites, bool) or not isinstance(sites, int | np.integer) or not 1 <= sites < 2**32:
+            raise ConfigError(f"fixed point: the number of sites must be an integer in [1, 2^32), got {sites!r}")
+        if not _finite_positive(bound):
+            raise ConfigError(f"fixed point: bound must be a finite positive number, got {bound!r}")
+        limit = 2 ** (32 * int(limbs) - 1)
+        fits = lambda f: int(sites) * int(np.rint(np.ldexp(float(bound), f))) < limit  # noqa: E731
+        f = int(math.floor(math.log2(limit / (int(sites) * float(bound)))))
+        f = min(max(f, 0), MAX_FRAC_BITS)
+        while f > 0 and not fits(f):
+            f -= 1
+        while f < MAX_FRAC_BITS and fits(f + 1):
+            f += 1
+        if not fits(f):
+            raise ConfigError(f"fixed point: {sites} sites with bound {float(bound):g} overflow {32 * limbs} bits")
+        return cls(f, float(bound), int(limbs))
+
+    def width(self, length: int) -> int:
+        """uint64 words of the encoding of ``length`` values (``k`` each)."""
+        return int(self.limbs) * int(length)
+
+    def encode(self, values: np.ndarray) -> np.ndarray:
+        """The limbs of ``round(x 2^f)``, uint64 ``(k L,)``; refuses NaN/inf and ``|x| > bound``.
+
+        ``x 2^f`` and its rounding are exact in float64, and so is every limb step below
+        (``y mod 2^32`` and ``(y - r) / 2^32`` of an integer-valued float).
+        """
+        x = np.asarray(values, dtype=np.float64).ravel()
+        if not np.all(np.isfinite(x)):
+            raise ValueError("fixed point: the input has non-finite entries (NaN/inf)")
+        if x.size and float(np.max(np.abs(x))) > self.bound:
+            bad = int(np.count_nonzero(np.abs(x) > self.bound))
+            raise ValueError(f"fixed point: {bad} input entries exceed the bound {self.bound:g}")
+        y = np.rint(np.ldexp(x, int(self.frac_bits)))
+        words = np.empty((int(self.limbs), x.size), dtype=np.uint64)
+        for j in range(int(self.limbs)):
+            r = np.mod(y, 2.0**32)
+            words[j] = r.astype(np.uint64)
+            y = (y - r) / 2.0**32
+        return words.reshape(-1)
+
+    def decode(self, total: np.ndarray) -> np.ndarray:
+        """A sum of encodings (uint64 ``(k L,)``) back to float64 ``(L,)``: ``S / 2^f`` rounded once."""
+        t = np.asarray(total)
+        if t.dtype != np.uint64 or t.ndim != 1 or t.size % int(self.limbs):
+            raise TypeError(f"fixed point: a sum to decode is uint64 of a multiple of {self.limbs} words")
+        words = t.reshape(int(self.limbs), -1)
+        modulus, scale = 2 ** (32 * int(self.limbs)), 2 ** int(self.frac_bits)
+        out = np.empty(words.shape[1], dtype=np.float64)
+        for i in range(words.shape[1]):
+            s = sum(int(w) << (32 * j) for j, w in enumerate(words[:, i])) % modulus
+            out[i] = (s - modulus if s >= modulus // 2 else s) / scale
+        return out
+
+
+#: An encoding of float64 values as uint64 words that add up to the encoding of their sum.
+Encoding = FixedPoint | WideFixedPoint
 
 
 def _finite_positive(value: object) -> bool:
@@ -276,6 +401,14 @@ def _pair_mask(private_key: ec.EllipticCurvePrivateKey, peer_key: bytes, length:
 
 def _seed_digest(seed: bytes) -> bytes:
     return hashlib.sha256(b"fedhead secure sum: seed commitment" + seed).digest()
+
+
+def _b64(raw: bytes) -> str:
+    return base64.b64encode(raw).decode("ascii")
+
+
+def _unb64(text: str) -> bytes:
+    return base64.b64decode(text.encode("ascii"), validate=True)
 
 
 def _share_index(share: bytes) -> int:
@@ -356,6 +489,45 @@ class SecureSumClient:
         self._key_shares: dict[int, bytes] = {}
         self._peers: tuple[int, ...] = ()
 
+    def to_bytes(self) -> bytes:
+        """This site's whole state (its private keys included) as bytes, for a ClientApp that keeps it between
+        messages in its node's own state; never sent
+        ([`from_bytes`][fedhead.federation.secure_sum.SecureSumClient.from_bytes])."""
+        state = {
+            "site": self.site,
+            "stage": self._stage,
+            "keys": [_b64(private_key_to_bytes(k)) for k in (self._enc_key, self._mask_key)],
+            "book": {str(s): [_b64(k.encryption), _b64(k.mask)] for s, k in self._book.items()},
+            "threshold": self._threshold,
+            "seed": _b64(self._seed),
+            "seed_shares": {str(s): _b64(v) for s, v in self._seed_shares.items()},
+            "key_shares": {str(s): _b64(v) for s, v in self._key_shares.items()},
+            "peers": list(self._peers),
+        }
+        return json.dumps(state).encode()
+
+    @classmethod
+    def from_bytes(cls, blob: bytes) -> SecureSumClient:
+        """The site of [`to_bytes`][fedhead.federation.secure_sum.SecureSumClient.to_bytes]."""
+        try:
+            state = json.loads(blob)
+            self = cls.__new__(cls)
+            self.site = int(state["site"])
+            self._stage = int(state["stage"])
+            self._enc_key, self._mask_key = (bytes_to_private_key(_unb64(k)) for k in state["keys"])
+            self._public = PublicKeys(
+                public_key_to_bytes(self._enc_key.public_key()), public_key_to_bytes(self._mask_key.public_key())
+            )
+            self._book = {int(s): PublicKeys(_unb64(e), _unb64(m)) for s, (e, m) in state["book"].items()}
+            self._threshold = int(state["threshold"])
+            self._seed = _unb64(state["seed"])
+            self._seed_shares = {int(s): _unb64(v) for s, v in state["seed_shares"].items()}
+            self._key_shares = {int(s): _unb64(v) for s, v in state["key_shares"].items()}
+            self._peers = tuple(int(p) for p in state["peers"])
+        except (ValueError, KeyError, TypeError) as exc:
+            raise SecureSumError(f"secure sum: the site's stored state does not parse ({type(exc).__name__})") from None
+        return self
+
     def _enter(self, stage: int, name: str) -> None:
         if self._stage != stage - 1:
             done = f"after stage {self._stage}" if self._stage else "before stage 1"
@@ -404,7 +576,7 @@ class SecureSumClient:
         log.debug("secure sum: site %d shared its keys with %d peers", self.site, len(ciphertexts))
         return KeyShares(ciphertexts, _seed_digest(self._seed))
 
-    def mask(self, ciphertexts: Mapping[int, bytes], values: np.ndarray, encoding: FixedPoint) -> np.ndarray:
+    def mask(self, ciphertexts: Mapping[int, bytes], values: np.ndarray, encoding: Encoding) -> np.ndarray:
         """Stage 3: store the peers' shares and return ``y_u``, the masked encoding of ``values``.
 
         Parameters
@@ -414,16 +586,16 @@ class SecureSumClient:
         values : ndarray, shape (L,)
             This site's input (float64, every entry at most ``encoding.bound`` in magnitude);
             several arrays go in one sum concatenated (``np.concatenate([a.ravel() for a in ...])``).
-        encoding : FixedPoint
+        encoding : FixedPoint or WideFixedPoint
             The encoding the server fixed for this sum.
 
         Returns
         -------
-        ndarray of uint64, shape (L,)
+        ndarray of uint64, shape (encoding.width(L),)
             ``enc(x_u) + G(b_u) + sum_{v > u} G(s_uv) - sum_{v < u} G(s_uv)`` modulo ``2^64``.
         """
         self._enter(3, "mask")
-        if not isinstance(encoding, FixedPoint):
+        if not isinstance(encoding, FixedPoint | WideFixedPoint):
             raise TypeError(f"secure sum: encoding must be a FixedPoint, got {type(encoding).__name__}")
         encoding.check_sites(len(self._book))
         x = np.asarray(values, dtype=np.float64)
@@ -449,9 +621,10 @@ class SecureSumClient:
             raise SecureSumError(
                 f"secure sum: {len(self._peers) + 1} sites shared their keys, the threshold is {self._threshold}"
             )
-        y = encoding.encode(x) + _stream(self._seed, _SELF_MASK, x.size)
+        y = encoding.encode(x)
+        y = y + _stream(self._seed, _SELF_MASK, y.size)
         for peer in self._peers:
-            pair = _pair_mask(self._mask_key, self._book[peer].mask, x.size)
+            pair = _pair_mask(self._mask_key, self._book[peer].mask, y.size)
             y = y + pair if peer > self.site else y - pair
         return y
 
@@ -503,7 +676,7 @@ class SecureSumServer:
         ([`check_threshold`][fedhead.federation.secure_sum.check_threshold]).
     """
 
-    def __init__(self, sites: Iterable[int], length: int, encoding: FixedPoint, *, threshold: int | None = None):
+    def __init__(self, sites: Iterable[int], length: int, encoding: Encoding, *, threshold: int | None = None):
         self.sites = tuple(_check_site_ids(sites))
         m = len(self.sites)
         if m < MIN_SITES:
@@ -512,15 +685,16 @@ class SecureSumServer:
                 "input from the sum and its own)"
             )
         self.length = _check_length(length)
-        if not isinstance(encoding, FixedPoint):
+        if not isinstance(encoding, FixedPoint | WideFixedPoint):
             raise ConfigError(f"secure sum: encoding must be a FixedPoint, got {type(encoding).__name__}")
         encoding.check_sites(m)
         self.encoding = encoding
+        self.width = encoding.width(self.length)  # uint64 words of each masked input
         self.threshold = check_threshold(default_threshold(m) if threshold is None else threshold, m)
         self._stage = 0
         self._book: dict[int, PublicKeys] = {}
         self._digests: dict[int, bytes] = {}
-        self._sum = np.zeros(self.length, dtype=np.uint64)
+        self._sum = np.zeros(self.width, dtype=np.uint64)
         self._unmasking = Unmasking((), ())
 
     def _enter(self, stage: int, name: str) -> None:
@@ -579,15 +753,15 @@ class SecureSumServer:
     def collect_masked(self, masked: Mapping[int, np.ndarray]) -> Unmasking:
         """Stage 3: the masked inputs ``{site: y_u}``; sums them and returns whom to unmask."""
         self._enter(3, "collect masked inputs")
-        total = np.zeros(self.length, dtype=np.uint64)
+        total = np.zeros(self.width, dtype=np.uint64)
         for site, y in masked.items():
             if site not in self._digests:
                 raise ReplyError(site, "secure sum: a masked input from a site that did not share its keys")
             arr = np.asarray(y)
-            if arr.dtype != np.uint64 or arr.shape != (self.length,):
+            if arr.dtype != np.uint64 or arr.shape != (self.width,):
                 raise ReplyError(
                     site,
-                    f"secure sum: the masked input must be uint64 ({self.length},), got {arr.dtype} {arr.shape}",
+                    f"secure sum: the masked input must be uint64 ({self.width},), got {arr.dtype} {arr.shape}",
                 )
             total += arr
         survivors = tuple(sorted(masked))
@@ -631,7 +805,7 @@ class SecureSumServer:
                 raise SecureSumError(
                     f"secure sum: the shares of site {site}'s mask seed do not rebuild it (a wrong share)"
                 )
-            total -= _stream(seed, _SELF_MASK, self.length)
+            total -= _stream(seed, _SELF_MASK, self.width)
         for site in gone:
             pem = self._combine([revealed[h].key_shares[site] for h in helpers], site, "mask key")
             try:
@@ -644,7 +818,7 @@ class SecureSumServer:
                     f"secure sum: the shares of site {site}'s mask key do not rebuild it (a wrong share)"
                 )
             for peer in alive:
-                pair = _pair_mask(key, self._book[peer].mask, self.length)
+                pair = _pair_mask(key, self._book[peer].mask, self.width)
                 total = total - pair if site > peer else total + pair
         return SecureSumResult(self.encoding.decode(total), total, alive, gone)
 

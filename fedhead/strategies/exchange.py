@@ -88,6 +88,15 @@ class ExchangeSettings:
 
 
 @dataclass(frozen=True)
+class SecureSummary:
+    """What a secure exchange ([`fedhead.strategies.secure.secure_exchange`][fedhead.strategies.secure.secure_exchange])
+    knows beyond its one pooled row of moments: ``Sigma_within`` ``(C, C)`` and the pooled count ``N``."""
+
+    within: np.ndarray
+    count: int
+
+
+@dataclass(frozen=True)
 class MomentExchange:
     """Outcome of the one-time moment exchange before round 1."""
 
@@ -106,6 +115,8 @@ class MomentExchange:
     #: after a statistics exchange: what a resume must find again (site keys by partition, the
     #: pooled target standardisation, each site's input means and variances; JSON-ready)
     site_record: Mapping[str, Any] | None = None
+    #: in secure mode (``privacy.mode=secure``): the moments are one pooled row and no per-site value is known
+    secure: SecureSummary | None = None
 
     def sample_counts(self) -> dict[int, int]:
         """Partition id -> ``N_m``, as the clients reported them in the exchange."""

@@ -20,9 +20,13 @@ from flwr.serverapp.strategy import Result, Strategy
 from fedhead.analysis.consistency import gram_errors
 from fedhead.federation import aggregation as agg
 from fedhead.federation import protocol
+from fedhead.federation import secure_records as sr
 from fedhead.federation.checkpoint import ServerState
+from fedhead.federation.privacy_noise import privacy_spent
+from fedhead.federation.secure_records import SUM_ID
 from fedhead.federation.tracking import RoundRecord
 from fedhead.settings.limits import FailurePolicy, Timeouts
+from fedhead.settings.privacy import PrivacyPolicy
 from fedhead.settings.trust import TrustPolicy
 from fedhead.strategies.exchange import (
     ConfigValue,
@@ -36,8 +40,20 @@ from fedhead.strategies.exchange import (
 from fedhead.strategies.failures import Dropped
 from fedhead.strategies.observer import NullObserver, RunObserver
 from fedhead.strategies.phases import mean_mse, round_inputs, screen_phase, stack_heads, train_content
-from fedhead.strategies.replies import FederationError, parse_evaluate_reply, parse_train_reply
+from fedhead.strategies.replies import FederationError, parse_evaluate_reply, parse_train_reply, partition_of
 from fedhead.strategies.rounds import RoundState
+from fedhead.strategies.secure import (
+    DP_EPSILON,
+    DP_RELEASES,
+    SITES_AT_OPTIMUM,
+    SITES_SUMMED,
+    SecureSum,
+    SecureSumFailed,
+    enforce_reported_regime,
+    parse_site_reply,
+    run_secure_sum,
+    secure_exchange,
+)
 from fedhead.strategies.statistics import exchange_statistics, node_messages
 
 __all__ = ["FederationError", "HeadAveraging", "MomentExchange", "RunObserver"]
@@ -78,6 +94,10 @@ class HeadAveraging(Strategy):
         What a site's reply may claim: weight cap, count and magnitude bounds, update clipping,
         consistency flags ([`fedhead.settings.trust.TrustPolicy`][fedhead.settings.trust.TrustPolicy];
         None: the defaults).
+    privacy : PrivacyPolicy, optional
+        ``mode="secure"``: the exchange, every round's heads and every evaluation reach the server only
+        as secure sums ([`fedhead.strategies.secure`][fedhead.strategies.secure]); per-site checks and
+        measurements are then absent. None: clear mode.
     """
 
     def __init__(
@@ -96,6 +116,7 @@ class HeadAveraging(Strategy):
         allow_outside_regime: bool = False,
         site_statistics: tuple[str, str] | None = None,
         trust: TrustPolicy | None = None,
+        privacy: PrivacyPolicy | None = None,
     ) -> None:
         if lambda_h <= 0 or lambda_w <= 0:
             raise ValueError(f"lambda_h and lambda_w must be positive, got {lambda_h}, {lambda_w}")
@@ -113,6 +134,13 @@ class HeadAveraging(Strategy):
             trust=trust or TrustPolicy(),
         )
         self.settings.trust.check(int(min_nodes))
+        self.privacy = privacy or PrivacyPolicy()
+        self.privacy.check_sites(int(min_nodes))
+        #: secure mode: the server sees only sums ([`fedhead.strategies.secure`][fedhead.strategies.secure])
+        self.secure = self.privacy.mode == "secure"
+        self._grid: Grid | None = None
+        self._secure_replies: list = []  # the current secure phase's first replies (keys, self-checks)
+        self._releases = 0  # secure sums the server decoded (differential privacy composes them)
         self.observer: RunObserver = observer or NullObserver()
         self.evaluate_mse = bool(evaluate_mse)
         self.allow_outside_regime = bool(allow_outside_regime)
@@ -158,7 +186,12 @@ class HeadAveraging(Strategy):
         """Run the one-time moment exchange over ``grid`` and report it to the observer."""
         node_ids = self._wait_for_nodes(grid)
         site_local = self.settings.site_statistics is not None  # a site-local dataset=table run
-        self.exchange = (exchange_statistics if site_local else query_moments)(self.settings, grid, node_ids)
+        if self.secure:
+            noised = self.privacy.dp_noise > 0
+            self.exchange = secure_exchange(self.settings, grid, node_ids, self.privacy.threshold, noised=noised)
+            self._releases = 1
+        else:
+            self.exchange = (exchange_statistics if site_local else query_moments)(self.settings, grid, node_ids)
         for line in self.exchange.diagnosis.format().splitlines():
             log.info("diagnosis: %s", line)
         self.observer.on_exchange(self.exchange)
@@ -166,7 +199,10 @@ class HeadAveraging(Strategy):
 
     def check_regime(self) -> None:
         """Refuse to train outside the fully active regime unless allowed
-        ([`enforce_regime`][fedhead.strategies.exchange.enforce_regime])."""
+        ([`enforce_regime`][fedhead.strategies.exchange.enforce_regime]; in secure mode, as the sites report it)."""
+        if self.secure:
+            enforce_reported_regime(self._exchanged("the regime check"), self.allow_outside_regime)
+            return
         enforce_regime(
             self._exchanged("the regime check"),
             self.settings.lambda_h,
@@ -195,6 +231,7 @@ class HeadAveraging(Strategy):
         self.check_regime()
         rec = self.rounds.start(exchange.targets, *initial_head, dim=exchange.moments.dim)
         rec.dropped = [d.to_dict() for d in exchange.dropped]  # the sites the exchange left out
+        rec.extra.update(self.privacy_spent())
         self._round_complete(rec)
         return rec
 
@@ -228,10 +265,13 @@ class HeadAveraging(Strategy):
     ) -> Iterable[Message]:
         head_arrays = ArrayRecord({k: arrays[k] for k in (protocol.WEIGHT, protocol.BIAS)})
         self._broadcast = protocol.read_head(head_arrays)
+        self._grid = grid
         sigma_cen = None
         if self.settings.gamma > 0:  # correcting clients receive Sigma_cen
             sigma_cen = self._exchanged("the corrected procedure's training").moments.sigma_cen
-        content = train_content(head_arrays, self._phase_config(server_round, config), sigma_cen)
+        config = self._phase_config(server_round, config)
+        self._sum_name("train", config)
+        content = train_content(head_arrays, config, sigma_cen)
         return self._phase_messages(grid, "train", MessageType.TRAIN, content, arrays)
 
     def _phase_config(self, server_round: int, config: ConfigRecord) -> ConfigRecord:
@@ -240,6 +280,11 @@ class HeadAveraging(Strategy):
         config[protocol.SERVER_ROUND] = self.rounds.round(server_round)
         config.update(self.settings.message_config)
         return config
+
+    def _sum_name(self, kind: str, config: ConfigRecord) -> None:
+        """In secure mode, name the phase's secure sum in its config (the clients then reply with their keys)."""
+        if self.secure:
+            config[SUM_ID] = f"{kind}-{config[protocol.SERVER_ROUND]}"
 
     def _phase_messages(
         self, grid: Grid, kind: str, message_type: str, content: RecordDict, arrays: ArrayRecord
@@ -298,6 +343,8 @@ class HeadAveraging(Strategy):
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         server_round = self.rounds.round(server_round)
+        if self.secure:
+            return self._aggregate_secure_train(server_round, replies)
         msgs, heads, biases, counts = self.parse_train_replies(replies)
         extra = self.verify_replies(msgs, heads)
         fit, present, client_metrics, ignored = round_inputs(
@@ -367,6 +414,92 @@ class HeadAveraging(Strategy):
     def _add_aggregate(self, arrays: ArrayRecord, msgs: Sequence[Message], shares: np.ndarray) -> None:
         """Hook for subclasses that aggregate more than the head (``shares``: the averaging weights, unnormalised)."""
 
+    # ---------------------------------------------------------------- secure mode
+    def _secure_phase(
+        self, replies: Iterable[Message], stage: str, kind: str, server_round: int, length: int, bound: float
+    ) -> tuple[SecureSum, list[Dropped]]:
+        """A phase's secure sum: its replies (each site's keys) screened, then stages 2-4
+        ([`run_secure_sum`][fedhead.strategies.secure.run_secure_sum]); the sum and the dropped sites."""
+        exchange = self._exchanged(stage)
+        kept, dropped = screen_phase(
+            replies,
+            lambda msg: (partition_of(msg), parse_site_reply(msg)),
+            stage=stage,
+            exchange=exchange,
+            required=self.settings.required,
+            sent=self._sent.pop(kind, None),
+            timeout=self.settings.timeouts.round,
+        )
+        self._secure_replies = [r for _, (_, r) in kept]
+        assert self._grid is not None
+        summed = run_secure_sum(
+            self._grid,
+            {r.node: r.keys for r in self._secure_replies},
+            sum_id=f"{kind}-{server_round}",
+            name=f"{kind} round {server_round}",
+            length=length,
+            bound=sr.COUNT_BOUND * bound,
+            required=self.settings.required,
+            timeout=self.settings.timeouts.round,
+            threshold=self.privacy.threshold,
+            message_config=self.settings.message_config,
+            partitions=dict(zip(exchange.node_ids, exchange.partition_ids)),
+        )
+        self._releases += 1
+        return summed, [*dropped, *summed.dropped]
+
+    def privacy_spent(self) -> dict[str, float]:
+        """Under differential privacy, the releases so far and their ``epsilon`` at ``privacy.dp_delta``
+        ([`privacy_spent`][fedhead.federation.privacy_noise.privacy_spent]); empty otherwise."""
+        pv = self.privacy
+        if not (self.secure and pv.dp_noise > 0 and self._releases):
+            return {}
+        spent = privacy_spent(pv.dp_noise, self._releases, self.settings.num_clients, pv.dp_delta)
+        return {DP_RELEASES: float(self._releases), DP_EPSILON: float(spent.epsilon)}
+
+    def _aggregate_secure_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """The round's average head from the secure sum of ``N_m [W_m, b_m, 1]``; per-site values are absent."""
+        shape = self.rounds.head_shape
+        c, p = shape
+        summed, dropped = self._secure_phase(
+            replies, "training", "train", server_round, c * p + c + 1, self.settings.trust.max_abs
+        )
+        weight, bias, _count = sr.read_head(summed.total, shape)
+        worst = float(max(np.max(np.abs(weight)), np.max(np.abs(bias)))) if weight.size else 0.0
+        if not np.isfinite(worst) or worst > self.settings.trust.max_abs:
+            raise SecureSumFailed(
+                f"training round {server_round}: the secure average of the heads has an entry of magnitude "
+                f"{worst:.3g} beyond trust.max_abs={self.settings.trust.max_abs:g}; a site sent values out of "
+                "bounds, and in secure mode the server cannot tell which"
+            )
+        self.rounds.set_head(weight, bias)
+        assert self.rounds.tracker is not None and self._broadcast is not None
+        sites = [r for r in self._secure_replies if r.node in summed.survivors]
+        at_optimum = sum(1 for r in sites if r.metrics.get(sr.LOCAL_OPTIMUM) == 1)
+        rec = self.rounds.tracker.record(
+            server_round,
+            weight,
+            bias,
+            broadcast=self._broadcast[0],
+            client_heads=np.zeros((0, c, p)),
+            client_metrics=[dict(r.metrics) for r in sites],
+            extra={SITES_AT_OPTIMUM: float(at_optimum), SITES_SUMMED: float(len(sites)), **self.privacy_spent()},
+            dropped=[d.to_dict() for d in dropped],
+        )
+        if at_optimum < len(sites):
+            log.warning(
+                "training round %d: %d of %d sites report that they did not reach their local optimum",
+                server_round,
+                len(sites) - at_optimum,
+                len(sites),
+            )
+        out_metrics = MetricRecord({k: float(v) for k, v in rec.scalars().items() if "/" not in k})
+        if not self.evaluate_mse:
+            self._round_complete(rec)
+        return protocol.head_record(weight, bias), out_metrics
+
     # ---------------------------------------------------------------- evaluation (MSE)
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
@@ -377,6 +510,8 @@ class HeadAveraging(Strategy):
         config = self._phase_config(server_round, ConfigRecord(dict(config)))  # a fresh record per round
         if self.num_rounds is not None and config[protocol.SERVER_ROUND] == self.num_rounds:
             config[protocol.FINAL_ROUND] = True  # the final shared head: each client saves its model
+        self._grid = grid
+        self._sum_name("evaluate", config)
         content = RecordDict({protocol.HEAD: head, protocol.CONFIG: config})
         return self._phase_messages(grid, "evaluate", MessageType.EVALUATE, content, arrays)
 
@@ -384,10 +519,15 @@ class HeadAveraging(Strategy):
         if not self.evaluate_mse:
             return None
         server_round = self.rounds.round(server_round)
-        kept, dropped = self._screen(replies, parse_evaluate_reply, "evaluation", "evaluate")
-        train, test = mean_mse([r[1] for _, r in kept])
+        if self.secure:
+            summed, dropped = self._secure_phase(replies, "evaluation", "evaluate", server_round, sr.MSE_LENGTH, 1.0)
+            train, test = sr.read_mse(summed.total)
+        else:
+            kept, dropped = self._screen(replies, parse_evaluate_reply, "evaluation", "evaluate")
+            train, test = mean_mse([r[1] for _, r in kept])
         assert self.rounds.tracker is not None
         rec = self.rounds.tracker.set_mse(server_round, train, test)
+        rec.extra.update(self.privacy_spent())
         rec.dropped.extend(d.to_dict() for d in dropped)
         self._round_complete(rec)
         out: dict[str, MetricRecordValues] = {protocol.TRAIN_MSE: train}

@@ -17,6 +17,7 @@ import numpy as np
 from flwr.app import ArrayRecord, Message, RecordDict
 
 from fedhead.analysis.metrics import relative_error
+from fedhead.analysis.procedure import ConfigError
 from fedhead.federation import aggregation as agg
 from fedhead.federation import protocol
 from fedhead.strategies.head_averaging import HeadAveraging
@@ -130,6 +131,10 @@ def make_strategy(kind: str, *, measure_mismatch: bool = False, **kwargs: Any) -
     }
     if kind not in classes:
         raise ValueError(f"unknown strategy kind {kind!r}; expected one of {sorted(classes)}")
+    privacy = kwargs.get("privacy")
+    if privacy is not None and privacy.secure and (measure_mismatch or kind == "full_model"):
+        what = "the mismatch measurement (per-site objectives)" if measure_mismatch else "full-model averaging"
+        raise ConfigError(f"privacy.mode=secure sums only the heads; {what} would send per-site values in the clear")
     if measure_mismatch:
         if kind != "head":
             raise ValueError(f"the mismatch measurement needs head averaging without alignment, not {kind!r}")

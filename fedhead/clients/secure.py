@@ -1,0 +1,183 @@
+"""A site's part in the secure sums of ``privacy.mode=secure``
+([`fedhead.federation.secure_sum`][fedhead.federation.secure_sum]).
+
+A phase message that names a sum (``config["secure-sum"]``) makes its handler compute the site's
+vector as usual, then [`begin_sum`][fedhead.clients.secure.begin_sum] keeps that vector and a fresh
+[`SecureSumClient`][fedhead.federation.secure_sum.SecureSumClient] in the node's own state and replies
+with the public keys only. The three later steps (``stage="secure-sum"`` queries) run in
+[`handle_secure_step`][fedhead.clients.secure.handle_secure_step]. The vector never leaves the site
+but masked; nothing here is logged but sizes.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+
+from fedhead.clients.messages import ClientError
+from fedhead.federation import protocol
+from fedhead.federation import secure_records as sr
+from fedhead.federation.aggregation import LOCAL_GAP_THRESHOLD as _LOCAL_GAP_THRESHOLD
+from fedhead.federation.privacy_noise import dp_contribution
+from fedhead.federation.secure_sum import SecureSumClient, SecureSumError
+from fedhead.settings.privacy import PrivacyPolicy
+from fedhead.ufm import fully_active_margins
+
+log = logging.getLogger(__name__)
+
+_STATE = "secure-sum-state"  # the node's state: ConfigRecord (sum id, client) and ArrayRecord (vector)
+
+
+def sum_id(msg: Message) -> str | None:
+    """The secure sum a phase message starts (None: clear mode)."""
+    cfg = msg.content.config_records.get(protocol.CONFIG)
+    value = None if cfg is None else cfg.get(sr.SUM_ID)
+    return value if isinstance(value, str) and value else None
+
+
+def begin_sum(msg: Message, context: Context, vector: np.ndarray, metrics: Mapping[str, int | float]) -> RecordDict:
+    """Keep ``vector`` (this site's input to the sum the message names) and a fresh site of the sum in
+    the node's state; the reply: the site's public keys and ``metrics`` (which must reveal no row)."""
+    name = sum_id(msg)
+    if name is None:
+        raise ClientError("a secure sum was begun by a message that names none")
+    values = np.ascontiguousarray(vector, dtype=np.float64).ravel()
+    if not np.all(np.isfinite(values)):
+        raise ClientError(f"secure sum {name}: this site's input has non-finite entries")
+    client = SecureSumClient(int(context.node_id))
+    keys = client.advertise()
+    context.state[_STATE] = ConfigRecord({"id": name, "client": client.to_bytes()})
+    context.state[_STATE + "-values"] = ArrayRecord({"values": Array(values)})
+    log.debug("secure sum %s: %d entries kept for masking", name, values.size)
+    return RecordDict(
+        {sr.SECURE: ConfigRecord({sr.PAYLOAD: sr.pack(keys)}), protocol.METRICS: MetricRecord(dict(metrics))}
+    )
+
+
+def handle_secure_step(msg: Message, context: Context) -> Message:
+    """One later step of the sum this node began: ``share-keys``, ``mask`` (its masked input) or ``reveal``."""
+    cfg = msg.content.config_records.get(protocol.CONFIG)
+    name = sum_id(msg)
+    step = None if cfg is None else cfg.get(sr.STEP)
+    held = context.state.config_records.get(_STATE)
+    if held is None or name is None or held.get("id") != name:
+        raise ClientError(
+            f"secure sum {name}: this site has not begun it (it holds {None if held is None else held.get('id')})"
+        )
+    blob = held.get("client")
+    if not isinstance(blob, bytes):
+        raise ClientError(f"secure sum {name}: the site's state is damaged")
+    client = SecureSumClient.from_bytes(blob)
+    try:
+        payload = sr.payload_of(msg.content.config_records.get(sr.SECURE))
+        out = RecordDict()
+        if step == sr.SHARE_KEYS:
+            book, threshold = sr.unpack_book(payload)
+            out[sr.SECURE] = ConfigRecord({sr.PAYLOAD: sr.pack(client.share_keys(book, threshold))})
+        elif step == sr.MASK:
+            ciphertexts, encoding = sr.unpack_mask_request(payload)
+            values = context.state.array_records[_STATE + "-values"]["values"].numpy()
+            masked = client.mask(ciphertexts, values, encoding)
+            out[sr.SECURE] = ArrayRecord({sr.MASKED: Array(masked)})
+            del context.state[_STATE + "-values"]  # the input is masked: nothing of it is kept
+        elif step == sr.REVEAL:
+            unmasking = sr.unpack_unmasking(payload)
+            out[sr.SECURE] = ConfigRecord({sr.PAYLOAD: sr.pack(client.reveal(unmasking.survivors, unmasking.dropped))})
+        else:
+            raise ClientError(f"secure sum {name}: unknown step {step!r}")
+    except (SecureSumError, ValueError, KeyError) as exc:
+        raise ClientError(f"secure sum {name}, step {step}: {exc}") from None
+    held["client"] = client.to_bytes()
+    context.state[_STATE] = held
+    return Message(out, reply_to=msg)
+
+
+def _metric(metrics: Mapping[str, object], key: str) -> float:
+    value = metrics.get(key)
+    if not isinstance(value, int | float):
+        raise ClientError(f"secure sum: the reply lacks its metric '{key}'")
+    return float(value)
+
+
+def secure_reply(
+    msg: Message,
+    context: Context,
+    content: RecordDict,
+    *,
+    lambdas: tuple[float, float],
+    privacy: PrivacyPolicy,
+    min_sites: int,
+) -> RecordDict:
+    """The secure form of a clear reply ``content`` (never sent): its vector enters the sum the message names
+    ([`begin_sum`][fedhead.clients.secure.begin_sum]); what is sent is the site's keys, its partition id and
+    what the site checks of itself as pass or fail (its own margin, whether it reached its local optimum).
+
+    ``lambdas``: ``(lambda_h, lambda_w)`` of the run (the margin ``lambda_min(Sigma_m) - lambda_h lambda_w``).
+    With ``privacy.dp_noise > 0`` the vector is clipped, its weight capped and noised first
+    ([`dp_contribution`][fedhead.federation.privacy_noise.dp_contribution]; ``min_sites``: the fewest sites
+    whose sum the server may decode, the failure policy's minimum).
+    """
+    metrics = content.metric_records.get(protocol.METRICS, MetricRecord())
+    safe: dict[str, int | float] = {}
+
+    def begin(vector: np.ndarray) -> RecordDict:
+        if privacy.dp_noise > 0:
+            assert privacy.dp_max_rows is not None  # the policy refuses dp_noise without it
+            vector = dp_contribution(
+                vector,
+                max(1, int(_metric(metrics, protocol.NUM_EXAMPLES))),
+                clip=privacy.dp_clip,
+                max_rows=privacy.dp_max_rows,
+                noise_multiplier=privacy.dp_noise,
+                min_sites=min_sites,
+                rng=np.random.default_rng(),  # the operating system's entropy: no seed the server could know
+            )
+        return begin_sum(msg, context, vector, safe)
+
+    if protocol.PARTITION_ID in metrics:
+        safe[protocol.PARTITION_ID] = int(_metric(metrics, protocol.PARTITION_ID))
+    arrays = content.array_records
+    if protocol.MOMENTS in arrays:  # the moment exchange
+        mean, cov = arrays[protocol.MOMENTS][protocol.MEAN].numpy(), arrays[protocol.MOMENTS][protocol.COV].numpy()
+        vector = sr.moment_vector(_metric(metrics, protocol.NUM_EXAMPLES), mean, cov)
+        safe[sr.FULLY_ACTIVE] = int(fully_active(cov, lambdas))
+        safe[sr.TARGETS] = int(np.asarray(mean).size)
+    elif protocol.SITE_STATS in arrays:  # a site-local table's statistics
+        st = arrays[protocol.SITE_STATS]
+        cov = st[protocol.Y_COV].numpy()
+        safe[sr.TARGETS] = int(cov.shape[0])
+        safe[sr.FEATURES] = int(st[protocol.X_MEAN].numpy().size)
+        vector = sr.statistics_vector(
+            _metric(metrics, protocol.NUM_EXAMPLES),
+            st[protocol.Y_MEAN].numpy(),
+            cov,
+            st[protocol.X_MEAN].numpy(),
+            st[protocol.X_VAR].numpy(),
+        )
+        reply = begin(vector)
+        reply[protocol.SITE] = content.config_records[protocol.SITE]  # column names and the file's key
+        return reply
+    elif protocol.HEAD in arrays:  # a round's trained head
+        weight, bias = protocol.read_head(arrays[protocol.HEAD])
+        vector = sr.head_vector(_metric(metrics, protocol.NUM_EXAMPLES), weight, bias)
+        safe[protocol.SERVER_ROUND] = int(_metric(metrics, protocol.SERVER_ROUND))
+        gap = metrics.get(protocol.TRAINED_GAP)
+        if isinstance(gap, int | float):
+            safe[sr.LOCAL_OPTIMUM] = int(float(gap) <= _LOCAL_GAP_THRESHOLD)
+    else:  # an evaluation
+        test = metrics.get(protocol.TEST_MSE)
+        vector = sr.mse_vector(
+            _metric(metrics, protocol.TRAIN_MSE),
+            int(_metric(metrics, protocol.NUM_EXAMPLES)),
+            None if not isinstance(test, int | float) else float(test),
+            int(metrics.get(protocol.NUM_TEST_EXAMPLES, 0) or 0),  # type: ignore[arg-type]
+        )
+    return begin(vector)
+
+
+def fully_active(cov: np.ndarray, lambdas: tuple[float, float]) -> bool:
+    """This site's own margin as pass or fail (theory.md §3)."""
+    return bool(fully_active_margins(np.asarray(cov, dtype=np.float64)[None], *lambdas).margins[0] > 0)
