@@ -19,7 +19,7 @@ from flwr.clientapp import ClientApp
 from fedhead.clients.cache import CLIENT_CACHE
 from fedhead.clients.export import is_final, save_final_model
 from fedhead.clients.messages import ClientError, round_of
-from fedhead.clients.secure import fully_active, handle_secure_step, secure_reply, sum_id
+from fedhead.clients.secure import SecureSite, fully_active, secure_mod
 from fedhead.clients.site import handle_statistics, local_data
 from fedhead.clients.state import (
     client_moments,
@@ -33,7 +33,7 @@ from fedhead.clients.state import (
 )
 from fedhead.clients.step import evaluate_step, moment_reply, train_step
 from fedhead.federation import protocol
-from fedhead.federation.secure_records import FULLY_ACTIVE, STAGE_REGIME, STAGE_SECURE
+from fedhead.federation.secure_records import FULLY_ACTIVE, STAGE_REGIME
 from fedhead.federation.secure_sum import MIN_SITES
 from fedhead.settings.job import JobConfig
 from fedhead.train import mismatch_objectives, select_device
@@ -48,18 +48,16 @@ def handle_query(job: JobConfig, msg: Message, context: Context) -> Message:
     with the mismatch objectives ([`handle_mismatch`][fedhead.clients.app.handle_mismatch])."""
     cfg = msg.content.config_records.get(protocol.CONFIG)
     stage = None if cfg is None else cfg.get(protocol.STAGE)
-    if stage == STAGE_SECURE:
-        return handle_secure_step(msg, context)
     if stage == STAGE_REGIME:
         return handle_regime(job, msg, context)
     if stage == protocol.STAGE_MISMATCH:
         return handle_mismatch(job, msg, context)
     if stage == protocol.STAGE_STATISTICS:
-        return _reply(job, msg, context, handle_statistics(job, msg, context).content)
+        return handle_statistics(job, msg, context)
     pid = partition_of(context, job, msg)
     _, cd = local_data(job, context, msg, pid)
     y, mu, sigma = client_moments(job, pid, cd)
-    return _reply(job, msg, context, moment_reply(y, pid, moments=(mu, sigma)))
+    return Message(moment_reply(y, pid, moments=(mu, sigma)), reply_to=msg)
 
 
 def handle_regime(job: JobConfig, msg: Message, context: Context) -> Message:
@@ -73,20 +71,14 @@ def handle_regime(job: JobConfig, msg: Message, context: Context) -> Message:
     return Message(RecordDict({protocol.METRICS: MetricRecord(metrics)}), reply_to=msg)
 
 
-def _reply(job: JobConfig, msg: Message, context: Context, content: RecordDict) -> Message:
-    """The reply of ``content``; in secure mode (the message names a sum) only its secure form
-    ([`fedhead.clients.secure.secure_reply`][fedhead.clients.secure.secure_reply]) leaves the site."""
-    if sum_id(msg) is not None:
-        st = job.settings
-        content = secure_reply(
-            msg,
-            context,
-            content,
-            lambdas=(st.lambda_h, st.lambda_w),
-            privacy=job.privacy,
-            min_sites=max(MIN_SITES, job.failure.required(st.num_clients)),
-        )
-    return Message(content, reply_to=msg)
+def secure_site(job: JobConfig) -> SecureSite:
+    """What the job's secure replies need ([`fedhead.clients.secure.secure_mod`][fedhead.clients.secure.secure_mod])."""
+    st = job.settings
+    return SecureSite(
+        lambdas=(st.lambda_h, st.lambda_w),
+        privacy=job.privacy,
+        min_sites=max(MIN_SITES, job.failure.required(st.num_clients)),
+    )
 
 
 def handle_mismatch(job: JobConfig, msg: Message, context: Context) -> Message:
@@ -170,7 +162,7 @@ def handle_train(job: JobConfig, msg: Message, context: Context) -> Message:
     if backbone is not None:
         save_backbone(job, context, pid, rnd, backbone)
     record_ray_node(job)
-    return _reply(job, msg, context, content)
+    return Message(content, reply_to=msg)
 
 
 def handle_evaluate(job: JobConfig, msg: Message, context: Context) -> Message:
@@ -201,7 +193,7 @@ def handle_evaluate(job: JobConfig, msg: Message, context: Context) -> Message:
             save_final_model(job, context, msg, pid, cd, backbone, (w, b), offset, round_of(msg))
         except Exception as exc:  # noqa: BLE001 - the run's results stand; the model is lost, said once
             log.warning("partition %d: the final model could not be saved: %s: %s", pid, type(exc).__name__, exc)
-    return _reply(job, msg, context, content)
+    return Message(content, reply_to=msg)
 
 
 # -------------------------------------------------------------------------------- the app
@@ -211,8 +203,8 @@ class JobsClientApp(ClientApp):
     this makes that a few kB of bytes instead of the handlers' code and the configs, rebuilt
     once per worker process instead of once per message."""
 
-    def __init__(self, jobs: JobConfig | Sequence[JobConfig]):
-        super().__init__()
+    def __init__(self, jobs: JobConfig | Sequence[JobConfig], mods: list | None = None):
+        super().__init__(mods=mods)
         self._blob = pickle.dumps(jobs, protocol=pickle.HIGHEST_PROTOCOL)
         self._digest = hashlib.sha256(self._blob).hexdigest()
 
@@ -234,13 +226,14 @@ def make_client_app(job: JobConfig | Sequence[JobConfig] | Callable[[Context], J
     jobs travel with the app in a Ray simulation (as their pickle:
     [`JobsClientApp`][fedhead.clients.app.JobsClientApp]).
     """
-    app: ClientApp = ClientApp()
+    resolve = _job_resolver(job)
+    mods = [secure_mod(lambda msg, ctx: secure_site(resolve(msg, ctx)))]  # privacy.mode=secure
+    app: ClientApp = ClientApp(mods=mods)
     if isinstance(job, (list, tuple)) or not callable(job):
         try:
-            app = JobsClientApp(job)
+            app = JobsClientApp(job, mods)
         except (pickle.PicklingError, TypeError, AttributeError):  # e.g. a test's local class: by value
             log.debug("jobs not picklable by reference; the ClientApp travels by value", exc_info=True)
-    resolve = _job_resolver(job)
 
     @app.query()
     def query(msg: Message, context: Context) -> Message:

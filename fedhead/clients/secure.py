@@ -1,5 +1,6 @@
 """A site's part in the secure sums of ``privacy.mode=secure``
-([`fedhead.federation.secure_sum`][fedhead.federation.secure_sum]).
+([`fedhead.federation.secure_sum`][fedhead.federation.secure_sum]), as a Flower mod
+([`secure_mod`][fedhead.clients.secure.secure_mod]) that any ClientApp built on fedhead's client steps adds.
 
 A phase message that names a sum (``config["secure-sum"]``) makes its handler compute the site's
 vector as usual, then [`begin_sum`][fedhead.clients.secure.begin_sum] keeps that vector and a fresh
@@ -12,7 +13,8 @@ but masked; nothing here is logged but sizes.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
@@ -22,7 +24,7 @@ from fedhead.federation import protocol
 from fedhead.federation import secure_records as sr
 from fedhead.federation.aggregation import LOCAL_GAP_THRESHOLD as _LOCAL_GAP_THRESHOLD
 from fedhead.federation.privacy_noise import dp_contribution
-from fedhead.federation.secure_sum import SecureSumClient, SecureSumError
+from fedhead.federation.secure_sum import MIN_SITES, SecureSumClient, SecureSumError
 from fedhead.settings.privacy import PrivacyPolicy
 from fedhead.ufm import fully_active_margins
 
@@ -181,3 +183,38 @@ def secure_reply(
 def fully_active(cov: np.ndarray, lambdas: tuple[float, float]) -> bool:
     """This site's own margin as pass or fail (theory.md §3)."""
     return bool(fully_active_margins(np.asarray(cov, dtype=np.float64)[None], *lambdas).margins[0] > 0)
+
+
+@dataclass(frozen=True)
+class SecureSite:
+    """What a site's secure replies need of its run: ``lambdas`` ``(lambda_h, lambda_w)`` (its own margin),
+    ``privacy`` (differential privacy) and ``min_sites``, the fewest sites whose sum the server may decode
+    (the failure policy's minimum, at least 3)."""
+
+    lambdas: tuple[float, float]
+    privacy: PrivacyPolicy = PrivacyPolicy()
+    min_sites: int = MIN_SITES
+
+
+def secure_mod(site_of: Callable[[Message, Context], SecureSite]):
+    """A Flower mod (``ClientApp(mods=[secure_mod(...)])``) that serves secure mode for the app's handlers:
+    it answers the secure sum's later steps itself, and turns a reply to a message that names a sum into its
+    secure form ([`secure_reply`][fedhead.clients.secure.secure_reply]). Clear-mode messages pass through.
+
+    ``site_of(msg, context)``: the [`SecureSite`][fedhead.clients.secure.SecureSite] of the message's run.
+    """
+
+    def mod(msg: Message, context: Context, call_next: Callable[[Message, Context], Message]) -> Message:
+        cfg = msg.content.config_records.get(protocol.CONFIG)
+        if cfg is not None and cfg.get(protocol.STAGE) == sr.STAGE_SECURE:
+            return handle_secure_step(msg, context)
+        reply = call_next(msg, context)
+        if sum_id(msg) is None or reply.has_error():
+            return reply
+        site = site_of(msg, context)
+        content = secure_reply(
+            msg, context, reply.content, lambdas=site.lambdas, privacy=site.privacy, min_sites=site.min_sites
+        )
+        return Message(content, reply_to=msg)
+
+    return mod

@@ -17,6 +17,7 @@ from fedhead.federation.aggregation import LOCAL_GAP_THRESHOLD
 from fedhead.results.rounds import RoundRecord
 from fedhead.results.schema import Results
 from fedhead.settings.config import JobConfig
+from fedhead.strategies.secure import DP_EPSILON, SITES_AT_OPTIMUM, SITES_SUMMED
 
 __all__ = [
     "fmt",
@@ -50,7 +51,18 @@ def round_line(job: JobConfig, record: RoundRecord) -> str:
         if record.local_epochs:
             lo, hi = min(record.local_epochs), max(record.local_epochs)
             parts.append(f"({lo} epochs)" if lo == hi else f"({lo}-{hi} epochs)")
+    elif record.extra.get(SITES_SUMMED) is not None:  # secure mode: the sites' own pass or fail
+        parts[-1] += ","
+        parts.append(f"{sites_at_optimum(record)} sites at their local optimum")
+    if record.extra.get(DP_EPSILON) is not None:
+        parts.append(f"(epsilon so far {record.extra[DP_EPSILON]:.3g})")
     return " ".join(parts)
+
+
+def sites_at_optimum(record: RoundRecord) -> str:
+    """``k/M``: the sites of a secure round that report they reached their local optimum ("-": not secure)."""
+    k, m = record.extra.get(SITES_AT_OPTIMUM), record.extra.get(SITES_SUMMED)
+    return "-" if k is None or m is None else f"{int(k)}/{int(m)}"
 
 
 def round_log_line(job: JobConfig, record: RoundRecord) -> str:
@@ -118,7 +130,12 @@ def error_table(all_results: list[Results]) -> str:
     n_rounds = max(len(r.rounds) for r in done)
 
     def cell(r: Results, i: int, attr: str, spec: str) -> str:
-        return "" if i >= len(r.rounds) else fmt(getattr(r.rounds[i], attr), spec)
+        if i >= len(r.rounds):
+            return ""
+        rec = r.rounds[i]
+        if attr == "max_trained_gap" and rec.max_trained_gap is None and rec.extra.get(SITES_SUMMED) is not None:
+            return f"{sites_at_optimum(rec)} at optimum"
+        return fmt(getattr(rec, attr), spec)
 
     rows = [[str(i)] + [cell(r, i, a, spec) for r in done for a, _, spec in cols] for i in range(n_rounds)]
     widths = [max(len(h), *(len(r[c]) for r in rows)) for c, h in enumerate(head)]

@@ -466,7 +466,13 @@ class HeadAveraging(Strategy):
         summed, dropped = self._secure_phase(
             replies, "training", "train", server_round, c * p + c + 1, self.settings.trust.max_abs
         )
-        weight, bias, _count = sr.read_head(summed.total, shape)
+        weight, bias, count = sr.read_head(summed.total, shape)
+        if not count > 0:
+            raise SecureSumFailed(
+                f"training round {server_round}: the secure sum's count of rows is {count:.3g}, not positive: the "
+                "differential privacy noise overwhelms the sites' weights (lower privacy.dp_noise or raise "
+                "privacy.dp_max_rows)"
+            )
         worst = float(max(np.max(np.abs(weight)), np.max(np.abs(bias)))) if weight.size else 0.0
         if not np.isfinite(worst) or worst > self.settings.trust.max_abs:
             raise SecureSumFailed(
@@ -521,6 +527,11 @@ class HeadAveraging(Strategy):
         server_round = self.rounds.round(server_round)
         if self.secure:
             summed, dropped = self._secure_phase(replies, "evaluation", "evaluate", server_round, sr.MSE_LENGTH, 1.0)
+            if not summed.total[1] > 0:
+                raise SecureSumFailed(
+                    f"evaluation round {server_round}: the secure sum's count of rows is {summed.total[1]:.3g}, not "
+                    "positive: the differential privacy noise overwhelms it (lower privacy.dp_noise)"
+                )
             train, test = sr.read_mse(summed.total)
         else:
             kept, dropped = self._screen(replies, parse_evaluate_reply, "evaluation", "evaluate")

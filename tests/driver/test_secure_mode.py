@@ -228,3 +228,24 @@ def test_site_local_tables_secure_equals_clear(tmp_path, task_identity):
     for reply in grid.replies:  # no row value in any metric
         for record in reply.content.metric_records.values():
             assert not values & {float(v) for v in record.values() if isinstance(v, int | float)}
+
+
+def test_differential_privacy_noises_every_sum_and_accounts_every_release(tmp_path, task_identity):
+    from fedhead.federation.privacy_noise import privacy_spent
+
+    dp = ("privacy.dp_max_rows=60", "privacy.dp_clip=10", "privacy.dp_delta=1e-5")
+    over = ("procedure=corrected_proximal", "rounds=1")
+    clear, _ = _run(_hopper_job(tmp_path / "clear", *over))
+    weak, _ = _run(_hopper_job(tmp_path / "weak", SECURE, *over, *dp, "privacy.dp_noise=1e-9"))
+    strong, _ = _run(_hopper_job(tmp_path / "strong", SECURE, *over, *dp, "privacy.dp_noise=0.3"))
+    for res, z in ((weak, 1e-9), (strong, 0.3)):
+        spent = res.privacy["dp"]
+        assert spent["releases"] == 1 + 2  # the exchange, the round, its evaluation
+        want = privacy_spent(z, spent["releases"], 4, 1e-5).epsilon
+        assert spent["epsilon"] == pytest.approx(want, rel=1e-12)
+        assert [r.extra["dp_releases"] for r in res.rounds] == [1, 3]
+    assert strong.privacy["dp"]["epsilon"] < weak.privacy["dp"]["epsilon"]
+    # no clipping binds at this Delta and K (the sites' rows <= 60): a tiny noise leaves the result
+    assert _rel(weak.targets["g_cen"], clear.targets["g_cen"]) < 1e-6
+    assert _rel(weak.rounds[-1].gram, clear.rounds[-1].gram) < 1e-5
+    assert _rel(strong.targets["g_cen"], clear.targets["g_cen"]) > 1e-3  # the server never saw an un-noised sum

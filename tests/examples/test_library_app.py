@@ -160,3 +160,15 @@ def test_docs_list_the_examples_code_as_it_is():
         assert f"```python\n{(APP / 'myapp' / name).read_text()}```" in doc, f"docs/library.md lists another {name}"
     for link in re.findall(r"\]\(([^)]+)\)", doc):
         assert (REPO / "docs" / link).resolve().is_relative_to(REPO) and (REPO / "docs" / link).exists(), link
+
+
+def test_secure_mode_gives_the_clear_runs_g_cen_and_grams(example, tmp_path):
+    """``privacy-mode = "secure"``: the user's ClientApp with fedhead's mod; the server holds only sums."""
+    over = {"num-server-rounds": 2, "local-epochs": 3}
+    clear, _ = serve(tmp_path / "clear", **over)
+    secure, _ = serve(tmp_path / "secure", **over, **{"privacy-mode": "secure"})
+    assert rel(secure["targets"]["g_cen"], np.asarray(clear["targets"]["g_cen"])) < 1e-9
+    assert secure["targets"]["g_star"] is None and clear["targets"]["g_star"] is not None
+    for a, b in zip(clear["rounds"], secure["rounds"], strict=True):
+        assert rel(b["gram"], np.asarray(a["gram"])) < 1e-6
+        assert b["trained_gaps"] is None

@@ -6,13 +6,23 @@ import torch
 from flwr.app import ArrayRecord, Context, Message
 from flwr.clientapp import ClientApp
 
-from fedhead.clients import evaluate_step, moment_reply, train_step
+from fedhead.clients import SecureSite, evaluate_step, moment_reply, secure_mod, train_step
 from fedhead.models import as_backbone
 from fedhead.settings.config import load_procedure
+from fedhead.settings.privacy import PrivacyPolicy
 from fedhead.train import LocalProblem, TrainConfig
 from myapp.task import Net, load_partition
 
-app = ClientApp()
+
+def secure_site(msg: Message, context: Context) -> SecureSite:
+    """What this site's replies need when the run config says ``privacy-mode = "secure"``."""
+    cfg = context.run_config
+    lambdas = (float(cfg["lambda-h"]), float(cfg["lambda-w"]))
+    return SecureSite(lambdas=lambdas, privacy=PrivacyPolicy(mode=str(cfg["privacy-mode"])))
+
+
+# secure mode: the mod answers the secure sum's steps and sends each reply only as its share of a sum
+app = ClientApp(mods=[secure_mod(secure_site)])
 
 
 def setup(context: Context):

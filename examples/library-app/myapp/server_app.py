@@ -10,6 +10,7 @@ from flwr.serverapp import Grid, ServerApp
 from fedhead.models import initial_head
 from fedhead.results.io import to_jsonable, write_json_atomic
 from fedhead.settings.config import load_procedure
+from fedhead.settings.privacy import PrivacyPolicy
 from fedhead.settings.trust import TrustPolicy
 from fedhead.strategies import make_strategy
 from myapp.task import FEATURE_DIM
@@ -46,6 +47,7 @@ def main(grid: Grid, context: Context) -> None:
         observer=summary,
         evaluate_mse=not procedure.exact,  # the exact rule trains no backbone
         trust=TrustPolicy(extra_metrics=("backbone_norm",)),  # the metric our ClientApp adds
+        privacy=PrivacyPolicy(mode=str(cfg["privacy-mode"])),  # "secure": the server receives only sums
     )
     # run(), not Strategy.start(): the moment exchange and the diagnosis come before round 1
     strategy.run(grid, lambda c: initial_head(FEATURE_DIM, c, int(cfg["seed"])), int(cfg["num-server-rounds"]))
