@@ -132,7 +132,7 @@ class RunRecorder:
             _SECURE_SHOWN.add(str(self.dir.parent))
             console.info(
                 "privacy.mode=secure: the server holds only sums over the %d sites; G_star, the gap terms and "
-                "every per-site value are absent from results.json",
+                "every per-site value are absent from results.json, and the trust checks see only the sums",
                 len(exchange.node_ids),
             )
 

@@ -257,6 +257,7 @@ def load_config(cfg: DictConfig) -> FedheadConfig:
     trust.check(settings.num_clients)
     privacy = build_section(cfg.get("privacy") or {}, "privacy", PrivacyPolicy, PrivacyPolicy)
     privacy.check_sites(settings.num_clients)
+    _check_secure(privacy, procedures, settings, resume=cfg.get("resume") not in (None, ""))
     return FedheadConfig(
         settings=settings,
         dataset=dataset,
@@ -273,6 +274,29 @@ def load_config(cfg: DictConfig) -> FedheadConfig:
         privacy=privacy,
         resume=None if cfg.get("resume") in (None, "") else str(cfg.get("resume")),
     )
+
+
+def _check_secure(privacy: PrivacyPolicy, procedures, settings: RunSettings, *, resume: bool) -> None:
+    """Refuse what secure mode cannot do: procedures and measurements that send per-site values in the clear,
+    and (with differential privacy) a resume, which would release the exchange again with fresh noise."""
+    if not privacy.secure:
+        return
+    full = [p.name for p in procedures if p.full_model]
+    if full:
+        raise ConfigError(
+            f"privacy.mode=secure sums only the heads: procedure(s) {full} average the backbones in the clear; "
+            "choose others with procedure="
+        )
+    if settings.measure_mismatch:
+        raise ConfigError(
+            "privacy.mode=secure: measure_mismatch=true needs each site's objectives in the clear; "
+            "set measure_mismatch=false"
+        )
+    if resume and privacy.dp_noise > 0:
+        raise ConfigError(
+            "privacy.dp_noise > 0 cannot resume: the exchange would be released again with fresh noise (more "
+            "epsilon) and its moments would differ from the checkpoint's; start the run again instead"
+        )
 
 
 def _check_sections(cfg: DictConfig) -> None:

@@ -101,12 +101,15 @@ def _strip(rounds):  # wall times differ between runs
     ]
 
 
-@pytest.mark.parametrize("procedure", ["proximal"])
-def test_crashed_and_resumed_run_matches_an_uninterrupted_run(tmp_path, task_identity, procedure):
-    (full,) = _jobs(tmp_path, "full", f"procedure={procedure}")
+@pytest.mark.parametrize("mode", ["clear", "secure"])
+def test_crashed_and_resumed_run_matches_an_uninterrupted_run(tmp_path, task_identity, mode):
+    """Also in ``privacy.mode=secure``: the resumed secure exchange gives the same pooled moments, bit for bit
+    (exact integer sums), and the rounds continue from the checkpointed head."""
+    procedure = "proximal"
+    (full,) = _jobs(tmp_path, "full", f"procedure={procedure}", f"privacy.mode={mode}")
     reference = _run(full, InProcessGrid(make_client_app(full), 3, run_id=11))
 
-    (job,) = _jobs(tmp_path, "crashed", f"procedure={procedure}")
+    (job,) = _jobs(tmp_path, "crashed", f"procedure={procedure}", f"privacy.mode={mode}")
     assert job.config_hash == full.config_hash  # the output folder is not part of the hash
     _fresh_process_caches()
     with pytest.raises(_Crash):
@@ -116,7 +119,9 @@ def test_crashed_and_resumed_run_matches_an_uninterrupted_run(tmp_path, task_ide
     store = BackboneStore(simulation_state_dir(job, 21))
     assert sorted(p.name for p in store.root.glob("partition_0.*")) == ["partition_0.r2.pt", "partition_0.r3.pt"]
 
-    (resumed,) = _jobs(tmp_path, "elsewhere", f"procedure={procedure}", f"resume={tmp_path / 'crashed'}")
+    (resumed,) = _jobs(
+        tmp_path, "elsewhere", f"procedure={procedure}", f"privacy.mode={mode}", f"resume={tmp_path / 'crashed'}"
+    )
     assert resumed.output_dir == job.output_dir and resumed.resume
     (found,) = prepare_resume([resumed])
     assert found.round == 2
@@ -130,9 +135,11 @@ def test_crashed_and_resumed_run_matches_an_uninterrupted_run(tmp_path, task_ide
     assert res["resumed_after_round"] == 2
     assert [r["round"] for r in res["rounds"]] == [0, 1, 2, 3, 4]
     assert _strip(res["rounds"]) == _strip(reference["rounds"])  # bit-identical (JSON floats round-trip)
-    # the checkpointed rounds' client metrics count: every client ran 4 rounds of local_epochs=5
-    assert res["local_steps"] == reference["local_steps"] and res["local_steps"]["rounds"] == [4, 4, 4]
-    assert res["local_steps"]["fixed_epochs"] == [20, 20, 20]
+    if mode == "clear":  # the checkpointed rounds' client metrics count: every client ran 4 rounds of local_epochs=5
+        assert res["local_steps"] == reference["local_steps"] and res["local_steps"]["rounds"] == [4, 4, 4]
+        assert res["local_steps"]["fixed_epochs"] == [20, 20, 20]
+    else:
+        assert res["privacy"]["mode"] == "secure" and res["moments"]["covs"] is None
     on_disk = json.loads((job.output_dir / "results.json").read_text())
     assert on_disk["status"] == "completed" and [r["round"] for r in on_disk["rounds"]] == [0, 1, 2, 3, 4]
     assert read_checkpoint(checkpoint_path(job.output_dir)).round == 4
