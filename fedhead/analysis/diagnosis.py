@@ -67,6 +67,9 @@ class Diagnosis:
     flags : tuple of str
         One line per site whose replies disagree with what the theory says an honest site sends
         (``trust.flag_outlier``); a flag names the site and the figure, it does not drop it.
+    absent : str or None
+        Why the per-site quantities are absent (``privacy.mode=secure``: the server holds only sums;
+        [`pooled_diagnosis`][fedhead.analysis.diagnosis.pooled_diagnosis]); None when they are computed.
     """
 
     margins: np.ndarray
@@ -136,12 +139,19 @@ def pooled_diagnosis(threshold: float, fully_active: bool, passing: int, sites: 
     """The diagnosis of a server that holds only sums (``privacy.mode=secure``): the regime as the sites
     report it of themselves (``passing`` of ``sites`` have a positive margin), every per-site quantity
     absent (``margins`` empty, the gap terms NaN) for ``reason``."""
-    nan = float("nan")
     note = f"{passing} of {sites} sites report a positive margin of their own"
+    return _without_gap(np.zeros(0), float(threshold), bool(fully_active), note, absent=reason)
+
+
+def _without_gap(
+    margins: np.ndarray, threshold: float, fully_active: bool, recommendation: str, absent: str | None = None
+) -> Diagnosis:
+    """A diagnosis whose gap quantities are undefined (NaN): outside the regime, or per-site values absent."""
+    nan = float("nan")
     return Diagnosis(
-        margins=np.zeros(0),
-        threshold=float(threshold),
-        fully_active=bool(fully_active),
+        margins=margins,
+        threshold=threshold,
+        fully_active=fully_active,
         rel_gap=nan,
         gap_trace=nan,
         trace_mu=nan,
@@ -151,8 +161,8 @@ def pooled_diagnosis(threshold: float, fully_active: bool, passing: int, sites: 
         share_sigma=nan,
         share_a=nan,
         bw_variance=nan,
-        recommendation=note,
-        absent=reason,
+        recommendation=recommendation,
+        absent=absent,
     )
 
 
@@ -238,22 +248,7 @@ def diagnose(
                 f"lambda_min(Sigma_m) > lambda_H lambda_W = {threshold:.3g} (margins {margins.tolist()})",
                 stacklevel=2,
             )
-        diag = Diagnosis(
-            margins=margins,
-            threshold=threshold,
-            fully_active=False,
-            rel_gap=nan,
-            gap_trace=nan,
-            trace_mu=nan,
-            trace_sigma=nan,
-            trace_a=nan,
-            share_mu=nan,
-            share_sigma=nan,
-            share_a=nan,
-            bw_variance=nan,
-            recommendation=recommend(False, margins, nan, (nan, nan, nan)),
-        )
-        return diag, None
+        return _without_gap(margins, threshold, False, recommend(False, margins, nan, (nan, nan, nan))), None
     gap = ufm.gap_decomposition(moments, lambda_h, lambda_w)
     rel_gap = float(gap.rel_gap)
     t_mu, t_sig, t_a = (float(t) for t in gap.traces)

@@ -185,15 +185,8 @@ class FixedPoint:
             raise ConfigError(f"fixed point: the number of sites must be a positive integer, got {sites!r}")
         if not _finite_positive(bound):
             raise ConfigError(f"fixed point: bound must be a finite positive number, got {bound!r}")
-        sites = int(sites)
-        fits = lambda f: sites * int(np.rint(np.ldexp(float(bound), f))) < _LIMIT  # noqa: E731
-        f = int(math.floor(math.log2(_LIMIT / (sites * float(bound)))))
-        f = min(max(f, 0), MAX_FRAC_BITS)
-        while f > 0 and not fits(f):
-            f -= 1
-        while f < MAX_FRAC_BITS and fits(f + 1):
-            f += 1
-        if not fits(f):
+        f = _largest_frac_bits(float(bound), int(sites), _LIMIT)
+        if f is None:
             raise ConfigError(
                 f"fixed point: {sites} sites with bound {float(bound):g} overflow 2^63 even at 0 fractional bits"
             )
@@ -290,15 +283,8 @@ class WideFixedPoint:
             raise ConfigError(f"fixed point: the number of sites must be an integer in [1, 2^32), got {sites!r}")
         if not _finite_positive(bound):
             raise ConfigError(f"fixed point: bound must be a finite positive number, got {bound!r}")
-        limit = 2 ** (32 * int(limbs) - 1)
-        fits = lambda f: int(sites) * int(np.rint(np.ldexp(float(bound), f))) < limit  # noqa: E731
-        f = int(math.floor(math.log2(limit / (int(sites) * float(bound)))))
-        f = min(max(f, 0), MAX_FRAC_BITS)
-        while f > 0 and not fits(f):
-            f -= 1
-        while f < MAX_FRAC_BITS and fits(f + 1):
-            f += 1
-        if not fits(f):
+        f = _largest_frac_bits(float(bound), int(sites), 2 ** (32 * int(limbs) - 1))
+        if f is None:
             raise ConfigError(f"fixed point: {sites} sites with bound {float(bound):g} overflow {32 * limbs} bits")
         return cls(f, float(bound), int(limbs))
 
@@ -342,6 +328,17 @@ class WideFixedPoint:
 
 #: An encoding of float64 values as uint64 words that add up to the encoding of their sum.
 Encoding = FixedPoint | WideFixedPoint
+
+
+def _largest_frac_bits(bound: float, sites: int, limit: int) -> int | None:
+    """The largest ``f <= MAX_FRAC_BITS`` with ``sites round(bound 2^f) < limit`` (None: not even ``f = 0``)."""
+    fits = lambda f: sites * int(np.rint(np.ldexp(bound, f))) < limit  # noqa: E731
+    f = min(max(int(math.floor(math.log2(limit / (sites * bound)))), 0), MAX_FRAC_BITS)
+    while f > 0 and not fits(f):
+        f -= 1
+    while f < MAX_FRAC_BITS and fits(f + 1):
+        f += 1
+    return f if fits(f) else None
 
 
 def _finite_positive(value: object) -> bool:
