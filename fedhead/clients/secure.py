@@ -165,7 +165,10 @@ def secure_reply(
     elif protocol.HEAD in arrays:  # a round's trained head
         weight, bias = protocol.read_head(arrays[protocol.HEAD])
         vector = sr.head_vector(_metric(metrics, protocol.NUM_EXAMPLES), weight, bias)
-        safe[protocol.SERVER_ROUND] = int(_metric(metrics, protocol.SERVER_ROUND))
+        cfg = msg.content.config_records.get(protocol.CONFIG)
+        rnd = None if cfg is None else cfg.get(protocol.SERVER_ROUND)
+        if isinstance(rnd, int):
+            safe[protocol.SERVER_ROUND] = rnd
         gap = metrics.get(protocol.TRAINED_GAP)
         if isinstance(gap, int | float):
             safe[sr.LOCAL_OPTIMUM] = int(float(gap) <= _LOCAL_GAP_THRESHOLD)
@@ -175,7 +178,7 @@ def secure_reply(
             _metric(metrics, protocol.TRAIN_MSE),
             int(_metric(metrics, protocol.NUM_EXAMPLES)),
             None if not isinstance(test, int | float) else float(test),
-            int(metrics.get(protocol.NUM_TEST_EXAMPLES, 0) or 0),  # type: ignore[arg-type]
+            int(_metric(metrics, protocol.NUM_TEST_EXAMPLES)) if protocol.NUM_TEST_EXAMPLES in metrics else 0,
         )
     return begin(vector)
 

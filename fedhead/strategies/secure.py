@@ -16,6 +16,7 @@ import dataclasses
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 from flwr.app import ConfigRecord, Message, MessageType, RecordDict
@@ -37,6 +38,7 @@ from fedhead.strategies.replies import FederationError, metrics_of
 from fedhead.strategies.statistics import RAW_LIMIT, standardization_record
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 #: Why results.json holds no per-site quantity in secure mode.
 ABSENT_REASON = (
@@ -171,7 +173,9 @@ def run_secure_sum(
         raise SecureSumFailed(f"secure sum of {name}: {exc}") from None
     dropped: list[Dropped] = []
 
-    def ask(step: str, payloads: Mapping[int, bytes], parse: Callable[[Message], object], needed: int):
+    def ask(
+        step: str, payloads: Mapping[int, bytes], parse: Callable[[Message], T], needed: int
+    ) -> tuple[dict[int, T], list[Dropped]]:
         replies = grid.send_and_receive(stage_messages(payloads, sum_id, step, config), timeout=timeout)
         kept, lost = screen(
             replies,
@@ -189,16 +193,16 @@ def run_secure_sum(
         blob = sr.pack_book(book, server.threshold)
         shares, lost = ask(sr.SHARE_KEYS, dict.fromkeys(book, blob), _parser(sr.unpack_shares), required)
         dropped += lost
-        routed = server.route_shares(shares)  # type: ignore[arg-type]
+        routed = server.route_shares(shares)
         requests = {node: sr.pack_mask_request(routed[node], encoding) for node in routed}
         masked, lost = ask(sr.MASK, requests, _masked, required)
         dropped += lost
-        unmasking = server.collect_masked(masked)  # type: ignore[arg-type]
+        unmasking = server.collect_masked(masked)
         request = sr.pack(unmasking)
         revealed, lost = ask(sr.REVEAL, dict.fromkeys(unmasking.survivors, request), _parser(sr.unpack_revealed), 0)
         for d in lost:  # its input is in the sum; only its shares are missing
             log.info("secure sum of %s: %s did not help unmask (%s)", name, f"node {d.node}", d.reason)
-        result = server.unmask(revealed)  # type: ignore[arg-type]
+        result = server.unmask(revealed)
     except TooFewReplies:
         raise
     except (SecureSumError, agg.ReplyError) as exc:
@@ -206,8 +210,8 @@ def run_secure_sum(
     return SecureSum(result.total, result.survivors, tuple(dropped))
 
 
-def _parser(unpack: Callable[[bytes], object]) -> Callable[[Message], object]:
-    def parse(msg: Message) -> object:
+def _parser(unpack: Callable[[bytes], T]) -> Callable[[Message], T]:
+    def parse(msg: Message) -> T:
         try:
             return unpack(sr.payload_of(msg.content.config_records.get(sr.SECURE)))
         except (ValueError, KeyError, TypeError) as exc:
@@ -255,6 +259,12 @@ def reported_regime(
             value = msg.content.metric_records.get(protocol.METRICS, {}).get(sr.FULLY_ACTIVE)
             out[protocol.node_of(msg)] = 1.0 if value == 1 else 0.0
     return out
+
+
+def _columns(row: SiteReply) -> tuple[str, ...]:
+    """A site-local table's column names, as its reply lists them (empty when it sent none)."""
+    names = (row.site or {}).get(protocol.COLUMNS)
+    return tuple(str(c) for c in names) if isinstance(names, list) else ()
 
 
 def _number(
@@ -321,7 +331,7 @@ def secure_exchange(
             )
             rows.remove(r)
     if site_local:
-        columns = [tuple((r.site or {}).get(protocol.COLUMNS) or ()) for r in rows]  # type: ignore[arg-type]
+        columns = [_columns(r) for r in rows]
         ref = max(set(columns), key=columns.count) if columns else ()
         for r, cols in zip(list(rows), columns, strict=True):
             if cols != ref:
