@@ -120,7 +120,7 @@ def secure_reply(
     ``lambdas``: ``(lambda_h, lambda_w)`` of the run (the margin ``lambda_min(Sigma_m) - lambda_h lambda_w``).
     With ``privacy.dp_noise > 0`` the vector is clipped, its weight capped and noised first
     ([`dp_contribution`][fedhead.federation.privacy_noise.dp_contribution]; ``min_sites``: the fewest sites
-    whose sum the server may decode, the failure policy's minimum).
+    whose sum the server may decode: ``max(3, the failure policy's minimum)`` in fedhead's ClientApp).
     """
     metrics = content.metric_records.get(protocol.METRICS, MetricRecord())
     safe: dict[str, int | float] = {}

@@ -13,8 +13,10 @@ errors in an evaluation). Under DP, with public ``K`` (``privacy.dp_max_rows``),
     x_m = w_m clip(v_m) + e_m,    w_m = min(N_m, K),    clip(v) = v min(1, Delta / ||v||_2),
     e_m ~ N(0, s^2 I),           s^2 = (z K Delta)^2 / m_min
 
-with ``m_min`` the fewest sites whose sum is released (the secure sum decodes only with at least
-its threshold ``t`` of survivors: ``m_min = t``). Adding or removing one site changes
+with ``m_min`` the fewest sites whose sum is released: fedhead's ClientApp passes
+``max(3, failure policy's minimum)`` (the strategy releases no sum with fewer survivors than that
+minimum, nor than the threshold ``t``; with 3 sites, ``t = 2`` and ``failure.min_clients=2`` a sum
+of 2 survivors carries only 2/3 of the variance below). Adding or removing one site changes
 ``sum_m w_m clip(v_m)`` by at most ``K Delta`` in L2 (the sensitivity), and the noise of any
 ``m >= m_min`` honest sites sums to ``N(0, (m / m_min) (z K Delta)^2 I)``, at least the
 ``(z K Delta)^2`` of the Gaussian mechanism with noise multiplier ``z``. Sites that collude with
@@ -161,7 +163,7 @@ def site_noise(
     sensitivity : float
         ``S = K Delta > 0`` ([`sensitivity`][fedhead.federation.privacy_noise.sensitivity]).
     min_sites : int
-        ``m_min >= 1``: the fewest sites whose sum is released (the secure sum's threshold).
+        ``m_min >= 1``: the fewest sites whose sum is released (see the module docstring).
 
     Returns
     -------

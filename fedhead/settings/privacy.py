@@ -100,7 +100,9 @@ class PrivacyPolicy:
         site's noise alone is not enough to hide it, only the sum's) and ``dp_max_rows``.
     dp_clip : float
         ``Delta``: the L2 norm to which each site clips its per-row statistic vector before
-        weighting it, in standardised units (default 1.0).
+        weighting it (default 1.0), one value for every release, in the units the site sums:
+        standardised targets in the moment exchange of a built-in data set, the head in a round,
+        the errors in an evaluation, a site-local table's raw statistics in its exchange.
     dp_max_rows : int or None
         ``K``: a public cap on a site's weight in every sum, ``w_m = min(N_m, K)``; one site then
         changes a sum by at most ``K * Delta`` (its L2 sensitivity). Required when
