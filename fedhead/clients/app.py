@@ -34,7 +34,6 @@ from fedhead.clients.state import (
 from fedhead.clients.step import evaluate_step, moment_reply, train_step
 from fedhead.federation import protocol
 from fedhead.federation.secure_records import FULLY_ACTIVE, STAGE_REGIME
-from fedhead.federation.secure_sum import MIN_SITES
 from fedhead.settings.job import JobConfig
 from fedhead.train import mismatch_objectives, select_device
 
@@ -77,7 +76,7 @@ def secure_site(job: JobConfig) -> SecureSite:
     return SecureSite(
         lambdas=(st.lambda_h, st.lambda_w),
         privacy=job.privacy,
-        min_sites=max(MIN_SITES, job.failure.required(st.num_clients)),
+        min_sites=max(2, job.failure.required(st.num_clients)),
     )
 
 

@@ -25,7 +25,7 @@ from fedhead.federation import secure_records as sr
 from fedhead.federation.aggregation import LOCAL_GAP_THRESHOLD as _LOCAL_GAP_THRESHOLD
 from fedhead.federation.privacy_noise import dp_contribution
 from fedhead.federation.secure_sum import MIN_SITES, SecureSumClient, SecureSumError
-from fedhead.settings.privacy import PrivacyPolicy
+from fedhead.settings.privacy import NODE_PRIVACY_MODE_KEY, PrivacyPolicy
 from fedhead.ufm import fully_active_margins
 
 log = logging.getLogger(__name__)
@@ -120,7 +120,7 @@ def secure_reply(
     ``lambdas``: ``(lambda_h, lambda_w)`` of the run (the margin ``lambda_min(Sigma_m) - lambda_h lambda_w``).
     With ``privacy.dp_noise > 0`` the vector is clipped, its weight capped and noised first
     ([`dp_contribution`][fedhead.federation.privacy_noise.dp_contribution]; ``min_sites``: the fewest sites
-    whose sum the server may decode: ``max(3, the failure policy's minimum)`` in fedhead's ClientApp).
+    whose sum the server may decode: ``max(2, the failure policy's minimum)`` in fedhead's ClientApp).
     """
     metrics = content.metric_records.get(protocol.METRICS, MetricRecord())
     safe: dict[str, int | float] = {}
@@ -188,6 +188,23 @@ def fully_active(cov: np.ndarray, lambdas: tuple[float, float]) -> bool:
     return bool(fully_active_margins(np.asarray(cov, dtype=np.float64)[None], *lambdas).margins[0] > 0)
 
 
+def refuse_clear(msg: Message, context: Context) -> None:
+    """A site whose operator set ``--node-config "privacy-mode=secure"`` refuses every message that would
+    make it send a statistic, a head or an objective in the clear (the server's run is not secure)."""
+    wanted = context.node_config.get(NODE_PRIVACY_MODE_KEY)
+    if wanted is None or sum_id(msg) is not None:
+        return
+    if str(wanted) not in ("secure", "clear"):
+        raise ClientError(f"node config {NODE_PRIVACY_MODE_KEY} must be secure or clear, got {wanted!r}")
+    cfg = msg.content.config_records.get(protocol.CONFIG)
+    stage = None if cfg is None else cfg.get(protocol.STAGE)
+    if str(wanted) == "secure" and stage not in (sr.STAGE_REGIME, sr.STAGE_SECURE):
+        raise ClientError(
+            f"this site sends nothing in the clear (node config {NODE_PRIVACY_MODE_KEY}=secure): run the federation "
+            "with privacy.mode=secure"
+        )
+
+
 @dataclass(frozen=True)
 class SecureSite:
     """What a site's secure replies need of its run: ``lambdas`` ``(lambda_h, lambda_w)`` (its own margin),
@@ -208,6 +225,7 @@ def secure_mod(site_of: Callable[[Message, Context], SecureSite]):
     """
 
     def mod(msg: Message, context: Context, call_next: Callable[[Message, Context], Message]) -> Message:
+        refuse_clear(msg, context)
         cfg = msg.content.config_records.get(protocol.CONFIG)
         if cfg is not None and cfg.get(protocol.STAGE) == sr.STAGE_SECURE:
             return handle_secure_step(msg, context)

@@ -14,9 +14,8 @@ errors in an evaluation). Under DP, with public ``K`` (``privacy.dp_max_rows``),
     e_m ~ N(0, s^2 I),           s^2 = (z K Delta)^2 / m_min
 
 with ``m_min`` the fewest sites whose sum is released: fedhead's ClientApp passes
-``max(3, failure policy's minimum)`` (the strategy releases no sum with fewer survivors than that
-minimum, nor than the threshold ``t``; with 3 sites, ``t = 2`` and ``failure.min_clients=2`` a sum
-of 2 survivors carries only 2/3 of the variance below). Adding or removing one site changes
+``max(2, failure policy's minimum)`` (every step of a secure sum needs the failure policy's minimum of
+valid replies, and a sum is never decoded from fewer than 2). Adding or removing one site changes
 ``sum_m w_m clip(v_m)`` by at most ``K Delta`` in L2 (the sensitivity), and the noise of any
 ``m >= m_min`` honest sites sums to ``N(0, (m / m_min) (z K Delta)^2 I)``, at least the
 ``(z K Delta)^2`` of the Gaussian mechanism with noise multiplier ``z``. Sites that collude with

@@ -257,6 +257,7 @@ def load_config(cfg: DictConfig) -> FedheadConfig:
     trust.check(settings.num_clients)
     privacy = build_section(cfg.get("privacy") or {}, "privacy", PrivacyPolicy, PrivacyPolicy)
     privacy.check_sites(settings.num_clients)
+    privacy.check_trust(trust)
     _check_secure(privacy, procedures, settings, resume=cfg.get("resume") not in (None, ""))
     return FedheadConfig(
         settings=settings,
@@ -383,4 +384,6 @@ def job_from_context(context: Context) -> JobConfig:
     if not 0 <= idx < len(jobs):
         raise ValueError(f"procedure-index {idx} outside 0..{len(jobs) - 1} ({[j.name for j in jobs]})")
     job = jobs[idx]
+    if resume and job.privacy.dp_noise > 0:
+        _check_secure(job.privacy, (), job.settings, resume=True)
     return dataclasses.replace(job, resume=True) if resume and not job.resume else job

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 from fedhead.analysis.constraints import Field, Together, check, integer, number, one_of, optional
 from fedhead.analysis.procedure import ConfigError
+from fedhead.settings.trust import TrustPolicy
 
 __all__ = ["DEFAULT_MIN_ROWS", "MIN_SECURE_SITES", "MODES", "NODE_MIN_ROWS_KEY", "PrivacyPolicy"]
 
@@ -64,6 +65,8 @@ _PRIVACY_RULES = (
 )
 #: The SuperNode's own ``--node-config`` key of its minimum
 NODE_MIN_ROWS_KEY = "min-rows"
+#: The SuperNode's own ``--node-config`` key that makes it refuse to send anything in the clear (``secure``)
+NODE_PRIVACY_MODE_KEY = "privacy-mode"
 
 
 @dataclass(frozen=True)
@@ -150,6 +153,19 @@ class PrivacyPolicy:
                     f"(a majority of the sites, so that no two groups of sites can reveal both shares of one "
                     f"site), got {self.threshold!r}"
                 )
+
+    def check_trust(self, trust: TrustPolicy) -> None:
+        """Refuse, in secure mode, the trust keys that need a site's own values (the server sees only sums):
+        ``trust.expected_counts``, ``trust.max_count`` and ``trust.clip_update``."""
+        if not self.secure:
+            return
+        per_site = [k for k in ("expected_counts", "max_count", "clip_update") if getattr(trust, k) is not None]
+        if per_site:
+            keys = ", ".join(f"trust.{k}" for k in per_site)
+            raise ConfigError(
+                f"privacy.mode=secure: {keys} need each site's count or head, which the server no longer sees; "
+                "set them to null (the server checks only the sums: docs/privacy.md)"
+            )
 
     def threshold_for(self, num_clients: int) -> int:
         """The secure sum's threshold for ``num_clients`` sites: ``threshold``, else ``floor(M/2) + 1``."""

@@ -136,6 +136,7 @@ class HeadAveraging(Strategy):
         self.settings.trust.check(int(min_nodes))
         self.privacy = privacy or PrivacyPolicy()
         self.privacy.check_sites(int(min_nodes))
+        self.privacy.check_trust(self.settings.trust)
         #: secure mode: the server sees only sums ([`fedhead.strategies.secure`][fedhead.strategies.secure])
         self.secure = self.privacy.mode == "secure"
         self._grid: Grid | None = None

@@ -72,7 +72,10 @@ class RecordingGrid(InProcessGrid):
             if fault == "error":
                 reply = Message(Error(code=0, reason="ConnectionError: the site went away"), reply_to=m)
             else:
-                reply = self.handlers[m.metadata.dst_node_id](m)
+                try:
+                    reply = self.handlers[m.metadata.dst_node_id](m)
+                except Exception as exc:  # noqa: BLE001 - as flwr: a raising ClientApp -> an error reply
+                    reply = Message(Error(code=0, reason=f"{type(exc).__name__}: {exc}"), reply_to=m)
                 self.replies.append(reply)
             self._replies[m.metadata.message_id] = reply
         return ids
@@ -112,7 +115,7 @@ def test_secure_mode_reaches_clear_mode_with_only_sums(tmp_path, task_identity):
     assert secure.local_optimality.reached is True
     # the server saw keys, masked words and pass/fail metrics only
     for reply in grid.replies:
-        assert not reply.has_error()
+        assert not reply.has_error(), reply.error
         for record in reply.content.metric_records.values():
             assert set(record) <= SAFE_METRICS, set(record)
         for record in reply.content.array_records.values():
@@ -249,3 +252,22 @@ def test_differential_privacy_noises_every_sum_and_accounts_every_release(tmp_pa
     assert _rel(weak.targets["g_cen"], clear.targets["g_cen"]) < 1e-6
     assert _rel(weak.rounds[-1].gram, clear.rounds[-1].gram) < 1e-5
     assert _rel(strong.targets["g_cen"], clear.targets["g_cen"]) > 1e-3  # the server never saw an un-noised sum
+
+
+def test_a_site_that_requires_secure_mode_sends_nothing_in_the_clear(tmp_path, task_identity):
+    """``--node-config "privacy-mode=secure"``: the site refuses a clear run's data messages (it is dropped,
+    the run goes on without it under the failure policy) and takes part in a secure run."""
+    over = ("procedure=proximal", "rounds=1", "failure.min_clients=3", *FAST_WAITS)
+    for mode, sites in (("clear", 3), ("secure", 4)):
+        job = _hopper_job(tmp_path / mode, f"privacy.mode={mode}", *over)
+        grid = RecordingGrid(make_client_app(job), job.settings.num_clients)
+        grid.contexts[1001].node_config = {**grid.contexts[1001].node_config, "privacy-mode": "secure"}
+        recorder = RunRecorder(job, show_progress=False)
+        serve(grid, job, recorder, show_progress=False)
+        res = recorder.finish("completed")
+        if mode == "clear":
+            (gone,) = res.rounds[0].dropped
+            assert gone["node"] == 1001 and "sends nothing in the clear" in gone["reason"]
+            assert len(res.moments["counts"]) == 3
+        else:
+            assert res.privacy["sites"] == sites

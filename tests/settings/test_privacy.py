@@ -59,6 +59,16 @@ def test_the_default_minimum_reaches_every_job():
             "two groups of sites can reveal both shares of one site), got 2",
         ),
         ("num_clients=5 privacy.mode=secure privacy.threshold=6", "privacy.threshold must be an integer in [3, 5]"),
+        (
+            "privacy.mode=secure trust.clip_update=1.0 trust.max_count=100",
+            "privacy.mode=secure: trust.max_count, trust.clip_update need each site's count or head",
+        ),
+        ("privacy.mode=secure procedure=full_model", "procedure(s) ['full_model'] average the backbones in the clear"),
+        ("privacy.mode=secure measure_mismatch=true", "measure_mismatch=true needs each site's objectives"),
+        (
+            "privacy.mode=secure privacy.dp_noise=1 privacy.dp_max_rows=50 resume=somewhere",
+            "privacy.dp_noise > 0 cannot resume: the exchange would be released again",
+        ),
     ],
 )
 def test_a_bad_privacy_setting_is_one_usage_error(override, message):
