@@ -22,15 +22,16 @@ Each run goes through the federation as in a deployment: real ClientApps
 few hundred epochs), ``procedure=corrected_proximal``, ``--rounds`` rounds. Per setting:
 
 1. a clear run (``privacy.mode=clear``): the true ``G_cen`` (its ``targets.g_cen``), the
-   public cap ``K = privacy.dp_max_rows`` (the largest site's rows) and the clip
-   ``Delta = privacy.dp_clip``: 1.1 times the largest L2 norm of a site's per-row vector in
+   public cap ``K = privacy.dp_max_rows`` (the largest site's rows) and the clips
+   ``Delta = privacy.dp_clip`` (the exchange) and ``privacy.dp_head_clip`` (the rounds' heads): each
+   1.1 times the largest L2 norm of a site's per-row vector of that kind in
    the clear replies (the exchange's raw statistics ``[1, mu, Sigma, mu mu^T, x_mean,
    x_var + x_mean^2]`` and every round's head ``[W, b, 1]``), rounded up to two digits, so
    clipping does not bind without noise. (Delta is chosen here from the honest data, as a
    site's operator would from its own; a deployment must fix it before it sees any row.)
 2. one secure run without noise (``privacy.mode=secure``, ``dp_noise=0``: the horizontal
    reference), then ``--repeats`` secure runs per noise multiplier ``z`` of ``--noise``
-   (``dp_noise=z``, ``dp_clip=Delta``, ``dp_max_rows=K``). The sites draw their noise from the
+   (``dp_noise=z``, ``dp_clip``, ``dp_head_clip``, ``dp_max_rows=K``). The sites draw their noise from the
    operating system's entropy, so repeats differ; a run the noise breaks (the secure server
    refuses a noised sum: a count or a variance <= 0 in the exchange, a head beyond
    ``trust.max_abs``) is a point too.
@@ -210,6 +211,7 @@ class Setting:
     rows: list[int] = field(default_factory=list)
     max_rows: int = 0
     clip: float = 0.0
+    head_clip: float = 0.0
     norms: dict[str, float] = field(default_factory=dict)
     g_cen: np.ndarray | None = None
 
@@ -287,14 +289,20 @@ def calibrate(setting: Setting, out: Path, rounds: int, local_epochs: int, extra
     setting.g_cen = np.asarray((results.targets or {})["g_cen"], dtype=np.float64)
     setting.rows, setting.norms = per_row_norms(grid.replies)
     setting.max_rows = max(setting.rows)
-    setting.clip = round_up(CLIP_MARGIN * max(setting.norms.values()))
+    setting.clip = round_up(CLIP_MARGIN * setting.norms["exchange"])
+    setting.head_clip = round_up(CLIP_MARGIN * setting.norms["head"])
 
 
 def measure(
     setting: Setting, noise: float, repeat: int, out: Path, rounds: int, local_epochs: int, extra: Sequence[str]
 ) -> dict:
     """One secure run at noise multiplier ``noise``: its point (a dict of ``COLUMNS``)."""
-    dp = [f"privacy.dp_noise={noise}", f"privacy.dp_clip={setting.clip}", f"privacy.dp_max_rows={setting.max_rows}"]
+    dp = [
+        f"privacy.dp_noise={noise}",
+        f"privacy.dp_clip={setting.clip}",
+        f"privacy.dp_head_clip={setting.head_clip}",
+        f"privacy.dp_max_rows={setting.max_rows}",
+    ]
     overrides = _overrides(setting, rounds, local_epochs, ["privacy.mode=secure", f"privacy.dp_delta={DELTA}", *dp])
     point: dict = dict.fromkeys(COLUMNS)
     point.update(setting=setting.name, noise=noise, repeat=repeat, releases=1 + rounds)
@@ -401,6 +409,7 @@ def write_points(points: list[dict], settings: list[Setting], args: argparse.Nam
                 "rows": s.rows,
                 "dp_max_rows": s.max_rows,
                 "dp_clip": s.clip,
+                "dp_head_clip": s.head_clip,
                 "per_row_norms": s.norms,
                 "g_cen_true": None if s.g_cen is None else s.g_cen.tolist(),
             }
@@ -457,7 +466,7 @@ def figure(points: list[dict], settings: list[Setting], path: Path) -> Path:
         for i, s in enumerate(settings):
             color = colors[i % len(colors)]
             arr, lone = _by_noise(points, s.name, key, noises)
-            label = f"{s.label}: K={s.max_rows}, " + rf"$\Delta$={s.clip:g}"
+            label = f"{s.label}: K={s.max_rows}, " + rf"$\Delta$={s.clip:g} / {s.head_clip:g} (heads)"
             curves[label], styles[label] = arr, {"color": color}
             if lone:
                 ax.plot([eps[j] for j, _ in lone], [v for _, v in lone], "o", color=color, ms=3.5, mfc="none")
@@ -561,6 +570,7 @@ def replot(out: Path, fig_path: Path) -> int:
             d["rows"],
             d["dp_max_rows"],
             d["dp_clip"],
+            d.get("dp_head_clip", d["dp_clip"]),
             d["per_row_norms"],
         )
         for d in meta["settings"]
@@ -625,7 +635,11 @@ def main(argv: list[str] | None = None) -> int:
     for s in settings:
         calibrate(s, out / "runs" / s.name / "clear", args.rounds, args.local_epochs, args.extra)
         norms = ", ".join(f"{k} {v:.3g}" for k, v in s.norms.items())
-        print(f"{s.name}: rows {s.rows}, K={s.max_rows}, per-row norms {norms} -> Delta={s.clip:g}", flush=True)
+        print(
+            f"{s.name}: rows {s.rows}, K={s.max_rows}, per-row norms {norms} -> "
+            f"Delta={s.clip:g}, heads {s.head_clip:g}",
+            flush=True,
+        )
         for z in args.noise:
             for r in range(1 if z == 0 else args.repeats):
                 p = measure(s, z, r, out / "runs" / s.name / f"z{z:g}-{r}", args.rounds, args.local_epochs, args.extra)

@@ -125,13 +125,13 @@ def secure_reply(
     metrics = content.metric_records.get(protocol.METRICS, MetricRecord())
     safe: dict[str, int | float] = {}
 
-    def begin(vector: np.ndarray) -> RecordDict:
+    def begin(vector: np.ndarray, heads: bool = False) -> RecordDict:
         if privacy.dp_noise > 0:
             assert privacy.dp_max_rows is not None  # the policy refuses dp_noise without it
             vector = dp_contribution(
                 vector,
                 max(1, int(_metric(metrics, protocol.NUM_EXAMPLES))),
-                clip=privacy.dp_clip,
+                clip=privacy.clip_of(heads),
                 max_rows=privacy.dp_max_rows,
                 noise_multiplier=privacy.dp_noise,
                 min_sites=min_sites,
@@ -172,6 +172,7 @@ def secure_reply(
         gap = metrics.get(protocol.TRAINED_GAP)
         if isinstance(gap, int | float):
             safe[sr.LOCAL_OPTIMUM] = int(float(gap) <= _LOCAL_GAP_THRESHOLD)
+        return begin(vector, heads=True)
     else:  # an evaluation
         test = metrics.get(protocol.TEST_MSE)
         vector = sr.mse_vector(

@@ -195,6 +195,7 @@ class RunRecorder:
             self.results.privacy["dp"] = {
                 "noise_multiplier": pv.dp_noise,
                 "clip": pv.dp_clip,
+                "head_clip": pv.clip_of(heads=True),
                 "max_rows": pv.dp_max_rows,
                 "delta": pv.dp_delta,
                 "releases": int(releases),

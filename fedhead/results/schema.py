@@ -165,7 +165,7 @@ class Results:
         metadata=key(
             "only with `privacy.mode=secure`: `mode`, `sites` (in the exchange's secure sum), `absent` (the "
             "per-site quantities this file holds as `null`: the server saw only sums) and `reason`; with "
-            "differential privacy also `dp`: `noise_multiplier, clip, max_rows, delta, releases, epsilon` "
+            "differential privacy also `dp`: `noise_multiplier, clip, head_clip, max_rows, delta, releases, epsilon` "
             "(Flower's RDP accountant, client-level, after every release so far)",
             "object",
         ),

@@ -45,6 +45,7 @@ _PRIVACY_RULES = (
     Field("threshold", optional(integer(2)), "must be an integer >= 2 or null (a majority of the sites)"),
     Field("dp_noise", number(0), "must be a finite number >= 0 (0: no noise)"),
     Field("dp_clip", number(0, low_open=True), "must be a finite number > 0"),
+    Field("dp_head_clip", optional(number(0, low_open=True)), "must be a finite number > 0 or null (dp_clip)"),
     Field("dp_max_rows", optional(integer(1)), "must be an integer >= 1 or null"),
     Field("dp_delta", number(0, 1, low_open=True, high_open=True), "must be a number in (0, 1)"),
     Together(
@@ -103,9 +104,13 @@ class PrivacyPolicy:
         site's noise alone is not enough to hide it, only the sum's) and ``dp_max_rows``.
     dp_clip : float
         ``Delta``: the L2 norm to which each site clips its per-row statistic vector before
-        weighting it (default 1.0), one value for every release, in the units the site sums:
-        standardised targets in the moment exchange of a built-in data set, the head in a round,
-        the errors in an evaluation, a site-local table's raw statistics in its exchange.
+        weighting it (default 1.0), in the units the site sums: standardised targets in the moment
+        exchange of a built-in data set, a site-local table's raw statistics in its exchange, the
+        errors in an evaluation; the heads too unless ``dp_head_clip`` is set.
+    dp_head_clip : float or None
+        ``Delta`` of the rounds' heads ``[vec W_m, b_m, 1]`` (None: ``dp_clip``). Each release is a
+        Gaussian mechanism of noise multiplier ``z`` on its own sensitivity ``K Delta``, so a tighter
+        bound on the heads lowers their noise at the same ``epsilon``.
     dp_max_rows : int or None
         ``K``: a public cap on a site's weight in every sum, ``w_m = min(N_m, K)``; one site then
         changes a sum by at most ``K * Delta`` (its L2 sensitivity). Required when
@@ -119,6 +124,7 @@ class PrivacyPolicy:
     threshold: int | None = None
     dp_noise: float = 0.0
     dp_clip: float = 1.0
+    dp_head_clip: float | None = None
     dp_max_rows: int | None = None
     dp_delta: float = 1e-5
 
@@ -126,6 +132,12 @@ class PrivacyPolicy:
         check(self, _PRIVACY_RULES, prefix="privacy.", error=ConfigError)
         for name in ("dp_noise", "dp_clip", "dp_delta"):
             object.__setattr__(self, name, float(getattr(self, name)))
+        if self.dp_head_clip is not None:
+            object.__setattr__(self, "dp_head_clip", float(self.dp_head_clip))
+
+    def clip_of(self, heads: bool) -> float:
+        """``Delta`` of a release: ``dp_head_clip`` (else ``dp_clip``) for a round's heads, ``dp_clip`` otherwise."""
+        return self.dp_clip if not heads or self.dp_head_clip is None else self.dp_head_clip
 
     @property
     def secure(self) -> bool:

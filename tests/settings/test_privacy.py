@@ -26,8 +26,8 @@ def test_the_default_minimum_reaches_every_job():
         ("privacy.min_rows=true", "privacy.min_rows must be an integer >= 1"),
         (
             "+privacy.noise=1",
-            "privacy: unknown keys ['noise']; expected some of ['dp_clip', 'dp_delta', 'dp_max_rows', 'dp_noise', "
-            "'min_rows', 'mode', 'threshold']",
+            "privacy: unknown keys ['noise']; expected some of ['dp_clip', 'dp_delta', 'dp_head_clip', "
+            "'dp_max_rows', 'dp_noise', 'min_rows', 'mode', 'threshold']",
         ),
         ("privacy.mode=open", "privacy.mode must be 'clear' or 'secure', got 'open'"),
         ("privacy.threshold=1", "privacy.threshold must be an integer >= 2 or null (a majority of the sites), got 1"),
