@@ -12,8 +12,8 @@ simulation agree bit for bit in clear mode).
 
 Nine message phases (the statistics query, its three SecAgg steps and the sites' own regime check;
 the round's training and its three steps; no evaluation), each starting one ``flwr-clientapp``
-process per site: 2 min 48 s on 2 cores shared with other work (load average 4 to 11; phases of
-13 to 21 s; the same job in clear mode: two phases, 1 min 1 s).
+process per site: 2 min 28 s and 2 min 48 s on 2 cores shared with other work (load average 4 to 11; phases of
+10 to 21 s; the same job in clear mode: two phases, 1 min 1 s).
 
     pytest -m slow tests/driver/test_deploy_secure.py
 """
