@@ -290,15 +290,15 @@ def main(argv: list[str] | None = None) -> int:
     from fedhead.driver.simulation import run_federations
     from fedhead.results import schema
 
-    out = Path(tempfile.mkdtemp(prefix="fedhead-bench-secure-"))
     order = job_order(args.settings, args.repeat)
-    jobs = make_jobs(order, args.sites, args.rounds, out, args.overrides)
+    out = tempfile.TemporaryDirectory(prefix="fedhead-bench-secure-")  # the jobs' folders, removed at the end
+    jobs = make_jobs(order, args.sites, args.rounds, Path(out.name), args.overrides)
     cpus = jobs[0].resources.ray_num_cpus or os.cpu_count() or 1
     concurrency = max(1, min(args.sites, math.floor(cpus / jobs[0].resources.client_cpus)))
     load = os.getloadavg()[0]
     log = PhaseLog()
     t0 = time.perf_counter()
-    with log.recording():
+    with out, log.recording():
         results = [schema.from_dict(r) for r in run_federations(jobs, show_progress=False, on_job_end=log.job_ended)]
     wall = time.perf_counter() - t0
     print(
