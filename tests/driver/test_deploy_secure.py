@@ -1,0 +1,187 @@
+"""``privacy.mode=secure`` in a real deployment on loopback (flwr 1.42, marked ``slow``).
+
+The own-data tutorial's setting (docs/own-data.md, (b)): three per-site CSV files
+(``examples/own-data/make_sites.py``), one SuperLink with TLS and SuperNode authentication, one
+SuperNode per site naming only its file (``data-path``) and its ``state-dir``, ClientApps in
+subprocess isolation, ``flwr run .`` with ``privacy.mode=secure`` among the run config's
+``overrides``. Every secure sum then crosses the SuperLink as four ``query``/phase messages per
+site, and the site's SecAgg state lives in the node's ``context.state`` between them (each message
+starts another ``flwr-clientapp`` process). The clear reference is the same job run in process
+(``InProcessGrid``, real ClientApps, each reading its own file; the tutorial's deployment and
+simulation agree bit for bit in clear mode).
+
+Nine message phases (the statistics query, its three SecAgg steps and the sites' own regime check;
+the round's training and its three steps; no evaluation), each starting one ``flwr-clientapp``
+process per site: 2 min 28 s and 2 min 48 s on 2 cores shared with other work (load average 4 to 11; phases of
+10 to 21 s; the same job in clear mode: two phases, 1 min 1 s).
+
+    pytest -m slow tests/driver/test_deploy_secure.py
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from app_helpers import InProcessGrid, pooled_g_cen
+from deploy_helpers import REPO, Processes, flwr, online, wait
+
+from fedhead.clients import make_client_app
+from fedhead.driver.deploy import ServerTls, cli_connection_toml, free_ports, superlink_command, supernode_command
+from fedhead.driver.recorder import RunRecorder
+from fedhead.driver.server import serve
+from fedhead.results import schema
+from fedhead.settings.config import compose_config, load_config
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+SITES = ("a", "b", "c")
+ROWS = 100
+RUN_LIMIT_S = 600
+#: the tutorial's job, one round, trained to the local optimum (local_tol: the Grams' tolerance)
+LOCAL_TOL = 1e-5
+JOB = (
+    "dataset=table dataset.targets=[t1,t2] model=free procedure=proximal rounds=1 local_epochs=2000 "
+    f"local_tol={LOCAL_TOL} resources.evaluate_mse=false output.tensorboard=false output.figures=false"
+)
+
+
+def _rel(a, b) -> float:
+    return float(np.linalg.norm(np.asarray(a) - np.asarray(b)) / np.linalg.norm(np.asarray(b)))
+
+
+def _targets(path: Path) -> np.ndarray:
+    header = path.read_text().splitlines()[0].split(",")
+    rows = np.loadtxt(path, delimiter=",", skiprows=1, ndmin=2)
+    return rows[:, [header.index("t1"), header.index("t2")]]
+
+
+def _clear_in_process(files: list[Path], out: Path):
+    """The same job in clear mode, in this process (no Ray): one client per file, in file order."""
+    listed = ",".join(str(f) for f in files)
+    job = load_config(compose_config([*JOB.split(), f"dataset.files=[{listed}]"])).jobs(out)[0]
+    recorder = RunRecorder(job, show_progress=False)
+    serve(InProcessGrid(make_client_app(job), len(files)), job, recorder, show_progress=False)
+    return recorder.finish("completed")
+
+
+@pytest.fixture
+def site_federation(tmp_path):
+    """Three sites' files, a TLS SuperLink with SuperNode authentication and one SuperNode per file, online."""
+    for tool in ("openssl", "ssh-keygen", "flwr", "flower-superlink", "flower-supernode"):
+        if shutil.which(tool) is None:
+            pytest.skip(f"{tool} not on PATH")
+    n = len(SITES)
+    sites = tmp_path / "sites"
+    subprocess.run(
+        [sys.executable, str(REPO / "examples/own-data/make_sites.py"), "--rows", str(ROWS), "--out", str(sites)],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
+    files = [sites / f"site_{s}.csv" for s in SITES]
+    certs = tmp_path / "certs"
+    subprocess.run(
+        ["bash", str(REPO / "scripts/make_certs.sh"), str(certs), str(n)], check=True, capture_output=True, timeout=60
+    )
+    link_port, *node_ports = free_ports(1 + n)
+    env = dict(
+        os.environ,
+        FLWR_HOME=str(tmp_path / "flwr-home"),
+        OMP_NUM_THREADS="1",
+        PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+    )
+    Path(env["FLWR_HOME"]).mkdir()
+    (Path(env["FLWR_HOME"]) / "config.toml").write_text(
+        cli_connection_toml("loopback", f"127.0.0.1:{link_port}", str(certs / "ca.crt"))
+    )
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    procs = Processes(logs)
+    try:
+        tls = ServerTls(ca=str(certs / "ca.crt"), cert=str(certs / "superlink.crt"), key=str(certs / "superlink.key"))
+        procs.start(
+            "superlink",
+            superlink_command(
+                host="127.0.0.1", port=link_port, tls=tls, supernode_auth=True, database=str(tmp_path / "link.db")
+            ),
+            env,
+        )
+        wait("the SuperLink (TLS Control API)", lambda: online(env) >= 0, procs)
+        for k in range(1, n + 1):
+            res = flwr(
+                ["supernode", "register", str(certs / f"supernode-{k}.auth.pub"), "loopback", "--format", "json"], env
+            )
+            assert res.returncode == 0 and json.loads(res.stdout)["success"], res.stdout + res.stderr
+        for k, (port, path) in enumerate(zip(node_ports, files, strict=True), start=1):
+            procs.start(
+                f"supernode{k}",
+                supernode_command(
+                    superlink=f"127.0.0.1:{link_port}",
+                    host="127.0.0.1",
+                    port=port,
+                    partition_id=None,
+                    num_partitions=None,
+                    state_dir=str(tmp_path / f"node{k}"),
+                    root_ca=str(certs / "ca.crt"),
+                    auth_key=str(certs / f"supernode-{k}.auth"),
+                    data_path=str(path),
+                ),
+                env,
+            )
+        wait(f"{n} authenticated SuperNodes online", lambda: online(env) == n, procs)
+        yield tmp_path, files, env, procs
+    finally:
+        procs.stop()
+
+
+def test_secure_mode_in_a_site_local_tls_deployment(site_federation, task_identity):
+    """The run completes with only secure sums reaching the server; ``G_cen`` equals clear mode's to 1e-9
+    relative and the final Gram to the run's local tolerance."""
+    work, files, env, procs = site_federation
+    t0 = time.monotonic()
+    out = work / "out"
+    overrides = f"{JOB} dataset.files=[] dataset.num_clients={len(files)} privacy.mode=secure"
+    try:
+        run = flwr(
+            ["run", ".", "loopback", "--stream", "--run-config", f"overrides='{overrides}' output-dir='{out}'"],
+            env,
+            limit=RUN_LIMIT_S,
+        )
+    except subprocess.TimeoutExpired as err:
+        pytest.fail(f"flwr run took over {RUN_LIMIT_S}s:\n{(err.stdout or b'')[-3000:]!r}\n{procs.tail('superlink')}")
+    run_s = time.monotonic() - t0
+    (work / "logs" / "flwr-run.log").write_text(run.stdout + run.stderr)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+
+    secure = schema.read(out / "proximal" / "results.json")
+    assert secure.status == "completed", (out / "proximal" / "run.log").read_text()[-3000:]
+    assert secure.provenance.get("fab", {}).get("fab_hash")  # it ran through flwr run
+    assert secure.privacy["mode"] == "secure" and secure.privacy["sites"] == len(files)
+    assert secure.moments["covs"] is None and secure.moments["counts"] is None
+    assert secure.targets["g_star"] is None
+    assert [r.round for r in secure.rounds] == [0, 1]
+    assert secure.rounds[1].extra.get("secure_sites") == len(files)
+    # the SecAgg steps crossed the SuperLink: statistics + 3 steps + the regime check, training + 3 steps
+    assert [kind for kind, _ in secure.timing.phases] == ["query"] * 5 + ["train"] + ["query"] * 3
+
+    clear = _clear_in_process(files, work / "clear")
+    assert clear.targets["g_star"] is not None  # clear mode
+    g_cen = pooled_g_cen([_targets(f) for f in files], clear.config["lambda_h"], clear.config["lambda_w"])
+    assert _rel(clear.targets["g_cen"], g_cen) < 1e-10
+    g_cen_rel = _rel(secure.targets["g_cen"], clear.targets["g_cen"])
+    gram_rel = _rel(secure.rounds[-1].gram, clear.rounds[-1].gram)
+    assert g_cen_rel < 1e-9 and gram_rel < LOCAL_TOL, (g_cen_rel, gram_rel)
+    # the private backbones stay with the SuperNodes, nothing of a site's state under the server's output
+    for k in range(1, len(files) + 1):
+        assert list((work / f"node{k}").rglob("*.pt")), f"no private state under node{k}"
+    assert not list(out.rglob("*.pt"))
+    phases = [f"{kind} {secs:.1f}" for kind, secs in secure.timing.phases]
+    print(f"secure deployment: flwr run {run_s:.0f} s; G_cen {g_cen_rel:.1e}, Gram {gram_rel:.1e} relative; {phases}")
