@@ -147,6 +147,7 @@ class ResMLPStep:
         self.grads = [torch.zeros_like(p, memory_format=torch.contiguous_format) for p in self.params]
         grad = {id(p): g for p, g in zip(self.params, self.grads, strict=True)}
         self._stale = {id(p): p.grad for p in self.params if p.grad is not None}
+        self._bound = False
         stem, act = backbone.stem[0], backbone.stem[1]
         assert isinstance(stem, nn.Linear) and isinstance(act, nn.PReLU)
         self.stem, self.stem_act = _Linear.of(stem, grad), _PReLU.of(act, grad)
@@ -255,15 +256,17 @@ class ResMLPStep:
                 if old is not None:
                     g.add_(old)
             self._stale = {}
-        for p, g in zip(self.params, self.grads, strict=True):
-            if p.grad is not g:
+        if not self._bound:  # .grad are the buffers from the first step to release()
+            for p, g in zip(self.params, self.grads, strict=True):
                 p.grad = g
+            self._bound = True
         return hsum
 
     def release(self) -> None:
         """Set every ``.grad`` back to None (as the autograd loop leaves them)."""
         for p in self.params:
             p.grad = None
+        self._bound = False
 
     def _step(
         self,
