@@ -23,9 +23,9 @@ from fedhead.train.config import TrainConfig, TrainDivergedError
 from fedhead.train.finishing import Fit, LocalMetrics, LocalResult, ObjectiveTerms, evaluate_fit, relative
 from fedhead.train.inputs import check_every
 from fedhead.train.last_layer import solve_output_layer
-from fedhead.train.local_loss import add_head_penalty_grads
+from fedhead.train.local_loss import add_head_penalty_grads, head_penalty_grads
 from fedhead.train.problem import LocalProblem
-from fedhead.train.resmlp_step import DirectAdamW, ResMLPStep, clip_grad_norm_direct
+from fedhead.train.resmlp_step import DirectAdamW, ResMLPStep
 from fedhead.train.steps import (
     StepLoss,
     clip_gradients,
@@ -116,7 +116,9 @@ class TrainLoop:
         # torch.optim.AdamW, bit for bit
         self.fast: ResMLPStep | None = None
         if cfg.fast_step and not cuda and not cfg.compile and self.x.is_floating_point():
-            self.fast = ResMLPStep.for_backbone(backbone, self.weight, None if cfg.optimal_bias else self.bias)
+            self.fast = ResMLPStep.for_backbone(
+                backbone, self.weight, None if cfg.optimal_bias else self.bias, clip=cfg.clip_norm is not None
+            )
         self.direct: DirectAdamW | None = None
         self.opt: torch.optim.AdamW | None = None
         if self.fast is not None:
@@ -222,24 +224,26 @@ class TrainLoop:
         batch_center = optimal and (self.bsz >= self.n or self.center is None)
         center = None if batch_center or not optimal else self.center
         total = None
-        for xb, yb in self._batches():
-            hsum = fast(self.step_bias, xb, yb, pb.lambda_h, center, batch_center)
-            total = hsum if total is None else total + hsum
-            add_head_penalty_grads(
-                self.weight,
-                lambda_w=pb.lambda_w,
-                lambda_h=pb.lambda_h,
-                rho=pb.rho,
-                broadcast=self.broadcast,
-                gamma=pb.gamma,
-                sigma_delta=self.delta,
-            )
-            if cfg.clip_norm is not None:
-                norm = clip_grad_norm_direct(fast.grads, cfg.clip_norm)
-                if not math.isfinite(norm):
-                    self._diverged()
-            self.direct.step(self.lrs[self.k])
-            self.k += 1
+        with torch.no_grad():
+            for xb, yb in self._batches():
+                hsum = fast(self.step_bias, xb, yb, pb.lambda_h, center, batch_center)
+                total = hsum if total is None else total + hsum
+                head_penalty_grads(
+                    self.weight,
+                    fast.grad_head,
+                    lambda_w=pb.lambda_w,
+                    lambda_h=pb.lambda_h,
+                    rho=pb.rho,
+                    broadcast=self.broadcast,
+                    gamma=pb.gamma,
+                    sigma_delta=self.delta,
+                )
+                if cfg.clip_norm is not None:
+                    norm = fast.clip_grad_norm(cfg.clip_norm)
+                    if not math.isfinite(norm):
+                        self._diverged()
+                self.direct.step(self.lrs[self.k])
+                self.k += 1
         if optimal and total is not None:
             self.center = total / self.n
 

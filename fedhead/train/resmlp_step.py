@@ -25,7 +25,7 @@ from torch import nn
 
 from fedhead.models.backbones import ResidualBlock, ResMLP
 
-__all__ = ["DirectAdamW", "ResMLPStep", "clip_grad_norm_direct"]
+__all__ = ["DirectAdamW", "ResMLPStep"]
 
 
 def _is_plain(module: nn.Module) -> bool:
@@ -53,22 +53,48 @@ def _global_hooks() -> bool:
     )
 
 
+class _Grads:
+    """The gradient buffers of the step's parameters and, when the step clips, their norms: one
+    0-dim slot per parameter in a vector, each written right after its gradient (still in cache),
+    the values ``torch._foreach_norm`` gives (it calls the same ``linalg_vector_norm`` per tensor)."""
+
+    def __init__(self, params: list[torch.Tensor], norms: bool):
+        self.params = params
+        self.buffers = [torch.zeros_like(p, memory_format=torch.contiguous_format) for p in params]
+        self.of = {id(p): g for p, g in zip(params, self.buffers, strict=True)}
+        self.norms = torch.zeros(len(params), dtype=torch.float32) if norms else None
+        slots = [self.norms[i] for i in range(len(params))] if self.norms is not None else [None] * len(params)
+        self.slot = {id(p): s for p, s in zip(params, slots, strict=True)}
+
+    def norm(self, param: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """``(gradient, its norm's slot)`` of ``param``, or None when the step keeps no norms."""
+        slot = self.slot[id(param)]
+        return None if slot is None else (self.of[id(param)], slot)
+
+
+def _write_norm(pair: tuple[torch.Tensor, torch.Tensor] | None) -> None:
+    if pair is not None:
+        _vector_norm(pair[0], 2.0, out=pair[1])
+
+
 @dataclass(frozen=True)
 class _Linear:
-    """A ``Linear`` layer's tensors as the step uses them: ``W``, ``W^T`` (a view), ``b`` and the
-    gradient buffers (the bias's as a ``(1, N)`` view, the shape of its row sum)."""
+    """A ``Linear`` layer's tensors as the step uses them: ``W``, ``W^T`` (a view), ``b``, the
+    gradient buffers (the bias's as a ``(1, N)`` view, the shape of its row sum) and norm slots."""
 
     weight: torch.Tensor
     weight_t: torch.Tensor
     bias: torch.Tensor
     grad_w: torch.Tensor
     grad_b: torch.Tensor
+    norm_w: tuple[torch.Tensor, torch.Tensor] | None
+    norm_b: tuple[torch.Tensor, torch.Tensor] | None
 
     @classmethod
-    def of(cls, layer: nn.Linear, grad: dict[int, torch.Tensor]) -> _Linear:
+    def of(cls, layer: nn.Linear, grads: _Grads) -> _Linear:
         w, b = layer.weight, layer.bias
         assert b is not None
-        return cls(w, w.t(), b, grad[id(w)], grad[id(b)].view(1, -1))
+        return cls(w, w.t(), b, grads.of[id(w)], grads.of[id(b)].view(1, -1), grads.norm(w), grads.norm(b))
 
     def forward(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         """``F.linear(x, W, b)``, which is ``addmm(b, x, W^T)`` for a 2-D ``x``."""
@@ -78,21 +104,24 @@ class _Linear:
         """``AddmmBackward0`` of ``addmm(b, x, W^T)``: ``W`` gets ``g^T x`` (``W^T`` is column-major),
         ``b`` the column sums of ``g``; with ``g_in``, the input's ``g W`` (``x`` row-major) into it."""
         torch.mm(g.t(), x, out=self.grad_w)
+        _write_norm(self.norm_w)
         torch.sum(g, (0,), keepdim=True, out=self.grad_b)
+        _write_norm(self.norm_b)
         if g_in is not None:
             torch.mm(g, self.weight, out=g_in)
 
 
 @dataclass(frozen=True)
 class _PReLU:
-    """A one-slope ``PReLU``: the slope and its gradient buffer as a ``(1, 1)`` view."""
+    """A one-slope ``PReLU``: the slope, its gradient buffer as a ``(1, 1)`` view and its norm slot."""
 
     slope: torch.Tensor
     grad: torch.Tensor
+    norm: tuple[torch.Tensor, torch.Tensor] | None
 
     @classmethod
-    def of(cls, act: nn.PReLU, grad: dict[int, torch.Tensor]) -> _PReLU:
-        return cls(act.weight, grad[id(act.weight)].view(1, 1))
+    def of(cls, act: nn.PReLU, grads: _Grads) -> _PReLU:
+        return cls(act.weight, grads.of[id(act.weight)].view(1, 1), grads.norm(act.weight))
 
     def backward(self, g: torch.Tensor, x: torch.Tensor, a: float, g_x: torch.Tensor, t: torch.Tensor) -> None:
         """``_prelu_kernel_backward`` for the slope ``a``: the input's ``x > 0 ? g : a g`` into ``g_x``,
@@ -100,10 +129,12 @@ class _PReLU:
         autograd reduces the broadcast slope (``t``: scratch)."""
         torch.clamp(x, max=0, out=t).mul_(g)
         torch.sum(t, (0, 1), keepdim=True, out=self.grad)
+        _write_norm(self.norm)
         _leaky_relu_backward(g, x, a, False, grad_input=g_x)
 
 
 _leaky_relu = torch._C._nn.leaky_relu  # pyright: ignore[reportAttributeAccessIssue]
+_vector_norm = torch.linalg.vector_norm
 _leaky_relu_backward = torch.ops.aten.leaky_relu_backward.grad_input
 
 
@@ -141,11 +172,13 @@ class ResMLPStep:
     place only (as the optimiser and the trainer's solves do).
     """
 
-    def __init__(self, backbone: ResMLP, head_weight: torch.Tensor, head_bias: torch.Tensor | None):
+    def __init__(
+        self, backbone: ResMLP, head_weight: torch.Tensor, head_bias: torch.Tensor | None, *, clip: bool = False
+    ):
         #: every tensor that gets a gradient, in the trainer's order (backbone, head weight, bias)
         self.params = [*backbone.parameters(), head_weight] + ([head_bias] if head_bias is not None else [])
-        self.grads = [torch.zeros_like(p, memory_format=torch.contiguous_format) for p in self.params]
-        grad = {id(p): g for p, g in zip(self.params, self.grads, strict=True)}
+        grad = self._grads = _Grads(self.params, norms=clip)
+        self.grads = grad.buffers
         self._stale = {id(p): p.grad for p in self.params if p.grad is not None}
         self._bound = False
         stem, act = backbone.stem[0], backbone.stem[1]
@@ -158,17 +191,21 @@ class ResMLPStep:
         ]
         self.proj = _Linear.of(backbone.proj, grad)
         self.head_weight, self.head_t = head_weight, head_weight.t()
-        self.grad_head = grad[id(head_weight)]
-        self.grad_bias = grad[id(head_bias)].view(1, -1) if head_bias is not None else None
+        self.grad_head = grad.of[id(head_weight)]
+        self.norm_head = grad.norm(head_weight)
+        self.grad_bias = grad.of[id(head_bias)].view(1, -1) if head_bias is not None else None
+        self.norm_bias = grad.norm(head_bias) if head_bias is not None else None
         self.width, self.feature_dim = stem.out_features, backbone.proj.out_features
         self._spaces: dict[tuple[int, float], _Workspace] = {}
 
     @classmethod
     def for_backbone(
-        cls, backbone: nn.Module, head_weight: torch.Tensor, head_bias: torch.Tensor | None
+        cls, backbone: nn.Module, head_weight: torch.Tensor, head_bias: torch.Tensor | None, *, clip: bool = False
     ) -> ResMLPStep | None:
         """The step for ``backbone`` when its forward is exactly ResMLP's on float32 CPU tensors,
-        else None. ``head_bias`` is the head's bias when it is trained (None: held fixed)."""
+        else None. ``head_bias`` is the head's bias when it is trained (None: held fixed); with
+        ``clip`` the step keeps the gradients' norms for
+        [`clip_grad_norm`][fedhead.train.resmlp_step.ResMLPStep.clip_grad_norm]."""
         if type(backbone) is not ResMLP:
             return None
         stem, blocks = backbone.stem, backbone.blocks
@@ -202,7 +239,7 @@ class ResMLPStep:
             )
         ):
             return None
-        return cls(backbone, head_weight, head_bias)
+        return cls(backbone, head_weight, head_bias, clip=clip)
 
     def _space(self, b: int, lambda_h: float) -> _Workspace:
         key = (b, lambda_h)
@@ -250,17 +287,33 @@ class ResMLPStep:
         at construction); ``bias`` is the head bias as the step uses it (detached when fixed)."""
         with torch.no_grad():
             hsum = self._step(bias, xb, yb, lambda_h, center, batch_center)
-        if self._stale:
-            for p, g in zip(self.params, self.grads, strict=True):
-                old = self._stale.get(id(p))
-                if old is not None:
-                    g.add_(old)
-            self._stale = {}
+            if self._stale:
+                for p, g in zip(self.params, self.grads, strict=True):
+                    old = self._stale.get(id(p))
+                    if old is not None:
+                        g.add_(old)
+                        _write_norm(self._grads.norm(p))
+                self._stale = {}
         if not self._bound:  # .grad are the buffers from the first step to release()
             for p, g in zip(self.params, self.grads, strict=True):
                 p.grad = g
             self._bound = True
         return hsum
+
+    def clip_grad_norm(self, max_norm: float) -> float:
+        """[`fedhead.train.steps.clip_gradients`][fedhead.train.steps.clip_gradients] on the CPU
+        (``host_check``): the total norm ``torch.nn.utils.get_total_norm`` computes (the norm of the
+        per-tensor norms, in the parameters' order), the rescale of ``clip_grads_with_norm_`` when the
+        clip is active; returns the norm. Call it after the head-only terms are in the head's
+        gradient (its norm is taken here; the others were taken in the step)."""
+        assert self._grads.norms is not None and self.norm_head is not None, "built without clip=True"
+        with torch.no_grad():
+            _write_norm(self.norm_head)
+            total = _vector_norm(self._grads.norms, 2.0)
+            norm = total.item()
+            if norm + 1e-6 > max_norm:
+                torch._foreach_mul_(self.grads, torch.clamp(max_norm / (total + 1e-6), max=1.0))  # pyright: ignore[reportPrivateImportUsage]
+        return norm
 
     def release(self) -> None:
         """Set every ``.grad`` back to None (as the autograd loop leaves them)."""
@@ -303,6 +356,7 @@ class ResMLPStep:
         g_pred = torch.sub(ws.pred, yb, out=ws.g_pred).mul_(2.0).mul_(ws.g_loss)
         if self.grad_bias is not None:
             torch.sum(g_pred, (0,), keepdim=True, out=self.grad_bias)
+            _write_norm(self.norm_bias)
         torch.mm(g_pred.t(), hc, out=self.grad_head)
         g_h = torch.mm(g_pred, self.head_weight, out=ws.g_h)
         g_h.add_(torch.mul(h, 2.0, out=ws.t_h).mul_(ws.g_pen))
@@ -364,15 +418,3 @@ class DirectAdamW:
             grad_scale=None,
             found_inf=None,
         )
-
-
-def clip_grad_norm_direct(grads: list[torch.Tensor], max_norm: float) -> float:
-    """[`fedhead.train.steps.clip_gradients`][fedhead.train.steps.clip_gradients] on the CPU (``host_check``)
-    for gradients of one dtype: ``torch.nn.utils.get_total_norm`` and ``clip_grads_with_norm_``'s
-    operations called directly (the same values), rescaling only when the clip is active."""
-    norms = torch._foreach_norm(grads, 2.0)  # pyright: ignore[reportPrivateImportUsage]
-    total = torch.linalg.vector_norm(torch.stack(norms), 2.0)
-    norm = total.item()
-    if norm + 1e-6 > max_norm:
-        torch._foreach_mul_(grads, torch.clamp(max_norm / (total + 1e-6), max=1.0))  # pyright: ignore[reportPrivateImportUsage]
-    return norm
