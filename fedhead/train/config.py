@@ -82,7 +82,8 @@ class TrainConfig:
         ([`fedhead.train.resmlp_step`][fedhead.train.resmlp_step]): forward and backward without
         autograd into buffers kept from step to step, and the fused AdamW kernel and the gradient
         clip called without ``torch.optim``'s per-step Python work. The same gradients, updates and
-        results, bit for bit (tested); about 1.4x faster per step at the ``cpu`` scale's shapes.
+        results, bit for bit (tested); 1.6-1.8x faster per step at the ``cpu`` scale's shapes
+        (``benchmarks/bench_step_flops.py``).
         False: autograd and ``torch.optim.AdamW`` (the reference path; other backbones, CUDA and
         ``compile`` always take it).
     optimal_bias : bool
