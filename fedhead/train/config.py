@@ -77,6 +77,15 @@ class TrainConfig:
         CPU here compiling the width-1024 ResMLP forward + loss took about 90 s (cold cache) and its
         forward + backward ran about 1.2x faster in isolation, but the end-to-end benchmark
         (``benchmarks/bench_trainer.py --fast``) showed no gain beyond the machine's noise.
+    fast_step : bool
+        On the CPU, a [`ResMLP`][fedhead.models.ResMLP] backbone trains with its step written out
+        ([`fedhead.train.resmlp_step`][fedhead.train.resmlp_step]): forward and backward without
+        autograd into buffers kept from step to step, and the fused AdamW kernel and the gradient
+        clip called without ``torch.optim``'s per-step Python work. The same gradients, updates and
+        results, bit for bit (tested); 1.6-1.8x faster per step at the ``cpu`` scale's shapes
+        (``benchmarks/bench_step_flops.py``).
+        False: autograd and ``torch.optim.AdamW`` (the reference path; other backbones, CUDA and
+        ``compile`` always take it).
     optimal_bias : bool
         Hold the head bias at its least-squares optimum ``mu - W m`` for the current features
         instead of training it, and centre the features exactly after training (see
@@ -135,6 +144,7 @@ class TrainConfig:
     compile: bool = False
     cuda_graphs: bool = False
     tf32: bool = True
+    fast_step: bool = True
     optimal_bias: bool = True
     solve_last_layer: bool = True
     last_layer_ridge: float = 1e-4

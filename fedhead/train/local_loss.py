@@ -89,6 +89,31 @@ def add_head_penalty_grads(
     g = weight.grad
     if g is None:
         raise RuntimeError("add_head_penalty_grads: weight.grad is None (call backward() first)")
+    head_penalty_grads(
+        weight,
+        g,
+        lambda_w=lambda_w,
+        lambda_h=lambda_h,
+        rho=rho,
+        broadcast=broadcast,
+        gamma=gamma,
+        sigma_delta=sigma_delta,
+    )
+
+
+def head_penalty_grads(
+    weight: torch.Tensor,
+    g: torch.Tensor,
+    *,
+    lambda_w: float,
+    lambda_h: float,
+    rho: float,
+    broadcast: torch.Tensor | None,
+    gamma: float,
+    sigma_delta: torch.Tensor | None,
+) -> None:
+    """[`add_head_penalty_grads`][fedhead.train.add_head_penalty_grads] into a given gradient ``g`` of
+    ``weight``, for a caller already under ``torch.no_grad()`` (the CPU fast step, once per step)."""
     g.add_(weight, alpha=lambda_w + (rho if broadcast is not None else 0.0))
     if broadcast is not None:
         g.sub_(broadcast, alpha=rho)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from typing import NoReturn
 
 import numpy as np
 import torch
@@ -22,8 +23,9 @@ from fedhead.train.config import TrainConfig, TrainDivergedError
 from fedhead.train.finishing import Fit, LocalMetrics, LocalResult, ObjectiveTerms, evaluate_fit, relative
 from fedhead.train.inputs import check_every
 from fedhead.train.last_layer import solve_output_layer
-from fedhead.train.local_loss import add_head_penalty_grads
+from fedhead.train.local_loss import add_head_penalty_grads, head_penalty_grads
 from fedhead.train.problem import LocalProblem
+from fedhead.train.resmlp_step import DirectAdamW, ResMLPStep
 from fedhead.train.steps import (
     StepLoss,
     clip_gradients,
@@ -48,7 +50,9 @@ class TrainLoop:
     gradient terms. On CUDA nothing synchronises with the host inside the loop (TF32, optional bf16
     autocast, channels-last images, CUDA graphs); on the CPU the gradient norm is read to skip an
     inactive clip and to stop at a non-finite gradient. Optional ``torch.compile`` of the forward
-    + loss, one compiled function per process.
+    + loss, one compiled function per process. On the CPU a ResMLP backbone's step is written out
+    (``cfg.fast_step``, [`ResMLPStep`][fedhead.train.resmlp_step.ResMLPStep]: no autograd, buffers
+    kept from step to step, AdamW's fused kernel called directly), with the same results.
     """
 
     def __init__(
@@ -108,9 +112,22 @@ class TrainLoop:
         self.lrs = cosine_schedule(cfg.lr, cfg.lr_min, problem.epochs * self.steps_per_epoch, warmup=cfg.warmup_steps)
         trained = list(backbone.parameters()) + [self.weight] + ([] if cfg.optimal_bias else [self.bias])
         self.params = [q for q in trained if q.requires_grad]
-        self.opt = torch.optim.AdamW(
-            self.params, lr=self.lrs[0], betas=cfg.betas, eps=cfg.eps, weight_decay=0.0, fused=True
-        )
+        # the written-out ResMLP step (CPU, eager): the same gradients and updates as autograd and
+        # torch.optim.AdamW, bit for bit
+        self.fast: ResMLPStep | None = None
+        if cfg.fast_step and not cuda and not cfg.compile and self.x.is_floating_point():
+            self.fast = ResMLPStep.for_backbone(
+                backbone, self.weight, None if cfg.optimal_bias else self.bias, clip=cfg.clip_norm is not None
+            )
+        self.direct: DirectAdamW | None = None
+        self.opt: torch.optim.AdamW | None = None
+        if self.fast is not None:
+            assert [id(q) for q in self.fast.params] == [id(q) for q in self.params]
+            self.direct = DirectAdamW(self.fast.params, self.fast.grads, betas=cfg.betas, eps=cfg.eps)
+        else:
+            self.opt = torch.optim.AdamW(
+                self.params, lr=self.lrs[0], betas=cfg.betas, eps=cfg.eps, weight_decay=0.0, fused=True
+            )
         self.gen = torch.Generator().manual_seed(int(seed))
         self.center: torch.Tensor | None = None  # the previous epoch's mean feature (minibatches)
         self.l_star = float(optimal_loss(terms.sigma, problem.lambda_h, problem.lambda_w))
@@ -154,6 +171,10 @@ class TrainLoop:
 
     def _epoch(self) -> None:
         """One pass over the data; with the optimal bias, also the epoch's mean feature."""
+        if self.fast is not None:
+            self._fast_epoch(self.fast)
+            return
+        assert self.opt is not None
         cfg, pb, optimal = self.cfg, self.problem, self.cfg.optimal_bias
         batch_center = optimal and (self.bsz >= self.n or self.center is None)
         total = None
@@ -186,11 +207,7 @@ class TrainLoop:
             if cfg.clip_norm is not None:
                 norm = clip_gradients(self.params, cfg.clip_norm, host_check=not self.cuda)
                 if norm is not None and not math.isfinite(norm):
-                    raise TrainDivergedError(
-                        f"train_local: non-finite gradient norm at step {self.k} of "
-                        f"{len(self.lrs)} (lr {self.lrs[self.k]:.3g}); the model state is "
-                        f"corrupted"
-                    )
+                    self._diverged()
             group["lr"] = self.lrs[self.k]
             self.opt.step()
             for q in self.params:  # = opt.zero_grad(set_to_none=True), without its per-call hook overhead
@@ -198,6 +215,44 @@ class TrainLoop:
             self.k += 1
         if optimal and total is not None:  # (there is always a batch: empty data is refused)
             self.center = total / self.n
+
+    def _fast_epoch(self, fast: ResMLPStep) -> None:
+        """[`_epoch`][fedhead.train.loop.TrainLoop._epoch] with the written-out ResMLP step: the same
+        operations on the same values, less Python and no autograd graph."""
+        assert self.direct is not None
+        cfg, pb, optimal = self.cfg, self.problem, self.cfg.optimal_bias
+        batch_center = optimal and (self.bsz >= self.n or self.center is None)
+        center = None if batch_center or not optimal else self.center
+        total = None
+        with torch.no_grad():
+            for xb, yb in self._batches():
+                hsum = fast(self.step_bias, xb, yb, pb.lambda_h, center, batch_center)
+                total = hsum if total is None else total + hsum
+                head_penalty_grads(
+                    self.weight,
+                    fast.grad_head,
+                    lambda_w=pb.lambda_w,
+                    lambda_h=pb.lambda_h,
+                    rho=pb.rho,
+                    broadcast=self.broadcast,
+                    gamma=pb.gamma,
+                    sigma_delta=self.delta,
+                )
+                if cfg.clip_norm is not None:
+                    norm = fast.clip_grad_norm(cfg.clip_norm)
+                    if not math.isfinite(norm):
+                        self._diverged()
+                self.direct.step(self.lrs[self.k])
+                self.k += 1
+        if optimal and total is not None:
+            self.center = total / self.n
+
+    def _diverged(self) -> NoReturn:
+        raise TrainDivergedError(
+            f"train_local: non-finite gradient norm at step {self.k} of "
+            f"{len(self.lrs)} (lr {self.lrs[self.k]:.3g}); the model state is "
+            f"corrupted"
+        )
 
     def _evaluate(self, *, final: bool = False) -> Fit:
         # the rotation changes neither L_m nor C_m, so the tolerance checks leave it out
@@ -301,14 +356,18 @@ class TrainLoop:
         if cfg.progress:
             epochs = progress(epochs, desc="local epochs")
         t0 = time.perf_counter()
-        for e in epochs:
-            self._epoch()
-            self.epochs_run = e + 1
-            if tol is not None and (e + 1) % every == 0 and e + 1 < n_epochs:
-                gap = self._check(tol)
-                self.gap_trace.append((e + 1, gap))
-                if gap <= tol:
-                    break
+        try:
+            for e in epochs:
+                self._epoch()
+                self.epochs_run = e + 1
+                if tol is not None and (e + 1) % every == 0 and e + 1 < n_epochs:
+                    gap = self._check(tol)
+                    self.gap_trace.append((e + 1, gap))
+                    if gap <= tol:
+                        break
+        finally:
+            if self.fast is not None:  # the gradients as the autograd loop leaves them: none
+                self.fast.release()
         if self.cuda:
             torch.cuda.synchronize(self.dev)
         self.seconds = time.perf_counter() - t0

@@ -1,0 +1,420 @@
+"""The training step of a ResMLP backbone written out: forward and backward without autograd.
+
+On the CPU at the ``cpu`` scale's shapes (100 rows, width 256) autograd's step spends much of
+its time outside the matmuls: PyTorch's PReLU backward is a scalar loop that branches on the sign
+of every input (a misprediction in every other element: ~110 us per call, seven calls in a step
+of ~4 ms), every step allocates its activations and gradients afresh (100-256 KiB each, which
+glibc hands back to the kernel and faults in again: page faults were ~15 % of a step's samples),
+and each graph node costs the engine a few microseconds.
+[`ResMLPStep`][fedhead.train.resmlp_step.ResMLPStep] runs the ATen operations autograd would (the
+same ``addmm`` and ``mm`` calls on the same memory layouts, the same reductions for the biases and
+the PReLU slopes) into buffers it keeps from step to step, so the gradients are the same bits;
+PReLU runs as ``leaky_relu`` and ``leaky_relu_backward`` with the slope read as a number, which
+compute the same ``x > 0 ? x : a x`` and ``x > 0 ? g : a g`` in vectorized kernels.
+``tests/train/test_train_fast_step.py`` checks gradients and whole training calls against
+autograd and ``torch.optim.AdamW``, bit for bit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from fedhead.models.backbones import ResidualBlock, ResMLP
+
+__all__ = ["DirectAdamW", "ResMLPStep"]
+
+
+def _is_plain(module: nn.Module) -> bool:
+    """No module or parameter hooks that a hand-written forward or backward would skip."""
+    return not (
+        module._forward_hooks
+        or module._forward_pre_hooks
+        or module._backward_hooks
+        or module._backward_pre_hooks
+        or any(
+            getattr(p, "_backward_hooks", None) or getattr(p, "_post_accumulate_grad_hooks", None)
+            for p in module.parameters(recurse=False)
+        )
+    )
+
+
+def _global_hooks() -> bool:
+    """Hooks registered for every module (``torch.nn.modules.module.register_module_*_hook``)."""
+    m = torch.nn.modules.module
+    return bool(
+        m._global_forward_hooks
+        or m._global_forward_pre_hooks
+        or m._global_backward_hooks
+        or m._global_backward_pre_hooks
+    )
+
+
+class _Grads:
+    """The gradient buffers of the step's parameters and, when the step clips, their norms: one
+    0-dim slot per parameter in a vector, each written right after its gradient (still in cache),
+    the values ``torch._foreach_norm`` gives (it calls the same ``linalg_vector_norm`` per tensor)."""
+
+    def __init__(self, params: list[torch.Tensor], norms: bool):
+        self.params = params
+        self.buffers = [torch.zeros_like(p, memory_format=torch.contiguous_format) for p in params]
+        self.of = {id(p): g for p, g in zip(params, self.buffers, strict=True)}
+        self.norms = torch.zeros(len(params), dtype=torch.float32) if norms else None
+        slots = [self.norms[i] for i in range(len(params))] if self.norms is not None else [None] * len(params)
+        self.slot = {id(p): s for p, s in zip(params, slots, strict=True)}
+
+    def norm(self, param: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """``(gradient, its norm's slot)`` of ``param``, or None when the step keeps no norms."""
+        slot = self.slot[id(param)]
+        return None if slot is None else (self.of[id(param)], slot)
+
+
+def _write_norm(pair: tuple[torch.Tensor, torch.Tensor] | None) -> None:
+    if pair is not None:
+        _vector_norm(pair[0], 2.0, out=pair[1])
+
+
+@dataclass(frozen=True)
+class _Linear:
+    """A ``Linear`` layer's tensors as the step uses them: ``W``, ``W^T`` (a view), ``b``, the
+    gradient buffers (the bias's as a ``(1, N)`` view, the shape of its row sum) and norm slots."""
+
+    weight: torch.Tensor
+    weight_t: torch.Tensor
+    bias: torch.Tensor
+    grad_w: torch.Tensor
+    grad_b: torch.Tensor
+    norm_w: tuple[torch.Tensor, torch.Tensor] | None
+    norm_b: tuple[torch.Tensor, torch.Tensor] | None
+
+    @classmethod
+    def of(cls, layer: nn.Linear, grads: _Grads) -> _Linear:
+        w, b = layer.weight, layer.bias
+        assert b is not None
+        return cls(w, w.t(), b, grads.of[id(w)], grads.of[id(b)].view(1, -1), grads.norm(w), grads.norm(b))
+
+    def forward(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """``F.linear(x, W, b)``, which is ``addmm(b, x, W^T)`` for a 2-D ``x``."""
+        return torch.addmm(self.bias, x, self.weight_t, out=out)
+
+    def backward(self, g: torch.Tensor, x: torch.Tensor, g_in: torch.Tensor | None) -> None:
+        """``AddmmBackward0`` of ``addmm(b, x, W^T)``: ``W`` gets ``g^T x`` (``W^T`` is column-major),
+        ``b`` the column sums of ``g``; with ``g_in``, the input's ``g W`` (``x`` row-major) into it."""
+        torch.mm(g.t(), x, out=self.grad_w)
+        _write_norm(self.norm_w)
+        torch.sum(g, (0,), keepdim=True, out=self.grad_b)
+        _write_norm(self.norm_b)
+        if g_in is not None:
+            torch.mm(g, self.weight, out=g_in)
+
+
+@dataclass(frozen=True)
+class _PReLU:
+    """A one-slope ``PReLU``: the slope, its gradient buffer as a ``(1, 1)`` view and its norm slot."""
+
+    slope: torch.Tensor
+    grad: torch.Tensor
+    norm: tuple[torch.Tensor, torch.Tensor] | None
+
+    @classmethod
+    def of(cls, act: nn.PReLU, grads: _Grads) -> _PReLU:
+        return cls(act.weight, grads.of[id(act.weight)].view(1, 1), grads.norm(act.weight))
+
+    def backward(self, g: torch.Tensor, x: torch.Tensor, a: float, g_x: torch.Tensor, t: torch.Tensor) -> None:
+        """``_prelu_kernel_backward`` for the slope ``a``: the input's ``x > 0 ? g : a g`` into ``g_x``,
+        and the slope's ``sum(x > 0 ? 0 : x g)``, the ``(B, N)`` products reduced over both dims as
+        autograd reduces the broadcast slope (``t``: scratch)."""
+        torch.clamp(x, max=0, out=t).mul_(g)
+        torch.sum(t, (0, 1), keepdim=True, out=self.grad)
+        _write_norm(self.norm)
+        _leaky_relu_backward(g, x, a, False, grad_input=g_x)
+
+
+_leaky_relu = torch._C._nn.leaky_relu  # pyright: ignore[reportAttributeAccessIssue]
+_vector_norm = torch.linalg.vector_norm
+_leaky_relu_backward = torch.ops.aten.leaky_relu_backward.grad_input
+
+
+@dataclass
+class _Workspace:
+    """The activations and gradient buffers of one batch size ``B`` (all ``(B, ·)`` float32)."""
+
+    z0: torch.Tensor  # stem pre-activation
+    a0: torch.Tensor  # stem output
+    blocks: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]  # u, v, s, out per block
+    h: torch.Tensor
+    hc: torch.Tensor
+    pred: torch.Tensor
+    g_pred: torch.Tensor
+    g_h: torch.Tensor
+    t_h: torch.Tensor
+    g: tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # three (B, width) gradient buffers
+    t: torch.Tensor  # (B, width) scratch of the PReLU slope gradients
+    g_loss: torch.Tensor  # d loss / d (sum of squares): 0.5 / B, as autograd's MulBackward0 has it
+    g_pen: torch.Tensor  # the same times lambda_H (AddBackward0's alpha)
+
+
+class ResMLPStep:
+    """Forward + backward of [`fedhead.train.steps.forward_loss`][fedhead.train.steps.forward_loss] for a
+    [`ResMLP`][fedhead.models.ResMLP] backbone on the CPU, with the gradients written into
+    ``.grad`` as ``loss.backward()`` writes them (the same values, bit for bit).
+
+    Build it with [`for_backbone`][fedhead.train.resmlp_step.ResMLPStep.for_backbone], which answers
+    None for anything else (another backbone or a subclass, hooks, a PReLU with a slope per
+    channel, a frozen or non-float32 parameter, another device): the trainer then runs autograd.
+    The gradient buffers live from step to step (each step overwrites them; gradients that were
+    there before the first step are added to it, as ``backward()`` would);
+    [`release`][fedhead.train.resmlp_step.ResMLPStep.release] sets the ``.grad`` back to None.
+    The layers' tensors are read once, at construction: the step's parameters must be changed in
+    place only (as the optimiser and the trainer's solves do).
+    """
+
+    def __init__(
+        self, backbone: ResMLP, head_weight: torch.Tensor, head_bias: torch.Tensor | None, *, clip: bool = False
+    ):
+        #: every tensor that gets a gradient, in the trainer's order (backbone, head weight, bias)
+        self.params = [*backbone.parameters(), head_weight] + ([head_bias] if head_bias is not None else [])
+        grad = self._grads = _Grads(self.params, norms=clip)
+        self.grads = grad.buffers
+        self._stale = {id(p): p.grad for p in self.params if p.grad is not None}
+        self._bound = False
+        stem, act = backbone.stem[0], backbone.stem[1]
+        assert isinstance(stem, nn.Linear) and isinstance(act, nn.PReLU)
+        self.stem, self.stem_act = _Linear.of(stem, grad), _PReLU.of(act, grad)
+        blocks = [b for b in backbone.blocks if isinstance(b, ResidualBlock)]
+        self.blocks = [
+            (_Linear.of(b.fc1, grad), _PReLU.of(b.act1, grad), _Linear.of(b.fc2, grad), _PReLU.of(b.act2, grad))
+            for b in blocks
+        ]
+        self.proj = _Linear.of(backbone.proj, grad)
+        self.head_weight, self.head_t = head_weight, head_weight.t()
+        self.grad_head = grad.of[id(head_weight)]
+        self.norm_head = grad.norm(head_weight)
+        self.grad_bias = grad.of[id(head_bias)].view(1, -1) if head_bias is not None else None
+        self.norm_bias = grad.norm(head_bias) if head_bias is not None else None
+        self.width, self.feature_dim = stem.out_features, backbone.proj.out_features
+        self._spaces: dict[tuple[int, float], _Workspace] = {}
+
+    @classmethod
+    def for_backbone(
+        cls, backbone: nn.Module, head_weight: torch.Tensor, head_bias: torch.Tensor | None, *, clip: bool = False
+    ) -> ResMLPStep | None:
+        """The step for ``backbone`` when its forward is exactly ResMLP's on float32 CPU tensors,
+        else None. ``head_bias`` is the head's bias when it is trained (None: held fixed); with
+        ``clip`` the step keeps the gradients' norms for
+        [`clip_grad_norm`][fedhead.train.resmlp_step.ResMLPStep.clip_grad_norm]."""
+        if type(backbone) is not ResMLP:
+            return None
+        stem, blocks = backbone.stem, backbone.blocks
+        layout = (
+            type(stem) is nn.Sequential
+            and len(stem) == 2
+            and type(stem[0]) is nn.Linear
+            and type(stem[1]) is nn.PReLU
+            and type(blocks) is nn.Sequential
+            and all(
+                type(b) is ResidualBlock
+                and type(b.fc1) is nn.Linear
+                and type(b.fc2) is nn.Linear
+                and type(b.act1) is nn.PReLU
+                and type(b.act2) is nn.PReLU
+                for b in blocks
+            )
+            and type(backbone.proj) is nn.Linear
+        )
+        if not layout:
+            return None
+        modules = list(backbone.modules())
+        params = [*backbone.parameters(), head_weight] + ([head_bias] if head_bias is not None else [])
+        if _global_hooks() or not (
+            all(_is_plain(m) for m in modules)
+            and all(m.weight.numel() == 1 for m in modules if isinstance(m, nn.PReLU))
+            and all(m.bias is not None for m in modules if isinstance(m, nn.Linear))
+            and all(
+                p.requires_grad and p.dtype == torch.float32 and p.device.type == "cpu" and p.is_contiguous()
+                for p in params
+            )
+        ):
+            return None
+        return cls(backbone, head_weight, head_bias, clip=clip)
+
+    def _space(self, b: int, lambda_h: float) -> _Workspace:
+        key = (b, lambda_h)
+        ws = self._spaces.get(key)
+        if ws is None:
+            if len(self._spaces) >= 4:  # a full batch and a short last batch (one lambda_H per call)
+                self._spaces.clear()
+            w, p, c = self.width, self.feature_dim, self.head_weight.shape[0]
+
+            def new(*shape: int) -> torch.Tensor:
+                return torch.empty(shape, dtype=torch.float32)
+
+            # the loss's backward: its gradient 1 times the scalar 0.5 / B (float32), and that
+            # times lambda_H for the feature penalty, computed as autograd computes them
+            g_loss = torch.ones((), dtype=torch.float32).mul(0.5 / b)
+            ws = _Workspace(
+                z0=new(b, w),
+                a0=new(b, w),
+                blocks=[(new(b, w), new(b, w), new(b, w), new(b, w)) for _ in self.blocks],
+                h=new(b, p),
+                hc=new(b, p),
+                pred=new(b, c),
+                g_pred=new(b, c),
+                g_h=new(b, p),
+                t_h=new(b, p),
+                g=(new(b, w), new(b, w), new(b, w)),
+                t=new(b, w),
+                g_loss=g_loss,
+                g_pen=g_loss * lambda_h,
+            )
+            self._spaces[key] = ws
+        return ws
+
+    def __call__(
+        self,
+        bias: torch.Tensor,
+        xb: torch.Tensor,
+        yb: torch.Tensor,
+        lambda_h: float,
+        center: torch.Tensor | None,
+        batch_center: bool,
+    ) -> torch.Tensor:
+        """One step's gradients; returns the batch's feature sum ``(P,)`` (a new tensor). The
+        arguments are those of ``forward_loss`` without the backbone and the head weight (given
+        at construction); ``bias`` is the head bias as the step uses it (detached when fixed)."""
+        with torch.no_grad():
+            hsum = self._step(bias, xb, yb, lambda_h, center, batch_center)
+            if self._stale:
+                for p, g in zip(self.params, self.grads, strict=True):
+                    old = self._stale.get(id(p))
+                    if old is not None:
+                        g.add_(old)
+                        _write_norm(self._grads.norm(p))
+                self._stale = {}
+        if not self._bound:  # .grad are the buffers from the first step to release()
+            for p, g in zip(self.params, self.grads, strict=True):
+                p.grad = g
+            self._bound = True
+        return hsum
+
+    def clip_grad_norm(self, max_norm: float) -> float:
+        """[`fedhead.train.steps.clip_gradients`][fedhead.train.steps.clip_gradients] on the CPU
+        (``host_check``): the total norm ``torch.nn.utils.get_total_norm`` computes (the norm of the
+        per-tensor norms, in the parameters' order), the rescale of ``clip_grads_with_norm_`` when the
+        clip is active; returns the norm. Call it after the head-only terms are in the head's
+        gradient (its norm is taken here; the others were taken in the step)."""
+        assert self._grads.norms is not None and self.norm_head is not None, "built without clip=True"
+        with torch.no_grad():
+            _write_norm(self.norm_head)
+            total = _vector_norm(self._grads.norms, 2.0)
+            norm = total.item()
+            if norm + 1e-6 > max_norm:
+                torch._foreach_mul_(self.grads, torch.clamp(max_norm / (total + 1e-6), max=1.0))  # pyright: ignore[reportPrivateImportUsage]
+        return norm
+
+    def release(self) -> None:
+        """Set every ``.grad`` back to None (as the autograd loop leaves them)."""
+        for p in self.params:
+            p.grad = None
+        self._bound = False
+
+    def _step(
+        self,
+        bias: torch.Tensor,
+        xb: torch.Tensor,
+        yb: torch.Tensor,
+        lambda_h: float,
+        center: torch.Tensor | None,
+        batch_center: bool,
+    ) -> torch.Tensor:
+        ws = self._space(xb.shape[0], lambda_h)
+        # forward, keeping every layer's input: F.linear is addmm(b, x, W^T), a one-slope PReLU
+        # is leaky_relu with that slope, and a block's sum a + fc2(.) is added in place
+        a0 = self.stem_act.slope.item()
+        _leaky_relu(self.stem.forward(xb, ws.z0), a0, out=ws.a0)
+        a = ws.a0
+        slopes = []
+        for (fc1, act1, fc2, act2), (u, v, s, out) in zip(self.blocks, ws.blocks, strict=True):
+            a1, a2 = act1.slope.item(), act2.slope.item()
+            slopes.append((a1, a2))
+            _leaky_relu(fc1.forward(a, u), a1, out=v)
+            fc2.forward(v, s).add_(a)
+            _leaky_relu(s, a2, out=out)
+            a = out
+        h = self.proj.forward(a, ws.h)
+        hsum = h.sum(0)
+        if batch_center:
+            center = hsum / h.shape[0]
+        hc = h if center is None else torch.sub(h, center, out=ws.hc)
+        torch.addmm(bias, hc, self.head_t, out=ws.pred)
+
+        # backward of minibatch_loss, (||pred - y||^2 + lambda_H ||h||^2) 0.5 / B: each square's
+        # gradient is grad * (2 x) (PowBackward0), the two paths into h added
+        g_pred = torch.sub(ws.pred, yb, out=ws.g_pred).mul_(2.0).mul_(ws.g_loss)
+        if self.grad_bias is not None:
+            torch.sum(g_pred, (0,), keepdim=True, out=self.grad_bias)
+            _write_norm(self.norm_bias)
+        torch.mm(g_pred.t(), hc, out=self.grad_head)
+        g_h = torch.mm(g_pred, self.head_weight, out=ws.g_h)
+        g_h.add_(torch.mul(h, 2.0, out=ws.t_h).mul_(ws.g_pen))
+
+        g_a, g_b, g_c = ws.g
+        self.proj.backward(g_h, a, g_a)
+        for i in reversed(range(len(self.blocks))):
+            (fc1, act1, fc2, act2), (u, v, s, _), (a1, a2) = self.blocks[i], ws.blocks[i], slopes[i]
+            a_in = ws.blocks[i - 1][3] if i > 0 else ws.a0  # the block's input
+            act2.backward(g_a, s, a2, g_b, ws.t)  # d/ds in b
+            fc2.backward(g_b, v, g_a)  # d/dv in a
+            act1.backward(g_a, u, a1, g_c, ws.t)  # d/du in c
+            fc1.backward(g_c, a_in, g_a)  # d/d(input) through fc1 in a,
+            g_a.add_(g_b)  # plus the residual path's
+        self.stem_act.backward(g_a, ws.z0, a0, g_b, ws.t)
+        self.stem.backward(g_b, xb, None)
+        return hsum
+
+
+class DirectAdamW:
+    """``torch.optim.AdamW(params, fused=True, weight_decay=0)`` where every parameter has a
+    gradient at every step: the same ``torch._fused_adamw_`` call on the same state, without the
+    optimizer's per-step Python work (grouping, state look-ups, hooks, one step counter per
+    tensor). The fused kernel reads the step count only, so one counter serves every tensor.
+    """
+
+    def __init__(
+        self,
+        params: Sequence[torch.Tensor],
+        grads: Sequence[torch.Tensor],
+        *,
+        betas: tuple[float, float],
+        eps: float,
+    ):
+        self.params, self.grads = list(params), list(grads)
+        self.exp_avgs = [torch.zeros_like(p) for p in params]
+        self.exp_avg_sqs = [torch.zeros_like(p) for p in params]
+        self.step_count = torch.zeros((), dtype=torch.float32)
+        self.steps = [self.step_count] * len(params)
+        self.beta1, self.beta2 = float(betas[0]), float(betas[1])
+        self.eps = float(eps)
+
+    def step(self, lr: float) -> None:
+        self.step_count.add_(1)
+        torch._fused_adamw_(  # pyright: ignore[reportPrivateImportUsage]
+            self.params,
+            self.grads,
+            self.exp_avgs,
+            self.exp_avg_sqs,
+            [],
+            self.steps,
+            amsgrad=False,
+            lr=lr,
+            beta1=self.beta1,
+            beta2=self.beta2,
+            weight_decay=0.0,
+            eps=self.eps,
+            maximize=False,
+            grad_scale=None,
+            found_inf=None,
+        )
