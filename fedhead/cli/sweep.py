@@ -116,7 +116,7 @@ def main() -> None:
             typed = typed_config(cfg)
             _console(typed.out)
             if typed.sweep == EVERY:
-                _all(typed, presets_of(cfg))
+                _all(typed, presets_of(cfg), bool(cfg.get("dry_run", False)))
                 return
             result = run_sweep(typed)
         except BaseException as exc:  # one line and an exit code (tracebacks with FEDHEAD_DEBUG=1)
@@ -135,11 +135,14 @@ def main() -> None:
     run_hydra_app("fedhead-sweep", "sweep", _app)
 
 
-def _all(typed: SweepConfig, presets: tuple[str, ...] | None) -> None:
-    """``sweep=all``: every preset, then the report of all of them into ``<out>/report``."""
+def _all(typed: SweepConfig, presets: tuple[str, ...] | None, dry_run: bool = False) -> None:
+    """``sweep=all``: every preset, then the report of all of them into ``<out>/report``
+    (``dry_run``: the plan and the time left only)."""
     from fedhead.report.build import build_report  # matplotlib: only once the runs are done
 
-    result = run_all(typed, presets)
+    result = run_all(typed, presets, dry_run=dry_run)
+    if dry_run:
+        return
     rep = build_report([typed.out], typed.out / REPORT)
     c = result.counts
     print(

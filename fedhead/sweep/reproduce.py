@@ -205,13 +205,14 @@ class AllResult:
         return [rid for res in self.results.values() for rid in res.ran]
 
 
-def run_all(cfg: SweepConfig, presets: Sequence[str] | None = None) -> AllResult:
+def run_all(cfg: SweepConfig, presets: Sequence[str] | None = None, *, dry_run: bool = False) -> AllResult:
     """Run every preset of ``presets`` (default [`ALL`][fedhead.sweep.reproduce.ALL]) at ``cfg.scale``
     into ``<cfg.out>/<preset>`` (``fedhead-sweep sweep=all`` then writes the report of all into
     ``<cfg.out>/report``: the report layer sits above this one).
 
     ``cfg.sweep`` is ignored (``all``); ``cfg.seeds``, ``cfg.settings``, ``cfg.runs``,
-    ``cfg.data_roots`` and ``cfg.run_overrides`` apply to every preset.
+    ``cfg.data_roots`` and ``cfg.run_overrides`` apply to every preset. ``dry_run``: the plan and
+    the time left only (nothing runs).
     """
     t0 = time.perf_counter()
     names = list(presets or ALL)
@@ -249,6 +250,8 @@ def run_all(cfg: SweepConfig, presets: Sequence[str] | None = None) -> AllResult
     log.info("  time left: %s", _left(total, unknown_runs))
     results: dict[str, SweepResult] = {}
     skipped = {p.name: p.skip_reason for p in plans if p.skip_reason}
+    if dry_run:
+        return AllResult(results, time.perf_counter() - t0, skipped)
     folders = tuple(root / name for name in names)
     for i, p in enumerate(plans, 1):
         if p.skip_reason:

@@ -203,7 +203,6 @@ CPU = Scale(
             "optima): estimate, twice main's image runs",
         ),
         "full_model": PresetSize(
-            settings=_TABULAR,
             seconds={"tabular": 35.0},
             why="the paper's E = 400 and 4000 as E = 20 and 200 (E / 20). E = 20 is the finite budget (the "
             "claim) and runs the literal local training: measured Hopper, seed 0, d(G_8, G_star) 0.254 and "

@@ -174,3 +174,15 @@ def test_every_preset_at_smoke_scale_gives_every_claim_a_verdict(tmp_path):
     names = {f.name for f in rep.figures}
     assert {"epochs.png", "rho.png", "centering_gap.png", "mse_change.png"} <= names
     assert rep.fixed_e is not None and "table4_fixed_e" in rep.tables
+
+
+def test_a_dry_run_plans_every_preset_and_runs_nothing(tmp_path, caplog):
+    """``dry_run=true``: one line per preset (a preset without a run on these settings says so) and
+    the time left; no run, no manifest."""
+    cfg = _cfg(tmp_path / "all", tmp_path / "cache")
+    with caplog.at_level(logging.INFO, logger="fedhead.console.sweep"):
+        result = run_all(cfg, ("main", "data_size", "rho"), dry_run=True)
+    assert result.results == {} and result.ran == [] and not list(tmp_path.glob("all/*/manifest.json"))
+    assert set(result.skipped_presets) == {"data_size"}
+    text = caplog.text
+    assert "main" in text and "4 to run" in text and "no run here" in text and "time left: ~" in text
