@@ -1,9 +1,11 @@
-"""``fedhead-sweep sweep=NAME scale=smoke|paper out=DIR`` (Hydra, ``conf/sweep.yaml``).
+"""``fedhead-sweep sweep=NAME scale=smoke|cpu|paper out=DIR`` (Hydra, ``conf/sweep.yaml``).
 
 [`typed_config`][fedhead.cli.sweep.typed_config] turns the composed config into a
 [`fedhead.sweep.runner.SweepConfig`][fedhead.sweep.SweepConfig]
 (the one place its keys are read and checked); [`main`][fedhead.cli.sweep.main] runs it with a progress bar over
 runs, the console showing one line per finished run and ``<out>/run.log`` everything.
+``sweep=all`` runs every preset into ``DIR/<preset>``
+([`fedhead.sweep.reproduce.run_all`][fedhead.sweep.reproduce.run_all]) and writes their report into ``DIR/report``.
 """
 
 from __future__ import annotations
@@ -15,8 +17,12 @@ from typing import Any
 
 from fedhead.analysis.procedure import ConfigError
 from fedhead.sweep.presets import PRESETS, SETTINGS, plan
+from fedhead.sweep.reproduce import ALL, REPORT, run_all
 from fedhead.sweep.runner import SweepConfig, run_sweep
 from fedhead.sweep.scales import SCALES
+
+#: ``sweep=all``: every preset (``presets=`` picks some), then one report
+EVERY = "all"
 
 #: ``data_roots`` keys that differ from the data set name (Hydra keys cannot start with a digit)
 ROOT_KEYS = {"w300lp": "300w_lp"}
@@ -30,14 +36,26 @@ def _str_list(value: Any, key: str) -> tuple[str, ...] | None:
     return tuple(str(v) for v in value)
 
 
+def presets_of(cfg: Any) -> tuple[str, ...] | None:
+    """The ``presets=`` list of a ``sweep=all`` config (None: every preset of ``ALL``)."""
+    from fedhead.settings.config import plain_mapping
+
+    chosen = _str_list(plain_mapping(cfg, "the sweep config").get("presets"), "presets")
+    if chosen is not None:
+        unknown = sorted(set(chosen) - set(PRESETS))
+        if unknown or not chosen:
+            raise ConfigError(f"presets: unknown {unknown or chosen}; choose from {list(ALL)}")
+    return chosen
+
+
 def typed_config(cfg: Any) -> SweepConfig:
     """Validate the composed ``conf/sweep.yaml`` and build the [`SweepConfig`][fedhead.sweep.SweepConfig]."""
     # imported when the command runs, not at start-up (--help stays fast)
     from fedhead.settings.config import plain_mapping
 
     raw = plain_mapping(cfg, "the sweep config")
-    if raw.get("sweep") not in PRESETS:
-        raise ConfigError(f"sweep={raw.get('sweep')!r} is not a preset; choose from {sorted(PRESETS)}")
+    if raw.get("sweep") not in PRESETS and raw.get("sweep") != EVERY:
+        raise ConfigError(f"sweep={raw.get('sweep')!r} is not a preset; choose from {sorted(PRESETS)} or {EVERY}")
     if raw.get("scale") not in SCALES:
         raise ConfigError(f"scale={raw.get('scale')!r}: choose one of {sorted(SCALES)}")
     if not raw.get("out"):
@@ -64,10 +82,25 @@ def typed_config(cfg: Any) -> SweepConfig:
         run_overrides=_str_list(raw.get("run_overrides"), "run_overrides") or (),
         seeds=None if seeds is None else tuple(seeds),
         settings=_str_list(raw.get("settings"), "settings"),
+        runs=_str_list(raw.get("runs"), "runs"),
         show_progress=bool(raw.get("progress", True)),
         parallel_runs=raw.get("parallel_runs", 1),
     )
-    plan(cfg.sweep, cfg.scale, seeds=cfg.seeds, settings=cfg.settings)  # its errors before any output
+    if cfg.sweep != EVERY:
+        # its errors before any output
+        plan(cfg.sweep, cfg.scale, seeds=cfg.seeds, settings=cfg.settings, runs=cfg.runs)
+        return cfg
+    names = presets_of(raw) or ALL
+    errors = []
+    for name in names:
+        try:
+            plan(name, cfg.scale, seeds=cfg.seeds, settings=cfg.settings, runs=cfg.runs)
+        except ConfigError as exc:  # a preset without a run on these settings is left out, with a line
+            if "has no run" not in str(exc) and "no run id matches" not in str(exc):
+                raise
+            errors.append(str(exc))
+    if len(errors) == len(names):
+        raise ConfigError(f"sweep=all: no preset has a run here ({errors[0]})")
     return cfg
 
 
@@ -82,6 +115,9 @@ def main() -> None:
         try:
             typed = typed_config(cfg)
             _console(typed.out)
+            if typed.sweep == EVERY:
+                _all(typed, presets_of(cfg), bool(cfg.get("dry_run", False)))
+                return
             result = run_sweep(typed)
         except BaseException as exc:  # one line and an exit code (tracebacks with FEDHEAD_DEBUG=1)
             if isinstance(exc, SystemExit) or debug_enabled(cfg.get("debug")):
@@ -97,6 +133,25 @@ def main() -> None:
             sys.exit(1)
 
     run_hydra_app("fedhead-sweep", "sweep", _app)
+
+
+def _all(typed: SweepConfig, presets: tuple[str, ...] | None, dry_run: bool = False) -> None:
+    """``sweep=all``: every preset, then the report of all of them into ``<out>/report``
+    (``dry_run``: the plan and the time left only)."""
+    from fedhead.report.build import build_report  # matplotlib: only once the runs are done
+
+    result = run_all(typed, presets, dry_run=dry_run)
+    if dry_run:
+        return
+    rep = build_report([typed.out], typed.out / REPORT)
+    c = result.counts
+    print(
+        f"\nsweep all ({typed.scale}): {len(result.results)} presets, {c['completed']} runs completed "
+        f"({len(result.ran)} run now), {c['failed']} failed, {c['skipped']} skipped in {result.wall_seconds:.0f} s\n"
+        f"Report: {rep.markdown} ({len(rep.tables)} tables, {len(rep.figures)} figures)"
+    )
+    if c["failed"]:
+        sys.exit(1)
 
 
 def _console(out: Path) -> None:

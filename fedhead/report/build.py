@@ -20,7 +20,7 @@ from pathlib import Path
 from matplotlib.figure import Figure
 
 from fedhead.plotting.canvas import save_figure
-from fedhead.report import paper, scope_tables, selection_tables
+from fedhead.report import fixed_e, paper, scope_tables, selection_tables
 from fedhead.report.claims import Claim, Verdict, evaluate
 from fedhead.report.collect import Collection, RunEntry, collect
 from fedhead.report.contents import FigureInfo, Report, TableSpec
@@ -64,9 +64,8 @@ def compute_tables(collection: Collection) -> tuple[dict[str, Table], list[Table
     return tables, missing
 
 
-def judge_claims(collection: Collection) -> list[tuple[Claim, Verdict]]:
-    """Every claim of the paper with its verdict on the counted runs (tables of a run subset are
-    computed once per subset)."""
+def tables_of_runs(collection: Collection) -> Callable[[Sequence[RunEntry]], dict[str, Table]]:
+    """``runs -> the report tables built from exactly these runs`` (each subset computed once)."""
     cache: dict[tuple[int, ...], dict[str, Table]] = {}
 
     def tables_of(runs: Sequence[RunEntry]) -> dict[str, Table]:
@@ -75,6 +74,15 @@ def judge_claims(collection: Collection) -> list[tuple[Claim, Verdict]]:
             cache[key] = compute_tables(replace(collection, runs=list(runs)))[0]
         return cache[key]
 
+    return tables_of
+
+
+def judge_claims(
+    collection: Collection, tables_of: Callable[[Sequence[RunEntry]], dict[str, Table]] | None = None
+) -> list[tuple[Claim, Verdict]]:
+    """Every claim of the paper with its verdict on the counted runs (tables of a run subset are
+    computed once per subset)."""
+    tables_of = tables_of or tables_of_runs(collection)
     return [(claim, evaluate(claim, collection, tables_of)) for claim in CLAIMS]
 
 
@@ -104,7 +112,8 @@ def figure_jobs(collection: Collection) -> Iterable[tuple[str, str, Callable[[],
         )
     yield (
         "epochs.png",
-        "Endpoint e_F against the local epochs E (sweep epochs, log-log).",
+        "Direction error d(G_T, G_star) against the local epochs E per round (sweep epochs, log-log; the "
+        "paper's Figure 13, at this scale's E; the dotted line: d = 0.1, the budget of claim C19).",
         lambda: epochs_figure(collection.of_sweep("epochs")),
     )
     yield (
@@ -171,12 +180,16 @@ def build_report(sweep_dirs: Sequence[str | Path], out: str | Path, *, figures: 
     out = Path(out)
     report = Report(out=out, collection=collection)
     report.tables, report.missing = compute_tables(collection)
+    tables_of = tables_of_runs(collection)
+    report.fixed_e = fixed_e.compare(collection, CLAIMS, tables_of)
+    if report.fixed_e is not None:
+        report.tables[report.fixed_e.table.key] = report.fixed_e.table
     written = [p for table in report.tables.values() for p in write_table(table, out / "tables").values()]
     remove_stale(out / "tables", "table*", written)
     if figures:
         report.figures, report.figure_errors = write_figures(collection, out / "figures")
         remove_stale(out / "figures", "*.png", [f.path for f in report.figures])
-    report.claims = judge_claims(collection)
+    report.claims = judge_claims(collection, tables_of)
     write_bytes_atomic(out / "claims.csv", claims_csv(report).encode("utf-8"), sync=False)
     write_bytes_atomic(report.markdown, report_markdown(report).encode("utf-8"), sync=False)
     log.info("report: %d tables, %d figures -> %s", len(report.tables), len(report.figures), report.markdown)

@@ -1,4 +1,4 @@
-"""The checks of the paper's claims on Table 4, centring, Table 5 and the local budget.
+"""The checks of the paper's claims on Table 4, MPIIGaze, centring, Table 5 and the local budget.
 
 One function per claim, named after what it tests; [`CLAIMS`][fedhead.report.paper_claims.CLAIMS]
 pairs each with its claim id and states its criterion. The checks of Tables 6-9 are in
@@ -168,6 +168,31 @@ def corrected_proximal_reaches_g_cen_in_round_one(ev: Evidence):
     return verdict(ok, detail, cp, co)
 
 
+def mpiigaze_shows_both_endpoints(ev: Evidence):
+    """C9: on MPIIGaze, uncorrected runs end nearer (e_F) G_star, corrected ones nearer G_cen, and
+    proximal's endpoint is below ordinary's in every seed."""
+    runs = [r for r in ev.of("main") if r.dataset == "mpiigaze"]
+    if not runs:
+        return Missing(
+            "no MPIIGaze run: a file-only data set (fedhead-sweep ... data_roots.mpiigaze=<folder of the "
+            "MPIIGaze files>)"
+        )
+    plain, corrected = _uncorrected(runs), _corrected(runs)
+    to_star, n_plain = every(plain, closer("e_f_star", "e_f_cen"))
+    to_cen, n_corrected = every(corrected, closer("e_f_cen", "e_f_star"))
+    wins, pairs, paired_runs = pair_wins(runs, "proximal", "ordinary", endpoint_error)
+    if n_plain + n_corrected == 0:
+        return Missing("no MPIIGaze run with e_F to G_star and G_cen")
+    ok = to_star == n_plain and to_cen == n_corrected and pairs > 0 and wins == pairs
+    return verdict(
+        ok,
+        f"{to_star}/{n_plain} uncorrected runs nearer G_star, {to_cen}/{n_corrected} corrected nearer G_cen; "
+        f"proximal endpoint below ordinary's in {wins}/{pairs} seeds (paper Figure 4)",
+        runs,
+        paired_runs,
+    )
+
+
 def corrected_proximal_ends_at_g_cen(ev: Evidence):
     """C10: every corrected proximal run ends closer (e_F) to G_cen than to G_star."""
     runs = ev.of("prediction", "main", procedure="corrected_proximal")
@@ -324,13 +349,43 @@ def moderate_rho_keeps_objective_gap_small(ev: Evidence):
 
 
 # ------------------------------------------------------------------------------ epochs
-def more_local_epochs_approach_g_star(ev: Evidence):
-    """C18: ordinary runs' median d(G_T, G_star) decreases strictly with the local budget E."""
+def _ordinary_by_budget(ev: Evidence, setting: str | None = None) -> dict[float, list]:
+    """Ordinary runs of sweep ``epochs`` grouped by the paper's E (optionally of one setting)."""
     groups: dict[float, list] = {}
     for r in ev.of("epochs", procedure="ordinary"):
         epochs = measures.num(r.params.get("paper_local_epochs", r.params.get("local_epochs")))
-        if epochs is not None:
+        if epochs is not None and (setting is None or r.setting == setting):
             groups.setdefault(epochs, []).append(r)
+    return dict(sorted(groups.items()))
+
+
+def local_budget_depends_on_setting(ev: Evidence):
+    """C19: the smallest paper budget E whose median ordinary d(G_T, G_star) is below 0.1 differs
+    between settings."""
+    budgets: dict[str, float | None] = {}
+    used: list = []
+    for setting in sorted({r.setting for r in ev.of("epochs", procedure="ordinary")}):
+        groups = _ordinary_by_budget(ev, setting)
+        medians = {e: v for e, runs in groups.items() if (v := median(runs, final_value("d_star"))) is not None}
+        if len(medians) < 2:
+            continue
+        budgets[setting] = next((e for e, v in medians.items() if v < 0.1), None)
+        used += [r for runs in groups.values() for r in runs]
+    if len(budgets) < 2:
+        return Missing("fewer than 2 settings with at least 2 local budgets E")
+    largest = max(e for r in used if (e := measures.num(r.params.get("paper_local_epochs"))) is not None)
+    distinct = set(budgets.values())
+    text = ", ".join(f"{s}: " + (f"> {largest:g}" if b is None else f"{b:g}") for s, b in budgets.items())
+    return verdict(
+        len(distinct) > 1,
+        f"first paper E with median d(G_T,G_star) < 0.1: {text} (paper: 400, 1000 or 2000 by setting)",
+        used,
+    )
+
+
+def more_local_epochs_approach_g_star(ev: Evidence):
+    """C18: ordinary runs' median d(G_T, G_star) decreases strictly with the local budget E."""
+    groups = _ordinary_by_budget(ev)
     medians = {
         epochs: v for epochs, runs in sorted(groups.items()) if (v := median(runs, final_value("d_star"))) is not None
     }

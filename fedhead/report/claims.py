@@ -143,12 +143,12 @@ def evaluate(
 ) -> Verdict:
     """The claim's verdict on the counted runs of ``collection``.
 
-    * ``not measured``: no counted run of the claim's sweeps, the check finds nothing to measure
-      on them (no test split, no corrected run, ...) or the claim has no check (a figure or a UFM
-      experiment);
-    * ``not testable``: the measurement exists, but only on runs whose clients stopped before
-      their local optima (the last round's largest trained gap above `OPTIMUM_GAP`): the numbers
-      would measure the optimiser, not the theory;
+    * ``not measured``: no counted run of the claim's sweeps, or the check finds nothing to measure
+      on them (no test split, no corrected run, no run of a file-only data set, ...);
+    * ``not testable``: the claim has no check (a UFM experiment: ``unchecked`` says why), or the
+      measurement exists, but only on runs whose clients stopped before their local optima (the
+      last round's largest trained gap above `OPTIMUM_GAP`): the numbers would measure the
+      optimiser, not the theory;
     * ``holds`` / ``does not hold``: the check's verdict on the runs whose clients reached their
       optima (the runs left out, if any, are named in the verdict).
 
@@ -157,7 +157,7 @@ def evaluate(
     design (Table 5 measures exactly that). ``tables_of(runs)`` builds the report tables of a
     run subset (the check sees tables built from exactly the runs it judges)."""
     if claim.check is None:
-        return Verdict(NOT_MEASURED, claim.unchecked)
+        return Verdict(NOT_TESTABLE, claim.unchecked)
     runs = collection.of_sweep(*claim.sweeps)
     if not runs:
         sweeps = " or ".join(f"`{s}`" for s in claim.sweeps)

@@ -21,6 +21,8 @@ from fedhead.results.schema import Results, SchemaError, Timing
 log = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
+#: the per-client metrics of the last round the report reads (the C5/C8 comparison of fixed_e.py)
+SLIM_CLIENT_METRICS = ("distance_to_broadcast",)
 
 
 class ReportInputError(ValueError):
@@ -219,13 +221,17 @@ def _read_results(path: Path) -> tuple[Results | None, str | None]:
 
 def slim(results: Results) -> Results:
     """``results`` without what the report never reads (a paper-scale sweep has thousands of
-    runs): per-round client metrics, recursion and predicted Grams, biases and the Grams of all
-    but the last round are ``None``/empty, and so are ``moments``, ``provenance`` and ``timing``."""
+    runs): per-round client metrics (but the last round's
+    [`SLIM_CLIENT_METRICS`][fedhead.report.collect.SLIM_CLIENT_METRICS]), recursion and predicted
+    Grams, biases and the Grams of all but the last round are ``None``/empty, and so are
+    ``moments``, ``provenance`` and ``timing``."""
     last = len(results.rounds) - 1
     rounds = [
         replace(
             r,
-            client_metrics=[],
+            client_metrics=[{k: m[k] for k in SLIM_CLIENT_METRICS if k in m} for m in r.client_metrics]
+            if i == last
+            else [],
             recursion_gram=None,
             predicted_gram=None,
             bias=None,

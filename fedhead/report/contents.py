@@ -10,6 +10,7 @@ from pathlib import Path
 
 from fedhead.report.claims import Claim, Verdict
 from fedhead.report.collect import Collection, RunEntry
+from fedhead.report.fixed_e import FixedEComparison
 from fedhead.report.tables import Table
 
 __all__ = ["FigureInfo", "Report", "TableSpec"]
@@ -55,6 +56,9 @@ class Report:
     claims : list of (Claim, Verdict)
         The paper's claims ([`fedhead.report.paper_claims.CLAIMS`][fedhead.report.paper_claims.CLAIMS])
         with their verdicts.
+    fixed_e : FixedEComparison or None
+        C5 and C8 with the tolerance stop and with the paper's fixed E (sweep ``fixed_e``), None
+        without that sweep.
     """
 
     out: Path
@@ -64,6 +68,7 @@ class Report:
     figures: list[FigureInfo] = field(default_factory=list)
     figure_errors: list[str] = field(default_factory=list)
     claims: list[tuple[Claim, Verdict]] = field(default_factory=list)
+    fixed_e: FixedEComparison | None = None
 
     @property
     def markdown(self) -> Path:

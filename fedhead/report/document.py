@@ -8,6 +8,7 @@ import datetime as _dt
 from fedhead.report import measures
 from fedhead.report.claims import NOT_MEASURED, OPTIMUM_GAP, runs_text
 from fedhead.report.contents import Report
+from fedhead.report.fixed_e import explanation
 from fedhead.report.render import csv_text, to_markdown
 from fedhead.report.tables import fmt, median_cell
 
@@ -31,9 +32,15 @@ CLAIMS_INTRO = (
     f"reached their local optima (largest trained gap <= {fmt(OPTIMUM_GAP)} at the last round; runs with a "
     "proximal weight ρ > 1e-3 are not judged by the gap, which is of the unpenalised objective); a claim "
     "that does not hold there is a finding. `not testable`: only runs whose clients stopped short of their "
-    "optima measure it, so the numbers would measure the optimiser, not the theory. `not measured`: no run "
-    "measures it (the sweep that fills it is named). Every claim's runs: claims.csv."
+    "optima measure it, so the numbers would measure the optimiser, not the theory, or no network run can "
+    "(the reason is given). `not measured`: no run measures it (the sweep that fills it is named, or the "
+    "file-only data set it rests on). Every claim's runs: claims.csv."
 )
+
+#: the ``data_roots`` key of a data set whose name differs from it (a Hydra key cannot start with a digit)
+DATA_ROOT_KEYS = {"300w_lp": "w300lp"}
+#: the claims that rest on a file-only data set alone
+FILE_ONLY_CLAIMS = {"mpiigaze": ("C9",)}
 
 
 def claims_section(report: Report) -> list[str]:
@@ -54,6 +61,57 @@ def claims_section(report: Report) -> list[str]:
             lines.append(f"  - runs: {runs_text(v.runs)}")
     if rest:
         lines += ["", "Claims on tables or figures these runs do not fill:", ""] + rest
+    return lines + [""]
+
+
+def data_section(report: Report) -> list[str]:
+    """The settings that did not run for want of their files: the file each needs, how to run it
+    and the claims that rest on it alone (none when every run had its data)."""
+    needs: dict[str, tuple[str, int]] = {}
+    for e in report.collection.excluded:
+        if e.status == "skipped" and e.reason:
+            what, count = needs.get(e.dataset, (e.reason, 0))
+            needs[e.dataset] = (what, count + 1)
+    if not needs:
+        return []
+    lines = [
+        "## Settings not run for want of their files",
+        "",
+        "These data sets have no offline generator; their runs are `skipped` in the manifests. Give their "
+        "folder once per sweep (`data_roots.<name>=<folder>`) and run the same command again: only their runs "
+        "run.",
+        "",
+    ]
+    for name, (what, count) in sorted(needs.items()):
+        key = DATA_ROOT_KEYS.get(name, name)
+        rests = ", ".join(FILE_ONLY_CLAIMS.get(name, ()))
+        lines.append(
+            f"- **{name}** ({count} runs skipped): {_escape(what)}; `data_roots.{key}=<folder>`"
+            + (f". Claims resting on it alone: {rests}." if rests else ".")
+        )
+    return lines + [""]
+
+
+def fixed_e_section(report: Report) -> list[str]:
+    """C5 and C8 with the tolerance stop and with the paper's fixed E, and what the numbers say of
+    the README's explanation of both findings (nothing without sweep ``fixed_e``)."""
+    cmp = report.fixed_e
+    if cmp is None:
+        return []
+    lines = [
+        "## C5 and C8: the tolerance stop against the paper's fixed E",
+        "",
+        "Hypothesis (README, scale=cpu): with the tolerance stop, warm-started ordinary clients stop after tens "
+        "of epochs near the broadcast, which makes proximal's δ_last ratio larger than the paper's (C5) and "
+        "corrected ordinary's first round closer to G_cen (C8). Sweep `fixed_e` runs main's procedures on "
+        f"{cmp.pairs} of its setting-seed pairs with E epochs in every round; the claims' own checks decide both "
+        "variants (table `table4_fixed_e` under Tables).",
+        "",
+    ]
+    lines += [f"- {_escape(t)}" for t in explanation(cmp)]
+    lines.append("")
+    for (cid, variant), v in cmp.verdicts.items():
+        lines.append(f"- {cid}, {variant}: **{v.status}** — {_escape(v.detail)}")
     return lines + [""]
 
 
@@ -131,7 +189,7 @@ def tables_section(report: Report) -> list[str]:
         lines += ["### Tables not filled", ""]
         for spec in report.missing:
             sweeps = " or ".join(f"`{s}`" for s in spec.sweeps)
-            cmd = " / ".join(f"`fedhead-sweep sweep={s} scale=smoke|paper out=DIR`" for s in spec.sweeps)
+            cmd = " / ".join(f"`fedhead-sweep sweep={s} scale=smoke|cpu|paper out=DIR`" for s in spec.sweeps)
             lines.append(
                 f"- Table {spec.number} ({spec.title}): no completed run of sweep {sweeps}; "
                 f"run {cmd} and pass DIR to fedhead-report."
@@ -191,10 +249,12 @@ def report_markdown(report: Report) -> str:
         "# fedhead report",
         "",
         f"Generated {now} by `fedhead-report` from {len(c.sweeps)} sweep folder(s): {len(c.runs)} runs "
-        f"counted, {len(c.excluded)} not counted. Contents: claims of the paper, sweeps found, tables, "
-        "figures, runs not counted, sources.",
+        f"counted, {len(c.excluded)} not counted. Contents: claims of the paper, C5 and C8 against the paper's "
+        "fixed E (with sweep fixed_e), settings not run for want of their files, sweeps found, tables, figures, "
+        "runs not counted, sources.",
         "",
     ]
-    parts = head + claims_section(report) + sweeps_section(report) + tables_section(report) + figures_section(report)
+    parts = head + claims_section(report) + fixed_e_section(report) + data_section(report) + sweeps_section(report)
+    parts += tables_section(report) + figures_section(report)
     parts += excluded_section(report) + sources_section(report)
     return "\n".join(parts)

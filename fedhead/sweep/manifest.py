@@ -96,6 +96,7 @@ class Manifest:
             "dir": run_dir(spec),
             "error": None,
             "needs": None,
+            "reused_from": None,
         }
         with self._lock:
             self.data["runs"].append(entry)

@@ -8,6 +8,8 @@ picks the preset by name and the scale (`fedhead.sweep.scales`) sizes it.
 
 from __future__ import annotations
 
+import dataclasses
+import fnmatch
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -41,16 +43,6 @@ class RunSpec:
     seed: int
     params: dict[str, Any] = field(default_factory=dict)
     overrides: tuple[str, ...] = ()
-
-
-# which settings a preset uses at smoke scale (the paper scale uses every listed setting)
-_SMOKE_SETTINGS = {
-    "main": SETTINGS,
-    "prediction": ("dsprites", "cifar_geo"),
-    "architectures": ("dsprites",),
-    "data_size": ("shapes3d", "cifar_geo"),
-}
-_SMOKE_DEFAULT = ("hopper", "dsprites")
 
 
 def _kind(setting: str) -> str:
@@ -131,10 +123,11 @@ def _spec(
 
 
 def _settings(name: str, scale: Scale, paper: Sequence[str]) -> Sequence[str]:
-    if scale.all_settings:
+    """The settings of preset ``name`` at ``scale``: its size's (in the paper's order), else all."""
+    chosen = scale.size(name).settings
+    if chosen is None:
         return paper
-    smoke = _SMOKE_SETTINGS.get(name, _SMOKE_DEFAULT)
-    return [s for s in paper if s in smoke] or list(smoke)
+    return [s for s in paper if s in chosen] or list(chosen)
 
 
 # ------------------------------------------------------------------------------ presets
@@ -143,6 +136,19 @@ def main_grid(scale: Scale, seeds: Sequence[int]) -> list[RunSpec]:
     return [
         _spec("main", scale, s, p, seed, {"rho": _rho(p)})
         for s in _settings("main", scale, SETTINGS)
+        for seed in seeds
+        for p in MAIN_PROCEDURES
+    ]
+
+
+def fixed_e(scale: Scale, seeds: Sequence[int]) -> list[RunSpec]:
+    """Main's four procedures once more with the paper's fixed E: E epochs in every round, no
+    tolerance stop (``local_epochs`` the scale's E; the rest as main). The variable of the open
+    findings C5 and C8 (README, scale=cpu): with the tolerance stop, warm-started ordinary clients
+    stop after tens of epochs near the broadcast. At the paper scale these are main's runs."""
+    return [
+        _spec("fixed_e", scale, s, p, seed, {"rho": _rho(p), "local_epochs": scale.local_epochs}, tol=False)
+        for s in _settings("fixed_e", scale, SETTINGS)
         for seed in seeds
         for p in MAIN_PROCEDURES
     ]
@@ -166,8 +172,16 @@ PAPER_EPOCHS = (50, 100, 200, 400, 1000, 2000, 4000)
 RHOS = (0.0, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0)
 
 
+#: local training as the paper's recipe has it: no closing head and last-layer solves. They end
+#: every client at its optimum whatever E (fedhead.train.loop), so a finite budget would not show
+#: (measured, scale=cpu, Hopper: E = 25 with them ends at gap 8.3e-8, without at 2.3)
+LITERAL = ("train.solve_last_layer=false",)
+
+
 def epochs(scale: Scale, seeds: Sequence[int]) -> list[RunSpec]:
-    """E in {50, ..., 4000} for ordinary and proximal training (no early stop: E is the variable)."""
+    """E in {50, ..., 4000} (mapped by the scale) for ordinary and proximal training: E epochs in
+    every round (no early stop) of the literal local training (`LITERAL`): E is the variable, so
+    nothing that ends a client at its optimum whatever E runs."""
     out = []
     for s in _settings("epochs", scale, SETTINGS):
         for e_paper in PAPER_EPOCHS:
@@ -182,6 +196,7 @@ def epochs(scale: Scale, seeds: Sequence[int]) -> list[RunSpec]:
                             p,
                             seed,
                             {"local_epochs": e, "paper_local_epochs": e_paper},
+                            LITERAL,
                             variant=f"E{e}",
                             epochs=e,
                             tol=False,
@@ -289,8 +304,9 @@ def architectures(scale: Scale, seeds: Sequence[int]) -> list[RunSpec]:
 
 
 def data_size(scale: Scale, seeds: Sequence[int]) -> list[RunSpec]:
-    """3D Shapes and CIFAR-geo enlarged (more samples per client), E = 1000."""
-    e = scale.epochs(1000)
+    """3D Shapes and CIFAR-geo enlarged (more samples per client), E = 1000 (with a tolerance
+    stop: the scale's E as its cap, the clients stop at their optima)."""
+    e = 1000 if scale.local_tol is None else scale.local_epochs
     out = []
     for s in _settings("data_size", scale, ("shapes3d", "cifar_geo")):
         n = scale.large_n_train * scale.large_factor
@@ -303,7 +319,7 @@ def data_size(scale: Scale, seeds: Sequence[int]) -> list[RunSpec]:
                         f"{s}-large",
                         p,
                         seed,
-                        {"n_train": n, "local_epochs": e},
+                        {"n_train": n, "local_epochs": e, "paper_local_epochs": 1000},
                         (f"dataset.n_train={n}",),
                         dataset=s,
                         epochs=e,
@@ -313,7 +329,10 @@ def data_size(scale: Scale, seeds: Sequence[int]) -> list[RunSpec]:
 
 
 def full_model(scale: Scale, seeds: Sequence[int]) -> list[RunSpec]:
-    """Full-model averaging on the tabular settings: E = 400, E = 4000, E = 4000 with correction."""
+    """Full-model averaging on the tabular settings: E = 400, E = 4000, E = 4000 with correction
+    (E mapped by the scale, E epochs in every round). E = 400 is the finite budget (the paper: far
+    from both references) and runs the literal local training (`LITERAL`); the E = 4000 rows keep
+    the closing solves, which end each client at its optimum as the paper's E = 4000 is meant to."""
     out = []
     for s in _settings("full_model", scale, TABULAR):
         for e_paper, gamma in ((400, 0.0), (4000, 0.0), (4000, 1.0)):
@@ -328,7 +347,7 @@ def full_model(scale: Scale, seeds: Sequence[int]) -> list[RunSpec]:
                         "full_model",
                         seed,
                         {"local_epochs": e, "paper_local_epochs": e_paper, "gamma": gamma},
-                        (f"procedure.gamma={gamma:g}",),
+                        (f"procedure.gamma={gamma:g}",) + (LITERAL if e_paper < 4000 else ()),
                         variant=tag,
                         epochs=e,
                         tol=False,
@@ -350,6 +369,7 @@ def prediction(scale: Scale, seeds: Sequence[int]) -> list[RunSpec]:
 #: preset name -> (builder, uses the main grid's seeds 0-4 rather than the sweeps' 0-2)
 PRESETS: dict[str, tuple[Callable[[Scale, Sequence[int]], list[RunSpec]], bool]] = {
     "main": (main_grid, True),
+    "fixed_e": (fixed_e, True),
     "centering": (centering, False),
     "epochs": (epochs, False),
     "rho": (rho, False),
@@ -363,12 +383,19 @@ PRESETS: dict[str, tuple[Callable[[Scale, Sequence[int]], list[RunSpec]], bool]]
 
 
 def plan(
-    name: str, scale: str, *, seeds: Sequence[int] | None = None, settings: Sequence[str] | None = None
+    name: str,
+    scale: str,
+    *,
+    seeds: Sequence[int] | None = None,
+    settings: Sequence[str] | None = None,
+    runs: Sequence[str] | None = None,
 ) -> list[RunSpec]:
-    """The runs of preset ``name`` at ``scale`` (``"smoke"`` or ``"paper"``).
+    """The runs of preset ``name`` at ``scale`` (``"smoke"``, ``"cpu"`` or ``"paper"``).
 
     ``seeds`` replaces the preset's seeds; ``settings`` keeps only runs of those settings (data
-    set names; a ``-large`` variant counts as its data set).
+    set names; a ``-large`` variant counts as its data set), chosen from every setting of the
+    preset, also those the scale leaves out by default (its `PresetSize`); ``runs`` keeps only the runs whose
+    id matches one of its shell patterns (``epochs/hopper/E12/*``: one variant, to measure it).
     """
     if name not in PRESETS:
         raise ConfigError(f"sweep={name!r} is not a preset; choose from {sorted(PRESETS)}")
@@ -376,20 +403,31 @@ def plan(
         raise ConfigError(f"scale={scale!r}: choose one of {sorted(SCALES)}")
     sc = SCALES[scale]
     builder, main_seeds = PRESETS[name]
+    size = sc.size(name)
     if seeds is not None:
         seeds = [int(s) for s in seeds]
         if not seeds or any(s < 0 for s in seeds):
             raise ConfigError(f"seeds must be a non-empty list of non-negative integers, got {seeds}")
-    chosen = list(seeds) if seeds is not None else list(sc.seeds if main_seeds else sc.sweep_seeds)
-    runs = builder(sc, chosen)
-    if settings is not None:
+    default_seeds = size.seeds or (sc.seeds if main_seeds else sc.sweep_seeds)
+    chosen = list(seeds) if seeds is not None else list(default_seeds)
+    if settings is not None:  # picked from every setting of the preset, not only the scale's default
         unknown = sorted(set(settings) - set(SETTINGS))
         if unknown:
             raise ConfigError(f"settings: unknown data sets {unknown}; choose from {list(SETTINGS)}")
-        runs = [r for r in runs if r.dataset in settings]
-        if not runs:
+        every = {k: dataclasses.replace(v, settings=None) for k, v in sc.presets.items()}
+        sc = dataclasses.replace(sc, default_settings=None, presets=every)
+    specs = builder(sc, chosen)
+    if size.procedures is not None:
+        specs = [r for r in specs if r.procedure in size.procedures]
+    if settings is not None:
+        specs = [r for r in specs if r.dataset in settings]
+        if not specs:
             raise ConfigError(f"sweep {name!r} at scale {scale!r} has no run on settings {list(settings)}")
-    ids = [r.id for r in runs]
+    if runs is not None:
+        specs = [r for r in specs if any(fnmatch.fnmatchcase(r.id, p) for p in runs)]
+        if not specs:
+            raise ConfigError(f"sweep {name!r} at scale {scale!r}: no run id matches runs={list(runs)}")
+    ids = [r.id for r in specs]
     if len(set(ids)) != len(ids):  # pragma: no cover - a preset bug
         raise RuntimeError(f"sweep {name}: duplicate run ids")
-    return runs
+    return specs

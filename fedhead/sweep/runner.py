@@ -8,10 +8,14 @@ is in its docstring.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import json
 import logging
+import os
+import shutil
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,7 +49,11 @@ class SweepConfig:
 
     ``data_roots`` maps a data set name to the folder of its published files (given once for the
     sweep); ``run_overrides`` are appended to every run (``device=cuda``, ``resources.*``);
-    ``seeds`` / ``settings`` narrow the preset.
+    ``seeds`` / ``settings`` narrow the preset, ``runs`` (shell patterns of run ids) picks runs of it.
+    ``reuse``: other sweep folders whose finished runs are copied instead of run again where a run
+    has the same config (``sweep=all``: main's runs in centering, alignment, prediction, ...).
+    ``on_run_end(spec, status, wall_seconds)`` is called as each run ends; the text it returns (if
+    any) ends the run's console line (``sweep=all``: the time left).
     """
 
     sweep: str
@@ -55,12 +63,21 @@ class SweepConfig:
     run_overrides: tuple[str, ...] = ()
     seeds: tuple[int, ...] | None = None
     settings: tuple[str, ...] | None = None
+    runs: tuple[str, ...] | None = None
     show_progress: bool = True
     parallel_runs: int = 1
+    reuse: tuple[Path, ...] = ()
+    on_run_end: Callable[[RunSpec, str, float | None], str | None] | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.parallel_runs, int) or self.parallel_runs < 1:
             raise ConfigError(f"parallel_runs must be an integer >= 1, got {self.parallel_runs!r}")
+
+
+@functools.lru_cache(maxsize=4096)
+def _composed(overrides: tuple[str, ...]):
+    """The loaded config of ``overrides`` (cached: ``sweep=all`` plans every preset, then runs them)."""
+    return load_config(compose_config(list(overrides)))
 
 
 def build_job(spec: RunSpec, out: Path, data_roots: dict[str, str], run_overrides: Sequence[str] = ()) -> JobConfig:
@@ -70,8 +87,7 @@ def build_job(spec: RunSpec, out: Path, data_roots: dict[str, str], run_override
     if root:
         overrides.append(f"dataset.root={root}")
     overrides += list(run_overrides)
-    cfg = load_config(compose_config(overrides))
-    job = cfg.jobs(out)[0]
+    job = _composed(tuple(overrides)).jobs(out)[0]
     folder = out / run_dir(spec)
     return dataclasses.replace(job, output_dir=folder, state_dir=folder / "client_state")
 
@@ -83,6 +99,53 @@ def finished(job: JobConfig) -> bool:
     except (OSError, schema.SchemaError):
         return False
     return res.status == "completed" and config_hash(res.config) == job.config_hash
+
+
+@dataclass(frozen=True)
+class FinishedRun:
+    """A completed run of another sweep folder: its folder and the manifest's wall time."""
+
+    folder: Path
+    wall_seconds: float | None
+
+
+def reuse_index(folders: Sequence[str | Path]) -> dict[str, FinishedRun]:
+    """Config hash -> a completed run with a results.json, over the manifests of ``folders``
+    (missing folders and unreadable manifests are passed over)."""
+    index: dict[str, FinishedRun] = {}
+    for folder in folders:
+        path = Path(folder) / "manifest.json"
+        try:
+            runs = json.loads(path.read_text()).get("runs", [])
+        except (OSError, ValueError, AttributeError):
+            continue
+        for run in runs:
+            if not isinstance(run, dict) or run.get("status") != "completed" or not run.get("config_hash"):
+                continue
+            src = Path(folder) / str(run.get("dir") or f"runs/{run.get('id')}")
+            if (src / schema.FILE_NAME).is_file():
+                index.setdefault(str(run["config_hash"]), FinishedRun(src, run.get("wall_seconds")))
+    return index
+
+
+def _link_or_copy(src: str, dst: str) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
+def copy_run(src: Path, job: JobConfig) -> bool:
+    """Copy (hard-link where it can) the run folder ``src`` into the job's folder; True when the
+    copy is a finished run of the job's config. A copy that is not is removed."""
+    dst = Path(job.output_dir)
+    if dst.exists():
+        shutil.rmtree(dst)
+    shutil.copytree(src, dst, copy_function=_link_or_copy, ignore=shutil.ignore_patterns("client_state"))
+    if finished(job):
+        return True
+    shutil.rmtree(dst, ignore_errors=True)
+    return False
 
 
 def check_data(job: JobConfig) -> tuple[str, str | None, str | None]:
@@ -129,7 +192,7 @@ def run_sweep(cfg: SweepConfig) -> SweepResult:
     """
     t0 = time.perf_counter()
     out = Path(cfg.out)
-    specs = plan(cfg.sweep, cfg.scale, seeds=cfg.seeds, settings=cfg.settings)
+    specs = plan(cfg.sweep, cfg.scale, seeds=cfg.seeds, settings=cfg.settings, runs=cfg.runs)
     # every run's config is built (and validated) before anything runs
     jobs = {s.id: build_job(s, out, cfg.data_roots, cfg.run_overrides) for s in specs}
     manifest = Manifest(
@@ -143,27 +206,35 @@ def run_sweep(cfg: SweepConfig) -> SweepResult:
         },
     )
     todo: list[RunSpec] = []
+    index = reuse_index([f for f in cfg.reuse if Path(f).resolve() != out.resolve()])
+    reused = 0
     for spec in specs:
-        entry = manifest.add(spec, jobs[spec.id].config_hash)
-        if finished(jobs[spec.id]):
+        job = jobs[spec.id]
+        entry = manifest.add(spec, job.config_hash)
+        src = index.get(job.config_hash)
+        if finished(job):
             prev = manifest.previous(spec.id) or {}
-            entry.update(status="completed", wall_seconds=prev.get("wall_seconds"))
+            entry.update(status="completed", wall_seconds=prev.get("wall_seconds"), reused_from=prev.get("reused_from"))
+        elif src is not None and copy_run(src.folder, job):
+            entry.update(status="completed", wall_seconds=src.wall_seconds, reused_from=str(src.folder))
+            reused += 1
         else:
             todo.append(spec)
     manifest.write()
     log.info(
-        "sweep %s (%s): %d runs, %d already finished, %d to run -> %s",
+        "sweep %s (%s): %d runs, %d already finished%s, %d to run -> %s",
         cfg.sweep,
         cfg.scale,
         len(specs),
         len(specs) - len(todo),
+        f" ({reused} copied from other sweeps)" if reused else "",
         len(todo),
         out,
     )
     todo = _check_all_data(todo, jobs, manifest)
     ran: list[str] = []
     if todo:
-        _Packer(todo, jobs, manifest, cfg.show_progress, cfg.parallel_runs).run(ran)
+        _Packer(todo, jobs, manifest, cfg.show_progress, cfg.parallel_runs, cfg.on_run_end).run(ran)
     manifest.write()
     res = SweepResult(manifest, ran, time.perf_counter() - t0)
     c = res.counts
@@ -208,8 +279,10 @@ class _Packer:
         manifest: Manifest,
         show_progress: bool,
         parallel: int = 1,
+        on_run_end: Callable[[RunSpec, str, float | None], str | None] | None = None,
     ):
         self.todo, self.jobs, self.manifest, self.parallel = todo, jobs, manifest, parallel
+        self.on_run_end = on_run_end
         self.bar = _progress(len(todo), show_progress)
         self.done = 0
         self._lock = threading.Lock()  # parallel_runs: runs end on several server threads
@@ -280,8 +353,9 @@ class _Packer:
         last = results.last
         err = None if last is None else last.e_f_reference
         gap = None if last is None else last.max_trained_gap
+        tail = self.on_run_end(spec, status, wall) if self.on_run_end is not None else None
         log.info(
-            "[%d/%d] %s %s in %.1f s%s%s",
+            "[%d/%d] %s %s in %.1f s%s%s%s",
             done,
             len(self.todo),
             spec.id,
@@ -289,6 +363,7 @@ class _Packer:
             wall or 0.0,
             "" if err is None else f", e_F(G_T, G_{results.reference}) {err:.3g}",
             "" if gap is None else f", local gap {gap:.2g}",
+            f"; {tail}" if tail else "",
         )
         if status == "failed":
             log.warning("%s failed: %s", spec.id, error)

@@ -66,7 +66,10 @@ def test_not_measured_without_the_sweep_or_the_quantity():
     assert v.status == NOT_MEASURED and "sweep=rho" in v.detail
     v = _verdict("C30", [_run("ordinary", 0, 1e-2, 1e-5, "prediction")])
     assert v.status == NOT_MEASURED
-    assert _verdict("C20", []).status == NOT_MEASURED
+    v = _verdict("C20", [])  # a UFM experiment: no network run can test it, and the reason says so
+    assert v.status == NOT_TESTABLE and "fedhead-ufm" in v.detail
+    v = _verdict("C9", [_run("ordinary", 0, 1e-2, 1e-5)])  # MPIIGaze only: file-only data
+    assert v.status == NOT_MEASURED and "data_roots.mpiigaze" in v.detail
 
 
 def test_c4_trajectory_criterion_is_1e_minus_3():
@@ -104,7 +107,7 @@ def test_every_check_is_attached_to_the_claim_its_docstring_names():
     """A check is named for what it tests and its docstring starts with its claim's id, so a check
     attached to the wrong claim in CLAIMS fails here."""
     checks = [c for c in CLAIMS if c.check is not None]
-    assert len(checks) == 29
+    assert len(checks) == 31
     for claim in checks:
         assert (claim.check.__doc__ or "").startswith(f"{claim.id}: "), claim.id
         assert not re.fullmatch(r"c\d+", claim.check.__name__), claim.check.__name__

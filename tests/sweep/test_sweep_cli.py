@@ -35,13 +35,17 @@ def _fedhead_sweep_checks(args: list[str]) -> int:
     "args, message",
     [
         (["sweep=foo", "out={out}"], "is not a preset"),
+        (["sweep=foo", "out={out}"], "or all"),
         (["scale=huge", "out={out}"], "choose one of ['cpu', 'paper', 'smoke']"),
         (["out={out}", "data_roots.beijing={out}/missing"], "is not a folder"),
         (["out={out}", "data_roots.mnist=/tmp"], "Could not override 'data_roots.mnist'"),
         (["out={out}", "foo.bar=1"], "Could not override 'foo.bar'"),
         (["out={out}", "settings=[mnist]"], "unknown data sets"),
         (["out={out}", "seeds=3"], "seeds must be a list"),
-        (["out={out}", "sweep=rho", "settings=[mpiigaze]"], "has no run on settings"),
+        (["out={out}", "sweep=data_size", "settings=[hopper]"], "has no run on settings"),
+        (["out={out}", "sweep=rho", "runs=[rho/nope/*]"], "no run id matches"),
+        (["out={out}", "sweep=all", "presets=[main,nope]"], "presets: unknown ['nope']"),
+        (["out={out}", "sweep=all", "settings=[mnist]"], "unknown data sets"),
         (["out={out}", "parallel_runs=0"], "parallel_runs must be an integer >= 1"),
     ],
 )
