@@ -157,13 +157,13 @@ def _all(typed: SweepConfig, presets: tuple[str, ...] | None, dry_run: bool = Fa
 def _console(out: Path) -> None:
     """``<out>/run.log`` gets everything; the console one line per run (and warnings)."""
     # imported when the command runs, not at start-up (--help stays fast)
-    from fedhead.driver.logs import configure_run_logging, run_logging_active
+    from fedhead.driver.logs import configure_run_logging, run_logging_active, sweep_console
 
     configure_run_logging(out)
     if run_logging_active():
         for h in logging.getLogger().handlers:
             if type(h).__name__ == "TqdmHandler":
-                h.addFilter(lambda r: r.levelno >= logging.WARNING or r.name == "fedhead.console.sweep")
+                h.addFilter(sweep_console)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -25,6 +25,19 @@ console = logging.getLogger(CONSOLE)
 
 #: Loggers of this project: their warnings are meant for the user (console).
 OWN = ("fedhead",)
+#: The advice to train longer when a round's clients end short of their local optima (once per run
+#: on a run's console; a sweep's console leaves it to run.log: each run's line gives its local gap)
+LOCAL_GAP = "fedhead.local_gap"
+#: The lines of ``fedhead-sweep`` (one per run, the plan, the time left)
+SWEEP = CONSOLE + ".sweep"
+
+
+def sweep_console(record: logging.LogRecord) -> bool:
+    """What a sweep's console shows besides run.log: its own lines and warnings, not the runs' advice
+    to train longer ([`LOCAL_GAP`][fedhead.driver.logs.LOCAL_GAP]: each run's line gives its local gap)."""
+    return record.name == SWEEP or (record.levelno >= logging.WARNING and record.name != LOCAL_GAP)
+
+
 FILE_FORMAT = "[%(asctime)s][%(name)s][%(levelname)s] %(message)s"
 _MARK = "_fedhead_run_logging"
 

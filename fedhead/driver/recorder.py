@@ -25,7 +25,7 @@ from fedhead.data.registry import coerce_config
 from fedhead.data.units import axis_unit
 from fedhead.driver.console import diagnosis_lines, final_summary, fmt, local_gap_advice, round_line, round_log_line
 from fedhead.driver.figures import write_run_figures
-from fedhead.driver.logs import console
+from fedhead.driver.logs import LOCAL_GAP, console
 from fedhead.driver.tensorboard import TensorBoardLogger
 from fedhead.federation.aggregation import LOCAL_GAP_THRESHOLD
 from fedhead.federation.tracking import Targets
@@ -42,6 +42,7 @@ from fedhead.strategies.secure import ABSENT_REASON as SECURE_ABSENT_REASON
 from fedhead.strategies.secure import DP_EPSILON, DP_RELEASES, SITES_AT_OPTIMUM, SITES_SUMMED
 
 log = logging.getLogger(__name__)
+gap_log = logging.getLogger(LOCAL_GAP)
 
 
 # ------------------------------------------------------------------------------ the recorder
@@ -75,6 +76,7 @@ class RunRecorder:
         self.show_progress = show_progress
         self.base_timing = Timing()  # ray_init_seconds; merged into results.timing by finish()
         self._bar = None
+        self._gap_warned = False  # the console warns of clients short of their optima once per run
         self.background = bool(background)
         self._pending: list[Future] = []
         seeds = {"seed": job.settings.seed, "dataset_seed": int(job.dataset.seed), **init_seeds(job)}
@@ -211,7 +213,12 @@ class RunRecorder:
         log.info("%s", round_log_line(self.job, record))
         console.info("%s", round_line(self.job, record))
         if record.max_trained_gap is not None and record.max_trained_gap > LOCAL_GAP_THRESHOLD:
-            log.warning("[%s] round %d: %s", self.job.name, t, local_gap_advice(record, self.job))
+            advice = local_gap_advice(record, self.job)
+            if self._gap_warned:  # each round's gaps are on the console line; the advice once is enough
+                gap_log.info("[%s] round %d: %s", self.job.name, t, advice)
+            else:
+                gap_log.warning("[%s] round %d: %s (later rounds: run.log)", self.job.name, t, advice)
+                self._gap_warned = True
         if self._bar is not None and t >= 1:
             self._bar.update(1)
             self._bar.set_postfix(e_star=fmt(record.e_f_star, ".3g"), e_cen=fmt(record.e_f_cen, ".3g"))

@@ -28,11 +28,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fedhead.analysis.procedure import ConfigError
+from fedhead.driver.logs import SWEEP
 from fedhead.sweep.presets import FILE_ONLY, IMAGE, PRESETS, RunSpec, plan
 from fedhead.sweep.runner import SweepConfig, SweepResult, build_job, finished, reuse_index, run_sweep
 from fedhead.sweep.scales import SCALES
 
-log = logging.getLogger("fedhead.console.sweep")
+log = logging.getLogger(SWEEP)
 
 #: the presets of ``sweep=all`` in the order they run: main first (the others copy its runs), then
 #: the presets that add few runs, the fixed-E presets (hours at scale=cpu) last

@@ -25,7 +25,7 @@ from fedhead.data.base import MissingDataError
 from fedhead.driver.checks import check_data_once, data_key, uses_cuda
 from fedhead.driver.cluster import cluster_address, describe_cluster
 from fedhead.driver.errors import one_line
-from fedhead.driver.logs import simulation_logging
+from fedhead.driver.logs import SWEEP, simulation_logging
 from fedhead.driver.ray_session import shared_ray_session
 from fedhead.driver.simulation import run_federations
 from fedhead.progress import progress
@@ -37,7 +37,7 @@ from fedhead.settings.job import config_hash
 from fedhead.sweep.manifest import Manifest, run_dir
 from fedhead.sweep.presets import RunSpec, plan
 
-log = logging.getLogger("fedhead.console.sweep")
+log = logging.getLogger(SWEEP)
 #: attempts of a simulation whose engine died (the runs it did not finish go to the next one)
 ENGINE_ATTEMPTS = 2
 

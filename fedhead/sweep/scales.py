@@ -121,8 +121,9 @@ SMOKE = Scale(
 #: the offline tabular settings (and Beijing, which runs when ``data_roots.beijing`` names its files)
 _TABULAR = ("beijing", "swimmer", "hopper", "halfcheetah", "walker2d")
 #: one fixed-E tabular run of 8 rounds x 2000 epochs (Table 5's rho sweep on Hopper, seed 0: 7 runs
-#: in 33 min 25 s on 2 idle cores, `fedhead-sweep sweep=rho scale=cpu 'settings=[hopper]' 'seeds=[0]'`)
-_FIXED_2000_S = 286.0
+#: in 11 min 51 s on 2 idle cores with the written-out ResMLP step, 94-108 s each, 2026-12-05;
+#: 33 min 25 s before it; `fedhead-sweep sweep=rho scale=cpu 'settings=[hopper]' 'seeds=[0]'`)
+_FIXED_2000_S = 100.0
 #: main at scale=cpu, measured: 84 runs (7 offline settings x 4 procedures x seeds 0-2) in 65 min 27 s on
 #: 2 idle cores, tabular runs 8-36 s, image runs 30-152 s; the per-kind means below split that total
 #: (estimate: the manifests' per-run times of that measurement were not kept)
@@ -215,28 +216,30 @@ CPU = Scale(
         ),
         "epochs": PresetSize(
             procedures=("ordinary",),
-            seconds={"tabular": 20.0, "image": 60.0},
+            seconds={"tabular": 8.0, "image": 60.0},
             why="every setting, seeds 0-2, E = 2...200 (the paper's E / 20, see `epochs`), ordinary only (the "
             "claims C18 and C19 read ordinary runs), literal local training: fedhead's closing solves end "
             "every client at its optimum whatever E (measured Hopper, E = 25 with them: gap 8.3e-8, d(G_8, "
-            "G_star) 3.6e-4, without: gap 2.3, d 0.144). Tabular runs 8-37 s measured (Hopper, the 7 values "
-            "of E); image runs: estimate",
+            "G_star) 3.6e-4, without: gap 2.3, d 0.144). Tabular runs measured: Hopper, the 7 values of E in "
+            "55 s on 2 idle cores, 3.6-13.9 s each (2026-12-05, the written-out ResMLP step; 8-37 s before "
+            "it); image runs: estimate",
         ),
         "rho": PresetSize(
             settings=_TABULAR,
             seeds=(0,),
             seconds={"tabular": _FIXED_2000_S},
             why="E = 2000 in every round (no tolerance stop), so one run takes 8 x 2000 epochs: measured "
-            "Hopper, seed 0, 7 runs in 33 min 25 s on 2 idle cores, both delta_last and e_F lowest at "
-            "rho = 1e-3 (`fedhead-sweep sweep=rho scale=cpu 'settings=[hopper]' 'seeds=[0]'`); the "
-            "tabular settings and seed 0 keep it near 2 h (the image settings: not measured at fixed E)",
+            "Hopper, seed 0, 7 runs in 11 min 51 s on 2 idle cores (94-108 s each; 33 min 25 s before the "
+            "written-out ResMLP step), both delta_last and e_F lowest at rho = 1e-3 (`fedhead-sweep "
+            "sweep=rho scale=cpu 'settings=[hopper]' 'seeds=[0]'`); the tabular settings and seed 0 keep it "
+            "under an hour (the image settings: not measured at fixed E)",
         ),
         "fixed_e": PresetSize(
             settings=_TABULAR,
             seeds=(0,),
             seconds={"tabular": _FIXED_2000_S},
             why="main's four procedures with E = 2000 in every round: as long as a rho run (8 x 2000 "
-            "epochs, 286 s measured on Hopper), so the tabular settings and seed 0 (about 80 min)",
+            "epochs, 100 s measured on Hopper), so the tabular settings and seed 0 (about 30 min)",
         ),
     },
 )
