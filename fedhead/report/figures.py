@@ -110,12 +110,9 @@ def error_curves_figure(runs: Sequence[RunEntry], sweep: str) -> Figure | None:
             )
             styles[lab] = {"color": color(name, i)}
         _quiet_curves(ax, xs, curves, styles=styles, legend=False, xlabel="round $t$", ylabel=E_F_REF, title=setting)
-    seeds = len({r.seed for r in runs})
-    suptitle(
-        fig,
-        f"sweep {sweep}: head Gram error to each procedure's reference per round "
-        f"(mean ± 1 sd over {seeds} seed{'s' if seeds != 1 else ''})",
-    )
+    seeds = sorted({r.seed for r in runs})
+    over = f"mean ± 1 sd over {len(seeds)} seeds" if len(seeds) > 1 else f"seed {seeds[0]}"
+    suptitle(fig, f"sweep {sweep}: head Gram error to each procedure's reference per round ({over})")
     shared_legend(fig, axes, loc="outside lower center")
     return fig
 
