@@ -30,14 +30,6 @@ OWN = ("fedhead",)
 LOCAL_GAP = "fedhead.local_gap"
 #: The lines of ``fedhead-sweep`` (one per run, the plan, the time left)
 SWEEP = CONSOLE + ".sweep"
-
-
-def sweep_console(record: logging.LogRecord) -> bool:
-    """What a sweep's console shows besides run.log: its own lines and warnings, not the runs' advice
-    to train longer ([`LOCAL_GAP`][fedhead.driver.logs.LOCAL_GAP]: each run's line gives its local gap)."""
-    return record.name == SWEEP or (record.levelno >= logging.WARNING and record.name != LOCAL_GAP)
-
-
 FILE_FORMAT = "[%(asctime)s][%(name)s][%(levelname)s] %(message)s"
 _MARK = "_fedhead_run_logging"
 
@@ -69,6 +61,12 @@ class ConsoleFilter(logging.Filter):
             args = record.args  # a tuple here: warnings logs ``"%s", text``
             return str(args[0] if isinstance(args, tuple) and args else record.msg).startswith(self.dirs)
         return name.split(".")[0] in OWN
+
+
+def sweep_console(record: logging.LogRecord) -> bool:
+    """What a sweep's console shows besides run.log: its own lines and warnings, not the runs' advice
+    to train longer ([`LOCAL_GAP`][fedhead.driver.logs.LOCAL_GAP]: each run's line gives its local gap)."""
+    return record.name == SWEEP or (record.levelno >= logging.WARNING and record.name != LOCAL_GAP)
 
 
 class ConsoleFormatter(logging.Formatter):
