@@ -24,11 +24,14 @@ the whole step, optimizer and clip included, set-up and finishing excluded). ``-
 interleaved before/after pairs (the order alternates), the GEMMs timed right after each pair for
 as long as the step ran; times and rates are medians, the speed-up and the shares of the GEMMs'
 rate are medians of the per-pair values (so a load that drifts hits both sides of a pair alike).
-Goal: after >= 70 % of the GEMMs' rate, on 1 thread and on 2.
+Rows: one per ``--threads`` (one process, torch's intra-op threads), and ``2 x 1``: two processes
+of one thread each running the same pairs at the same time, each against its own GEMMs under the
+same load (the way a simulation's clients, one CPU each, use both cores).
+Goal: after >= 70 % of the GEMMs' rate, on 1 thread and on both cores.
 
 Usage::
 
-    python benchmarks/bench_step_flops.py                    # 1 and 2 threads, 200 steps, 7 pairs
+    python benchmarks/bench_step_flops.py                    # 1 and 2 threads and 2 x 1, 200 steps, 7 pairs
     python benchmarks/bench_step_flops.py --threads 1 --steps 1000 --repeats 3 --out results/step_flops.json
     python benchmarks/bench_step_flops.py --quick            # smoke run (a few seconds)
 """
@@ -44,6 +47,7 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 import argparse
 import copy
 import dataclasses
+import multiprocessing
 import statistics
 import sys
 import time
@@ -201,7 +205,10 @@ def train_seconds_per_step(s: Shapes, model, steps: int, fast: bool) -> float:
     return 1.0 / res.metrics.steps_per_second
 
 
-def run_threads(s: Shapes, threads: int, steps: int, repeats: int, flops: int) -> dict:
+def run_threads(s: Shapes, threads: int, steps: int, repeats: int, flops: int, barrier=None) -> dict:
+    """One row: ``repeats`` interleaved before/after pairs on ``threads`` torch threads, the GEMMs
+    timed after each pair; with ``barrier`` (a process of ``run_processes``) each pair starts with
+    the other processes'."""
     torch.set_num_threads(threads)
     model = make_problem(s)
     gemms = Gemms(s)
@@ -211,6 +218,8 @@ def run_threads(s: Shapes, threads: int, steps: int, repeats: int, flops: int) -
         train_seconds_per_step(s, model, 5, fast)
     before, after, gemm_rates, single_rates = [], [], [], []
     for i in range(repeats):
+        if barrier is not None:
+            barrier.wait(timeout=600)
         order = (False, True) if i % 2 == 0 else (True, False)
         for fast in order:
             (after if fast else before).append(train_seconds_per_step(s, model, steps, fast))
@@ -244,16 +253,68 @@ def run_threads(s: Shapes, threads: int, steps: int, repeats: int, flops: int) -
     }
 
 
+def _process_row(s: Shapes, steps: int, repeats: int, flops: int, barrier, results) -> None:
+    results.put(run_threads(s, 1, steps, repeats, flops, barrier))
+
+
+def run_processes(s: Shapes, processes: int, steps: int, repeats: int, flops: int) -> dict:
+    """``processes`` processes of one thread each, running the same pairs at the same time (a
+    simulation's clients on the cores, one CPU each): each process's times and GEMM rate under the
+    others' load; the row holds the medians over every process's pairs."""
+    ctx = multiprocessing.get_context("spawn")
+    barrier, results = ctx.Barrier(processes), ctx.Queue()
+    procs = [
+        ctx.Process(target=_process_row, args=(s, steps, repeats, flops, barrier, results)) for _ in range(processes)
+    ]
+    for p in procs:
+        p.start()
+    rows = [results.get(timeout=3600) for _ in procs]
+    for p in procs:
+        p.join(timeout=60)
+    med = statistics.median
+    merged: dict = {"threads": 1, "processes": processes, "steps": steps, "repeats": repeats, "step_flops": flops}
+    for key in (
+        "before_ms_each",
+        "after_ms_each",
+        "gemms_gflops_each",
+        "speedup_each_pair",
+        "after_of_gemms_each_pair",
+    ):
+        merged[key] = [v for r in rows for v in r[key]]
+    before = [v / 1e3 for v in merged["before_ms_each"]]
+    after = [v / 1e3 for v in merged["after_ms_each"]]
+    gemms = [v * 1e9 for v in merged["gemms_gflops_each"]]
+    merged.update(
+        before_ms=med(before) * 1e3,
+        after_ms=med(after) * 1e3,
+        speedup=med(merged["speedup_each_pair"]),
+        before_gflops=flops / med(before) / 1e9,
+        after_gflops=flops / med(after) / 1e9,
+        gemms_gflops=med(gemms) / 1e9,
+        single_gemm=rows[0]["single_gemm"],
+        single_gemm_gflops=med([r["single_gemm_gflops"] for r in rows]),
+        before_of_gemms=med([flops / b / g for b, g in zip(before, gemms, strict=True)]),
+        after_of_gemms=med(merged["after_of_gemms_each_pair"]),
+    )
+    return merged
+
+
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2], help="torch CPU threads, one row each")
+    ap.add_argument(
+        "--processes",
+        type=int,
+        default=2,
+        help="and a row of this many one-thread processes at once (how a simulation's clients use the cores; 0: none)",
+    )
     ap.add_argument("--steps", type=int, default=200, help="training steps per timed call")
     ap.add_argument("--repeats", type=int, default=7, help="interleaved before/after pairs per thread count")
     ap.add_argument("--quick", action="store_true", help="smoke run: 1 thread, 20 steps, 1 pair")
     ap.add_argument("--out", default=None, help="write the results as JSON here")
     args = ap.parse_args(argv)
     if args.quick:
-        args.threads, args.steps, args.repeats = [1], 20, 1
+        args.threads, args.steps, args.repeats, args.processes = [1], 20, 1, 0
     s = Shapes.cpu_scale()
     flops = step_flops(s)
     gemm_flops = Gemms(s).flops
@@ -275,16 +336,27 @@ def main(argv: list[str] | None = None) -> int:
         f"{'GEMMs GF/s':>12}{'one GEMM GF/s':>15}{'before % GEMMs':>16}{'after % GEMMs':>15}  goal"
     )
     rows = []
-    for threads in args.threads:
-        r = run_threads(s, threads, args.steps, args.repeats, flops)
+    plan = [(t, 0) for t in args.threads] + ([(1, args.processes)] if args.processes > 1 else [])
+    for threads, processes in plan:
+        if processes:
+            r = run_processes(s, processes, args.steps, args.repeats, flops)
+            label = f"{processes} x 1"
+        else:
+            r = run_threads(s, threads, args.steps, args.repeats, flops)
+            label = str(threads)
         rows.append(r)
         ok = r["after_of_gemms"] >= GOAL
         print(
-            f"{threads:>7}{r['before_ms']:>11.3f}{r['after_ms']:>10.3f}{r['speedup']:>10.2f}"
+            f"{label:>7}{r['before_ms']:>11.3f}{r['after_ms']:>10.3f}{r['speedup']:>10.2f}"
             f"{r['before_gflops']:>13.1f}{r['after_gflops']:>12.1f}{r['gemms_gflops']:>12.1f}"
             f"{r['single_gemm_gflops']:>15.1f}{r['before_of_gemms']:>16.0%}{r['after_of_gemms']:>15.0%}"
             f"  >= {GOAL:.0%} {'met' if ok else 'MISSED'}",
             flush=True,
+        )
+    if args.processes > 1:
+        print(
+            f"# '{args.processes} x 1': {args.processes} processes of one thread stepping at once, each against "
+            "its own GEMMs under the same load (a simulation's clients on the cores); rates per process"
         )
     dom = rows[0]["single_gemm"] if rows else None
     print(f"# one GEMM: {dom} repeated on the same operands (cache-hot)")

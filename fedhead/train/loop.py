@@ -116,9 +116,7 @@ class TrainLoop:
         # torch.optim.AdamW, bit for bit
         self.fast: ResMLPStep | None = None
         if cfg.fast_step and not cuda and not cfg.compile and self.x.is_floating_point():
-            self.fast = ResMLPStep.for_backbone(
-                backbone, self.weight, None if cfg.optimal_bias else self.bias, clip=cfg.clip_norm is not None
-            )
+            self.fast = ResMLPStep.for_backbone(backbone, self.weight, None if cfg.optimal_bias else self.bias)
         self.direct: DirectAdamW | None = None
         self.opt: torch.optim.AdamW | None = None
         if self.fast is not None:

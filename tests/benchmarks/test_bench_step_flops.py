@@ -62,3 +62,26 @@ def test_quick_run_prints_one_row_and_writes_json(tmp_path):
     (r,) = data["results"]
     assert r["threads"] == 1 and r["steps"] == 20 and r["step_flops"] == data["gemm_flops"]
     assert r["before_gflops"] > 0 and r["after_gflops"] > 0 and r["after_of_gemms"] > 0
+
+
+def test_two_one_thread_processes_give_one_row_of_both(tmp_path):
+    """The ``2 x 1`` row: two processes stepping at once, each pair of each process in the medians."""
+    out = tmp_path / "step.json"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--threads", "1", "--steps", "5", "--repeats", "1", "--processes", "2"]
+        + ["--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.lstrip().startswith("threads"))
+    assert lines[header + 1].split()[0] == "1"
+    assert lines[header + 2].split()[:3] == ["2", "x", "1"]
+    one, both = json.loads(out.read_text())["results"]
+    assert "processes" not in one and both["processes"] == 2 and both["threads"] == 1
+    assert len(both["after_ms_each"]) == len(both["gemms_gflops_each"]) == 2
+    assert min(both["after_ms_each"]) <= both["after_ms"] <= max(both["after_ms_each"])

@@ -68,6 +68,47 @@ def test_gradients_equal_autograd(mode, n, f, c, width, depth, p):
         assert p2.grad is not None and torch.equal(p1.grad, p2.grad), name
 
 
+@pytest.mark.parametrize("factor", [0.5, 0.999, 1.0 - 1e-7, 1.0, 1.001, 1.0099, 1.0101, 2.0])
+def test_clip_screen_equals_the_reference_clip_at_and_around_the_threshold(factor):
+    """The flat-norm screen of ``clip_grad_norm`` against ``clip_gradients``'s exact norm of norms:
+    with ``max_norm`` at, just above and just below the total norm (and either side of the screen's
+    1 % margin), the clipped gradients are the same bits and the clip fires exactly when it does there."""
+    from fedhead.train.steps import clip_gradients
+
+    x, y = _client(100, 11, 3)
+    bb, head = _model(11, 3, 64, 3, 16)
+    bb2, head2 = copy.deepcopy(bb), copy.deepcopy(head)
+    loss, _ = forward_loss(bb, head.weight, head.bias, x, y, 0.07, False, None, True)
+    loss.backward()
+    params = [*bb.parameters(), head.weight, head.bias]
+    exact = torch.nn.utils.get_total_norm([q.grad for q in params], foreach=True).item()
+    max_norm = exact * factor
+    before = [q.grad.clone() for q in params]
+    ref = clip_gradients(params, max_norm, host_check=True)
+
+    step = ResMLPStep.for_backbone(bb2, head2.weight, head2.bias)
+    assert step is not None
+    step(head2.bias, x, y, 0.07, None, True)
+    got = step.clip_grad_norm(max_norm)
+
+    assert all(torch.equal(a.grad, b) for a, b in zip(params, step.grads, strict=True))
+    fired = any(not torch.equal(a, q.grad) for a, q in zip(before, params, strict=True))
+    assert fired == (exact + 1e-6 > max_norm)
+    assert ref is not None and (got == ref if factor < 1.01 else got == pytest.approx(ref, rel=1e-5))
+
+
+def test_clip_screen_reports_non_finite_gradients():
+    x, y = _client(20, 4, 2)
+    bb, head = _model(4, 2)
+    step = ResMLPStep.for_backbone(bb, head.weight, head.bias)
+    assert step is not None
+    step(head.bias, x, y, 0.07, None, True)
+    step.grads[3].view(-1)[0] = float("nan")
+    assert np.isnan(step.clip_grad_norm(1e6))
+    step.grads[3].view(-1)[0] = float("inf")
+    assert not np.isfinite(step.clip_grad_norm(1e6))
+
+
 def _train(fast, bb, head, x, y, cfg, problem, **kw):
     return train_local(bb, head, x, y, dataclasses.replace(cfg, fast_step=fast), problem, device="cpu", **kw)
 
