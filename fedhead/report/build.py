@@ -127,6 +127,12 @@ def figure_jobs(collection: Collection) -> Iterable[tuple[str, str, Callable[[],
         "Paired change of the final MSE against ordinary on the same setting and seed (sweep prediction).",
         lambda: mse_figure(collection.of_sweep("prediction"), "prediction"),
     )
+    yield (
+        "mse_change_data_size.png",
+        "The same on the enlarged image settings (sweep data_size: correction against ordinary, more "
+        "samples per client than main's; set beside main's corrected runs in Table 9).",
+        lambda: mse_figure(collection.of_sweep("data_size"), "data_size"),
+    )
 
 
 def write_figures(collection: Collection, folder: Path) -> tuple[list[FigureInfo], list[str]]:

@@ -146,3 +146,24 @@ def test_report_md_opens_with_the_claims(report_dir):
     assert "measures the optimiser" in claims and "- **C13** (Table 5)" in claims and "sweep=rho" in claims
     assert (report_dir / "claims.csv").read_text().startswith("claim,verdict,tables,detail,sweep_dir,run_dir")
     assert "(paper 0.00029, ×" in (report_dir / "tables" / "table4.md").read_text()
+
+
+def test_the_data_size_sweep_gets_its_own_mse_figure(sweeps, tmp_path):
+    """A data_size sweep with a test or train MSE gets ``mse_change_data_size.png`` beside the
+    prediction sweep's figure (the same runs copied under a data_size manifest here)."""
+    import shutil
+
+    from report_helpers import write_manifest
+
+    manifest = json.loads((sweeps / "prediction" / "manifest.json").read_text())
+    runs = []
+    for run in manifest["runs"]:
+        rid = run["id"].replace("prediction/", "data_size/", 1)
+        shutil.copytree(sweeps / "prediction" / run["dir"], tmp_path / "data_size" / "runs" / rid)
+        runs.append(dict(run, id=rid, sweep="data_size", dir=f"runs/{rid}"))
+    write_manifest(tmp_path / "data_size", "data_size", runs)
+    out = tmp_path / "report"
+    assert main([str(tmp_path / "data_size"), "--out", str(out)]) == 0
+    text = (out / "report.md").read_text()
+    assert (out / "figures" / "mse_change_data_size.png").stat().st_size > 10_000
+    assert "(figures/mse_change_data_size.png)" in text and "(figures/mse_change.png)" not in text
