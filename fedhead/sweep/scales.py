@@ -198,10 +198,12 @@ CPU = Scale(
             "(width 8, 16 x 16 images) is the only new model: estimate, not measured",
         ),
         "data_size": PresetSize(
-            seconds={"image": 160.0},
+            seconds={"image": 105.0},
             why="3D Shapes and CIFAR-geo with twice the training samples (512), the tolerance stop with "
             "E = 2000 as its cap (the paper's E = 1000 is a fixed budget; here the clients stop at their "
-            "optima): estimate, twice main's image runs",
+            "optima): measured 2026-12-06 on 2 idle cores, 12 runs in 20.9 min, 46-184 s each (median "
+            "102 s), every client within 1e-3 of its optimum (`fedhead-sweep sweep=all scale=cpu "
+            "'presets=[data_size]'`)",
         ),
         "full_model": PresetSize(
             seconds={"tabular": 35.0},
@@ -216,13 +218,15 @@ CPU = Scale(
         ),
         "epochs": PresetSize(
             procedures=("ordinary",),
-            seconds={"tabular": 8.0, "image": 60.0},
+            seconds={"tabular": 6.0, "image": 20.0},
             why="every setting, seeds 0-2, E = 2...200 (the paper's E / 20, see `epochs`), ordinary only (the "
             "claims C18 and C19 read ordinary runs), literal local training: fedhead's closing solves end "
             "every client at its optimum whatever E (measured Hopper, E = 25 with them: gap 8.3e-8, d(G_8, "
             "G_star) 3.6e-4, without: gap 2.3, d 0.144). Tabular runs measured: Hopper, the 7 values of E in "
             "55 s on 2 idle cores, 3.6-13.9 s each (2026-12-05, the written-out ResMLP step; 8-37 s before "
-            "it); image runs: estimate",
+            "it). Every setting, seed 0, measured 2026-12-06 on 2 idle cores: 49 runs in 16 min (`fedhead-sweep "
+            "sweep=all scale=cpu 'presets=[epochs]' 'seeds=[0]'`), tabular 2.7-22 s (median 5.4 s), image "
+            "7.9-118 s (median 18 s)",
         ),
         "rho": PresetSize(
             settings=_TABULAR,
@@ -232,7 +236,8 @@ CPU = Scale(
             "Hopper, seed 0, 7 runs in 11 min 51 s on 2 idle cores (94-108 s each; 33 min 25 s before the "
             "written-out ResMLP step), both delta_last and e_F lowest at rho = 1e-3 (`fedhead-sweep "
             "sweep=rho scale=cpu 'settings=[hopper]' 'seeds=[0]'`); the tabular settings and seed 0 keep it "
-            "under an hour (the image settings: not measured at fixed E)",
+            "under an hour (measured 2026-12-06: 28 runs in 45 min 20 s, 90-108 s each, `fedhead-sweep "
+            "sweep=all scale=cpu 'presets=[rho]'`; the image settings: not run at fixed E)",
         ),
         "fixed_e": PresetSize(
             settings=_TABULAR,
