@@ -226,7 +226,8 @@ CPU = Scale(
             "55 s on 2 idle cores, 3.6-13.9 s each (2026-12-05, the written-out ResMLP step; 8-37 s before "
             "it). Every setting, seed 0, measured 2026-12-06 on 2 idle cores: 49 runs in 16 min (`fedhead-sweep "
             "sweep=all scale=cpu 'presets=[epochs]' 'seeds=[0]'`), tabular 2.7-22 s (median 5.4 s), image "
-            "7.9-118 s (median 18 s)",
+            "7.9-118 s (median 18 s); seeds 1-2 then 98 runs in 35 min 26 s (image runs up to 146 s): the "
+            "147 runs in 51.6 min",
         ),
         "rho": PresetSize(
             settings=_TABULAR,
