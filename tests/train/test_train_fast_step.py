@@ -72,7 +72,8 @@ def test_gradients_equal_autograd(mode, n, f, c, width, depth, p):
 def test_clip_screen_equals_the_reference_clip_at_and_around_the_threshold(factor):
     """The flat-norm screen of ``clip_grad_norm`` against ``clip_gradients``'s exact norm of norms:
     with ``max_norm`` at, just above and just below the total norm (and either side of the screen's
-    1 % margin), the clipped gradients are the same bits and the clip fires exactly when it does there."""
+    margin, 1 % for this small model), the clipped gradients are the same bits and the clip fires
+    exactly when it does there."""
     from fedhead.train.steps import clip_gradients
 
     x, y = _client(100, 11, 3)
