@@ -205,10 +205,22 @@ def train_seconds_per_step(s: Shapes, model, steps: int, fast: bool) -> float:
     return 1.0 / res.metrics.steps_per_second
 
 
-def run_threads(s: Shapes, threads: int, steps: int, repeats: int, flops: int, barrier=None) -> dict:
-    """One row: ``repeats`` interleaved before/after pairs on ``threads`` torch threads, the GEMMs
-    timed after each pair; with ``barrier`` (a process of ``run_processes``) each pair starts with
-    the other processes'."""
+@dataclass
+class Pairs:
+    """The raw timings of a row: per pair the before and after seconds per step, the GEMMs' and the
+    single GEMM's FLOP/s timed after it; ``single_gemm`` the ``(M, K, N)`` of that GEMM."""
+
+    before: list[float]
+    after: list[float]
+    gemm_rates: list[float]
+    single_rates: list[float]
+    single_gemm: list[int]
+
+
+def time_pairs(s: Shapes, threads: int, steps: int, repeats: int, barrier=None) -> Pairs:
+    """``repeats`` interleaved before/after pairs on ``threads`` torch threads, the GEMMs timed after
+    each pair; with ``barrier`` (a process of ``run_processes``) each pair starts with the other
+    processes'."""
     torch.set_num_threads(threads)
     model = make_problem(s)
     gemms = Gemms(s)
@@ -216,24 +228,29 @@ def run_threads(s: Shapes, threads: int, steps: int, repeats: int, flops: int, b
     single, single_flops = one_matmul(s.rows, *dom)
     for fast in (False, True):  # warm-up: allocator, MKL buffers, first torch.optim use
         train_seconds_per_step(s, model, 5, fast)
-    before, after, gemm_rates, single_rates = [], [], [], []
+    pairs = Pairs([], [], [], [], [s.rows, *dom])
     for i in range(repeats):
         if barrier is not None:
             barrier.wait(timeout=600)
         order = (False, True) if i % 2 == 0 else (True, False)
         for fast in order:
-            (after if fast else before).append(train_seconds_per_step(s, model, steps, fast))
-        gemm_rates.append(flop_rate(gemms.run, gemms.flops, min_seconds=steps * after[-1]))
-        single_rates.append(flop_rate(single, single_flops, min_seconds=0.2))
+            (pairs.after if fast else pairs.before).append(train_seconds_per_step(s, model, steps, fast))
+        pairs.gemm_rates.append(flop_rate(gemms.run, gemms.flops, min_seconds=steps * pairs.after[-1]))
+        pairs.single_rates.append(flop_rate(single, single_flops, min_seconds=0.2))
+    return pairs
+
+
+def summarize(pairs: Pairs, flops: int, **head) -> dict:
+    """One row of the table (and of the JSON) from the pairs: ``head`` first, then medians of the
+    times and rates, and the speed-up and the shares of the GEMMs' rate as medians of per-pair values."""
     med = statistics.median
+    before, after, gemm_rates = pairs.before, pairs.after, pairs.gemm_rates
     b, a, g = med(before), med(after), med(gemm_rates)
     speedups = [x / y for x, y in zip(before, after, strict=True)]
     before_of = [flops / x / r for x, r in zip(before, gemm_rates, strict=True)]
     after_of = [flops / x / r for x, r in zip(after, gemm_rates, strict=True)]
     return {
-        "threads": threads,
-        "steps": steps,
-        "repeats": repeats,
+        **head,
         "step_flops": flops,
         "before_ms": b * 1e3,
         "after_ms": a * 1e3,
@@ -242,8 +259,8 @@ def run_threads(s: Shapes, threads: int, steps: int, repeats: int, flops: int, b
         "before_gflops": flops / b / 1e9,
         "after_gflops": flops / a / 1e9,
         "gemms_gflops": g / 1e9,
-        "single_gemm": [s.rows, *dom],
-        "single_gemm_gflops": med(single_rates) / 1e9,
+        "single_gemm": pairs.single_gemm,
+        "single_gemm_gflops": med(pairs.single_rates) / 1e9,
         "before_of_gemms": med(before_of),
         "after_of_gemms": med(after_of),
         "after_of_gemms_each_pair": after_of,
@@ -253,50 +270,33 @@ def run_threads(s: Shapes, threads: int, steps: int, repeats: int, flops: int, b
     }
 
 
-def _process_row(s: Shapes, steps: int, repeats: int, flops: int, barrier, results) -> None:
-    results.put(run_threads(s, 1, steps, repeats, flops, barrier))
+def run_threads(s: Shapes, threads: int, steps: int, repeats: int, flops: int) -> dict:
+    """One row on ``threads`` torch threads in this process."""
+    pairs = time_pairs(s, threads, steps, repeats)
+    return summarize(pairs, flops, threads=threads, steps=steps, repeats=repeats)
+
+
+def _process_pairs(s: Shapes, steps: int, repeats: int, barrier, results) -> None:
+    results.put(time_pairs(s, 1, steps, repeats, barrier))
 
 
 def run_processes(s: Shapes, processes: int, steps: int, repeats: int, flops: int) -> dict:
     """``processes`` processes of one thread each, running the same pairs at the same time (a
     simulation's clients on the cores, one CPU each): each process's times and GEMM rate under the
-    others' load; the row holds the medians over every process's pairs."""
+    others' load; the row pools every process's pairs."""
     ctx = multiprocessing.get_context("spawn")
     barrier, results = ctx.Barrier(processes), ctx.Queue()
-    procs = [
-        ctx.Process(target=_process_row, args=(s, steps, repeats, flops, barrier, results)) for _ in range(processes)
-    ]
+    procs = [ctx.Process(target=_process_pairs, args=(s, steps, repeats, barrier, results)) for _ in range(processes)]
     for p in procs:
         p.start()
-    rows = [results.get(timeout=3600) for _ in procs]
+    each = [results.get(timeout=3600) for _ in procs]
     for p in procs:
         p.join(timeout=60)
-    med = statistics.median
-    merged: dict = {"threads": 1, "processes": processes, "steps": steps, "repeats": repeats, "step_flops": flops}
-    for key in (
-        "before_ms_each",
-        "after_ms_each",
-        "gemms_gflops_each",
-        "speedup_each_pair",
-        "after_of_gemms_each_pair",
-    ):
-        merged[key] = [v for r in rows for v in r[key]]
-    before = [v / 1e3 for v in merged["before_ms_each"]]
-    after = [v / 1e3 for v in merged["after_ms_each"]]
-    gemms = [v * 1e9 for v in merged["gemms_gflops_each"]]
-    merged.update(
-        before_ms=med(before) * 1e3,
-        after_ms=med(after) * 1e3,
-        speedup=med(merged["speedup_each_pair"]),
-        before_gflops=flops / med(before) / 1e9,
-        after_gflops=flops / med(after) / 1e9,
-        gemms_gflops=med(gemms) / 1e9,
-        single_gemm=rows[0]["single_gemm"],
-        single_gemm_gflops=med([r["single_gemm_gflops"] for r in rows]),
-        before_of_gemms=med([flops / b / g for b, g in zip(before, gemms, strict=True)]),
-        after_of_gemms=med(merged["after_of_gemms_each_pair"]),
+    pooled = Pairs(
+        *([v for r in each for v in getattr(r, f)] for f in ("before", "after", "gemm_rates", "single_rates")),
+        each[0].single_gemm,
     )
-    return merged
+    return summarize(pooled, flops, threads=1, processes=processes, steps=steps, repeats=repeats)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -43,11 +43,12 @@ def test_the_flop_counter_counts_the_steps_gemms(bench, one_torch_thread):
     assert round(bench.step_flops(s) / 1e6, 1) == 247.0
 
 
-def test_quick_run_prints_one_row_and_writes_json(tmp_path):
+def _run(tmp_path, *args: str) -> tuple[list[str], dict]:
+    """The script's table (the header line first) and its JSON, run with ``args``."""
     out = tmp_path / "step.json"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     done = subprocess.run(
-        [sys.executable, str(SCRIPT), "--quick", "--out", str(out)],
+        [sys.executable, str(SCRIPT), *args, "--out", str(out)],
         capture_output=True,
         text=True,
         timeout=240,
@@ -56,9 +57,13 @@ def test_quick_run_prints_one_row_and_writes_json(tmp_path):
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     header = next(i for i, line in enumerate(lines) if line.lstrip().startswith("threads"))
-    row = lines[header + 1].split()
+    return lines[header:], json.loads(out.read_text())
+
+
+def test_quick_run_prints_one_row_and_writes_json(tmp_path):
+    table, data = _run(tmp_path, "--quick")
+    row = table[1].split()
     assert row[0] == "1" and row[-1] in ("met", "MISSED")
-    data = json.loads(out.read_text())
     (r,) = data["results"]
     assert r["threads"] == 1 and r["steps"] == 20 and r["step_flops"] == data["gemm_flops"]
     assert r["before_gflops"] > 0 and r["after_gflops"] > 0 and r["after_of_gemms"] > 0
@@ -66,22 +71,10 @@ def test_quick_run_prints_one_row_and_writes_json(tmp_path):
 
 def test_two_one_thread_processes_give_one_row_of_both(tmp_path):
     """The ``2 x 1`` row: two processes stepping at once, each pair of each process in the medians."""
-    out = tmp_path / "step.json"
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run(
-        [sys.executable, str(SCRIPT), "--threads", "1", "--steps", "5", "--repeats", "1", "--processes", "2"]
-        + ["--out", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=240,
-        env=env,
-    )
-    assert done.returncode == 0, done.stderr
-    lines = done.stdout.splitlines()
-    header = next(i for i, line in enumerate(lines) if line.lstrip().startswith("threads"))
-    assert lines[header + 1].split()[0] == "1"
-    assert lines[header + 2].split()[:3] == ["2", "x", "1"]
-    one, both = json.loads(out.read_text())["results"]
+    table, data = _run(tmp_path, "--threads", "1", "--steps", "5", "--repeats", "1", "--processes", "2")
+    assert table[1].split()[0] == "1"
+    assert table[2].split()[:3] == ["2", "x", "1"]
+    one, both = data["results"]
     assert "processes" not in one and both["processes"] == 2 and both["threads"] == 1
     assert len(both["after_ms_each"]) == len(both["gemms_gflops_each"]) == 2
     assert min(both["after_ms_each"]) <= both["after_ms"] <= max(both["after_ms_each"])

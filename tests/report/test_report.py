@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import csv
 import json
+import shutil
 import statistics
 from pathlib import Path
 
 import pytest
-from report_helpers import PROCEDURES, SEEDS, SETTING
+from report_helpers import PROCEDURES, SEEDS, SETTING, write_manifest
 
 from fedhead.cli.report import main
 
@@ -151,10 +152,6 @@ def test_report_md_opens_with_the_claims(report_dir):
 def test_the_data_size_sweep_gets_its_own_mse_figure(sweeps, tmp_path):
     """A data_size sweep with a test or train MSE gets ``mse_change_data_size.png`` beside the
     prediction sweep's figure (the same runs copied under a data_size manifest here)."""
-    import shutil
-
-    from report_helpers import write_manifest
-
     manifest = json.loads((sweeps / "prediction" / "manifest.json").read_text())
     runs = []
     for run in manifest["runs"]:
