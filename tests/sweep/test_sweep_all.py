@@ -8,8 +8,10 @@ claim gets a verdict."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
+import re
 from pathlib import Path
 
 import pytest
@@ -195,11 +197,13 @@ def test_every_preset_at_smoke_scale_gives_every_claim_a_verdict(tmp_path, monke
 
 def test_a_dry_run_plans_every_preset_and_runs_nothing(tmp_path, caplog):
     """``dry_run=true``: one line per preset (a preset without a run on these settings says so) and
-    the time left; no run, no manifest."""
-    cfg = _cfg(tmp_path / "all", tmp_path / "cache")
-    with caplog.at_level(logging.INFO, logger="fedhead.console.sweep"):
+    the time left; no run, no manifest. Composing the runs' configs (about a minute at scale=cpu)
+    shows progress: off a terminal, one line."""
+    cfg = dataclasses.replace(_cfg(tmp_path / "all", tmp_path / "cache"), show_progress=True)
+    with caplog.at_level(logging.INFO):
         result = run_all(cfg, ("main", "data_size", "rho"), dry_run=True)
     assert result.results == {} and result.ran == [] and not list(tmp_path.glob("all/*/manifest.json"))
     assert set(result.skipped_presets) == {"data_size"}
     text = caplog.text
     assert "main" in text and "4 to run" in text and "no run here" in text and "time left: ~" in text
+    assert re.search(r"planning: run configs composed: \d+ runs in [\d.]+ s", text)
