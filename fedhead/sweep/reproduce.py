@@ -171,7 +171,7 @@ def plan_all(cfg: SweepConfig, presets: Sequence[str]) -> list[PresetPlan]:
             continue
         plans.append(PresetPlan(name, specs))
     # each run's config is composed to know whether it finished or can be copied: ~0.1 s a run
-    # (sweep=all at scale=cpu: ~500 runs, about a minute), hence the bar
+    # (sweep=all at scale=cpu: ~550 runs, about a minute), hence the bar
     total = sum(len(p.specs) for p in plans)
     bar = progress(desc="planning: run configs composed", total=total, unit="runs", disable=not cfg.show_progress)
     with bar:
