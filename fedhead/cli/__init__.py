@@ -1,1 +1,2 @@
-"""Entry points: ``fedhead-run``, ``fedhead-ufm``, ``fedhead-data``, ``fedhead-sweep`` and ``fedhead-report``."""
+"""Entry points: ``fedhead-run``, ``fedhead-ufm``, ``fedhead-data``, ``fedhead-sweep``, ``fedhead-report``,
+``fedhead-predict`` and ``fedhead-keys``."""

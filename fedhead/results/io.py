@@ -38,14 +38,18 @@ def to_jsonable(obj: Any) -> Any:
 
 
 @contextlib.contextmanager
-def atomic_open(path: str | os.PathLike, *, sync: bool = True) -> Iterator[BinaryIO]:
+def atomic_open(
+    path: str | os.PathLike, *, sync: bool = True, private: bool = False, overwrite: bool = True
+) -> Iterator[BinaryIO]:
     """Open a binary file handle whose content replaces ``path`` only when the block succeeds.
 
     The data go to a temporary file in the same folder, which is flushed, synced (``fsync``,
     unless ``sync=False``: still atomic for other processes and for a crash of this one, but
     not durable across a power loss), given the permissions of a normal file (umask applied;
-    ``mkstemp`` makes 0600) and moved over ``path`` with ``os.replace``. An interrupted or
-    failing write leaves the previous file (if any) intact and removes the temporary file.
+    ``private=True`` keeps ``mkstemp``'s 0600 from the first byte on) and moved over ``path`` with
+    ``os.replace`` (``overwrite=False``: linked to ``path``, which raises ``FileExistsError`` when
+    ``path`` exists and leaves it as it was). An interrupted or failing write leaves the previous
+    file (if any) intact and removes the temporary file.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -56,19 +60,26 @@ def atomic_open(path: str | os.PathLike, *, sync: bool = True) -> Iterator[Binar
             fh.flush()
             if sync:
                 os.fsync(fh.fileno())
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-        os.replace(tmp, path)
+        if not private:
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(tmp, 0o666 & ~umask)
+        if overwrite:
+            os.replace(tmp, path)
+        else:
+            os.link(tmp, path)
+            os.unlink(tmp)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
 
 
-def write_bytes_atomic(path: str | os.PathLike, data: bytes, *, sync: bool = True) -> Path:
+def write_bytes_atomic(
+    path: str | os.PathLike, data: bytes, *, sync: bool = True, private: bool = False, overwrite: bool = True
+) -> Path:
     """Write ``data`` to ``path`` atomically (see [`atomic_open`][fedhead.results.io.atomic_open])."""
-    with atomic_open(path, sync=sync) as fh:
+    with atomic_open(path, sync=sync, private=private, overwrite=overwrite) as fh:
         fh.write(data)
     return Path(path)
 
