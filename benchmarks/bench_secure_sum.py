@@ -6,9 +6,11 @@ biases with ``P = 512``: 8,208 numbers). One run each, ``M`` sites (default 8), 
 ``--dropped K`` sites dropping after sharing their keys, which the server unmasks from their
 key shares). The secure time is every site's work one after the other plus the server's (sites
 run in parallel in a deployment, so a site waits about ``secure / M`` plus the server's part);
-the clear time is ``sum_m x_m`` in float64. Also printed: the bytes one site sends over the four
-stages and the largest deviation of the secure sum from the exact sum, against the bound
-``M 2^-(f+1)`` plus half an ulp of the result (the script exits 1 if it is exceeded).
+the clear time is ``sum_m x_m`` in float64. The encoding is the one fedhead's sums get
+(``secure_records.encoding_for``: ``k`` 64-bit words per entry, at least 96 fractional bits). Also
+printed: the bytes one site sends over the four stages and the largest deviation of the secure sum
+from the exact sum, against the bound ``M 2^-(f+1)`` plus half an ulp of the result (the script
+exits 1 if it is exceeded).
 
 Usage::
 
@@ -25,13 +27,15 @@ import time
 
 import numpy as np
 
-from fedhead.federation.secure_sum import FixedPoint, SecureSumClient, SecureSumServer
+from fedhead.federation import secure_records as sr
+from fedhead.federation.ring_encoding import RingFixedPoint
+from fedhead.federation.secure_sum import SecureSumClient, SecureSumServer
 
 C, P = 16, 512
 CASES = {"moments (C=16)": C + C * C + 1, "head (C=16, P=512)": C * P + C}
 
 
-def secure_sum(xs: list[np.ndarray], encoding: FixedPoint, dropped: int) -> tuple[np.ndarray, float, int]:
+def secure_sum(xs: list[np.ndarray], encoding: RingFixedPoint, dropped: int) -> tuple[np.ndarray, float, int]:
     """The secure sum of ``xs`` over all stages, its wall time and the bytes the last site sent."""
     sites = list(range(len(xs)))
     start = time.perf_counter()
@@ -64,9 +68,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--sites must be at least 3, got {args.sites}")
     if not 0 <= args.dropped <= args.sites - args.sites // 2 - 1:
         parser.error(f"--dropped must leave a majority of the {args.sites} sites")
-    encoding = FixedPoint.for_sites(args.bound, args.sites)
+    encoding = sr.encoding_for(args.bound, args.sites)
     rng = np.random.default_rng(0)
-    print(f"M = {args.sites} sites, {args.dropped} dropped, bound {args.bound:g}, frac_bits {encoding.frac_bits}")
+    print(
+        f"M = {args.sites} sites, {args.dropped} dropped, bound {args.bound:g}, {encoding.words} words, "
+        f"frac_bits {encoding.frac_bits}"
+    )
     print(
         f"{'vector':<20} {'length':>7} {'clear ms':>9} {'secure ms':>10} {'ratio':>9} {'site sends':>11} {'max err':>9}"
     )

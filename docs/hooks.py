@@ -1,8 +1,10 @@
-"""MkDocs hook: the README becomes the site's home page, with its links rewritten for the site.
+"""MkDocs hook: the README and benchmarks/README.md become site pages, with their links rewritten.
 
 The repository's Markdown links to files by relative path (README -> ``docs/theory.md``), which
-GitHub follows. In the site the README is ``index.md`` inside ``docs/``, so ``docs/x`` becomes
-``x``; a link to a file outside ``docs/`` (``examples/library-app/``) becomes its path in code.
+GitHub follows. In the site the README is ``index.md`` inside ``docs/`` and benchmarks/README.md
+is ``benchmarks.md``, so ``docs/x`` becomes ``x`` and a link to either file becomes a link to its
+page; a link to any other file outside ``docs/`` (``examples/library-app/``) becomes its path in
+code.
 """
 
 from __future__ import annotations
@@ -16,17 +18,27 @@ from mkdocs.structure.files import File, Files
 from mkdocs.structure.pages import Page
 
 ROOT = Path(__file__).resolve().parents[1]
+#: Markdown files outside ``docs/`` that are site pages: repository path -> page inside ``docs/``.
+PAGES = {"README.md": "index.md", "benchmarks/README.md": "benchmarks.md"}
 LINK = re.compile(r"(?<!!)\[(?P<text>[^\]]+)\]\((?P<target>[^)\s]+)\)")
 IMAGE = re.compile(r"!\[(?P<text>[^\]]*)\]\((?P<target>[^)\s]+)\)")
 
 
+def site_path(resolved: Path, docs: Path) -> Path | None:
+    """The file a resolved repository path is in the site (inside ``docs``); None if it is not there."""
+    for source, page in PAGES.items():
+        if resolved == (ROOT / source).resolve():
+            return docs / page
+    return resolved if resolved.is_relative_to(docs) else None
+
+
 def site_link(target: str, source: Path, docs: Path, page_dir: Path) -> str | None:
-    """The link ``target`` (relative to ``source``) as seen from ``page_dir``; None if it leaves ``docs/``."""
+    """The link ``target`` (relative to ``source``) as seen from ``page_dir``; None if it leaves the site."""
     if re.match(r"[a-z]+:|#|/", target):
         return target
     path, _, anchor = target.partition("#")
-    resolved = (source.parent / path).resolve()
-    if not resolved.is_relative_to(docs):
+    resolved = site_path((source.parent / path).resolve(), docs)
+    if resolved is None:
         return None
     relative = Path(os.path.relpath(resolved, page_dir)).as_posix() + ("/" if path.endswith("/") else "")
     return relative + (f"#{anchor}" if anchor else "")
@@ -49,16 +61,18 @@ def rewrite_links(markdown: str, source: Path, docs: Path, page_dir: Path) -> st
 
 
 def on_files(files: Files, config: MkDocsConfig) -> Files:
-    """Add the README as ``index.md``."""
+    """Add the README as ``index.md`` and benchmarks/README.md as ``benchmarks.md``."""
     docs = Path(config["docs_dir"]).resolve()
-    readme = rewrite_links((ROOT / "README.md").read_text(encoding="utf-8"), ROOT / "README.md", docs, docs)
-    files.append(File.generated(config, "index.md", content=readme))
+    for source, page in PAGES.items():
+        text = (ROOT / source).read_text(encoding="utf-8")
+        content = rewrite_links(text, ROOT / source, docs, (docs / page).parent)
+        files.append(File.generated(config, page, content=content))
     return files
 
 
 def on_page_markdown(markdown: str, page: Page, config: MkDocsConfig, files: Files) -> str:
-    """Rewrite the guides' links to files outside ``docs/`` (the README's were rewritten on loading)."""
-    if page.file.src_uri == "index.md":
+    """Rewrite the guides' links to files outside ``docs/`` (the generated pages' were rewritten on loading)."""
+    if page.file.src_uri in PAGES.values():
         return markdown
     docs = Path(config["docs_dir"]).resolve()
     source = docs / page.file.src_uri

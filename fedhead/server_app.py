@@ -2,8 +2,7 @@
 
 The body lives in [`fedhead.driver.server`][fedhead.driver.server]: it reads the job from the run config
 ([`fedhead.settings.config.job_from_context`][fedhead.settings.config.job_from_context]), resumes from ``<output-dir>``
-with
-``resume = true`` and serves the rounds as the simulation driver does.
+with ``resume = true`` and serves the rounds as the simulation driver does.
 """
 
 from __future__ import annotations

@@ -1,5 +1,7 @@
-"""The docs: architecture.md names only what exists, every docstring link has a target, and the
-strict MkDocs build fails on a stale reference (a small site built with the project's settings)."""
+"""The docs: architecture.md names only what exists, every docstring link has a target, every
+relative link of the README, benchmarks/README.md and the guides reaches a file and heading in the
+repository, and the strict MkDocs build fails on a stale reference (a small site built with the
+project's settings)."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from docs_helpers import PAGES, anchors, relative_links
 
 ROOT = Path(__file__).resolve().parents[1]
 ARCHITECTURE = ROOT / "docs" / "architecture.md"
@@ -45,6 +48,29 @@ def _resolve(dotted: str) -> object:
             obj = getattr(obj, name)
         return obj
     raise ModuleNotFoundError(dotted)
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_relative_links_reach_a_file_and_heading_inside_the_repository(page):
+    links = relative_links(page)
+    outside = [t for t, path, _ in links if not path.is_relative_to(ROOT)]
+    assert not outside, f"{page.name} links outside the repository: {outside}"
+    missing = [t for t, path, _ in links if not path.exists()]
+    assert not missing, f"{page.name} links to files that do not exist: {missing}"
+    stale = [t for t, path, anchor in links if anchor and path.suffix == ".md" and anchor not in anchors(path)]
+    assert not stale, f"{page.name} links to headings that do not exist: {stale}"
+
+
+def test_the_link_check_sees_a_stale_anchor_and_skips_code(tmp_path):
+    (tmp_path / "a.md").write_text("# A\n\n## `results.json` (schema_version 1)\n\n```bash\n# not a heading\n```\n")
+    page = tmp_path / "b.md"
+    page.write_text(
+        "[ok](a.md#resultsjson-schema_version-1) [gone](a.md#not-a-heading) [web](https://x.org)\n"
+        "```\n[in code](nowhere.md)\n```\n"
+    )
+    links = relative_links(page)
+    assert [t for t, _, _ in links] == ["a.md#resultsjson-schema_version-1", "a.md#not-a-heading"]
+    assert [t for t, path, anchor in links if anchor not in anchors(path)] == ["a.md#not-a-heading"]
 
 
 def test_architecture_paths_exist():

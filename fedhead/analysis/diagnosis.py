@@ -1,10 +1,9 @@
 """Diagnosis of a federation before training, from the exchanged moments alone (numpy only).
 
 [`diagnose`][fedhead.analysis.diagnosis.diagnose] turns [`fedhead.ufm.TargetMoments`][fedhead.ufm.TargetMoments] into a
-[`Diagnosis`][fedhead.analysis.diagnosis.Diagnosis]: the fully
-active margins (theory.md §3), the gap ``G_cen - G_star`` and its three-term decomposition (theory.md §7),
-whether the barycenter ``G_star`` converged, and a one-line recommendation that says what each
-remedy does.
+[`Diagnosis`][fedhead.analysis.diagnosis.Diagnosis]: the fully active margins (theory.md §3), the gap ``G_cen - G_star``
+and its three-term decomposition (theory.md §7), whether the barycenter ``G_star`` converged, and a one-line
+recommendation that says what each remedy does.
 """
 
 from __future__ import annotations
@@ -228,13 +227,12 @@ def diagnose(
 
     Returns the [`Diagnosis`][fedhead.analysis.diagnosis.Diagnosis] and the
     [`fedhead.ufm.GapDecomposition`][fedhead.ufm.GapDecomposition] it came from
-    (``g_star, g_cen, g_within, grams, m_mu, m_sigma, m_a, ...``; theory.md §7). Outside the fully
-    active regime the closed forms do not hold: the margins and the recommendation are still
-    reported (with a ``UserWarning`` unless ``warn_outside_regime=False``, for a caller that
-    reports the regime itself), the gap quantities are NaN and the decomposition is None.
-    A barycenter that did not converge keeps its [`fedhead.ufm.ConvergenceWarning`][fedhead.ufm.ConvergenceWarning] and
-    is
-    flagged in the diagnosis (``barycenter_converged=False``, format and recommendation).
+    (``g_star, g_cen, g_within, grams, m_mu, m_sigma, m_a, ...``; theory.md §7). Outside the fully active regime the
+    closed forms do not hold: the margins and the recommendation are still reported (with a ``UserWarning`` unless
+    ``warn_outside_regime=False``, for a caller that reports the regime itself), the gap quantities are NaN and the
+    decomposition is None. A barycenter that did not converge keeps its
+    [`fedhead.ufm.ConvergenceWarning`][fedhead.ufm.ConvergenceWarning] and is flagged in the diagnosis
+    (``barycenter_converged=False``, format and recommendation).
     """
     report = ufm.fully_active_margins(moments, lambda_h, lambda_w)
     margins = np.asarray(report.margins)

@@ -1,9 +1,9 @@
 """The cost of mismatched coordinates (docs/theory.md §13), numpy only.
 
-The two averages of round 1's trained heads (as trained, after alignment) and the weighted
-objectives they are compared by; the clients' objectives come from
-`fedhead.train.mismatch_objectives`. [`procrustes_rotation`][fedhead.analysis.mismatch_cost.procrustes_rotation]
-is the one implementation of the alignment rotation (`fedhead.train.align` checks its inputs and calls it).
+The two averages of round 1's trained heads (as trained, after alignment) and the weighted objectives they are compared
+by; the clients' objectives come from `fedhead.train.mismatch_objectives`.
+[`procrustes_rotation`][fedhead.analysis.mismatch_cost.procrustes_rotation] is the one implementation of the alignment
+rotation (`fedhead.train.align` checks its inputs and calls it).
 """
 
 from __future__ import annotations
@@ -66,9 +66,8 @@ def procrustes_rotation(weight: np.ndarray, target: np.ndarray) -> np.ndarray:
 
     ``weight`` and ``target`` are finite ``(C, P)`` float arrays (unchecked here; see
     [`fedhead.train.align.procrustes_rotation`][fedhead.train.procrustes_rotation]). Among the minimisers, the one
-    closest to
-    the identity on the complement of the two row spaces; computed in their joint span
-    (``O(P C^2)`` work). The method is described in [`fedhead.train.align`][fedhead.train.align].
+    closest to the identity on the complement of the two row spaces; computed in their joint span (``O(P C^2)`` work).
+    The method is described in [`fedhead.train.align`][fedhead.train.align].
     """
     w = np.asarray(weight, dtype=np.float64)
     t = np.asarray(target, dtype=np.float64)
@@ -202,8 +201,7 @@ def removed_fraction(local: float, trained: float, aligned: float, *, rtol: floa
     objective that alignment removes (1: all of it, 0: none, < 0: alignment made it worse).
 
     ``None`` (with a [`MismatchWarning`][fedhead.analysis.mismatch_cost.MismatchWarning]) when the denominator is not
-    above
-    ``rtol * max(|trained|, |local|, tiny)``: the trained average costs (numerically) nothing.
+    above ``rtol * max(|trained|, |local|, tiny)``: the trained average costs (numerically) nothing.
     """
     vals = (float(local), float(trained), float(aligned))
     if not all(math.isfinite(v) for v in vals):

@@ -1,8 +1,7 @@
 """The fully active regime policy (docs/theory.md §3): margins report and the start-of-run guard (numpy only).
 
-The theory assumes ``lambda_min(Sigma_m) > lambda_H lambda_W`` for every client ``m`` (client
-target covariances in the standardised units the run uses). [`client_margins`][fedhead.analysis.regime.client_margins]
-reports it;
+The theory assumes ``lambda_min(Sigma_m) > lambda_H lambda_W`` for every client ``m`` (client target covariances in the
+standardised units the run uses). [`client_margins`][fedhead.analysis.regime.client_margins] reports it;
 [`ensure_fully_active`][fedhead.analysis.regime.ensure_fully_active] refuses to start a run outside that regime unless
 explicitly allowed.
 """
@@ -23,8 +22,7 @@ class OutsideRegimeError(NotFullyActiveError):
     """A data set / partition violates the fully active regime and no override was given.
 
     A ``ValueError`` (through [`fedhead.ufm.NotFullyActiveError`][fedhead.ufm.NotFullyActiveError]); both the driver (on
-    the
-    data) and the server (on the exchanged moments) raise it.
+    the data) and the server (on the exchanged moments) raise it.
     """
 
 

@@ -61,9 +61,8 @@ def sample_grid_figure(fed: FederatedData, path: str | Path, n: int = 16) -> Pat
 
 
 def sample_grid(fed: FederatedData, n: int = 16):
-    """The matplotlib Figure of [`sample_grid_figure`][fedhead.cli.data.sample_grid_figure]: titles ``name = value
-    unit`` per
-    target, a suptitle with the image size in pixels and, for CIFAR-geo, the source images."""
+    """The matplotlib Figure of [`sample_grid_figure`][fedhead.cli.data.sample_grid_figure]: titles
+    ``name = value unit`` per target, a suptitle with the image size in pixels and, for CIFAR-geo, the source images."""
     # imported when the command runs, not at start-up (--help stays fast)
     import matplotlib
 

@@ -1,10 +1,9 @@
 """``fedhead-sweep sweep=NAME scale=smoke|cpu|paper out=DIR`` (Hydra, ``conf/sweep.yaml``).
 
 [`typed_config`][fedhead.cli.sweep.typed_config] turns the composed config into a
-[`fedhead.sweep.runner.SweepConfig`][fedhead.sweep.SweepConfig]
-(the one place its keys are read and checked); [`main`][fedhead.cli.sweep.main] runs it with a progress bar over
-runs, the console showing one line per finished run and ``<out>/run.log`` everything.
-``sweep=all`` runs every preset into ``DIR/<preset>``
+[`fedhead.sweep.runner.SweepConfig`][fedhead.sweep.SweepConfig] (the one place its keys are read and checked);
+[`main`][fedhead.cli.sweep.main] runs it with a progress bar over runs, the console showing one line per finished run
+and ``<out>/run.log`` everything. ``sweep=all`` runs every preset into ``DIR/<preset>``
 ([`fedhead.sweep.reproduce.run_all`][fedhead.sweep.reproduce.run_all]) and writes their report into ``DIR/report``.
 """
 

@@ -1,6 +1,5 @@
 """The client side of fedhead: the library steps a user's own ClientApp calls
-([`fedhead.clients.step`][fedhead.clients.step]),
-fedhead's own ClientApp, and the private backbone store."""
+([`fedhead.clients.step`][fedhead.clients.step]), fedhead's own ClientApp, and the private backbone store."""
 
 from fedhead.clients.app import make_client_app
 from fedhead.clients.messages import ClientError

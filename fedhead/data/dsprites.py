@@ -9,10 +9,9 @@ the data set's own units (positions in [0, 1], scale in [0.5, 1]):
   read from ``dataset.root``; the images are streamed out of the archive, so the 3 GB image array
   is never held in memory;
 * [`render_sprites`][fedhead.data.dsprites.render_sprites], a vectorised numpy rasteriser of the same factor grid (3
-shapes
-  square/ellipse/heart, 6 scales 0.5..1, 40 orientations 0..2pi, 32x32 positions), the offline
-  default. Its sprites follow the published factor grid; they are not pixel-identical to the
-  official images (the original generator was not released).
+  shapes square/ellipse/heart, 6 scales 0.5..1, 40 orientations 0..2pi, 32x32 positions), the offline default. Its
+  sprites follow the published factor grid; they are not pixel-identical to the official images (the original generator
+  was not released).
 
 Both sources draw the same factor combinations: ``n_train + n_test`` distinct flat indices of the
 ``1 x 3 x 6 x 40 x 32 x 32`` grid, drawn with ``numpy.random.default_rng(seed)``; the first

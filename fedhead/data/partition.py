@@ -1,8 +1,7 @@
 """Client partitions of docs/theory.md §10: the leading-eigenvector split and designed groups.
 
 Pure numpy. The pipeline calls [`eigen_partition`][fedhead.data.eigen_partition] on (already standardised) training
-targets
-or [`designed_partition`][fedhead.data.designed_partition] when a data set comes with designed client groups
+targets or [`designed_partition`][fedhead.data.designed_partition] when a data set comes with designed client groups
 (CIFAR-geo).
 """
 

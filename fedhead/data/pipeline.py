@@ -196,9 +196,8 @@ def cache_key(cfg: DatasetConfig) -> str:
     """SHA-256 (hex) of every sample-changing field of ``cfg``, its class and
     [`CACHE_VERSION`][fedhead.data.pipeline.CACHE_VERSION].
 
-    ``source`` enters as the resolved choice (files / generate), ``root`` as an absolute path;
-    ``cache_dir``, ``num_clients`` and
-    ``allow_outside_regime`` are excluded. The key does not see the *contents* of the files under
+    ``source`` enters as the resolved choice (files / generate), ``root`` as an absolute path; ``cache_dir``,
+    ``num_clients`` and ``allow_outside_regime`` are excluded. The key does not see the *contents* of the files under
     ``root``: delete the cache file (``fedhead-data`` prints its path) after replacing them.
     """
     blob = json.dumps(_key_fields(cfg), sort_keys=True, default=str)

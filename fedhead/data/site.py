@@ -2,9 +2,8 @@
 its local standardisation (and the row helpers [`fedhead.data.table`][fedhead.data.table] shares).
 
 In a run where every client reads only its own file
-([`fedhead.data.table_config.TableConfig.site_local`][fedhead.data.table_config.TableConfig.site_local];
-a deployed SuperNode's ``data-path``), the client reads its file with [`read_site`][fedhead.data.site.read_site],
-reports
+([`fedhead.data.table_config.TableConfig.site_local`][fedhead.data.table_config.TableConfig.site_local]; a deployed
+SuperNode's ``data-path``), the client reads its file with [`read_site`][fedhead.data.site.read_site], reports
 [`site_statistics`][fedhead.data.site.site_statistics] (raw target moments, per-feature count/mean/variance, its column
 signature: no rows), and standardises locally with the federation's pooled offsets and scales
 ([`client_data`][fedhead.data.site.client_data],

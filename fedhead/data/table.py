@@ -25,8 +25,7 @@ statistics come from the exchanged moments
 Ray). ``n_train=null`` keeps every training row.
 
 Every problem with the files is a [`TableError`][fedhead.data.table_files.TableError] (a data and a configuration error:
-one
-line naming the file and column, exit status 2 in ``fedhead-run``), raised before training.
+one line naming the file and column, exit status 2 in ``fedhead-run``), raised before training.
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
 """Console and log text of a federation: round lines, advice, tables, the diagnosis.
 
-Every function formats; none writes a file. The recorder ([`fedhead.driver.recorder`][fedhead.driver.recorder]) logs
-the lines, the drivers ([`fedhead.driver.simulation`][fedhead.driver.simulation],
-[`fedhead.driver.server`][fedhead.driver.server]) print
-the tables.
+Every function formats; none writes a file. The recorder ([`fedhead.driver.recorder`][fedhead.driver.recorder]) logs the
+lines, the drivers ([`fedhead.driver.simulation`][fedhead.driver.simulation],
+[`fedhead.driver.server`][fedhead.driver.server]) print the tables.
 """
 
 from __future__ import annotations

@@ -22,9 +22,8 @@ def write_run_figures(
     target_names: Sequence[str] | None,
     unit: str,
 ) -> list[Path]:
-    """``error_curves.png`` ([`fedhead.plotting.run_error_figure`][fedhead.plotting.run_error_figure]) and, for ``C >=
-    2``, the
-    final Gram ellipses ``ellipses.png`` with the data set's target names and unit, into ``folder``."""
+    """``error_curves.png`` ([`fedhead.plotting.run_error_figure`][fedhead.plotting.run_error_figure]) and, for
+    ``C >= 2``, the final Gram ellipses ``ellipses.png`` with the data set's target names and unit, into ``folder``."""
     with FIGURE_LOCK:
         recs = results.rounds
         paths = [plotting.save_figure(plotting.run_error_figure(results), folder / "error_curves.png")]

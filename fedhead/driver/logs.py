@@ -42,8 +42,7 @@ def _own_dirs() -> tuple[str, ...]:
 
 class ConsoleFilter(logging.Filter):
     """Lets through [`console`][fedhead.driver.logs.console] records, the progress lines, WARNING+ of the project (its
-    loggers and
-    its Python warnings), and ERROR+ of anyone but flwr (whose engine errors the driver reports itself)."""
+    loggers and its Python warnings), and ERROR+ of anyone but flwr (whose engine errors the driver reports itself)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -179,9 +178,8 @@ def simulation_logging(init_args: dict[str, Any], *, verbose: bool = False) -> N
     """Before a Ray simulation: Ray's and flwr's console output off unless ``verbose``.
 
     With [`configure_run_logging`][fedhead.driver.logs.configure_run_logging] active, flwr and Ray driver records (INFO
-    and above) go
-    to ``run.log``; without it (library use, tests) flwr is set to WARNING and Ray to ERROR.
-    The workers' own output stays in Ray's session logs (``log_to_driver=False``).
+    and above) go to ``run.log``; without it (library use, tests) flwr is set to WARNING and Ray to ERROR. The workers'
+    own output stays in Ray's session logs (``log_to_driver=False``).
     """
     if verbose:
         return

@@ -109,19 +109,16 @@ def serve(
     """The ServerApp body: moment exchange, diagnosis, then the rounds of the job's procedure.
 
     ``watch`` ([`fedhead.federation.watchdog.EngineWatch`][fedhead.federation.watchdog.EngineWatch]): every wait for
-    replies ends with
-    [`fedhead.federation.watchdog.EngineDied`][fedhead.federation.watchdog.EngineDied] once it trips (the simulation
-    engine died). The job's
-    ``timeouts`` bound every wait, the straggler rule included (a client that never answers is
-    given up on once the others have replied;
+    replies ends with [`fedhead.federation.watchdog.EngineDied`][fedhead.federation.watchdog.EngineDied] once it trips
+    (the simulation engine died). The job's ``timeouts`` bound every wait, the straggler rule included (a client that
+    never answers is given up on once the others have replied;
     [`fedhead.settings.limits.Timeouts.straggler_deadline`][fedhead.settings.limits.Timeouts.straggler_deadline]). After
-    every
-    complete round the server state is checkpointed into ``<job.output_dir>/checkpoint.npz``
+    every complete round the server state is checkpointed into ``<job.output_dir>/checkpoint.npz``
     ([`fedhead.federation.checkpoint`][fedhead.federation.checkpoint]); ``resume`` (a checkpoint read by
     [`fedhead.federation.checkpoint.load_for_resume`][fedhead.federation.checkpoint.load_for_resume]) continues after
-    its round. ``window``: see
-    [`fedhead.federation.progress_grid.ProgressGrid`][fedhead.federation.progress_grid.ProgressGrid] (the simulation's
-    messages in flight);
+    its round.
+    ``window``: see [`fedhead.federation.progress_grid.ProgressGrid`][fedhead.federation.progress_grid.ProgressGrid]
+    (the simulation's messages in flight);
     ``concurrency``: the clients a simulation runs at once (None: all, a deployment);
     ``data_record`` ([`fedhead.data.data_record`][fedhead.data.data_record]; None where the server
     has no data, a deployment): kept in every checkpoint, for a resume to compare; a site-local

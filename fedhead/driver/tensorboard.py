@@ -30,8 +30,7 @@ def ellipse_figure(
     """Figure of ``G_t`` against ``G_star``, ``G_cen``, ``G_within`` (and ``G_0``) as ellipses.
 
     Delegates to [`fedhead.plotting.gram_ellipse_figure`][fedhead.plotting.gram_ellipse_figure] (palette colours, one
-    panel per pair
-    of target coordinates, a caption saying what an ellipse is and what is projected), titled
+    panel per pair of target coordinates, a caption saying what an ellipse is and what is projected), titled
     ``"<procedure>: head Gram after round <t>"``.
     """
     grams = {"G_t": gram, "G_star": targets.g_star, "G_cen": targets.g_cen, "G_within": targets.g_within}
@@ -110,10 +109,9 @@ class TensorBoardLogger:
 
     def round(self, record: Any, targets: Any, *, ellipses: bool = True) -> None:
         """Every scalar of a [`fedhead.federation.tracking.RoundRecord`][fedhead.results.rounds.RoundRecord] and
-        (``ellipses``) the ellipse
-        picture; with ``ellipses=False`` draw it later with
-        [`ellipses`][fedhead.driver.tensorboard.TensorBoardLogger.ellipses] (the recorder does,
-        off the server's critical path)."""
+        (``ellipses``) the ellipse picture; with ``ellipses=False`` draw it later with
+        [`ellipses`][fedhead.driver.tensorboard.TensorBoardLogger.ellipses] (the recorder does, off the server's
+        critical path)."""
         t = int(record.round)
         for key, value in record.scalars().items():
             if value is not None and np.isfinite(value):

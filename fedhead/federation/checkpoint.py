@@ -165,8 +165,7 @@ def load_for_resume(job_dir: str | Path, *, config_hash: str, procedure: str, ro
     """The checkpoint a resumed job continues from, or None when the job never checkpointed.
 
     Raises [`ResumeError`][fedhead.federation.checkpoint.ResumeError] when it was written with another config (hash) or
-    procedure, or
-    holds more rounds than the config asks for.
+    procedure, or holds more rounds than the config asks for.
     """
     path = checkpoint_path(job_dir)
     if not path.is_file():

@@ -32,11 +32,10 @@ class ProgressGrid(Grid):
     Every wait ends: at the phase's ``timeout``, when the engine dies
     ([`watch`][fedhead.federation.progress_grid.ProgressGrid.watch]), or, with
     [`timeouts`][fedhead.federation.progress_grid.ProgressGrid.timeouts] set, by the straggler rule
-    ([`fedhead.settings.limits.Timeouts.straggler_deadline`][fedhead.settings.limits.Timeouts.straggler_deadline]):
-    the clients still outstanding then get an error reply made up here (code
+    ([`fedhead.settings.limits.Timeouts.straggler_deadline`][fedhead.settings.limits.Timeouts.straggler_deadline]): the
+    clients still outstanding then get an error reply made up here (code
     [`fedhead.settings.limits.STRAGGLER_ERROR_CODE`][fedhead.settings.limits.STRAGGLER_ERROR_CODE], the reason says
-    which rule and how long), which
-    the failure policy treats as a missing client (dropped, or the run stops naming it).
+    which rule and how long), which the failure policy treats as a missing client (dropped, or the run stops naming it).
     ``window`` (the simulation driver sets it): at most this many messages of a phase are
     pushed and unanswered at once, the next ones pushed in order as replies arrive. flwr's
     simulation engine scans every stored message for every node on each 0.1 s tick, a cost of

@@ -5,7 +5,7 @@ one function per sum) and the records of the four stages
 Both ends import this module (the ClientApp builds the vectors, the strategy reads the sums), so a
 layout is written once. Every vector is a site's count-weighted statistic, ``N_m v_m``, so that the sum
 over the sites divided by its count entry is the pooled value. Stage payloads travel as JSON in one
-``bytes`` entry (node ids are 64-bit), the masked input as a uint64 array.
+``bytes`` entry (node ids are 64-bit), the masked input as a uint64 array of ``k L`` words.
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from fedhead.federation.secure_sum import KeyShares, PublicKeys, RevealedShares, Unmasking, WideFixedPoint
+from fedhead.federation.ring_encoding import RingFixedPoint
+from fedhead.federation.secure_sum import KeyShares, PublicKeys, RevealedShares, Unmasking
 
 if TYPE_CHECKING:
     from flwr.app import ConfigRecord
@@ -37,18 +38,18 @@ LOCAL_OPTIMUM = "at-local-optimum"  # train reply metric (secure mode): 1 when t
 FULLY_ACTIVE = "fully-active"  # exchange reply metric (secure mode): 1 when the site's own margin is positive
 TARGETS, FEATURES = "targets", "features"  # exchange reply metrics (secure mode): C, and F of a site-local table
 
-#: Fractional bits every secure sum keeps (the encoding adds limbs for the range): each entry of a sum
+#: Fractional bits every secure sum keeps (the encoding adds words for the range): each entry of a sum
 #: is within ``M 2^-97`` of the exact sum, far below float64's rounding of values above ``2^-44``.
 FRAC_BITS = 96
 #: The largest count a site may report (2^53: exact in float64) times this bounds every weighted entry.
 COUNT_BOUND = 2.0**53
 
 
-def encoding_for(bound: float, sites: int) -> WideFixedPoint:
-    """The encoding of a sum over ``sites`` vectors with entries at most ``bound``: as many 32-bit
-    limbs as ``M bound 2^FRAC_BITS`` needs, the most fractional bits that fit (at least ``FRAC_BITS``)."""
+def encoding_for(bound: float, sites: int) -> RingFixedPoint:
+    """The encoding of a sum over ``sites`` vectors with entries at most ``bound``: as many 64-bit
+    words as ``M bound 2^FRAC_BITS`` needs, the most fractional bits that fit (at least ``FRAC_BITS``)."""
     bits = math.log2(max(int(sites), 1) * float(bound)) + FRAC_BITS + 2
-    return WideFixedPoint.for_sites(float(bound), int(sites), limbs=max(2, math.ceil(bits / 32)))
+    return RingFixedPoint.for_sites(float(bound), int(sites), words=max(1, math.ceil(bits / 64)))
 
 
 # ------------------------------------------------------------------------------------ layouts
@@ -236,20 +237,20 @@ def unpack_book(blob: bytes) -> tuple[dict[int, PublicKeys], int]:
     return book, int(d["threshold"])
 
 
-def pack_mask_request(ciphertexts: Mapping[int, bytes], encoding: WideFixedPoint) -> bytes:
+def pack_mask_request(ciphertexts: Mapping[int, bytes], encoding: RingFixedPoint) -> bytes:
     """Stage 3's request: the ciphertexts addressed to a site and the encoding of the sum."""
     data = {
         "ciphertexts": {str(s): _b64(c) for s, c in ciphertexts.items()},
-        "encoding": [int(encoding.frac_bits), float(encoding.bound), int(encoding.limbs)],
+        "ring": [int(encoding.frac_bits), float(encoding.bound), int(encoding.words)],
     }
     return json.dumps(data).encode()
 
 
-def unpack_mask_request(blob: bytes) -> tuple[dict[int, bytes], WideFixedPoint]:
+def unpack_mask_request(blob: bytes) -> tuple[dict[int, bytes], RingFixedPoint]:
     """``(ciphertexts, encoding)`` of [`pack_mask_request`][fedhead.federation.secure_records.pack_mask_request]."""
     d = _load(blob)
-    f, bound, limbs = d["encoding"]
-    return {s: _unb64(c) for s, c in _sites(d["ciphertexts"]).items()}, WideFixedPoint(int(f), float(bound), int(limbs))
+    f, bound, words = d["ring"]
+    return {s: _unb64(c) for s, c in _sites(d["ciphertexts"]).items()}, RingFixedPoint(int(f), float(bound), int(words))
 
 
 def _load(blob: object) -> dict[str, Any]:

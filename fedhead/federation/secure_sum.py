@@ -18,7 +18,8 @@ reduce to this for small M, so it is meant for M up to about 50, see the costs b
    can check the seed it reconstructs.
 3. *mask*: given the ciphertexts addressed to it (their senders ``U2`` finished stage 2) and its
    input ``x_u``, a site returns ``y_u = enc(x_u) + G(b_u) + sum_{v in U2, v > u} G(s_uv)
-   - sum_{v in U2, v < u} G(s_uv)`` modulo ``2^64`` with ``s_uv`` the ECDH key of the ``s`` keys.
+   - sum_{v in U2, v < u} G(s_uv)`` in the ring ``Z_{2^(64k)}`` (below) with ``s_uv`` the ECDH key
+   of the ``s`` keys.
 4. *unmask*: the server names the survivors (sites whose ``y_u`` arrived) and the dropped
    (``U2`` minus the survivors); each survivor returns its ``b``-shares of the survivors and its
    ``sk``-shares of the dropped, and refuses to give both kinds for one site (that would unmask
@@ -33,14 +34,18 @@ from ``np.random.RandomState``, so a server could try all 2^32 seeds and strip a
 object draws fresh keys and a fresh ``b_u``, and runs its stages once: a mask is never reused
 (two inputs under one mask would reveal their difference).
 
-Encoding: [`FixedPoint`][fedhead.federation.secure_sum.FixedPoint] maps ``x`` to the integer
-``round(x 2^f)`` modulo ``2^64``; a sum is read as int64 two's complement. Exact integer sums need
-``M round(bound 2^f) < 2^63``; [`FixedPoint.for_sites`][fedhead.federation.secure_sum.FixedPoint.for_sites]
-picks the largest such ``f``. Each entry of the decoded sum is within ``M 2^-(f+1)`` of the exact
-sum of the inputs (plus the float64 rounding of the result itself, half an ulp). Example: bound
-``2^20``, ``M = 100``: ``f = 36``, error at most ``7.3e-10`` on sums that can reach ``1e8``
-(relative ``7e-18`` of that range), below the float64 rounding of such a sum itself (half an
-ulp, ``7.5e-9`` at ``1e8``): the secure sum is as accurate as a float64 sum.
+Encoding ([`fedhead.federation.ring_encoding`][fedhead.federation.ring_encoding]): an entry ``x``,
+``|x| <= bound``, becomes the integer ``round(x 2^f)`` in two's complement modulo ``2^(64k)``, ``k``
+uint64 words ([`RingFixedPoint`][fedhead.federation.ring_encoding.RingFixedPoint]). Encodings, masks
+(``k L`` uniform words: a uniform ring element) and their sums all live in this one ring, added with
+carries between the words, so a masked input is uniform and the unmasked words are the ring element
+``S = sum_u round(x_u 2^f)``: a function of the sum alone. Exact while ``M round(bound 2^f) <
+2^(64k-1)``; [`RingFixedPoint.for_sites`][fedhead.federation.ring_encoding.RingFixedPoint.for_sites]
+picks the largest such ``f``. Each entry of the decoded sum ``S / 2^f`` (rounded once to float64) is
+within ``M 2^-(f+1)`` of the exact sum of the inputs, plus half an ulp of the result. Example: bound
+``2^20``, ``M = 100``, ``k = 2`` (128 bits): ``f = 100`` (``100 2^120 < 2^127 <= 100 2^121``), error
+at most ``100 2^-101 = 3.9e-29`` on sums that can reach ``1e8``, where half an ulp of the sum itself
+is ``7.5e-9``: the secure sum is more accurate than a float64 sum of the same inputs.
 
 Threshold: ``t`` must be a majority of the sites, ``floor(n/2) + 1 <= t <= n``; the default is
 ``floor(M/2) + 1``. A site answers the unmasking once, with one kind of share per site, so a
@@ -62,14 +67,14 @@ sk-share 324 bytes, one Fernet ciphertext 612 bytes):
 |---|---|---|---|
 | advertise | 2 keys, 430 B | -- | site: 2 key pairs |
 | share keys | (n-1) ciphertexts, 612 B each | key book, 430 n B | site: 2 Shamir splits, n-1 ECDH, n-1 encryptions |
-| mask | ``y_u``, 8 L B | (n-1) ciphertexts | site: n-1 decryptions and ECDH, n ChaCha20 streams of L words |
+| mask | ``y_u``, 8 k L B | (n-1) ciphertexts | site: n-1 decryptions and ECDH, n ChaCha20 streams of k L words |
 | unmask | 52 B per survivor, 324 B per dropped | the two lists | server: see below |
 
 At the server, unmasking costs per survivor one Shamir combine and one stream, and per dropped
 site one combine, then one ECDH and one stream per survivor.
 
 Messages: one request and one reply per site and stage (4 round trips). Total traffic grows as
-``n^2`` (key shares) plus ``8 L n`` (masked inputs).
+``n^2`` (key shares) plus ``8 k L n`` (masked inputs).
 """
 
 from __future__ import annotations
@@ -78,7 +83,6 @@ import base64
 import hashlib
 import json
 import logging
-import math
 import os
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -105,15 +109,12 @@ from flwr.supercore.primitives.asymmetric import (
 
 from fedhead.analysis.procedure import ConfigError
 from fedhead.federation.aggregation import ReplyError
+from fedhead.federation.ring_encoding import RingFixedPoint, ring_add, ring_sub
 
 log = logging.getLogger(__name__)
 
 #: Fewest sites a secure sum starts with (two would reveal each one's input to the other).
 MIN_SITES = 3
-#: Largest ``frac_bits`` accepted (far beyond float64's 53 bits; keeps ``2^f`` finite).
-MAX_FRAC_BITS = 1000
-#: Integer sums must stay below this in magnitude (int64 two's complement).
-_LIMIT = 2**63
 _SELF_MASK = b"fedhead secure sum: self mask"
 _PAIR_MASK = b"fedhead secure sum: pair mask"
 _SEED_BYTES = 32
@@ -121,230 +122,6 @@ _SEED_BYTES = 32
 
 class SecureSumError(RuntimeError):
     """The secure sum cannot go on: too few sites left, or a party broke the protocol."""
-
-
-# --------------------------------------------------------------------------------------------
-# fixed-point encoding
-# --------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class FixedPoint:
-    """Values ``|x| <= bound`` as integers ``round(x 2^frac_bits)`` modulo ``2^64`` (uint64).
-
-    Parameters
-    ----------
-    frac_bits : int
-        Fractional bits ``f`` in ``[0, 1000]``; the step is ``2^-f``.
-    bound : float
-        Largest magnitude an input entry may have (finite, positive).
-    """
-
-    frac_bits: int
-    bound: float
-
-    def __post_init__(self) -> None:
-        f = self.frac_bits
-        if isinstance(f, bool) or not isinstance(f, int | np.integer) or not 0 <= f <= MAX_FRAC_BITS:
-            raise ConfigError(f"fixed point: frac_bits must be an integer in [0, {MAX_FRAC_BITS}], got {f!r}")
-        b = self.bound
-        if not _finite_positive(b):
-            raise ConfigError(f"fixed point: bound must be a finite positive number, got {b!r}")
-        if self.max_encoded >= _LIMIT:
-            raise ConfigError(f"fixed point: bound {b:g} at {f} fractional bits reaches 2^63 on its own")
-
-    @property
-    def max_encoded(self) -> int:
-        """The largest integer magnitude an input encodes to, ``round(bound 2^f)``."""
-        return int(np.rint(np.ldexp(float(self.bound), int(self.frac_bits))))
-
-    def capacity(self) -> int:
-        """How many encodings can be summed exactly: the largest ``M`` with ``M round(bound 2^f) < 2^63``."""
-        return (_LIMIT - 1) // max(self.max_encoded, 1)
-
-    def check_sites(self, sites: int) -> None:
-        """Raise [`ConfigError`][fedhead.analysis.procedure.ConfigError] unless sums of ``sites`` inputs stay exact."""
-        if sites > self.capacity():
-            best = FixedPoint.for_sites(self.bound, sites).frac_bits
-            raise ConfigError(
-                f"fixed point: {sites} sites with bound {self.bound:g} at {self.frac_bits} fractional bits can "
-                f"overflow 2^63; use frac_bits <= {best}"
-            )
-
-    @classmethod
-    def for_sites(cls, bound: float, sites: int) -> FixedPoint:
-        """The most precise encoding whose sums over ``sites`` inputs of magnitude at most ``bound`` stay exact.
-
-        Returns
-        -------
-        FixedPoint
-            The largest ``f`` with ``sites * round(bound 2^f) < 2^63``; each entry of a decoded sum
-            is then within ``sites 2^-(f+1)`` of the exact sum.
-        """
-        if isinstance(sites, bool) or not isinstance(sites, int | np.integer) or sites < 1:
-            raise ConfigError(f"fixed point: the number of sites must be a positive integer, got {sites!r}")
-        if not _finite_positive(bound):
-            raise ConfigError(f"fixed point: bound must be a finite positive number, got {bound!r}")
-        f = _largest_frac_bits(float(bound), int(sites), _LIMIT)
-        if f is None:
-            raise ConfigError(
-                f"fixed point: {sites} sites with bound {float(bound):g} overflow 2^63 even at 0 fractional bits"
-            )
-        return cls(f, float(bound))
-
-    def width(self, length: int) -> int:
-        """uint64 words of the encoding of ``length`` values (one each)."""
-        return int(length)
-
-    def encode(self, values: np.ndarray) -> np.ndarray:
-        """``round(x 2^f)`` (half to even) as uint64 two's complement; refuses NaN/inf and ``|x| > bound``.
-
-        The error of each entry is at most ``2^-(f+1)`` (``x 2^f`` is exact in float64).
-        """
-        x = np.asarray(values, dtype=np.float64)
-        if not np.all(np.isfinite(x)):
-            raise ValueError("fixed point: the input has non-finite entries (NaN/inf)")
-        if x.size and float(np.max(np.abs(x))) > self.bound:
-            bad = int(np.count_nonzero(np.abs(x) > self.bound))
-            raise ValueError(f"fixed point: {bad} input entries exceed the bound {self.bound:g}")
-        return np.rint(np.ldexp(x, int(self.frac_bits))).astype(np.int64).view(np.uint64)
-
-    def decode(self, total: np.ndarray) -> np.ndarray:
-        """A sum of encodings (uint64, read as int64) back to float64, ``S / 2^f``."""
-        t = np.asarray(total)
-        if t.dtype != np.uint64:
-            raise TypeError(f"fixed point: a sum to decode is uint64, got {t.dtype}")
-        return np.ldexp(t.view(np.int64).astype(np.float64), -int(self.frac_bits))
-
-
-@dataclass(frozen=True)
-class WideFixedPoint:
-    """Values ``|x| <= bound`` as ``round(x 2^f)`` in ``32 k`` bits, one 32-bit limb per uint64 word.
-
-    Each value is the integer ``a = round(x 2^f)`` in two's complement modulo ``2^(32k)``, cut into
-    ``k`` limbs ``a_j < 2^32`` (word ``j L + i`` holds limb ``j`` of value ``i``). Words add modulo
-    ``2^64`` as the masks need; a sum of ``M < 2^32`` limbs cannot wrap, so the decoder recombines the
-    exact integer sum ``S = sum_j s_j 2^(32 j)`` (modulo ``2^(32k)``, read signed) and returns
-    ``S / 2^f`` rounded once to float64. Sums stay exact while ``M round(bound 2^f) < 2^(32k-1)``.
-
-    Parameters
-    ----------
-    frac_bits : int
-        Fractional bits ``f``; the step is ``2^-f``.
-    bound : float
-        Largest magnitude an input entry may have.
-    limbs : int
-        ``k`` (default 6: 192-bit integers).
-    """
-
-    frac_bits: int
-    bound: float
-    limbs: int = 6
-
-    def __post_init__(self) -> None:
-        k = self.limbs
-        if isinstance(k, bool) or not isinstance(k, int | np.integer) or not 1 <= k <= 32:
-            raise ConfigError(f"fixed point: limbs must be an integer in [1, 32], got {k!r}")
-        f = self.frac_bits
-        if isinstance(f, bool) or not isinstance(f, int | np.integer) or not 0 <= f <= MAX_FRAC_BITS:
-            raise ConfigError(f"fixed point: frac_bits must be an integer in [0, {MAX_FRAC_BITS}], got {f!r}")
-        if not _finite_positive(self.bound):
-            raise ConfigError(f"fixed point: bound must be a finite positive number, got {self.bound!r}")
-        if self.max_encoded >= self._limit:
-            raise ConfigError(f"fixed point: bound {self.bound:g} at {f} fractional bits fills {32 * k} bits")
-
-    @property
-    def _limit(self) -> int:
-        return 2 ** (32 * int(self.limbs) - 1)
-
-    @property
-    def max_encoded(self) -> int:
-        """The largest integer magnitude an input encodes to, ``round(bound 2^f)``."""
-        return int(np.rint(np.ldexp(float(self.bound), int(self.frac_bits))))
-
-    def capacity(self) -> int:
-        """How many encodings can be summed exactly (at most ``2^32 - 1``: the limbs must not wrap)."""
-        return min((self._limit - 1) // max(self.max_encoded, 1), 2**32 - 1)
-
-    def check_sites(self, sites: int) -> None:
-        """Raise [`ConfigError`][fedhead.analysis.procedure.ConfigError] unless sums of ``sites`` inputs stay exact."""
-        if sites > self.capacity():
-            raise ConfigError(
-                f"fixed point: {sites} sites with bound {self.bound:g} at {self.frac_bits} fractional bits can "
-                f"overflow {32 * self.limbs} bits"
-            )
-
-    @classmethod
-    def for_sites(cls, bound: float, sites: int, limbs: int = 6) -> WideFixedPoint:
-        """The most precise ``k``-limb encoding whose sums over ``sites`` inputs of magnitude at most ``bound`` stay
-        exact: the largest ``f`` with ``sites round(bound 2^f) < 2^(32k-1)``. Each entry of a decoded sum is then
-        within ``sites 2^-(f+1)`` of the exact sum, plus half an ulp of the float64 result."""
-        if isinstance(sites, bool) or not isinstance(sites, int | np.integer) or not 1 <= sites < 2**32:
-            raise ConfigError(f"fixed point: the number of sites must be an integer in [1, 2^32), got {sites!r}")
-        if not _finite_positive(bound):
-            raise ConfigError(f"fixed point: bound must be a finite positive number, got {bound!r}")
-        f = _largest_frac_bits(float(bound), int(sites), 2 ** (32 * int(limbs) - 1))
-        if f is None:
-            raise ConfigError(f"fixed point: {sites} sites with bound {float(bound):g} overflow {32 * limbs} bits")
-        return cls(f, float(bound), int(limbs))
-
-    def width(self, length: int) -> int:
-        """uint64 words of the encoding of ``length`` values (``k`` each)."""
-        return int(self.limbs) * int(length)
-
-    def encode(self, values: np.ndarray) -> np.ndarray:
-        """The limbs of ``round(x 2^f)``, uint64 ``(k L,)``; refuses NaN/inf and ``|x| > bound``.
-
-        ``x 2^f`` and its rounding are exact in float64, and so is every limb step below
-        (``y mod 2^32`` and ``(y - r) / 2^32`` of an integer-valued float).
-        """
-        x = np.asarray(values, dtype=np.float64).ravel()
-        if not np.all(np.isfinite(x)):
-            raise ValueError("fixed point: the input has non-finite entries (NaN/inf)")
-        if x.size and float(np.max(np.abs(x))) > self.bound:
-            bad = int(np.count_nonzero(np.abs(x) > self.bound))
-            raise ValueError(f"fixed point: {bad} input entries exceed the bound {self.bound:g}")
-        y = np.rint(np.ldexp(x, int(self.frac_bits)))
-        words = np.empty((int(self.limbs), x.size), dtype=np.uint64)
-        for j in range(int(self.limbs)):
-            r = np.mod(y, 2.0**32)
-            words[j] = r.astype(np.uint64)
-            y = (y - r) / 2.0**32
-        return words.reshape(-1)
-
-    def decode(self, total: np.ndarray) -> np.ndarray:
-        """A sum of encodings (uint64 ``(k L,)``) back to float64 ``(L,)``: ``S / 2^f`` rounded once."""
-        t = np.asarray(total)
-        if t.dtype != np.uint64 or t.ndim != 1 or t.size % int(self.limbs):
-            raise TypeError(f"fixed point: a sum to decode is uint64 of a multiple of {self.limbs} words")
-        words = t.reshape(int(self.limbs), -1)
-        modulus, scale = 2 ** (32 * int(self.limbs)), 2 ** int(self.frac_bits)
-        out = np.empty(words.shape[1], dtype=np.float64)
-        for i in range(words.shape[1]):
-            s = sum(int(w) << (32 * j) for j, w in enumerate(words[:, i])) % modulus
-            out[i] = (s - modulus if s >= modulus // 2 else s) / scale
-        return out
-
-
-#: An encoding of float64 values as uint64 words that add up to the encoding of their sum.
-Encoding = FixedPoint | WideFixedPoint
-
-
-def _largest_frac_bits(bound: float, sites: int, limit: int) -> int | None:
-    """The largest ``f <= MAX_FRAC_BITS`` with ``sites round(bound 2^f) < limit`` (None: not even ``f = 0``)."""
-    fits = lambda f: sites * int(np.rint(np.ldexp(bound, f))) < limit  # noqa: E731
-    f = min(max(int(math.floor(math.log2(limit / (sites * bound)))), 0), MAX_FRAC_BITS)
-    while f > 0 and not fits(f):
-        f -= 1
-    while f < MAX_FRAC_BITS and fits(f + 1):
-        f += 1
-    return f if fits(f) else None
-
-
-def _finite_positive(value: object) -> bool:
-    if isinstance(value, bool) or not isinstance(value, int | float | np.integer | np.floating):
-        return False
-    return math.isfinite(float(value)) and float(value) > 0
 
 
 # --------------------------------------------------------------------------------------------
@@ -451,7 +228,8 @@ class RevealedShares:
 
 @dataclass(frozen=True)
 class SecureSumResult:
-    """The outcome: the float64 ``total`` over ``survivors``, its integer form ``encoded`` (uint64), and ``dropped``."""
+    """The outcome: the float64 ``total`` over ``survivors``; ``encoded``, the unmasked ring element ``S`` (uint64
+    ``(k L,)``, all the server sees of the inputs); and ``dropped``."""
 
     total: np.ndarray
     encoded: np.ndarray
@@ -573,7 +351,7 @@ class SecureSumClient:
         log.debug("secure sum: site %d shared its keys with %d peers", self.site, len(ciphertexts))
         return KeyShares(ciphertexts, _seed_digest(self._seed))
 
-    def mask(self, ciphertexts: Mapping[int, bytes], values: np.ndarray, encoding: Encoding) -> np.ndarray:
+    def mask(self, ciphertexts: Mapping[int, bytes], values: np.ndarray, encoding: RingFixedPoint) -> np.ndarray:
         """Stage 3: store the peers' shares and return ``y_u``, the masked encoding of ``values``.
 
         Parameters
@@ -583,17 +361,17 @@ class SecureSumClient:
         values : ndarray, shape (L,)
             This site's input (float64, every entry at most ``encoding.bound`` in magnitude);
             several arrays go in one sum concatenated (``np.concatenate([a.ravel() for a in ...])``).
-        encoding : FixedPoint or WideFixedPoint
-            The encoding the server fixed for this sum.
+        encoding : RingFixedPoint
+            The encoding the server fixed for this sum (``k = encoding.words``).
 
         Returns
         -------
         ndarray of uint64, shape (encoding.width(L),)
-            ``enc(x_u) + G(b_u) + sum_{v > u} G(s_uv) - sum_{v < u} G(s_uv)`` modulo ``2^64``.
+            ``enc(x_u) + G(b_u) + sum_{v > u} G(s_uv) - sum_{v < u} G(s_uv)`` in ``Z_{2^(64k)}``.
         """
         self._enter(3, "mask")
-        if not isinstance(encoding, FixedPoint | WideFixedPoint):
-            raise TypeError(f"secure sum: encoding must be a FixedPoint, got {type(encoding).__name__}")
+        if not isinstance(encoding, RingFixedPoint):
+            raise TypeError(f"secure sum: encoding must be a RingFixedPoint, got {type(encoding).__name__}")
         encoding.check_sites(len(self._book))
         x = np.asarray(values, dtype=np.float64)
         if x.ndim != 1 or x.size == 0:
@@ -618,11 +396,11 @@ class SecureSumClient:
             raise SecureSumError(
                 f"secure sum: {len(self._peers) + 1} sites shared their keys, the threshold is {self._threshold}"
             )
-        y = encoding.encode(x)
-        y = y + _stream(self._seed, _SELF_MASK, y.size)
+        k = encoding.words
+        y = ring_add(encoding.encode(x), _stream(self._seed, _SELF_MASK, encoding.width(x.size)), k)
         for peer in self._peers:
             pair = _pair_mask(self._mask_key, self._book[peer].mask, y.size)
-            y = y + pair if peer > self.site else y - pair
+            y = ring_add(y, pair, k) if peer > self.site else ring_sub(y, pair, k)
         return y
 
     def reveal(self, survivors: Collection[int], dropped: Collection[int]) -> RevealedShares:
@@ -665,15 +443,15 @@ class SecureSumServer:
         The sampled sites (at least 3, distinct ids).
     length : int
         ``L``, the number of float64 entries every site sums.
-    encoding : FixedPoint
+    encoding : RingFixedPoint
         Must keep sums over ``len(sites)`` inputs exact
-        ([`FixedPoint.for_sites`][fedhead.federation.secure_sum.FixedPoint.for_sites] picks one).
+        ([`RingFixedPoint.for_sites`][fedhead.federation.ring_encoding.RingFixedPoint.for_sites] picks one).
     threshold : int, optional
         ``t``; default a majority ``floor(M/2) + 1``
         ([`check_threshold`][fedhead.federation.secure_sum.check_threshold]).
     """
 
-    def __init__(self, sites: Iterable[int], length: int, encoding: Encoding, *, threshold: int | None = None):
+    def __init__(self, sites: Iterable[int], length: int, encoding: RingFixedPoint, *, threshold: int | None = None):
         self.sites = tuple(_check_site_ids(sites))
         m = len(self.sites)
         if m < MIN_SITES:
@@ -682,8 +460,8 @@ class SecureSumServer:
                 "input from the sum and its own)"
             )
         self.length = _check_length(length)
-        if not isinstance(encoding, FixedPoint | WideFixedPoint):
-            raise ConfigError(f"secure sum: encoding must be a FixedPoint, got {type(encoding).__name__}")
+        if not isinstance(encoding, RingFixedPoint):
+            raise ConfigError(f"secure sum: encoding must be a RingFixedPoint, got {type(encoding).__name__}")
         encoding.check_sites(m)
         self.encoding = encoding
         self.width = encoding.width(self.length)  # uint64 words of each masked input
@@ -760,7 +538,7 @@ class SecureSumServer:
                     site,
                     f"secure sum: the masked input must be uint64 ({self.width},), got {arr.dtype} {arr.shape}",
                 )
-            total += arr
+            total = ring_add(total, arr, self.encoding.words)
         survivors = tuple(sorted(masked))
         self._enough(len(survivors), "survived")
         self._sum = total
@@ -795,14 +573,14 @@ class SecureSumServer:
                     raise ReplyError(site, "secure sum: a share is malformed or not this site's")
         self._enough(len(revealed), "answered the unmasking")
         helpers = sorted(revealed)[: self.threshold]
-        total = self._sum.copy()
+        total, k = self._sum.copy(), self.encoding.words
         for site in alive:
             seed = self._combine([revealed[h].seed_shares[site] for h in helpers], site, "mask seed")
             if _seed_digest(seed) != self._digests[site]:
                 raise SecureSumError(
                     f"secure sum: the shares of site {site}'s mask seed do not rebuild it (a wrong share)"
                 )
-            total -= _stream(seed, _SELF_MASK, self.width)
+            total = ring_sub(total, _stream(seed, _SELF_MASK, self.width), self.encoding.words)
         for site in gone:
             pem = self._combine([revealed[h].key_shares[site] for h in helpers], site, "mask key")
             try:
@@ -816,7 +594,7 @@ class SecureSumServer:
                 )
             for peer in alive:
                 pair = _pair_mask(key, self._book[peer].mask, self.width)
-                total = total - pair if site > peer else total + pair
+                total = ring_sub(total, pair, k) if site > peer else ring_add(total, pair, k)
         return SecureSumResult(self.encoding.decode(total), total, alive, gone)
 
     @staticmethod

@@ -1,13 +1,10 @@
 """Reference Grams of a run and the per-round server measurements (theory.md §11; numpy only).
 
 [`reference_targets`][fedhead.federation.tracking.reference_targets] collects the Grams a procedure is measured against
-(``G_star``,
-``G_cen``, ``G_within``, the corrected barycenter of a partial correction, the client Grams the
-recursion uses); [`RoundTracker`][fedhead.federation.tracking.RoundTracker] measures every aggregated head against them
-and runs the
-exact recursion (theory.md §6) alongside; [`fedhead.results.rounds.RoundRecord`][fedhead.results.rounds.RoundRecord]
-(declared in the
-results layer, with results.json's schema) is one round's measurements.
+(``G_star``, ``G_cen``, ``G_within``, the corrected barycenter of a partial correction, the client Grams the recursion
+uses); [`RoundTracker`][fedhead.federation.tracking.RoundTracker] measures every aggregated head against them and runs
+the exact recursion (theory.md §6) alongside; [`fedhead.results.rounds.RoundRecord`][fedhead.results.rounds.RoundRecord]
+(declared in the results layer, with results.json's schema) is one round's measurements.
 """
 
 from __future__ import annotations
@@ -85,9 +82,8 @@ def reference_targets(
     ``gap`` is the [`fedhead.ufm.GapDecomposition`][fedhead.ufm.GapDecomposition] of the federation (fully active
     regime); pass ``gap=None`` outside the regime to get the partial targets described in
     [`Targets`][fedhead.federation.tracking.Targets] (``g_star=None``; ``g_cen``, ``g_within`` and the client Grams as
-    the PSD
-    minimisers ``phi`` with clipped eigenvalues). For a partial correction (``0 < gamma < 1``)
-    the reference is ``"corrected"``, the barycenter of the corrected client Grams.
+    the PSD minimisers ``phi`` with clipped eigenvalues). For a partial correction (``0 < gamma < 1``) the reference is
+    ``"corrected"``, the barycenter of the corrected client Grams.
     """
     client_grams = ufm.optimal_gram(effective_covariances(moments, gamma), lambda_h, lambda_w)
     if gap is None:

@@ -2,9 +2,8 @@
 frozen, each class checked by its constraint table (``RULES``, the base class's rows first).
 
 [`build_backbone`][fedhead.models.build_backbone] turns a config, the data set's input shape, the client's sample count
-and a
-seed into a [`Backbone`][fedhead.models.Backbone]; the same seed gives the same weights on
-every client (docs/theory.md §10: all clients start from one common random backbone).
+and a seed into a [`Backbone`][fedhead.models.Backbone]; the same seed gives the same weights on every client
+(docs/theory.md §10: all clients start from one common random backbone).
 """
 
 from __future__ import annotations

@@ -2,8 +2,7 @@
 
 [`run_error_figure`][fedhead.plotting.run_error_figure]: one run's errors ``e_F(G_t, .)`` to every reference per round.
 [`procedures_figure`][fedhead.plotting.procedures_figure]: the paper-style summary, error to ``G_star`` and to ``G_cen``
-per round
-for each procedure, mean +- 1 sd over seeds, with the diagnosis's predicted gap marked.
+per round for each procedure, mean +- 1 sd over seeds, with the diagnosis's predicted gap marked.
 """
 
 from __future__ import annotations

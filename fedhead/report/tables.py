@@ -1,8 +1,7 @@
 """Table containers and the aggregation helpers every report table is built with (pure).
 
 A [`Table`][fedhead.report.Table] is a list of rows; a row maps column keys to [`Cell`][fedhead.report.Cell] objects. A
-cell
-keeps its value, the number ``n`` of runs (or run pairs) behind it and the [`RunRef`][fedhead.report.RunRef] of
+cell keeps its value, the number ``n`` of runs (or run pairs) behind it and the [`RunRef`][fedhead.report.RunRef] of
 every run it came from, so every number of the report can be traced to its run folders.
 """
 

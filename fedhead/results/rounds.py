@@ -10,10 +10,8 @@ per-round measurement is one field here plus its computation
 ([`fedhead.federation.tracking.RoundTracker`][fedhead.federation.tracking.RoundTracker]).
 
 [`ROUND_EXTRA_KEYS`][fedhead.results.rounds.ROUND_EXTRA_KEYS] documents the per-round entries a strategy adds through
-``extra``
-(flattened into the round's JSON object); [`CLIENT_METRIC_KEYS`][fedhead.results.rounds.CLIENT_METRIC_KEYS] the
-per-client entries of
-``client_metrics`` (the clients' train-reply metrics, declared as
+``extra`` (flattened into the round's JSON object); [`CLIENT_METRIC_KEYS`][fedhead.results.rounds.CLIENT_METRIC_KEYS]
+the per-client entries of ``client_metrics`` (the clients' train-reply metrics, declared as
 [`ClientMetric`][fedhead.results.rounds.ClientMetric]).
 """
 
@@ -224,8 +222,7 @@ class RoundRecord:
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> RoundRecord:
         """The record of a [`to_dict`][fedhead.results.rounds.RoundRecord.to_dict]: array fields back to float64, the
-        keys that are not
-        fields back into ``extra``.
+        keys that are not fields back into ``extra``.
 
         Raises
         ------

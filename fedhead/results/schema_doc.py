@@ -1,9 +1,8 @@
 """The README's results.json section, generated from the schema ([`fedhead.results.schema`][fedhead.results.schema]).
 
-``python -m fedhead.results.schema_doc`` prints the section; ``python -m fedhead.results.schema_doc
-README.md`` rewrites it in place between [`BEGIN`][fedhead.results.schema_doc.BEGIN] and
-[`END`][fedhead.results.schema_doc.END]. tests/results/test_schema.py
-fails when the README and the schema disagree.
+``python -m fedhead.results.schema_doc`` prints the section; ``python -m fedhead.results.schema_doc README.md`` rewrites
+it in place between [`BEGIN`][fedhead.results.schema_doc.BEGIN] and [`END`][fedhead.results.schema_doc.END].
+tests/results/test_schema.py fails when the README and the schema disagree.
 """
 
 from __future__ import annotations

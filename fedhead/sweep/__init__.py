@@ -1,7 +1,7 @@
 """Sweeps of the network experiments (``fedhead-sweep``): presets, packing runs, the manifest.
 
 * [`fedhead.sweep.presets`][fedhead.sweep.presets]: the named presets as pure lists of
-[`RunSpec`][fedhead.sweep.RunSpec];
+  [`RunSpec`][fedhead.sweep.RunSpec];
 * [`fedhead.sweep.manifest`][fedhead.sweep.manifest]: ``<out>/manifest.json``, written atomically after every run;
 * [`fedhead.sweep.runner`][fedhead.sweep.runner]: skip finished runs, check data, pack runs into simulations;
 * [`fedhead.cli.sweep`][fedhead.cli.sweep]: the Hydra entry point (``conf/sweep.yaml``).

@@ -158,8 +158,7 @@ def bw_barycenter(grams, weights, *, init=None, tol: float = 1e-13, max_iter: in
     ``G <- G^{-1/2} [sum_m p_m (G^{1/2} G_m G^{1/2})^{1/2}]^2 G^{-1/2}`` until the relative
     step ``||G_{k+1} - G_k||_F / ||G_k||_F`` is below ``tol``; the limit satisfies
     ``G_star = sum_m p_m (G_star^{1/2} G_m G_star^{1/2})^{1/2}``. A
-    [`ConvergenceWarning`][fedhead.ufm.ConvergenceWarning]
-    is issued when ``max_iter`` steps do not reach ``tol``.
+    [`ConvergenceWarning`][fedhead.ufm.ConvergenceWarning] is issued when ``max_iter`` steps do not reach ``tol``.
 
     Parameters
     ----------

@@ -151,9 +151,9 @@ def moment_correction(
 
     ``C_m(W) = lambda_H/2 Tr((Sigma_cen - Sigma_m) A^{-1})``.
 
-    ``A = W W^T + lambda_H I``; gradient ``-lambda_H A^{-1} D A^{-1} W`` with
-    ``D = Sigma_cen - Sigma_m``; Hessian as in [`profiled_objective`][fedhead.ufm.profiled_objective] with ``T = D``,
-    ``lambda_W = 0``. ``F(W; Sigma_m) + C_m(W) = F(W; Sigma_cen)`` for every ``W``.
+    ``A = W W^T + lambda_H I``; gradient ``-lambda_H A^{-1} D A^{-1} W`` with ``D = Sigma_cen - Sigma_m``; Hessian as in
+    [`profiled_objective`][fedhead.ufm.profiled_objective] with ``T = D``, ``lambda_W = 0``.
+    ``F(W; Sigma_m) + C_m(W) = F(W; Sigma_cen)`` for every ``W``.
 
     Parameters
     ----------

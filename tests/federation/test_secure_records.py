@@ -1,16 +1,17 @@
-"""The layouts of the secure sums (secure_records), the wide fixed-point encoding and a site's state
-between messages: known answers to float64 (exact rationals where the encoding promises exactness)."""
+"""The layouts of the secure sums (secure_records), the encoding each sum gets and a site's state
+between messages: known answers to float64."""
 
 from __future__ import annotations
 
+import math
 from fractions import Fraction
 
 import numpy as np
 import pytest
 
 from fedhead import ufm
-from fedhead.analysis.procedure import ConfigError
 from fedhead.federation import secure_records as sr
+from fedhead.federation.ring_encoding import RingFixedPoint
 from fedhead.federation.secure_sum import (
     KeyShares,
     PublicKeys,
@@ -19,49 +20,28 @@ from fedhead.federation.secure_sum import (
     SecureSumError,
     SecureSumServer,
     Unmasking,
-    WideFixedPoint,
 )
 
 
-def _exact_sum(rows: list[np.ndarray]) -> list[Fraction]:
-    return [sum((Fraction(float(r[i])) for r in rows), Fraction(0)) for i in range(rows[0].size)]
+def _limb_frac_bits(bound: float, sites: int) -> int:
+    """The fractional bits of the encoding before the ring (32-bit limbs: ``max(2, ceil(bits / 32))``
+    of them, sums below ``2^(32 limbs - 1)``)."""
+    limbs = max(2, math.ceil((math.log2(sites * bound) + sr.FRAC_BITS + 2) / 32))
+    f = 0
+    while sites * round(Fraction(bound) * 2 ** (f + 1)) < 2 ** (32 * limbs - 1):
+        f += 1
+    return f
 
 
-def test_wide_encoding_sums_exactly_and_rounds_once():
-    rng = np.random.default_rng(0)
-    m, length = 7, 40
-    rows = [rng.normal(size=length) * 10.0 ** rng.uniform(-20, 12, size=length) for _ in range(m)]
-    enc = WideFixedPoint.for_sites(1e13, m, limbs=6)
-    assert enc.frac_bits >= 96
-    total = np.sum([enc.encode(r) for r in rows], axis=0, dtype=np.uint64)
-    got = enc.decode(total)
-    step = Fraction(1, 2**enc.frac_bits)
-    for g, exact, r in zip(got, _exact_sum(rows), np.stack(rows, 1), strict=True):
-        # the integer sum is the sum of the rounded inputs: within M half-steps, then one float64 rounding
-        rounded = sum((Fraction(round(Fraction(float(v)) / step)) * step for v in r), Fraction(0))
-        assert g == float(rounded)
-        assert abs(Fraction(g) - exact) <= m * step / 2 + abs(exact) * Fraction(1, 2**52)
-
-
-def test_wide_encoding_negative_values_and_limits():
-    enc = WideFixedPoint(frac_bits=80, bound=4.0, limbs=4)
-    x = np.array([-1.0, -(2.0**-80), 3.5, 0.0, -4.0])
-    np.testing.assert_array_equal(enc.decode(enc.encode(x)), x)
-    assert enc.width(5) == 20 and enc.encode(x).dtype == np.uint64
-    with pytest.raises(ValueError, match="exceed the bound"):
-        enc.encode(np.array([4.5]))
-    with pytest.raises(ValueError, match="non-finite"):
-        enc.encode(np.array([np.nan]))
-    with pytest.raises(ConfigError, match="overflow"):
-        enc.check_sites(enc.capacity() + 1)
-    best = WideFixedPoint.for_sites(4.0, 10, limbs=4)
-    assert 10 * best.max_encoded < 2**127 <= 10 * WideFixedPoint(best.frac_bits + 1, 4.0, 4).max_encoded
-
-
-def test_encoding_for_grows_limbs_with_the_range():
-    small, large = sr.encoding_for(1.0, 8), sr.encoding_for(sr.COUNT_BOUND * 1e200, 8)
-    assert small.frac_bits >= sr.FRAC_BITS and large.frac_bits >= sr.FRAC_BITS
-    assert small.limbs < large.limbs <= 32
+@pytest.mark.parametrize("sites", [3, 4, 50])
+def test_encoding_for_grows_words_with_the_range_and_keeps_the_precision(sites):
+    bounds = [1e-9, 1.0, sr.COUNT_BOUND, sr.COUNT_BOUND * 1e12, sr.COUNT_BOUND * 1e200]
+    encodings = [sr.encoding_for(b, sites) for b in bounds]
+    words = [e.words for e in encodings]
+    assert words == sorted(words) and words[0] < words[-1] <= 16
+    for bound, enc in zip(bounds, encodings, strict=True):
+        assert enc.frac_bits >= max(sr.FRAC_BITS, _limb_frac_bits(bound, sites))  # at least as precise as before
+        enc.check_sites(sites)
 
 
 def test_moment_layout_gives_sigma_cen_and_sigma_within():
@@ -115,7 +95,7 @@ def test_payloads_round_trip_and_refuse_garbage():
     assert sr.unpack_unmasking(sr.pack(Unmasking((1, 2), (3,)))) == Unmasking((1, 2), (3,))
     book, t = sr.unpack_book(sr.pack_book({7: keys}, 3))
     assert book == {7: keys} and t == 3
-    enc = WideFixedPoint(100, 1e6, 6)
+    enc = RingFixedPoint(100, 1e6, 3)
     assert sr.unpack_mask_request(sr.pack_mask_request({7: b"x"}, enc)) == ({7: b"x"}, enc)
     for bad in (b"not json", b"[1, 2]", b'{"encryption": 3, "mask": "AA=="}'):
         with pytest.raises((ValueError, KeyError, TypeError)):

@@ -1,4 +1,4 @@
-"""The secure sum engine: fixed-point encoding, the four stages, dropouts, attacks and faults.
+"""The secure sum engine: the four stages, what the server unmasks, dropouts, attacks and faults.
 
 (fedhead.federation.secure_sum)
 """
@@ -16,9 +16,10 @@ from flwr.common.secure_aggregation.secaggplus_utils import share_keys_plaintext
 from flwr.supercore.primitives.asymmetric import bytes_to_public_key
 
 from fedhead.analysis.procedure import ConfigError
+from fedhead.federation import secure_records as sr
 from fedhead.federation.aggregation import ReplyError
+from fedhead.federation.ring_encoding import RingFixedPoint, ring_add
 from fedhead.federation.secure_sum import (
-    FixedPoint,
     RevealedShares,
     SecureSumClient,
     SecureSumError,
@@ -37,8 +38,12 @@ class Run:
     def __init__(self, m: int, length: int = 40, *, bound: float = 1e3, threshold: int | None = None, seed: int = 0):
         rng = np.random.default_rng(seed)
         self.sites = IDS[:m]
-        self.enc = FixedPoint.for_sites(bound, m)
+        self.enc = RingFixedPoint.for_sites(bound, m, words=2)
         self.xs = {s: rng.uniform(-bound, bound, length) for s in self.sites}
+        self.start(length, threshold)
+
+    def start(self, length: int, threshold: int | None) -> None:
+        """Stages 1 and 2 over ``self.sites`` with ``self.enc``."""
         self.server = SecureSumServer(self.sites, length, self.enc, threshold=threshold)
         self.clients = {s: SecureSumClient(s) for s in self.sites}
         self.book = self.server.collect_keys({s: c.advertise() for s, c in self.clients.items()})
@@ -65,109 +70,16 @@ class Run:
     def encoded(self, site):
         return self.enc.encode(self.xs[site])
 
-
-def _exact_error(total_int: np.ndarray, xs: list[np.ndarray], frac_bits: int) -> Fraction:
-    """max over entries of |S / 2^f - sum_m x_m|, in exact rational arithmetic."""
-    worst = Fraction(0)
-    for j, s in enumerate(total_int.view(np.int64)):
-        exact = sum((Fraction(float(x[j])) for x in xs), Fraction(0))
-        worst = max(worst, abs(Fraction(int(s), 2**frac_bits) - exact))
-    return worst
+    def plain(self, sites):
+        """The ring sum of the encodings of ``sites``' inputs, unmasked."""
+        return _ring_sum(self.enc, [self.encoded(s) for s in sites])
 
 
-# --------------------------------------------------------------------------------------------
-# encoding
-# --------------------------------------------------------------------------------------------
-
-
-def test_encoding_round_trip_is_within_half_a_step_and_deterministic():
-    enc = FixedPoint(20, 8.0)
-    rng = np.random.default_rng(1)
-    x = np.concatenate([rng.uniform(-8, 8, 200), [8.0, -8.0, 0.0, -0.0, 2.0**-21, 3 * 2.0**-21, -(2.0**-21)]])
-    q = enc.encode(x)
-    assert q.dtype == np.uint64
-    np.testing.assert_array_equal(q, enc.encode(x.copy()))
-    assert np.max(np.abs(enc.decode(q) - x)) <= 2.0**-21
-    # ties round to even, negative values are two's complement
-    np.testing.assert_array_equal(enc.decode(q[-3:]), [0.0, 2.0**-19, 0.0])  # 0.5, 1.5, -0.5 steps
-    np.testing.assert_array_equal(enc.encode(-x), np.uint64(0) - q)
-    assert q[-6].view(np.int64) == -(8 << 20)
-
-
-def test_sum_of_encodings_meets_the_stated_error_bound_at_the_documented_example():
-    m, bound = 100, 2.0**20
-    enc = FixedPoint.for_sites(bound, m)
-    assert enc.frac_bits == 36 and m * 2.0 ** -(enc.frac_bits + 1) < 7.3e-10  # the module docstring's example
-    rng = np.random.default_rng(2)
-    xs = [rng.uniform(-bound, bound, 30) for _ in range(m - 1)]
-    xs.append(np.full(30, bound))
-    xs = [np.where(np.arange(30) < 5, bound, x) for x in xs]  # five entries sum to M bound: the range's edge
-    total = np.zeros(30, dtype=np.uint64)
-    for x in xs:
-        total += enc.encode(x)
-    step = Fraction(m, 2 ** (enc.frac_bits + 1))
-    assert _exact_error(total, xs, enc.frac_bits) <= step
-    decoded = enc.decode(total)
-    np.testing.assert_array_equal(decoded[:5], m * bound)
-    exact = np.array([math.fsum(float(x[j]) for x in xs) for j in range(30)])
-    assert np.all(np.abs(decoded - exact) <= float(step) + np.spacing(np.abs(exact)))
-
-
-def test_for_sites_picks_the_most_precise_exact_encoding():
-    for bound, m in [(1e3, 3), (2.0**20, 100), (1e-6, 8), (0.75, 50), (3e15, 1000)]:
-        enc = FixedPoint.for_sites(bound, m)
-        enc.check_sites(m)
-        assert m * enc.max_encoded < 2**63
-        with pytest.raises(ConfigError):
-            FixedPoint(enc.frac_bits + 1, bound).check_sites(m)
-    assert FixedPoint.for_sites(1e3, np.int64(5)) == FixedPoint.for_sites(1e3, 5)
-    for sites in (0, 2.0, True):
-        with pytest.raises(ConfigError, match="number of sites must be a positive integer"):
-            FixedPoint.for_sites(1.0, sites)
-    with pytest.raises(ConfigError, match="bound must be a finite positive"):
-        FixedPoint.for_sites(-1.0, 3)
-
-
-@pytest.mark.parametrize(
-    "frac_bits, bound, msg",
-    [
-        (-1, 1.0, "frac_bits must be an integer"),
-        (1.5, 1.0, "frac_bits must be an integer"),
-        (True, 1.0, "frac_bits must be an integer"),
-        (1001, 1.0, "frac_bits must be an integer"),
-        (10, 0.0, "bound must be a finite positive"),
-        (10, float("inf"), "bound must be a finite positive"),
-        (10, float("nan"), "bound must be a finite positive"),
-        (10, "1", "bound must be a finite positive"),
-        (60, 8.0, r"reaches 2\^63 on its own"),
-    ],
-)
-def test_bad_encodings_are_refused_in_one_line(frac_bits, bound, msg):
-    with pytest.raises(ConfigError, match=msg) as err:
-        FixedPoint(frac_bits, bound)
-    assert "\n" not in str(err.value)
-
-
-def test_range_condition_is_refused_at_setup_with_the_best_frac_bits():
-    with pytest.raises(
-        ConfigError, match=r"100 sites with bound 1.04858e\+06 at 40 fractional bits can overflow 2\^63; "
-    ):
-        FixedPoint(40, 2.0**20).check_sites(100)
-    with pytest.raises(ConfigError, match="use frac_bits <= 36"):
-        SecureSumServer(range(100), 10, FixedPoint(40, 2.0**20))
-    with pytest.raises(ConfigError, match="overflow 2\\^63 even at 0 fractional bits"):
-        FixedPoint.for_sites(2.0**62, 4)
-
-
-def test_encode_refuses_values_beyond_the_bound_without_quoting_them():
-    enc = FixedPoint(10, 5.0)
-    with pytest.raises(ValueError, match="2 input entries exceed the bound 5") as err:
-        enc.encode(np.array([1.0, 5.5, -123.25, 5.0]))
-    assert "123" not in str(err.value) and "5.5" not in str(err.value)
-    with pytest.raises(ValueError, match="non-finite"):
-        enc.encode(np.array([np.nan]))
-    with pytest.raises(TypeError, match="uint64"):
-        enc.decode(np.zeros(3, dtype=np.int64))
+def _ring_sum(enc, encoded):
+    total = np.zeros_like(encoded[0])
+    for e in encoded:
+        total = ring_add(total, e, enc.words)
+    return total
 
 
 # --------------------------------------------------------------------------------------------
@@ -180,15 +92,48 @@ def test_secure_sum_equals_the_plain_sum(m):
     run = Run(m, seed=m)
     result = run.run()
     assert result.survivors == tuple(sorted(run.sites)) and result.dropped == ()
-    plain = np.zeros(40, dtype=np.uint64)
-    for s in run.sites:
-        plain += run.encoded(s)
-    np.testing.assert_array_equal(result.encoded, plain)  # the integer sum, exactly
+    np.testing.assert_array_equal(result.encoded, run.plain(run.sites))  # the integer sum, exactly
     xs = [run.xs[s] for s in run.sites]
-    assert _exact_error(result.encoded, xs, run.enc.frac_bits) <= Fraction(m, 2 ** (run.enc.frac_bits + 1))
+    for s, j in zip(run.enc.integers(result.encoded), range(40), strict=True):
+        exact = sum((Fraction(float(x[j])) for x in xs), Fraction(0))
+        assert abs(Fraction(s, 2**run.enc.frac_bits) - exact) <= Fraction(m, 2 ** (run.enc.frac_bits + 1))
     exact = np.array([math.fsum(x[j] for x in xs) for j in range(40)])
     bound = m * 2.0 ** -(run.enc.frac_bits + 1) + np.spacing(np.abs(exact))
     assert np.all(np.abs(result.total - exact) <= bound)
+
+
+class Given(Run):
+    """A secure sum of given inputs ``{site: vector}`` under ``encoding``."""
+
+    def __init__(self, xs: dict[int, np.ndarray], encoding: RingFixedPoint):
+        self.sites, self.enc, self.xs = sorted(xs), encoding, xs
+        self.start(next(iter(xs.values())).size, None)
+
+
+@pytest.mark.parametrize("encoding", ["production", "one word"])
+@pytest.mark.parametrize("dropped", [0, 1])
+def test_inputs_of_equal_sum_unmask_to_the_same_words(encoding, dropped):
+    """What the server unmasks is a function of the sum alone: inputs moved between sites (signs
+    flipped, carries changed) give the same words bit for bit, dropouts included."""
+    m, length, bound = 5, 40, 1e3
+    enc = sr.encoding_for(bound, m) if encoding == "production" else RingFixedPoint(8, bound, 1)
+    rng = np.random.default_rng(dropped)
+    dyadic = lambda scale, n: np.round(rng.uniform(-scale, scale, n) * 256) / 256  # noqa: E731 - exact sums
+    first = {s: dyadic(bound / 4, length) for s in IDS[:m]}
+    moved = [np.zeros(length), *(dyadic(3 * bound / 8, length) for _ in range(m - 1 - dropped)), np.zeros(length)]
+    second = {s: first[s] + moved[i + 1 - dropped] - moved[i - dropped] for i, s in enumerate(IDS[:m]) if i >= dropped}
+    second.update({s: -first[s] for s in IDS[:dropped]})  # a dropped site's input is in no sum
+    assert all(np.max(np.abs(x)) <= bound for x in second.values())
+    survivors = IDS[dropped:m]
+    assert np.mean([np.sign(first[s]) != np.sign(second[s]) for s in survivors]) > 0.3
+    np.testing.assert_array_equal(sum(first[s] for s in survivors), sum(second[s] for s in survivors))
+    a, b = Given(first, enc), Given(second, enc)
+    ra, rb = a.run(drop_before_mask=IDS[:dropped]), b.run(drop_before_mask=IDS[:dropped])
+    assert ra.encoded.dtype == np.uint64 and ra.encoded.shape == (enc.width(length),)
+    np.testing.assert_array_equal(ra.encoded, rb.encoded)  # every word, bit for bit
+    np.testing.assert_array_equal(ra.total, rb.total)
+    np.testing.assert_array_equal(ra.total, sum(first[s] for s in survivors))
+    assert not any(np.array_equal(a.encoded(s), b.encoded(s)) for s in survivors)  # each site's input moved
 
 
 def test_no_masked_input_and_no_partial_sum_shows_the_encodings():
@@ -198,9 +143,8 @@ def test_no_masked_input_and_no_partial_sum_shows_the_encodings():
         assert np.count_nonzero(y == run.encoded(s)) == 0
     for k in range(1, 7):  # every subset, the whole set included (self masks stay until the unmasking)
         for subset in itertools.combinations(run.sites, k):
-            masked = sum((run.masked[s] for s in subset), np.zeros(40, dtype=np.uint64))
-            plain = sum((run.encoded(s) for s in subset), np.zeros(40, dtype=np.uint64))
-            assert not np.array_equal(masked, plain), subset
+            masked = _ring_sum(run.enc, [run.masked[s] for s in subset])
+            assert not np.array_equal(masked, run.plain(subset)), subset
 
 
 def test_masks_are_fresh_in_every_run():
@@ -217,8 +161,7 @@ def test_a_site_silent_after_masking_still_counts():
     dead = run.sites[1]
     result = run.run(silent=(dead,))
     assert dead in result.survivors and result.dropped == ()
-    plain = sum((run.encoded(s) for s in run.sites), np.zeros(40, dtype=np.uint64))
-    np.testing.assert_array_equal(result.encoded, plain)
+    np.testing.assert_array_equal(result.encoded, run.plain(run.sites))
 
 
 @pytest.mark.parametrize("m, gone", [(5, 1), (7, 2), (8, 3)])
@@ -228,9 +171,8 @@ def test_sites_dropped_before_masking_are_unmasked_from_their_key_shares(m, gone
     unmasking = run.mask(dead)
     assert unmasking.dropped == dead
     alive = [s for s in run.sites if s not in dead]
-    plain = sum((run.encoded(s) for s in alive), np.zeros(40, dtype=np.uint64))
     result = run.server.unmask(run.reveal(unmasking))
-    np.testing.assert_array_equal(result.encoded, plain)
+    np.testing.assert_array_equal(result.encoded, run.plain(alive))
     assert result.dropped == dead and result.survivors == tuple(sorted(alive))
 
 
@@ -249,7 +191,7 @@ def test_dropouts_at_every_stage_together():
     reveal = {s: clients[s].reveal(unmasking.survivors, unmasking.dropped) for s in unmasking.survivors}
     result = server.unmask(reveal)  # 5 survivors of 8: exactly the threshold
     alive = run.sites[3:]
-    np.testing.assert_array_equal(result.encoded, sum((run.encoded(s) for s in alive), np.zeros(40, np.uint64)))
+    np.testing.assert_array_equal(result.encoded, run.plain(alive))
 
 
 def test_too_few_survivors_is_one_line_naming_the_threshold():
@@ -261,7 +203,7 @@ def test_too_few_survivors_is_one_line_naming_the_threshold():
     unmasking = run.mask()
     with pytest.raises(SecureSumError, match=r"^secure sum: 2 sites answered the unmasking, the threshold is 3$"):
         run.server.unmask(run.reveal(unmasking, silent=run.sites[:3]))
-    server = SecureSumServer(IDS[:5], 4, FixedPoint(10, 1.0))
+    server = SecureSumServer(IDS[:5], 4, RingFixedPoint(10, 1.0))
     with pytest.raises(SecureSumError, match=r"^secure sum: 2 sites advertised keys, the threshold is 3$"):
         server.collect_keys({s: SecureSumClient(s).advertise() for s in IDS[:2]})
 
@@ -274,9 +216,9 @@ def test_threshold_rules():
             check_threshold(t, m)
         assert "\n" not in str(err.value)
     with pytest.raises(ConfigError, match=r"needs at least 3 sites, got 2 \(with two, each site learns"):
-        SecureSumServer(IDS[:2], 4, FixedPoint(10, 1.0))
+        SecureSumServer(IDS[:2], 4, RingFixedPoint(10, 1.0))
     with pytest.raises(ConfigError, match="threshold"):
-        SecureSumServer(IDS[:6], 4, FixedPoint(10, 1.0), threshold=3)  # 2t <= n: a minority
+        SecureSumServer(IDS[:6], 4, RingFixedPoint(10, 1.0), threshold=3)  # 2t <= n: a minority
     # t = M tolerates no dropout
     run = Run(4, threshold=4)
     with pytest.raises(SecureSumError, match="3 sites survived, the threshold is 4"):
@@ -353,7 +295,7 @@ def test_a_site_runs_each_stage_once_so_no_mask_is_reused():
     with pytest.raises(SecureSumError, match="stage 4 .reveal. before stage 1"):
         SecureSumClient(5).reveal((), ())
     with pytest.raises(SecureSumError, match="server's stage 3"):
-        SecureSumServer(IDS[:3], 4, FixedPoint(10, 1.0)).collect_masked({})
+        SecureSumServer(IDS[:3], 4, RingFixedPoint(10, 1.0)).collect_masked({})
 
 
 def test_a_wrong_share_is_detected_not_summed():
@@ -393,13 +335,13 @@ def test_the_server_refuses_bad_keys_and_key_shares():
     keys = {s: c.advertise() for s, c in clients.items()}
     copied = {**keys, sites[1]: keys[sites[0]]}
     with pytest.raises(ReplyError, match=f"client node {sites[1]}: secure sum: a public key repeats one of site"):
-        SecureSumServer(sites, 8, FixedPoint(10, 1.0)).collect_keys(copied)
+        SecureSumServer(sites, 8, RingFixedPoint(10, 1.0)).collect_keys(copied)
     with pytest.raises(ReplyError, match="outside the sum"):
-        SecureSumServer(sites, 8, FixedPoint(10, 1.0)).collect_keys({**keys, 99999: keys[sites[0]]})
+        SecureSumServer(sites, 8, RingFixedPoint(10, 1.0)).collect_keys({**keys, 99999: keys[sites[0]]})
     garbled = {**keys, sites[2]: type(keys[sites[2]])(b"not a key", keys[sites[2]].mask)}
     with pytest.raises(ReplyError, match="does not parse"):
-        SecureSumServer(sites, 8, FixedPoint(10, 1.0)).collect_keys(garbled)
-    server = SecureSumServer(sites, 8, FixedPoint(10, 1.0))
+        SecureSumServer(sites, 8, RingFixedPoint(10, 1.0)).collect_keys(garbled)
+    server = SecureSumServer(sites, 8, RingFixedPoint(10, 1.0))
     book = server.collect_keys(keys)
     shares = {s: c.share_keys(book, 3) for s, c in clients.items()}
     del shares[sites[0]].ciphertexts[sites[1]]
@@ -408,7 +350,7 @@ def test_the_server_refuses_bad_keys_and_key_shares():
 
 
 def test_the_server_refuses_bad_masked_inputs():
-    for bad in (np.zeros(40, dtype=np.int64), np.zeros(39, dtype=np.uint64), np.zeros((40, 1), dtype=np.uint64)):
+    for bad in (np.zeros(80, dtype=np.int64), np.zeros(79, dtype=np.uint64), np.zeros((80, 1), dtype=np.uint64)):
         run = Run(3)
         masked = {s: run.clients[s].mask(run.routed[s], run.xs[s], run.enc) for s in run.sites}
         masked[run.sites[0]] = bad

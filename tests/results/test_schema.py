@@ -1,4 +1,4 @@
-"""results.json's schema: round trip, version and key checks, README agreement."""
+"""results.json's schema: round trip, version and key checks, agreement with docs/outputs.md."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from fedhead.results.schema import (
 )
 from fedhead.results.schema_doc import replace_section
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+SCHEMA_PAGE = Path(__file__).resolve().parents[2] / "docs" / "outputs.md"
 
 
 def _round(t: int, **kw) -> RoundRecord:
@@ -186,10 +186,10 @@ def test_array_fields_are_declared_not_listed():
     assert all(isinstance(getattr(rec, f), np.ndarray) for f in arrays)
 
 
-def test_readme_section_matches_the_schema():
-    text = README.read_text(encoding="utf-8")
+def test_schema_page_matches_the_schema():
+    text = SCHEMA_PAGE.read_text(encoding="utf-8")
     assert replace_section(text) == text, (
-        "README's results.json section is stale: python -m fedhead.results.schema_doc README.md"
+        "docs/outputs.md's results.json section is stale: python -m fedhead.results.schema_doc docs/outputs.md"
     )
     for key in ("client_local_seconds", "round_local_seconds", "figures_wait_seconds", "local_seconds"):
         assert f"`{key}`" in text

@@ -272,8 +272,8 @@ def test_ignored_and_documented():
         ["git", "check-ignore", ".whl/x.whl", ".gpu-data/cache/x.npz"], cwd=REPO, capture_output=True, text=True
     )
     assert ignored.stdout.split() == [".whl/x.whl", ".gpu-data/cache/x.npz"]
-    readme = (REPO / "README.md").read_text()
-    assert 'run(command="bash scripts/gpu_check.sh", carry=[".whl", ".gpu-data"], timeout_s=600)' in readme
+    page = (REPO / "docs" / "gpu-check.md").read_text()
+    assert 'run(command="bash scripts/gpu_check.sh", carry=[".whl", ".gpu-data"], timeout_s=600)' in page
 
 
 # ------------------------------------------------------------------ the whole dry run
