@@ -1,5 +1,5 @@
 """What the secure sums of ``privacy.mode=secure`` carry: the vector each site sums (its layout,
-one function per sum) and the records of the four stages
+one function per sum) and the records of the five stages
 ([`fedhead.federation.secure_sum`][fedhead.federation.secure_sum]).
 
 Both ends import this module (the ClientApp builds the vectors, the strategy reads the sums), so a
@@ -33,7 +33,7 @@ SUM_ID = "secure-sum"  # config: the sum a message belongs to (its first message
 STAGE_SECURE = "secure-sum"  # config stage of the three later steps (query messages)
 STAGE_REGIME = "regime"  # config stage: a site-local table's own margin, once the pooled standardisation is known
 STEP = "secure-step"
-SHARE_KEYS, MASK, REVEAL = "share-keys", "mask", "reveal"
+SHARE_KEYS, MASK, SIGN, REVEAL = "share-keys", "mask", "sign", "reveal"
 LOCAL_OPTIMUM = "at-local-optimum"  # train reply metric (secure mode): 1 when the site reached its optimum
 FULLY_ACTIVE = "fully-active"  # exchange reply metric (secure mode): 1 when the site's own margin is positive
 TARGETS, FEATURES = "targets", "features"  # exchange reply metrics (secure mode): C, and F of a site-local table
@@ -182,7 +182,7 @@ def _sites(mapping: object) -> dict[int, Any]:
 def pack(obj: PublicKeys | KeyShares | RevealedShares | Unmasking | Mapping[int, Any] | dict[str, Any]) -> bytes:
     """A stage's payload as JSON bytes (``bytes`` as base64, site ids as decimal keys)."""
     if isinstance(obj, PublicKeys):
-        data: Any = {"encryption": _b64(obj.encryption), "mask": _b64(obj.mask)}
+        data: Any = _entry(obj)
     elif isinstance(obj, KeyShares):
         data = {"ciphertexts": {str(s): _b64(c) for s, c in obj.ciphertexts.items()}, "digest": _b64(obj.seed_digest)}
     elif isinstance(obj, RevealedShares):
@@ -191,16 +191,44 @@ def pack(obj: PublicKeys | KeyShares | RevealedShares | Unmasking | Mapping[int,
             "key_shares": {str(s): _b64(v) for s, v in obj.key_shares.items()},
         }
     elif isinstance(obj, Unmasking):
-        data = {"survivors": list(obj.survivors), "dropped": list(obj.dropped)}
+        data = {
+            "survivors": list(obj.survivors),
+            "dropped": list(obj.dropped),
+            "signatures": {str(s): _b64(v) for s, v in obj.signatures.items()},
+        }
     else:
         data = obj
     return json.dumps(data).encode()
 
 
+def _entry(keys: PublicKeys) -> dict[str, str]:
+    return {
+        "encryption": _b64(keys.encryption),
+        "mask": _b64(keys.mask),
+        "name": keys.name,
+        "signature": _b64(keys.signature),
+    }
+
+
+def _keys(d: Any) -> PublicKeys:
+    if not isinstance(d, dict) or not isinstance(d.get("name"), str):
+        raise ValueError("a key-book entry must be an object with a name")
+    return PublicKeys(_unb64(d["encryption"]), _unb64(d["mask"]), d["name"], _unb64(d["signature"]))
+
+
 def unpack_keys(blob: bytes) -> PublicKeys:
-    """A site's advertised keys; ``ValueError`` when malformed."""
-    d = _load(blob)
-    return PublicKeys(_unb64(d["encryption"]), _unb64(d["mask"]))
+    """A site's signed advertisement; ``ValueError`` when malformed."""
+    return _keys(_load(blob))
+
+
+def pack_signature(signature: bytes) -> bytes:
+    """A site's signature of the survivor list (stage 4's reply)."""
+    return json.dumps({"signature": _b64(signature)}).encode()
+
+
+def unpack_signature(blob: bytes) -> bytes:
+    """The signature of [`pack_signature`][fedhead.federation.secure_records.pack_signature]."""
+    return _unb64(_load(blob)["signature"])
 
 
 def unpack_shares(blob: bytes) -> KeyShares:
@@ -219,21 +247,22 @@ def unpack_revealed(blob: bytes) -> RevealedShares:
 
 
 def unpack_unmasking(blob: bytes) -> Unmasking:
-    """The server's unmasking request."""
+    """The server's survivor list (stage 4, to sign) or unmasking request (stage 5, with the signatures)."""
     d = _load(blob)
-    return Unmasking(tuple(int(s) for s in d["survivors"]), tuple(int(s) for s in d["dropped"]))
+    signatures = {s: _unb64(v) for s, v in _sites(d["signatures"]).items()}
+    return Unmasking(tuple(int(s) for s in d["survivors"]), tuple(int(s) for s in d["dropped"]), signatures)
 
 
 def pack_book(book: Mapping[int, PublicKeys], threshold: int) -> bytes:
     """The key book of stage 2 and the threshold."""
-    keys = {str(s): [_b64(k.encryption), _b64(k.mask)] for s, k in book.items()}
+    keys = {str(s): _entry(k) for s, k in book.items()}
     return json.dumps({"book": keys, "threshold": int(threshold)}).encode()
 
 
 def unpack_book(blob: bytes) -> tuple[dict[int, PublicKeys], int]:
     """``(key book, threshold)`` of [`pack_book`][fedhead.federation.secure_records.pack_book]."""
     d = _load(blob)
-    book = {s: PublicKeys(_unb64(e), _unb64(m)) for s, (e, m) in _sites(d["book"]).items()}
+    book = {s: _keys(k) for s, k in _sites(d["book"]).items()}
     return book, int(d["threshold"])
 
 

@@ -1,111 +1,133 @@
 """A deviating server for the secure sum's tests: it drives honest
-[`SecureSumClient`][fedhead.federation.secure_sum.SecureSumClient]s stage by stage, sends each site
+[`SecureSumClient`][fedhead.federation.secure_site.SecureSumClient]s stage by stage, sends each site
 whatever it chooses, keeps everything the sites send back, and rebuilds from it all it can.
 
-``Attacker.candidates`` strips from every subset of the masked inputs each mask whose seed or key
-the attacker has rebuilt (from any ``t`` shares it holds, colluding sites' own included);
-``assert_nothing_decodes`` checks that no candidate is a site's encoded input or the encoded sum
-of a strict subset of the sites. Colluding sites are honest clients whose state the attacker reads.
+``Attacker.candidates`` strips from every subset of the masked inputs each mask whose seed or key the
+attacker has rebuilt (from any ``t`` shares it holds, colluding sites' own included);
+``assert_nothing_decodes`` checks that no candidate is an honest site's encoded input or the encoded
+sum of a strict part of the honest sites (the colluders' inputs, which the attacker knows, added or
+not). Colluding sites are honest clients whose state and signing keys the attacker holds: it reads
+their shares and signs what it likes in their name.
 """
 
 from __future__ import annotations
 
 import itertools
 from collections import defaultdict
-from collections.abc import Collection, Iterable
+from collections.abc import Callable, Collection, Iterable, Mapping
 
 import numpy as np
 from flwr.common.secure_aggregation.crypto.shamir import combine_shares
 from flwr.supercore.primitives.asymmetric import bytes_to_private_key, public_key_to_bytes
+from secure_helpers import IDS, SUM, Federation
 
+from fedhead.federation.ring_encoding import RingFixedPoint, ring_add, ring_sub
+from fedhead.federation.roster import sign_survivors
 from fedhead.federation.secure_sum import (
-    _SELF_MASK,
-    FixedPoint,
-    SecureSumClient,
+    PublicKeys,
     SecureSumError,
+    Unmasking,
     _pair_mask,
     _seed_digest,
+    _self_mask,
     _share_index,
-    _stream,
 )
 
-#: Flower node ids (64-bit), one per site.
-IDS = [2**64 - 1, 17, 2**63 + 5, 3, 123456789, 9, 2**40, 1]
+__all__ = ["Attacker", "assert_nothing_decodes", "attempt", "subset_sums"]
 
-__all__ = ["IDS", "Attacker", "assert_nothing_decodes", "subset_sums"]
+
+def attempt(call: Callable[[], object]) -> str | None:
+    """None when ``call`` goes through, else the one-line refusal it raised (SecureSumError)."""
+    try:
+        call()
+    except SecureSumError as exc:
+        line = str(exc)
+        assert "\n" not in line and line.startswith("secure sum: "), line
+        return line
+    return None
 
 
 class Attacker:
-    """A server that runs one sum of ``m`` sites with threshold ``t`` its own way.
+    """A server that runs one sum of ``m`` sites its own way; every site is told threshold ``t``.
 
     Parameters
     ----------
     m, t : int
-        Sites and the threshold every site is told.
+        Sites and the threshold.
     colluding : collection of int
         Positions (in ``IDS[:m]``) of sites that side with the server.
+    floor : int, optional
+        Every site's ``min_survivors`` (default ``t``).
     """
 
-    def __init__(self, m: int, t: int, *, colluding: Collection[int] = (), length: int = 8, seed: int = 0):
+    def __init__(self, m: int, t: int, *, colluding: Collection[int] = (), floor: int | None = None, seed: int = 0):
         rng = np.random.default_rng(seed)
-        self.sites = IDS[:m]
-        self.t = t
+        self.fed = Federation(IDS[:m])
+        self.sites, self.t, self.sum_id = self.fed.sites, t, SUM
         self.colluding = {self.sites[i] for i in colluding}
-        self.enc = FixedPoint.for_sites(1e3, m)
-        self.xs = {s: rng.uniform(-1e3, 1e3, length) for s in self.sites}
-        self.clients = {s: SecureSumClient(s) for s in self.sites}
-        self.book = {s: c.advertise() for s, c in self.clients.items()}
-        replies = {s: c.share_keys(self.book, t) for s, c in self.clients.items()}
-        self.ciphertexts = {s: r.ciphertexts for s, r in replies.items()}  # sender -> recipient -> token
-        self.digests = {s: r.seed_digest for s, r in replies.items()}
+        self.enc = RingFixedPoint.for_sites(1e3, m, words=2)
+        self.xs = {s: rng.uniform(-1e3, 1e3, 8) for s in self.sites}
+        self.clients = {s: self.fed.client(s, min_survivors=t if floor is None else floor) for s in self.sites}
+        self.book: dict[int, PublicKeys] = {s: c.advertise() for s, c in self.clients.items()}
+        self.ciphertexts: dict[int, dict[int, bytes]] = {}  # sender -> recipient -> token
+        self.digests: dict[int, bytes] = {}
         self.peers: dict[int, tuple[int, ...]] = {}  # the senders whose shares each masking site got
         self.masked: dict[int, np.ndarray] = {}
+        self.signatures: dict[tuple, dict[int, bytes]] = defaultdict(dict)  # (survivors, dropped) -> signer -> sig
         self.seed_shares: dict[int, dict[int, bytes]] = defaultdict(dict)  # owner -> share index -> share
         self.key_shares: dict[int, dict[int, bytes]] = defaultdict(dict)
+
+    @property
+    def honest(self) -> list[int]:
+        return [s for s in self.sites if s not in self.colluding]
 
     def encoded(self, site: int) -> np.ndarray:
         return self.enc.encode(self.xs[site])
 
-    def mask(self, site: int, senders: Iterable[int]) -> np.ndarray:
+    def share_keys(self, site: int, book: Mapping[int, PublicKeys] | None = None, t: int | None = None) -> None:
+        """Stage 2 at ``site`` with ``book`` (default: every advertisement) and ``t``; keep what it sends."""
+        reply = self.clients[site].share_keys(self.book if book is None else book, self.t if t is None else t)
+        self.ciphertexts[site], self.digests[site] = reply.ciphertexts, reply.seed_digest
+
+    def mask(self, site: int, senders: Iterable[int]) -> None:
         """Hand ``site`` the shares of ``senders`` only; keep its masked input (and a colluder's shares)."""
         senders = tuple(sorted(senders))
         y = self.clients[site].mask({v: self.ciphertexts[v][site] for v in senders}, self.xs[site], self.enc)
         self.peers[site], self.masked[site] = senders, y
         if site in self.colluding:
-            client = self.clients[site]
-            self._keep(self.seed_shares, client._seed_shares)
-            self._keep(self.key_shares, client._key_shares)
-        return y
+            self._keep(self.seed_shares, self.clients[site]._seed_shares)
+            self._keep(self.key_shares, self.clients[site]._key_shares)
 
-    def reveal(self, site: int, survivors: Iterable[int], dropped: Iterable[int]) -> None:
-        """Ask ``site`` to unmask with these lists; keep what it reveals (a refusal propagates)."""
-        shares = self.clients[site].reveal(tuple(survivors), tuple(dropped))
+    def sign(self, site: int, survivors: Iterable[int], dropped: Iterable[int]) -> None:
+        """Ask ``site`` to sign the list (a colluder signs whatever it is); keep the signature."""
+        lists = (tuple(sorted(survivors)), tuple(sorted(dropped)))
+        if site in self.colluding:
+            key = self.fed.keys[self.fed.names[site]]
+            self.signatures[lists][site] = sign_survivors(key, self.sum_id, *lists)
+        else:
+            self.signatures[lists][site] = self.clients[site].sign_survivors(Unmasking(*lists))
+
+    def reveal(self, site: int, survivors: Iterable[int], dropped: Iterable[int], signatures=None) -> None:
+        """Ask ``site`` to unmask with the list and ``signatures`` (default: all the list's); keep what it reveals."""
+        lists = (tuple(sorted(survivors)), tuple(sorted(dropped)))
+        sigs = self.signatures[lists] if signatures is None else signatures
+        shares = self.clients[site].reveal(Unmasking(*lists, dict(sigs)))
         self._keep(self.seed_shares, shares.seed_shares)
         self._keep(self.key_shares, shares.key_shares)
 
-    def try_reveal(self, site: int, survivors: Iterable[int], dropped: Iterable[int]) -> str | None:
-        """``reveal``, or the site's one-line refusal."""
-        try:
-            self.reveal(site, survivors, dropped)
-        except SecureSumError as exc:
-            return str(exc)
-        return None
-
     @staticmethod
-    def _keep(pool: dict[int, dict[int, bytes]], shares: dict[int, bytes]) -> None:
+    def _keep(pool: dict[int, dict[int, bytes]], shares: Mapping[int, bytes]) -> None:
         for owner, share in shares.items():
             pool[owner][_share_index(share)] = share
 
     def seeds(self) -> dict[int, bytes]:
         """Every self-mask seed ``b_u`` the attacker can rebuild (checked against its commitment)."""
-        out = {}
+        out = {s: self.clients[s]._seed for s in self.colluding}
         for owner, shares in self.seed_shares.items():
             if len(shares) >= self.t:
                 seed = combine_shares(list(shares.values())[: self.t])
-                assert _seed_digest(seed) == self.digests[owner], f"a wrong seed of site {owner}"
+                assert _seed_digest(seed, self.sum_id) == self.digests[owner], f"a wrong seed of site {owner}"
                 out[owner] = seed
-        for site in self.colluding:
-            out[site] = self.clients[site]._seed
         return out
 
     def mask_keys(self) -> dict[int, object]:
@@ -119,24 +141,23 @@ class Attacker:
         return out
 
     def candidates(self) -> dict[tuple[int, ...], np.ndarray]:
-        """For each non-empty subset ``S`` of the masked inputs: their sum, less every self mask of ``S``
-        and every pair mask between ``S`` and the rest that the attacker can rebuild."""
-        seeds, keys = self.seeds(), self.mask_keys()
-        width = next(iter(self.masked.values())).size
+        """For each non-empty subset ``S`` of the masked inputs: their ring sum, less every self mask of ``S`` and
+        every pair mask between ``S`` and the rest that the attacker can rebuild."""
+        seeds, keys, k = self.seeds(), self.mask_keys(), self.enc.words
         out = {}
-        for k in range(1, len(self.masked) + 1):
-            for subset in itertools.combinations(sorted(self.masked), k):
-                total = np.zeros(width, dtype=np.uint64)
+        for size in range(1, len(self.masked) + 1):
+            for subset in itertools.combinations(sorted(self.masked), size):
+                total = np.zeros_like(self.masked[subset[0]])
                 for u in subset:
-                    total += self.masked[u]
+                    total = ring_add(total, self.masked[u], k)
                     if u in seeds:
-                        total -= _stream(seeds[u], _SELF_MASK, width)
+                        total = ring_sub(total, _self_mask(seeds[u], self.sum_id, total.size), k)
                     for v in self.peers[u]:
                         if v in subset or not (u in keys or v in keys):
                             continue
                         own, other = (u, v) if u in keys else (v, u)
-                        pair = _pair_mask(keys[own], self.book[other].mask, width)  # type: ignore[arg-type]
-                        total = total - pair if v > u else total + pair
+                        pair = _pair_mask(keys[own], self.book[other].mask, self.sum_id, total.size)  # type: ignore[arg-type]
+                        total = ring_sub(total, pair, k) if v > u else ring_add(total, pair, k)
                 out[subset] = total
         return out
 
@@ -146,21 +167,27 @@ class Attacker:
         return got is not None and np.array_equal(got, self.encoded(site))
 
 
-def subset_sums(encoded: dict[int, np.ndarray]) -> dict[bytes, tuple[int, ...]]:
-    """The encoded sum of every non-empty strict subset of the sites, by its bytes."""
+def subset_sums(encoded: dict[int, np.ndarray], words: int, colluding: Collection[int] = ()) -> dict[bytes, tuple]:
+    """The encoded ring sum of every subset of the sites whose honest part is neither empty nor every
+    honest site (the colluders' inputs the attacker knows anyway), by its bytes."""
     sites = sorted(encoded)
+    honest = {s for s in sites if s not in colluding}
     out = {}
-    for k in range(1, len(sites)):
-        for subset in itertools.combinations(sites, k):
+    for size in range(1, len(sites) + 1):
+        for subset in itertools.combinations(sites, size):
+            if not 0 < len(honest.intersection(subset)) < len(honest):
+                continue
             total = np.zeros_like(encoded[sites[0]])
             for s in subset:
-                total += encoded[s]
+                total = ring_add(total, encoded[s], words)
             out[total.tobytes()] = subset
     return out
 
 
 def assert_nothing_decodes(attacker: Attacker) -> None:
-    """No candidate of the attacker is a site's encoded input or the sum of a strict subset of the sites."""
-    sums = subset_sums({s: attacker.encoded(s) for s in attacker.sites})
+    """No candidate of the attacker is an honest site's encoded input or the sum of a strict part of the
+    honest sites (with any colluders' inputs added)."""
+    encoded = {s: attacker.encoded(s) for s in attacker.sites}
+    sums = subset_sums(encoded, attacker.enc.words, attacker.colluding)
     leaks = {k: sums[c.tobytes()] for k, c in attacker.candidates().items() if c.tobytes() in sums}
     assert not leaks, f"the attacker decodes (its subset -> the sites' sum): {leaks}"

@@ -8,10 +8,10 @@ from fractions import Fraction
 
 import numpy as np
 import pytest
+from secure_helpers import Federation
 
 from fedhead.analysis.procedure import ConfigError
 from fedhead.federation.ring_encoding import RingFixedPoint, ring_add, ring_sub
-from fedhead.federation.secure_sum import SecureSumServer
 
 
 def _words(values: list[int], k: int) -> np.ndarray:
@@ -180,7 +180,7 @@ def test_range_condition_is_refused_at_setup_with_the_best_frac_bits():
     ):
         RingFixedPoint(101, 2.0**20, 2).check_sites(100)
     with pytest.raises(ConfigError, match="use frac_bits <= 100"):
-        SecureSumServer(range(100), 10, RingFixedPoint(101, 2.0**20, 2))
+        Federation(range(100)).server(10, RingFixedPoint(101, 2.0**20, 2))
     with pytest.raises(ConfigError, match="use more words"):
         RingFixedPoint(0, 2.0**61, 1).check_sites(4)
     with pytest.raises(ConfigError, match=r"overflow 64 bits even at 0 fractional bits"):

@@ -8,17 +8,19 @@ from fractions import Fraction
 
 import numpy as np
 import pytest
+from secure_helpers import Federation
 
 from fedhead import ufm
+from fedhead.analysis.procedure import ConfigError
 from fedhead.federation import secure_records as sr
 from fedhead.federation.ring_encoding import RingFixedPoint
+from fedhead.federation.roster import simulation_roster
+from fedhead.federation.secure_site import SecureSumClient
 from fedhead.federation.secure_sum import (
     KeyShares,
     PublicKeys,
     RevealedShares,
-    SecureSumClient,
     SecureSumError,
-    SecureSumServer,
     Unmasking,
 )
 
@@ -86,32 +88,41 @@ def test_nearest_psd_clips_negative_eigenvalues():
 
 
 def test_payloads_round_trip_and_refuse_garbage():
-    keys = PublicKeys(b"enc", b"mask")
+    keys = PublicKeys(b"enc", b"mask", "site-a", b"s" * 64)
     assert sr.unpack_keys(sr.pack(keys)) == keys
     shares = KeyShares({2**63 + 5: b"ct"}, b"d" * 32)
     assert sr.unpack_shares(sr.pack(shares)) == shares
     rev = RevealedShares({1: b"a"}, {2: b"b"})
     assert sr.unpack_revealed(sr.pack(rev)) == rev
     assert sr.unpack_unmasking(sr.pack(Unmasking((1, 2), (3,)))) == Unmasking((1, 2), (3,))
+    signed = Unmasking((1, 2), (3,), {2**64 - 1: b"x" * 64, 2: b"y" * 64})
+    assert sr.unpack_unmasking(sr.pack(signed)) == signed
+    assert sr.unpack_signature(sr.pack_signature(b"z" * 64)) == b"z" * 64
     book, t = sr.unpack_book(sr.pack_book({7: keys}, 3))
     assert book == {7: keys} and t == 3
     enc = RingFixedPoint(100, 1e6, 3)
     assert sr.unpack_mask_request(sr.pack_mask_request({7: b"x"}, enc)) == ({7: b"x"}, enc)
-    for bad in (b"not json", b"[1, 2]", b'{"encryption": 3, "mask": "AA=="}'):
+    for bad in (b"not json", b"[1, 2]", b'{"encryption": 3, "mask": "AA=="}', b'{"encryption": "AA==", "name": 3}'):
         with pytest.raises((ValueError, KeyError, TypeError)):
             sr.unpack_keys(bad)
 
 
 def test_a_site_stored_between_every_stage_gives_the_same_sum():
     rng = np.random.default_rng(3)
-    sites = [11, 22, 33, 44]
+    fed = Federation([11, 22, 33, 44])
+    sites = fed.sites
     values = {s: rng.normal(size=6) for s in sites}
     enc = sr.encoding_for(10.0, len(sites))
-    server = SecureSumServer(sites, 6, enc)
-    clients = {s: SecureSumClient(s) for s in sites}
+    server = fed.server(6, enc)
+    clients = {s: fed.client(s) for s in sites}
 
     def reload():
-        return {s: SecureSumClient.from_bytes(c.to_bytes()) for s, c in clients.items()}
+        out = {}
+        for s, c in clients.items():
+            blob = c.to_bytes()
+            assert fed.keys[fed.names[s]].private_bytes_raw() not in blob  # the signing key is not in it
+            out[s] = SecureSumClient.from_bytes(blob, fed.roster, fed.keys[fed.names[s]])
+        return out
 
     book = server.collect_keys({s: c.advertise() for s, c in clients.items()})
     clients = reload()
@@ -120,7 +131,23 @@ def test_a_site_stored_between_every_stage_gives_the_same_sum():
     masked = {s: clients[s].mask(routed[s], values[s], enc) for s in sites[:3]}  # site 44 drops
     unmasking = server.collect_masked(masked)
     clients = reload()
-    result = server.unmask({s: clients[s].reveal(unmasking.survivors, unmasking.dropped) for s in unmasking.survivors})
+    request = server.collect_signatures({s: clients[s].sign_survivors(unmasking) for s in unmasking.survivors})
+    clients = reload()
+    result = server.unmask({s: clients[s].reveal(request) for s in request.signatures})
     np.testing.assert_allclose(result.total, sum(values[s] for s in sites[:3]), rtol=1e-15, atol=1e-15)
+    clients = reload()
+    with pytest.raises(SecureSumError, match="stage 5 .reveal. after stage 5"):  # the stored stage holds
+        clients[11].reveal(request)
+
+
+def test_a_stored_site_refuses_damage_another_roster_or_key():
+    fed = Federation([11, 22, 33])
+    client = fed.client(11)
+    blob, key = client.to_bytes(), fed.keys["site-0"]
     with pytest.raises(SecureSumError, match="does not parse"):
-        SecureSumClient.from_bytes(b"{}")
+        SecureSumClient.from_bytes(b"{}", fed.roster, key)
+    other, _ = simulation_roster(fed.names.values())
+    with pytest.raises(SecureSumError, match="the roster differs from the one this site began the sum with"):
+        SecureSumClient.from_bytes(blob, other, key)
+    with pytest.raises(ConfigError, match="the signing key of site 'site-0' is not its key in the roster"):
+        SecureSumClient.from_bytes(blob, fed.roster, fed.keys["site-1"])

@@ -1,12 +1,13 @@
-"""The secure sum engine: the four stages, what the server unmasks, dropouts, attacks and faults.
-
-(fedhead.federation.secure_sum)
+"""The secure sum engine: the five stages, what the server unmasks, dropouts, faults and the server's
+checks (fedhead.federation.secure_sum, secure_site, secure_server). The sites' refusals of a
+deviating server: test_secure_site_rules.py and test_secure_sum_malicious.py.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
+from dataclasses import replace
 from fractions import Fraction
 
 import numpy as np
@@ -14,73 +15,23 @@ import pytest
 from flwr.common.secure_aggregation.crypto.symmetric_encryption import encrypt, generate_shared_key
 from flwr.common.secure_aggregation.secaggplus_utils import share_keys_plaintext_concat
 from flwr.supercore.primitives.asymmetric import bytes_to_public_key
+from secure_helpers import IDS, SUM, Federation, Run, ring_sum
 
 from fedhead.analysis.procedure import ConfigError
 from fedhead.federation import secure_records as sr
 from fedhead.federation.aggregation import ReplyError
-from fedhead.federation.ring_encoding import RingFixedPoint, ring_add
+from fedhead.federation.ring_encoding import RingFixedPoint
 from fedhead.federation.secure_sum import (
+    PublicKeys,
     RevealedShares,
-    SecureSumClient,
     SecureSumError,
-    SecureSumServer,
+    _seed_digest,
+    _self_mask,
+    _stream,
+    _sum_tag,
     check_threshold,
     default_threshold,
 )
-
-#: Flower node ids are 64-bit; some above 2^63 check the unsigned packing.
-IDS = [2**64 - 1, 17, 2**63 + 5, 3, 123456789, 9, 2**40, 1]
-
-
-class Run:
-    """One secure sum driven in-process, with hooks for dropouts and a server that lies."""
-
-    def __init__(self, m: int, length: int = 40, *, bound: float = 1e3, threshold: int | None = None, seed: int = 0):
-        rng = np.random.default_rng(seed)
-        self.sites = IDS[:m]
-        self.enc = RingFixedPoint.for_sites(bound, m, words=2)
-        self.xs = {s: rng.uniform(-bound, bound, length) for s in self.sites}
-        self.start(length, threshold)
-
-    def start(self, length: int, threshold: int | None) -> None:
-        """Stages 1 and 2 over ``self.sites`` with ``self.enc``."""
-        self.server = SecureSumServer(self.sites, length, self.enc, threshold=threshold)
-        self.clients = {s: SecureSumClient(s) for s in self.sites}
-        self.book = self.server.collect_keys({s: c.advertise() for s, c in self.clients.items()})
-        t = self.server.threshold
-        self.routed = self.server.route_shares({s: c.share_keys(self.book, t) for s, c in self.clients.items()})
-
-    def mask(self, skip=()):
-        self.masked = {
-            s: self.clients[s].mask(self.routed[s], self.xs[s], self.enc) for s in self.sites if s not in skip
-        }
-        return self.server.collect_masked(self.masked)
-
-    def reveal(self, unmasking, silent=()):
-        return {
-            s: self.clients[s].reveal(unmasking.survivors, unmasking.dropped)
-            for s in unmasking.survivors
-            if s not in silent
-        }
-
-    def run(self, *, drop_before_mask=(), silent=()):
-        unmasking = self.mask(drop_before_mask)
-        return self.server.unmask(self.reveal(unmasking, silent))
-
-    def encoded(self, site):
-        return self.enc.encode(self.xs[site])
-
-    def plain(self, sites):
-        """The ring sum of the encodings of ``sites``' inputs, unmasked."""
-        return _ring_sum(self.enc, [self.encoded(s) for s in sites])
-
-
-def _ring_sum(enc, encoded):
-    total = np.zeros_like(encoded[0])
-    for e in encoded:
-        total = ring_add(total, e, enc.words)
-    return total
-
 
 # --------------------------------------------------------------------------------------------
 # the protocol
@@ -106,7 +57,8 @@ class Given(Run):
     """A secure sum of given inputs ``{site: vector}`` under ``encoding``."""
 
     def __init__(self, xs: dict[int, np.ndarray], encoding: RingFixedPoint):
-        self.sites, self.enc, self.xs = sorted(xs), encoding, xs
+        self.fed = Federation(sorted(xs))
+        self.sites, self.enc, self.xs = self.fed.sites, encoding, xs
         self.start(next(iter(xs.values())).size, None)
 
 
@@ -143,7 +95,7 @@ def test_no_masked_input_and_no_partial_sum_shows_the_encodings():
         assert np.count_nonzero(y == run.encoded(s)) == 0
     for k in range(1, 7):  # every subset, the whole set included (self masks stay until the unmasking)
         for subset in itertools.combinations(run.sites, k):
-            masked = _ring_sum(run.enc, [run.masked[s] for s in subset])
+            masked = ring_sum(run.enc, [run.masked[s] for s in subset])
             assert not np.array_equal(masked, run.plain(subset)), subset
 
 
@@ -171,7 +123,7 @@ def test_sites_dropped_before_masking_are_unmasked_from_their_key_shares(m, gone
     unmasking = run.mask(dead)
     assert unmasking.dropped == dead
     alive = [s for s in run.sites if s not in dead]
-    result = run.server.unmask(run.reveal(unmasking))
+    result = run.server.unmask(run.reveal(run.sign(unmasking)))
     np.testing.assert_array_equal(result.encoded, run.plain(alive))
     assert result.dropped == dead and result.survivors == tuple(sorted(alive))
 
@@ -180,18 +132,25 @@ def test_dropouts_at_every_stage_together():
     run = Run(8, seed=3)
     assert run.server.threshold == 5
     # site 0 never advertises keys, site 1 never shares them: they are in no mask
-    server = SecureSumServer(run.sites, 40, run.enc)
-    clients = {s: SecureSumClient(s) for s in run.sites}
+    server = run.fed.server(40, run.enc, sum_id="sum-2")
+    clients = {s: run.fed.client(s, "sum-2") for s in run.sites}
     book = server.collect_keys({s: c.advertise() for s, c in clients.items() if s != run.sites[0]})
     shares = {s: clients[s].share_keys(book, server.threshold) for s in book if s != run.sites[1]}
     routed = server.route_shares(shares)
     masked = {s: clients[s].mask(routed[s], run.xs[s], run.enc) for s in routed if s != run.sites[2]}
     unmasking = server.collect_masked(masked)
     assert unmasking.dropped == (run.sites[2],)
-    reveal = {s: clients[s].reveal(unmasking.survivors, unmasking.dropped) for s in unmasking.survivors}
-    result = server.unmask(reveal)  # 5 survivors of 8: exactly the threshold
-    alive = run.sites[3:]
-    np.testing.assert_array_equal(result.encoded, run.plain(alive))
+    request = server.collect_signatures({s: clients[s].sign_survivors(unmasking) for s in unmasking.survivors})
+    result = server.unmask({s: clients[s].reveal(request) for s in request.signatures})  # 5 of 8: the threshold
+    np.testing.assert_array_equal(result.encoded, run.plain(run.sites[3:]))
+
+
+def test_sites_that_neither_sign_nor_reveal_still_count():
+    run = Run(7)
+    assert run.server.threshold == 4
+    result = run.run(drop_before_mask=run.sites[:1], unsigned=run.sites[1:2], silent=run.sites[2:3])
+    assert result.survivors == tuple(sorted(run.sites[1:])) and result.dropped == (run.sites[0],)
+    np.testing.assert_array_equal(result.encoded, run.plain(run.sites[1:]))
 
 
 def test_too_few_survivors_is_one_line_naming_the_threshold():
@@ -201,11 +160,16 @@ def test_too_few_survivors_is_one_line_naming_the_threshold():
         run.mask(run.sites[:3])
     run = Run(5)
     unmasking = run.mask()
+    with pytest.raises(SecureSumError, match=r"^secure sum: 2 sites signed the survivor list, the threshold is 3$"):
+        run.sign(unmasking, unsigned=run.sites[:3])
+    run = Run(5)
+    request = run.sign(run.mask())
     with pytest.raises(SecureSumError, match=r"^secure sum: 2 sites answered the unmasking, the threshold is 3$"):
-        run.server.unmask(run.reveal(unmasking, silent=run.sites[:3]))
-    server = SecureSumServer(IDS[:5], 4, RingFixedPoint(10, 1.0))
+        run.server.unmask(run.reveal(request, silent=run.sites[:3]))
+    fed = Federation(IDS[:5])
+    server = fed.server(4, RingFixedPoint(10, 1.0))
     with pytest.raises(SecureSumError, match=r"^secure sum: 2 sites advertised keys, the threshold is 3$"):
-        server.collect_keys({s: SecureSumClient(s).advertise() for s in IDS[:2]})
+        server.collect_keys({s: fed.client(s).advertise() for s in IDS[:2]})
 
 
 def test_threshold_rules():
@@ -215,10 +179,11 @@ def test_threshold_rules():
         with pytest.raises(ConfigError, match="threshold must be an integer in") as err:
             check_threshold(t, m)
         assert "\n" not in str(err.value)
+    fed = Federation(IDS[:6])
     with pytest.raises(ConfigError, match=r"needs at least 3 sites, got 2 \(with two, each site learns"):
-        SecureSumServer(IDS[:2], 4, RingFixedPoint(10, 1.0))
+        fed.server(4, RingFixedPoint(10, 1.0), IDS[:2])
     with pytest.raises(ConfigError, match="threshold"):
-        SecureSumServer(IDS[:6], 4, RingFixedPoint(10, 1.0), threshold=3)  # 2t <= n: a minority
+        fed.server(4, RingFixedPoint(10, 1.0), threshold=3)  # 2t <= n: a minority
     # t = M tolerates no dropout
     run = Run(4, threshold=4)
     with pytest.raises(SecureSumError, match="3 sites survived, the threshold is 4"):
@@ -248,64 +213,47 @@ def test_a_ciphertext_routed_to_the_wrong_site_is_refused():
         run.clients[u].mask(run.routed[u], run.xs[u], run.enc)
 
 
-def test_key_shares_naming_the_wrong_sender_or_recipient_are_refused():
+def _forged_shares(run: Run, u: int, v: int, plain: bytes) -> bytes:
+    """``plain`` encrypted from ``v`` to ``u`` under their true shared key."""
+    key = generate_shared_key(run.clients[v]._enc_key, bytes_to_public_key(run.book[u].encryption))
+    return encrypt(key, plain)
+
+
+def test_key_shares_naming_the_wrong_sender_recipient_or_sum_are_refused():
     for src, dst in [(2, 0), (1, 2)]:  # positions in the site list; site 1 sends to site 0
         run = Run(4)
         u, v = run.sites[0], run.sites[1]
-        # v encrypts for u under their true shared key, but the plaintext names another pair
-        key = generate_shared_key(run.clients[v]._enc_key, bytes_to_public_key(run.book[u].encryption))
         named = (run.sites[src], run.sites[dst])
-        run.routed[u][v] = encrypt(key, share_keys_plaintext_concat(*named, b"x" * 52, b"y" * 324))
+        plain = _sum_tag(SUM) + share_keys_plaintext_concat(*named, b"x" * 52, b"y" * 324)
+        run.routed[u][v] = _forged_shares(run, u, v, plain)
         with pytest.raises(SecureSumError, match=f"routed from site {v} to site {u} name {named[0]} -> {named[1]}"):
             run.clients[u].mask(run.routed[u], run.xs[u], run.enc)
+    run = Run(4)
+    u, v = run.sites[0], run.sites[1]
+    plain = _sum_tag("run-1/sum-0") + share_keys_plaintext_concat(v, u, b"x" * 52, b"y" * 324)
+    run.routed[u][v] = _forged_shares(run, u, v, plain)
+    with pytest.raises(
+        SecureSumError, match=f"^secure sum: the key shares from site {v} belong to another sum; refused$"
+    ):
+        run.clients[u].mask(run.routed[u], run.xs[u], run.enc)
 
 
-def test_a_site_refuses_to_reveal_both_shares_of_one_site():
-    run = Run(5)
-    unmasking = run.mask()
-    u, target = unmasking.survivors[0], unmasking.survivors[1]
-    with pytest.raises(SecureSumError, match=rf"asked for both shares of site\(s\) \[{target}\]; refused"):
-        run.clients[u].reveal(unmasking.survivors, (target,))
-
-
-@pytest.mark.parametrize(
-    "who, msg",
-    [
-        ("stranger", "holds no shares of site"),
-        ("not me", "is not named a survivor"),
-        ("two", "2 sites survived, the threshold is 3"),
-    ],
-)
-def test_a_site_refuses_a_dishonest_unmasking_request(who, msg):
-    run = Run(5)
-    alive = run.mask().survivors
-    survivors = {"stranger": (*alive, 424242), "not me": alive[1:], "two": alive[:2]}[who]
-    with pytest.raises(SecureSumError, match=msg):
-        run.clients[alive[0]].reveal(survivors, ())
-
-
-def test_a_site_runs_each_stage_once_so_no_mask_is_reused():
-    run = Run(3)
-    u = run.sites[0]
-    run.clients[u].mask(run.routed[u], run.xs[u], run.enc)
-    with pytest.raises(SecureSumError, match="stage 3 .mask. after stage 3"):
-        run.clients[u].mask(run.routed[u], run.xs[u] + 1.0, run.enc)
-    with pytest.raises(SecureSumError, match="stage 2"):
-        run.clients[u].share_keys(run.book, 2)
-    with pytest.raises(SecureSumError, match="stage 4 .reveal. before stage 1"):
-        SecureSumClient(5).reveal((), ())
-    with pytest.raises(SecureSumError, match="server's stage 3"):
-        SecureSumServer(IDS[:3], 4, RingFixedPoint(10, 1.0)).collect_masked({})
+def test_every_mask_and_commitment_binds_the_sum_id():
+    seed = bytes(range(32))
+    assert not np.array_equal(_self_mask(seed, "a", 8), _self_mask(seed, "b", 8))
+    assert not np.array_equal(_self_mask(seed, "a", 8), _stream(seed, b"fedhead secure sum: pair mask", "a", 8))
+    assert _seed_digest(seed, "a") != _seed_digest(seed, "b")
+    assert _sum_tag("ab") != _sum_tag("a") and not _sum_tag("ab").startswith(_sum_tag("a"))
 
 
 def test_a_wrong_share_is_detected_not_summed():
     for kind in ("seed", "key"):
         run = Run(5)
-        unmasking = run.mask(run.sites[:1])
-        reveal = run.reveal(unmasking)
+        request = run.sign(run.mask(run.sites[:1]))
+        reveal = run.reveal(request)
         liar = min(reveal)  # among the shares the server uses
         shares = reveal[liar].seed_shares if kind == "seed" else reveal[liar].key_shares
-        owner = unmasking.survivors[-1] if kind == "seed" else unmasking.dropped[0]
+        owner = request.survivors[-1] if kind == "seed" else request.dropped[0]
         bad = bytearray(shares[owner])
         bad[10] ^= 1
         shares[owner] = bytes(bad)
@@ -314,39 +262,56 @@ def test_a_wrong_share_is_detected_not_summed():
 
 
 def test_the_server_refuses_another_sites_or_missing_shares():
-    for case in ("stolen", "partial"):
+    for case in ("stolen", "partial", "unsigned"):
         run = Run(4)
-        unmasking = run.mask()
-        reveal = run.reveal(unmasking)
-        a, b = unmasking.survivors[:2]
+        request = run.sign(run.mask(), unsigned=run.sites[-1:])
+        reveal = run.reveal(request)
+        a, b = sorted(request.signatures)[:2]
         if case == "stolen":  # a site replays another site's shares
             reveal[a] = RevealedShares(reveal[b].seed_shares, reveal[b].key_shares)
             msg = f"client node {a}: secure sum: a share is malformed or not this site's"
-        else:
+        elif case == "partial":
             reveal[a] = RevealedShares({a: reveal[a].seed_shares[a]}, {})
             msg = "must name exactly the survivors and the dropped sites"
+        else:
+            reveal[run.sites[-1]] = reveal[a]
+            msg = f"client node {run.sites[-1]}: .* a site that did not sign the survivor list"
         with pytest.raises(ReplyError, match=msg):
             run.server.unmask(reveal)
 
 
-def test_the_server_refuses_bad_keys_and_key_shares():
-    sites = IDS[:4]
-    clients = {s: SecureSumClient(s) for s in sites}
+def test_the_server_refuses_bad_keys_key_shares_and_signatures():
+    fed = Federation(IDS[:4])
+    sites = fed.sites
+    clients = {s: fed.client(s) for s in sites}
     keys = {s: c.advertise() for s, c in clients.items()}
-    copied = {**keys, sites[1]: keys[sites[0]]}
-    with pytest.raises(ReplyError, match=f"client node {sites[1]}: secure sum: a public key repeats one of site"):
-        SecureSumServer(sites, 8, RingFixedPoint(10, 1.0)).collect_keys(copied)
-    with pytest.raises(ReplyError, match="outside the sum"):
-        SecureSumServer(sites, 8, RingFixedPoint(10, 1.0)).collect_keys({**keys, 99999: keys[sites[0]]})
-    garbled = {**keys, sites[2]: type(keys[sites[2]])(b"not a key", keys[sites[2]].mask)}
-    with pytest.raises(ReplyError, match="does not parse"):
-        SecureSumServer(sites, 8, RingFixedPoint(10, 1.0)).collect_keys(garbled)
-    server = SecureSumServer(sites, 8, RingFixedPoint(10, 1.0))
+    enc = RingFixedPoint(10, 1.0)
+    for bad, msg in [
+        ({**keys, sites[1]: keys[sites[0]]}, f"client node {sites[1]}: .* not roster member 'site-0'"),
+        ({**keys, 99999: keys[sites[0]]}, "outside the sum"),
+        ({**keys, sites[2]: replace(keys[sites[2]], encryption=b"not a key")}, "does not parse"),
+        ({**keys, sites[2]: replace(keys[sites[2]], signature=b"x" * 64)}, "not roster member 'site-2'"),
+    ]:
+        with pytest.raises(ReplyError, match=msg):
+            fed.server(8, enc).collect_keys(bad)
+    server = fed.server(8, enc)
     book = server.collect_keys(keys)
     shares = {s: c.share_keys(book, 3) for s, c in clients.items()}
     del shares[sites[0]].ciphertexts[sites[1]]
     with pytest.raises(ReplyError, match="one ciphertext for each of sites"):
         server.route_shares(shares)
+    run = Run(4)
+    unmasking = run.mask()
+    signatures = {s: run.clients[s].sign_survivors(unmasking) for s in run.sites}
+    a, b = run.sites[:2]
+    for bad, msg in [
+        ({**signatures, a: signatures[b]}, f"client node {a}: secure sum: the survivor-list signature does not"),
+        ({**signatures, 5: signatures[b]}, "client node 5: .* not a survivor"),
+    ]:
+        server = run.fed.server(40, run.enc, sum_id=SUM)
+        server._stage, server._book, server._unmasking = 3, run.book, unmasking  # as after stage 3
+        with pytest.raises(ReplyError, match=msg):
+            server.collect_signatures(bad)
 
 
 def test_the_server_refuses_bad_masked_inputs():
@@ -358,20 +323,12 @@ def test_the_server_refuses_bad_masked_inputs():
             run.server.collect_masked(masked)
 
 
-def test_a_site_checks_the_key_book_and_its_input():
-    sites = IDS[:3]
-    clients = {s: SecureSumClient(s) for s in sites}
-    keys = {s: c.advertise() for s, c in clients.items()}
-    other = SecureSumClient(sites[0])
-    with pytest.raises(SecureSumError, match=f"does not hold site {sites[0]}'s own keys"):
-        other.advertise()
-        other.share_keys(keys, 2)
-    repeated = {**keys, sites[2]: keys[sites[1]]}
-    with pytest.raises(SecureSumError, match="repeats a public key"):
-        clients[sites[0]].share_keys(repeated, 2)
-    with pytest.raises(ConfigError, match="threshold"):
-        clients[sites[1]].share_keys(keys, 1)
+def test_a_site_checks_its_input_and_the_server_its_stages():
     run = Run(3, bound=1.0)
     u = run.sites[0]
     with pytest.raises(ValueError, match="exceed the bound 1"):
         run.clients[u].mask(run.routed[u], np.full(40, 2.0), run.enc)
+    with pytest.raises(SecureSumError, match="server's stage 3"):
+        Federation(IDS[:3]).server(4, RingFixedPoint(10, 1.0)).collect_masked({})
+    assert isinstance(run.book[u], PublicKeys) and run.book[u].name == "site-0"
+    assert sr.unpack_book(sr.pack_book(run.book, 2)) == (run.book, 2)
