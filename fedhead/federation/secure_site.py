@@ -45,6 +45,7 @@ from fedhead.federation.roster import (
 )
 from fedhead.federation.secure_sum import (
     _SEED_BYTES,
+    MIN_SITES,
     KeyShares,
     PublicKeys,
     RevealedShares,
@@ -272,6 +273,8 @@ class SecureSumClient:
             raise SecureSumError(str(exc)) from None
         if book.get(self.site) != self._public:
             raise _refuse(f"the key book alters or omits site {self.site}'s own entry; refused")
+        if len(sites) < MIN_SITES:
+            raise _refuse(f"the key book holds {len(sites)} sites, a secure sum needs at least {MIN_SITES}; refused")
         names: dict[str, int] = {}
         for s in sites:
             entry = book[s]

@@ -58,6 +58,7 @@ def _own_keys() -> PublicKeys:
         ("own altered", r"the key book alters or omits site 18446744073709551615's own entry; refused$"),
         ("own omitted", r"the key book alters or omits site 18446744073709551615's own entry; refused$"),
         ("key twice", r"the key book repeats a public key; refused$"),
+        ("two sites", r"the key book holds 2 sites, a secure sum needs at least 3; refused$"),
     ],
 )
 def test_a_site_refuses_a_key_book_that_breaks_a_rule(case, message):
@@ -80,6 +81,8 @@ def test_a_site_refuses_a_key_book_that_breaks_a_rule(case, message):
         book[u] = replace(book[u], mask=book[v].mask)
     elif case == "own omitted":
         del book[u]
+    elif case == "two sites":
+        book = {u: book[u], v: book[v]}
     else:  # w signs an advertisement of v's public keys
         book[w] = _signed(fed, "site-2", w, book[v])
     _refused(lambda: clients[u].share_keys(book, 3), message)
