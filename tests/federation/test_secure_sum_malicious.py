@@ -27,13 +27,19 @@ def _everyone_else(a: Attacker, u: int) -> list[int]:
     return [s for s in a.sites if s != u]
 
 
-def test_the_harness_decodes_the_whole_sum_of_an_honest_run_and_nothing_else():
-    a = Attacker(5, 3)
+def _honest(m: int, t: int) -> Attacker:
+    """An attacker that runs the whole sum as the protocol says."""
+    a = Attacker(m, t)
     _start(a, a.sites)
     for s in a.sites:
         a.sign(s, a.sites, ())
     for s in a.sites:
         a.reveal(s, a.sites, ())
+    return a
+
+
+def test_the_harness_decodes_the_whole_sum_of_an_honest_run_and_nothing_else():
+    a = _honest(5, 3)
     assert_nothing_decodes(a)
     total = a.candidates()[tuple(sorted(a.sites))]
     assert (total == ring_sum(a.enc, [a.encoded(s) for s in a.sites])).all()
@@ -181,12 +187,7 @@ def test_a_replayed_step_is_refused():
 
 
 def test_a_repeated_sum_id_is_refused():
-    a = Attacker(4, 3)
-    _start(a, a.sites)
-    for s in a.sites:
-        a.sign(s, a.sites, ())
-    for s in a.sites:
-        a.reveal(s, a.sites, ())
+    a = _honest(4, 3)
     for s in a.sites:
         line = attempt(lambda s=s: a.fed.client(s, a.sum_id))
         assert line == f"secure sum: site {s} already took part in a sum with id {a.sum_id!r}; refused"
