@@ -17,8 +17,8 @@ def start_ray(init_args: dict[str, Any]) -> bool:
     """Start Ray for a simulation unless it is running; return whether this call started it.
 
     flwr's Ray backend would start it with a ``runtime_env`` (only to pass ``PYTHONPATH``),
-    which makes Ray set up a runtime environment before every actor (~2.5 s of the start on 2
-    cores, see benchmarks/bench_overhead.py). Starting it here without one, with the same
+    which makes Ray set up a runtime environment before every actor (seconds added to the start,
+    whose time benchmarks/bench_overhead.py reports). Starting it here without one, with the same
     ``PYTHONPATH`` exported to the worker processes, no dashboard and ``init_args`` from the
     resources config, lets flwr reuse the running instance (it shuts Ray down at the end).
 

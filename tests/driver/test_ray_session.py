@@ -11,7 +11,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -20,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from deploy_commands import free_ports
 
 from fedhead.driver import ray_session
 
@@ -86,17 +86,6 @@ def test_flwr_backend_still_does_what_the_shared_session_replaces():
     assert "if not ray.is_initialized():" in methods["init_ray"]
 
 
-def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
 @pytest.fixture
 def ray_tmp() -> Iterator[Path]:
     """A Ray temp folder of the test's own (``RAY_TMPDIR``: the sessions and the address file
@@ -126,7 +115,7 @@ def _probe(env: dict[str, str], *init_args: dict) -> list[dict]:
 def ray_start_head(env: dict[str, str], logs: Path, cpus: int) -> Iterator[str]:
     """``ray start --head --block`` on free ports, as a user leaves a cluster running on the host;
     yields its address (from the address file it wrote); its process group is ended after."""
-    gcs, client, agent = _free_ports(3)
+    gcs, client, agent = free_ports(3)
     address_file = Path(env["RAY_TMPDIR"]) / "ray" / "ray_current_cluster"
     cmd = [str(Path(sys.executable).with_name("ray")), "start", "--head", f"--port={gcs}", f"--num-cpus={cpus}"]
     cmd += ["--include-dashboard=false", f"--ray-client-server-port={client}"]
@@ -170,6 +159,6 @@ def test_a_dead_clusters_address_file_is_not_read(ray_tmp):
     on; a run without an address starts its own Ray instead of failing to connect (which took Ray
     minutes)."""
     (ray_tmp / "ray").mkdir()
-    (ray_tmp / "ray" / "ray_current_cluster").write_text(f"127.0.0.1:{_free_ports(1)[0]}")
+    (ray_tmp / "ray" / "ray_current_cluster").write_text(f"127.0.0.1:{free_ports(1)[0]}")
     (own,) = _probe(_env(ray_tmp), {})
     assert own["started"] and len(own["nodes"]) == 1
