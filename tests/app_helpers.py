@@ -308,3 +308,10 @@ def handlers_app(job, around=None):
 
         register()(real if around is None else around(stage, real))
     return app
+
+
+def stored_round(store, partition: int) -> int | None:
+    """Round of the newest private state that ``store`` (a ``BackboneStore``) holds for
+    ``partition`` (None: nothing stored)."""
+    entry = store.load(partition)
+    return None if entry is None else entry[0]

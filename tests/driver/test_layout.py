@@ -136,6 +136,7 @@ def test_import_rules(module, banned):
 
 def test_store_finds_the_expected_round_without_listing(tmp_path, monkeypatch):
     from fedhead.clients import BackboneStore
+    from fedhead.clients.cache import CLIENT_CACHE
 
     store = BackboneStore(tmp_path / "s", sync=False)
     for pid in range(5):
@@ -145,7 +146,7 @@ def test_store_finds_the_expected_round_without_listing(tmp_path, monkeypatch):
     store.save(3, 3, {"w": 3 * torch.ones(2)})
     assert not store.path(3, 1).exists()
     store.path(3, 3).unlink()
-    BackboneStore.clear_cache()
+    CLIENT_CACHE.clear()  # what a new process sees
 
     def no_listing(self, partition):
         raise AssertionError("the folder was listed")
