@@ -27,7 +27,7 @@ from fedhead.driver.console import diagnosis_lines, final_summary, fmt, local_ga
 from fedhead.driver.figures import write_run_figures
 from fedhead.driver.logs import LOCAL_GAP, console
 from fedhead.driver.tensorboard import TensorBoardLogger
-from fedhead.federation.aggregation import LOCAL_GAP_THRESHOLD
+from fedhead.federation.local_fit import LOCAL_GAP_THRESHOLD
 from fedhead.federation.tracking import Targets
 from fedhead.plotting.canvas import DRAWER
 from fedhead.progress import progress

@@ -22,7 +22,8 @@ from fedhead import ufm
 from fedhead.analysis import metrics
 from fedhead.analysis.metrics import direction_error, relative_error
 from fedhead.analysis.procedure import reference_name
-from fedhead.federation.aggregation import LocalFit, effective_covariances
+from fedhead.federation.aggregation import effective_covariances
+from fedhead.federation.local_fit import LocalFit
 from fedhead.results.rounds import RoundRecord, json_value
 
 __all__ = ["Targets", "RoundRecord", "RoundTracker", "reference_targets", "selected_heads"]
