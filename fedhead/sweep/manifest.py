@@ -16,7 +16,7 @@ from typing import Any
 
 from fedhead.analysis.procedure import ConfigError
 from fedhead.results.io import write_json_atomic
-from fedhead.sweep.presets import RunSpec
+from fedhead.sweep.specs import RunSpec
 
 SCHEMA_VERSION = 1
 STATUSES = ("pending", "completed", "failed", "skipped")

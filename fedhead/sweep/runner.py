@@ -35,7 +35,8 @@ from fedhead.results.schema import Results
 from fedhead.settings.config import JobConfig, compose_config, load_config
 from fedhead.settings.job import config_hash
 from fedhead.sweep.manifest import Manifest, run_dir
-from fedhead.sweep.presets import RunSpec, plan
+from fedhead.sweep.presets import plan
+from fedhead.sweep.specs import RunSpec
 
 log = logging.getLogger(SWEEP)
 #: attempts of a simulation whose engine died (the runs it did not finish go to the next one)
