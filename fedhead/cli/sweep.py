@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from fedhead.analysis.procedure import ConfigError
+from fedhead.analysis.constraints import ConfigError
 from fedhead.sweep.presets import PRESETS, plan
 from fedhead.sweep.reproduce import ALL, REPORT, run_all
 from fedhead.sweep.runner import SweepConfig, run_sweep

@@ -103,7 +103,7 @@ from flwr.supercore.primitives.asymmetric import (
     public_key_to_bytes,
 )
 
-from fedhead.analysis.procedure import ConfigError
+from fedhead.analysis.constraints import ConfigError
 from fedhead.federation.aggregation import ReplyError
 
 log = logging.getLogger(__name__)
@@ -163,7 +163,8 @@ class FixedPoint:
         return (_LIMIT - 1) // max(self.max_encoded, 1)
 
     def check_sites(self, sites: int) -> None:
-        """Raise [`ConfigError`][fedhead.analysis.procedure.ConfigError] unless sums of ``sites`` inputs stay exact."""
+        """Raise [`ConfigError`][fedhead.analysis.constraints.ConfigError] unless sums of ``sites``
+        inputs stay exact."""
         if sites > self.capacity():
             best = FixedPoint.for_sites(self.bound, sites).frac_bits
             raise ConfigError(
@@ -267,7 +268,8 @@ class WideFixedPoint:
         return min((self._limit - 1) // max(self.max_encoded, 1), 2**32 - 1)
 
     def check_sites(self, sites: int) -> None:
-        """Raise [`ConfigError`][fedhead.analysis.procedure.ConfigError] unless sums of ``sites`` inputs stay exact."""
+        """Raise [`ConfigError`][fedhead.analysis.constraints.ConfigError] unless sums of ``sites``
+        inputs stay exact."""
         if sites > self.capacity():
             raise ConfigError(
                 f"fixed point: {sites} sites with bound {self.bound:g} at {self.frac_bits} fractional bits can "

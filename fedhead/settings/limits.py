@@ -22,8 +22,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from fedhead.analysis.constraints import Field, check, integer, number, optional
-from fedhead.analysis.procedure import ConfigError
+from fedhead.analysis.constraints import ConfigError, Field, check, integer, number, optional
 
 __all__ = ["STRAGGLER_ERROR_CODE", "FailurePolicy", "Timeouts", "straggler_reason", "straggler_waves"]
 

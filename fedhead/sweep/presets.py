@@ -12,7 +12,7 @@ import dataclasses
 import fnmatch
 from collections.abc import Callable, Sequence
 
-from fedhead.analysis.procedure import ConfigError
+from fedhead.analysis.constraints import ConfigError
 from fedhead.sweep.scales import SCALES, Scale
 from fedhead.sweep.specs import IMAGE, SETTINGS, TABULAR, RunSpec, preset_settings, spec
 

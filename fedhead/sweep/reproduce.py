@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fedhead.analysis.procedure import ConfigError
+from fedhead.analysis.constraints import ConfigError
 from fedhead.driver.logs import SWEEP
 from fedhead.progress import progress
 from fedhead.sweep.presets import PRESETS, plan

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fedhead.analysis.procedure import ConfigError
+from fedhead.analysis.constraints import ConfigError
 from fedhead.data.base import MissingDataError
 from fedhead.driver.checks import check_data_once, data_key, uses_cuda
 from fedhead.driver.cluster import cluster_address, describe_cluster

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from fedhead import ufm
-from fedhead.analysis.procedure import ConfigError
+from fedhead.analysis.constraints import ConfigError
 from fedhead.federation import secure_records as sr
 from fedhead.federation.secure_sum import (
     KeyShares,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from fedhead.analysis.procedure import ConfigError
+from fedhead.analysis.constraints import ConfigError
 from fedhead.settings.config import compose_config, load_config
 from fedhead.sweep import PRESETS, plan
 from fedhead.sweep.presets import MAIN_PROCEDURES, PAPER_EPOCHS, RHOS
