@@ -99,10 +99,9 @@ def check_distinct_keys(paths: list[str], keys: list[str]) -> None:
 def read_file(path: str | os.PathLike, *, targets: bool = True) -> SiteTable:
     """Read one CSV, Parquet or ``.npz`` file (by suffix) into a [`SiteTable`][fedhead.data.table_files.SiteTable].
 
-    Raises [`TableError`][fedhead.data.table_files.TableError] naming the file when it is missing, unreadable or empty,
-    or when
-    an ``.npz`` lacks ``x``/``y`` or their lengths differ. ``targets=False`` (inputs to predict
-    from): an ``.npz`` needs ``x`` only (``y``, when present, is read as well).
+    Raises [`TableError`][fedhead.data.table_files.TableError] naming the file when it is missing, unreadable
+    or empty, or when an ``.npz`` lacks ``x``/``y`` or their lengths differ. ``targets=False`` (inputs to
+    predict from): an ``.npz`` needs ``x`` only (``y``, when present, is read as well).
     """
     p = Path(path)
     name = file_label(p)

@@ -1,10 +1,9 @@
 """Checks and sizes of a simulation that need no engine: the device, the data and the regime.
 
 [`preflight`][fedhead.driver.checks.preflight] refuses impossible resources before anything starts;
-[`prepare_data`][fedhead.driver.checks.prepare_data]
-(once per data set and penalties in a process: [`check_data_once`][fedhead.driver.checks.check_data_once]) loads the
-data and
-refuses a federation outside the fully active regime; [`message_window`][fedhead.driver.checks.message_window] sizes the
+[`prepare_data`][fedhead.driver.checks.prepare_data] (once per data set and penalties in a process:
+[`check_data_once`][fedhead.driver.checks.check_data_once]) loads the data and refuses a federation
+outside the fully active regime; [`message_window`][fedhead.driver.checks.message_window] sizes the
 messages in flight.
 """
 
@@ -91,9 +90,8 @@ def prepare_data(job: JobConfig):
 
 
 def data_key(job: JobConfig) -> tuple[str, int, float, float, bool]:
-    """What [`prepare_data`][fedhead.driver.checks.prepare_data]'s verdict depends on: the data set, the client count,
-    the
-    penalties (the regime check) and ``diagnose_only``."""
+    """What [`prepare_data`][fedhead.driver.checks.prepare_data]'s verdict depends on: the data set, the
+    client count, the penalties (the regime check) and ``diagnose_only``."""
     st = job.settings
     return repr(job.dataset), st.num_clients, st.lambda_h, st.lambda_w, st.diagnose_only
 

@@ -1,13 +1,11 @@
 """Reference Grams of a run and the per-round server measurements (theory.md §11; numpy only).
 
-[`reference_targets`][fedhead.federation.tracking.reference_targets] collects the Grams a procedure is measured against
-(``G_star``,
-``G_cen``, ``G_within``, the corrected barycenter of a partial correction, the client Grams the
-recursion uses); [`RoundTracker`][fedhead.federation.tracking.RoundTracker] measures every aggregated head against them
-and runs the
-exact recursion (theory.md §6) alongside; [`fedhead.results.rounds.RoundRecord`][fedhead.results.rounds.RoundRecord]
-(declared in the
-results layer, with results.json's schema) is one round's measurements.
+[`reference_targets`][fedhead.federation.tracking.reference_targets] collects the Grams a procedure is
+measured against (``G_star``, ``G_cen``, ``G_within``, the corrected barycenter of a partial correction,
+the client Grams the recursion uses); [`RoundTracker`][fedhead.federation.tracking.RoundTracker]
+measures every aggregated head against them and runs the exact recursion (theory.md §6) alongside;
+[`fedhead.results.rounds.RoundRecord`][fedhead.results.rounds.RoundRecord] (declared in the results
+layer, with results.json's schema) is one round's measurements.
 """
 
 from __future__ import annotations
@@ -38,8 +36,8 @@ class Targets:
     distance use them. ``reference`` names the endpoint the procedure should reach (``"star"``, ``"cen"``,
     ``"corrected"`` or ``"within"``, see
     [`fedhead.analysis.procedure.reference_name`][fedhead.analysis.procedure.reference_name]).
-    ``g_corrected`` is the BW barycenter of the corrected ``client_grams`` for a partial correction ``0 <
-    gamma < 1`` (the fixed point of exact selection there, not ``G_cen``); None otherwise.
+    ``g_corrected`` is the BW barycenter of the corrected ``client_grams`` for a partial correction
+    ``0 < gamma < 1`` (the fixed point of exact selection there, not ``G_cen``); None otherwise.
 
     Outside the fully active regime (``fully_active=False``, only with the explicit
     ``dataset.allow_outside_regime=true`` override) ``phi`` is the PSD minimiser with clipped
@@ -83,12 +81,11 @@ def reference_targets(
 ) -> Targets:
     """Collect the reference Grams for a procedure (correction strength ``gamma``, centring).
 
-    ``gap`` is the [`fedhead.ufm.GapDecomposition`][fedhead.ufm.GapDecomposition] of the federation (fully active
-    regime); pass ``gap=None`` outside the regime to get the partial targets described in
-    [`Targets`][fedhead.federation.tracking.Targets] (``g_star=None``; ``g_cen``, ``g_within`` and the client Grams as
-    the PSD
-    minimisers ``phi`` with clipped eigenvalues). For a partial correction (``0 < gamma < 1``)
-    the reference is ``"corrected"``, the barycenter of the corrected client Grams.
+    ``gap`` is the [`fedhead.ufm.GapDecomposition`][fedhead.ufm.GapDecomposition] of the federation (fully
+    active regime); pass ``gap=None`` outside the regime to get the partial targets described in
+    [`Targets`][fedhead.federation.tracking.Targets] (``g_star=None``; ``g_cen``, ``g_within`` and the
+    client Grams as the PSD minimisers ``phi`` with clipped eigenvalues). For a partial correction
+    (``0 < gamma < 1``) the reference is ``"corrected"``, the barycenter of the corrected client Grams.
     """
     client_grams = ufm.optimal_gram(effective_covariances(moments, gamma), lambda_h, lambda_w)
     if gap is None:

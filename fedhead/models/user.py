@@ -234,9 +234,8 @@ def as_backbone(
 
 
 def check_user_model(model: ModelConfig, input_shape: tuple[int, ...], n_samples: int = 2) -> None:
-    """Build a [`TorchModelConfig`][fedhead.models.user.TorchModelConfig] backbone once (seed 0) to check it before any
-    client
-    starts; other model configs pass."""
+    """Build a [`TorchModelConfig`][fedhead.models.user.TorchModelConfig] backbone once (seed 0) to check it
+    before any client starts; other model configs pass."""
     if isinstance(model, TorchModelConfig):
         from fedhead.models.config import build_backbone
 
