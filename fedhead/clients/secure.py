@@ -22,7 +22,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricR
 from fedhead.clients.messages import ClientError
 from fedhead.federation import protocol
 from fedhead.federation import secure_records as sr
-from fedhead.federation.aggregation import LOCAL_GAP_THRESHOLD as _LOCAL_GAP_THRESHOLD
+from fedhead.federation.local_fit import LOCAL_GAP_THRESHOLD as _LOCAL_GAP_THRESHOLD
 from fedhead.federation.privacy_noise import dp_contribution
 from fedhead.federation.secure_sum import MIN_SITES, SecureSumClient, SecureSumError
 from fedhead.settings.privacy import NODE_PRIVACY_MODE_KEY, PrivacyPolicy

@@ -25,8 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fedhead.analysis.constraints import Field, Together, check, integer, number, one_of, optional
-from fedhead.analysis.procedure import ConfigError
+from fedhead.analysis.constraints import ConfigError, Field, Together, check, integer, number, one_of, optional
 from fedhead.settings.trust import TrustPolicy
 
 __all__ = ["DEFAULT_MIN_ROWS", "MIN_SECURE_SITES", "MODES", "NODE_MIN_ROWS_KEY", "PrivacyPolicy"]

@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 from flwr.app import ArrayRecord, Message, RecordDict
 
+from fedhead.analysis.constraints import ConfigError
 from fedhead.analysis.metrics import relative_error
-from fedhead.analysis.procedure import ConfigError
 from fedhead.federation import aggregation as agg
 from fedhead.federation import protocol
 from fedhead.strategies.head_averaging import HeadAveraging

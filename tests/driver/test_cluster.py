@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from fedhead.analysis.procedure import ConfigError
+from fedhead.analysis.constraints import ConfigError
 from fedhead.driver.cluster import ClusterError, ClusterInfo, check_client_fits, check_reachable, cluster_address
 from fedhead.settings.job import ResourcesConfig
 

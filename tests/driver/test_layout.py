@@ -13,8 +13,10 @@ import torch
 
 from fedhead import ufm
 from fedhead.analysis import diagnosis
-from fedhead.analysis.procedure import ConfigError, ProcedureConfig, reference_name
+from fedhead.analysis.constraints import ConfigError
+from fedhead.analysis.procedure import reference_name
 from fedhead.federation import tracking
+from fedhead.settings.procedure import ProcedureConfig
 from fedhead.train import round_seed
 
 LH = LW = 0.1

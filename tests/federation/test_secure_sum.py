@@ -15,7 +15,7 @@ from flwr.common.secure_aggregation.crypto.symmetric_encryption import encrypt, 
 from flwr.common.secure_aggregation.secaggplus_utils import share_keys_plaintext_concat
 from flwr.supercore.primitives.asymmetric import bytes_to_public_key
 
-from fedhead.analysis.procedure import ConfigError
+from fedhead.analysis.constraints import ConfigError
 from fedhead.federation import secure_records as sr
 from fedhead.federation.aggregation import ReplyError
 from fedhead.federation.ring_encoding import RingFixedPoint, ring_add

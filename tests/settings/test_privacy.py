@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fedhead.analysis.procedure import ConfigError
+from fedhead.analysis.constraints import ConfigError
 from fedhead.driver.errors import EXIT_USAGE, exit_code
 from fedhead.federation.secure_sum import check_threshold
 from fedhead.settings.config import compose_config, load_config
