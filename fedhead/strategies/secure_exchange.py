@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -129,31 +129,29 @@ def _number(
     return [dataclasses.replace(r, partition=i) for i, r in enumerate(ordered)], True
 
 
-def _refuse_odd(
-    rows: list[SiteReply], values: Sequence[Hashable], reason: Callable[[Any, Any], str], dropped: list[Dropped]
-) -> Any:
+def _refuse_odd(rows: list[SiteReply], values: Sequence[Hashable], reason: str, dropped: list[Dropped]) -> Any:
     """The value most ``rows`` report (``values``, one per row; None without rows); a row that reports
-    another is refused (removed from ``rows``, one ``Dropped`` with ``reason(its value, the value)``)."""
+    another is refused: removed from ``rows``, one ``Dropped`` whose reason is ``reason`` formatted with
+    its ``value`` and the ``run``'s."""
     ref = max(set(values), key=list(values).count) if values else None
     for r, v in zip(list(rows), values, strict=True):
         if v != ref:
-            dropped.append(Dropped(STAGE, r.node, "invalid", reason(v, ref), r.partition))
+            dropped.append(Dropped(STAGE, r.node, "invalid", reason.format(value=v, run=ref), r.partition))
             rows.remove(r)
     return ref
 
 
 def screen_sites(settings: ExchangeSettings, grid: Grid, node_ids: Sequence[int]) -> ExchangeSites:
     """Step 1: the exchange's first message and each site's keys and self-checks, screened by the failure
-    policy; the sites numbered ([`_number`][fedhead.strategies.secure_exchange._number]) and those that
-    report another shape (targets, inputs) or, in a site-local table run, other columns refused."""
+    policy; the sites numbered (their own partition ids, else by site key and node) and those that report
+    another shape (targets, inputs) or, in a site-local table run, other columns refused."""
     replies = grid.send_and_receive(exchange_messages(node_ids, settings), timeout=settings.timeouts.exchange)
     kept, dropped = screen_exchange(replies, parse_site_reply, settings, stage=STAGE, expected_nodes=node_ids)
     rows, assigned = _number([r for _, r in kept], settings, dropped)
     dims = [(int(r.metrics.get(sr.TARGETS, -1)), int(r.metrics.get(sr.FEATURES, 0))) for r in rows]
-    odd_shape = lambda d, run: f"reports {d[0]} targets and {d[1]} inputs, the run has {run}"  # noqa: E731
-    shape = _refuse_odd(rows, dims, odd_shape, dropped)
+    shape = _refuse_odd(rows, dims, "reports {value[0]} targets and {value[1]} inputs, the run has {run}", dropped)
     if settings.site_statistics is not None:
-        _refuse_odd(rows, [_columns(r) for r in rows], lambda *_: "its columns differ from the run's", dropped)
+        _refuse_odd(rows, [_columns(r) for r in rows], "its columns differ from the run's", dropped)
     if len(rows) < settings.required:
         raise TooFewReplies.of(STAGE, len(rows), settings.num_clients, settings.required, dropped)
     for d in dropped:
