@@ -193,7 +193,7 @@ class HeadAveraging(Strategy):
         self.check_regime()
         rec = self.rounds.start(exchange.targets, *initial_head, dim=exchange.moments.dim)
         rec.dropped = [d.to_dict() for d in exchange.dropped]  # the sites the exchange left out
-        rec.extra.update(self.privacy_spent())
+        rec.extra.update(self.aggregator.privacy_spent())
         self._round_complete(rec)
         return rec
 
@@ -310,11 +310,6 @@ class HeadAveraging(Strategy):
         """Hook for variants that use the round's heads beyond their average (``summed``, before the round
         record is reported)."""
 
-    def privacy_spent(self) -> dict[str, float]:
-        """The privacy spent so far, as round scalars (the aggregator's
-        [`privacy_spent`][fedhead.strategies.aggregator.Aggregator.privacy_spent]; empty without accounting)."""
-        return self.aggregator.privacy_spent()
-
     # ---------------------------------------------------------------- evaluation (MSE)
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
@@ -337,7 +332,7 @@ class HeadAveraging(Strategy):
         mse = self.aggregator.aggregate_evaluate(self._phase("evaluate", server_round), replies)
         assert self.rounds.tracker is not None
         rec = self.rounds.tracker.set_mse(server_round, mse.train, mse.test)
-        rec.extra.update(self.privacy_spent())
+        rec.extra.update(self.aggregator.privacy_spent())
         rec.dropped.extend(d.to_dict() for d in mse.dropped)
         self._round_complete(rec)
         out: dict[str, MetricRecordValues] = {protocol.TRAIN_MSE: mse.train}
