@@ -11,7 +11,6 @@ import pytest
 import torch
 from train_helpers import LITERAL, SIGMA_CEN, setup
 
-import fedhead.train.loop as loop_module
 from fedhead.models import FreeFeatureConfig, ResMLPConfig, build_backbone, build_head
 from fedhead.models.backbones import ResMLP
 from fedhead.train import TrainDivergedError, train_local
@@ -246,7 +245,7 @@ def test_other_models_fall_back_to_autograd(monkeypatch):
         built.append(original(cls, *a, **k))
         return built[-1]
 
-    monkeypatch.setattr(loop_module.ResMLPStep, "for_backbone", classmethod(spy))
+    monkeypatch.setattr(ResMLPStep, "for_backbone", classmethod(spy))
     for make in (hooked, channel_slopes, frozen, subclass):
         built.clear()
         (ref, new), n_fast = _both_ways(monkeypatch, make, x, y, cfg, problem)
