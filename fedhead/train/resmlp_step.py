@@ -20,6 +20,7 @@ autograd and ``torch.optim.AdamW``, bit for bit.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import torch
@@ -37,16 +38,23 @@ from fedhead.train.torch_private import (
 __all__ = ["ResMLPStep"]
 
 
+#: Where each gradient starts in the flat buffer: a multiple of 16 float32 (64 bytes), the CPU
+#: allocator's alignment of a tensor of its own. MKL's small GEMMs can round differently into an
+#: output that starts elsewhere (seen on AMD CPUs), which would break the bit-for-bit equality.
+_ALIGN = 16
+
+
 class _Grads:
     """The gradient buffers of the step's parameters: views, in the parameters' order and shapes,
-    of one flat buffer, so that the clip's screen is one norm and its rescale one multiply."""
+    of one flat buffer, so that the clip's screen is one norm and its rescale one multiply. Each
+    view starts ``_ALIGN``-aligned; the gaps between them hold zeros."""
 
     def __init__(self, params: list[torch.Tensor]):
         self.params = params
-        self.flat = torch.zeros(sum(p.numel() for p in params), dtype=torch.float32)
-        self.buffers = [
-            v.view(p.shape) for v, p in zip(self.flat.split([p.numel() for p in params]), params, strict=True)
-        ]
+        sizes = [p.numel() for p in params]
+        starts = list(itertools.accumulate((-(-n // _ALIGN) * _ALIGN for n in sizes), initial=0))
+        self.flat = torch.zeros(starts[-1], dtype=torch.float32)
+        self.buffers = [self.flat[i : i + n].view(p.shape) for i, n, p in zip(starts, sizes, params, strict=False)]
         self.of = {id(p): g for p, g in zip(params, self.buffers, strict=True)}
         #: a flat norm below this fraction of ``max_norm`` proves the clip inactive (0: never)
         self.screen = max(0.0, 1.0 - _screen_margin(self.flat.numel()))
