@@ -9,7 +9,7 @@ client-wise centring) and the epoch budget ``E`` are set by the procedure
 ([`fedhead.settings.procedure.ProcedureConfig`][fedhead.settings.procedure.ProcedureConfig]) and
 the run's top-level settings, where each is stored and validated;
 [`LocalProblem`][fedhead.train.LocalProblem] is the trainer's frozen view of them, built per job by
-[`fedhead.settings.config.JobConfig.local_problem`][fedhead.settings.job.JobConfig.local_problem]
+[`fedhead.settings.job.JobConfig.local_problem`][fedhead.settings.job.JobConfig.local_problem]
 (never stored in a config). How the problem is solved (optimiser, batches, learning rate,
 clipping, warm-up, ``local_tol``, the finishing step) is the recipe,
 [`fedhead.train.TrainConfig`][fedhead.train.TrainConfig].
