@@ -60,8 +60,8 @@ def _file_of(job: JobConfig, context: Context) -> str:
 
 
 def row_minimum(job: JobConfig, context: Context) -> data_site.RowMinimum:
-    """The fewest training rows this site takes part with: ``privacy.min_rows``, raised by the
-    node's own ``min-rows`` ([`PrivacyPolicy.at_site`][fedhead.settings.privacy.PrivacyPolicy.at_site])."""
+    """The fewest training rows this site takes part with: its own policy's, else the run's ``privacy.min_rows``
+    ([`SitePolicy.row_minimum`][fedhead.clients.policy.SitePolicy.row_minimum])."""
     try:
         rows, setting = site_policy(context).row_minimum(job.privacy.min_rows)
     except ClientError as exc:
