@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from app_helpers import table_job, write_table
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
 
 from fedhead.analysis.standardization import FLOAT32_MAX
@@ -17,7 +18,6 @@ from fedhead.clients.policy import PolicyRefusal
 from fedhead.data.site_range import RANGE_RADIUS
 from fedhead.federation import protocol
 from fedhead.federation import secure_records as sr
-from fedhead.settings.config import compose_config, load_config
 
 ROWS = 40
 
@@ -30,30 +30,8 @@ def _rows(n: int, seed: int) -> dict[str, np.ndarray]:
     return {"f1": x[:, 0], "f2": x[:, 1], "t1": y[:, 0], "t2": y[:, 1], "is_test": test}
 
 
-def _write(path: Path, cols: dict[str, np.ndarray]) -> Path:
-    names = list(cols)
-    lines = [",".join(names)] + [",".join(repr(float(cols[c][i])) for c in names) for i in range(len(cols[names[0]]))]
-    path.write_text("\n".join(lines) + "\n")
-    return path
-
-
 def _job(tmp_path: Path, *overrides: str):
-    cfg = load_config(
-        compose_config(
-            [
-                "dataset=table",
-                "dataset.num_clients=3",
-                "dataset.targets=[t1,t2]",
-                "dataset.test_column=is_test",
-                "model=free",
-                "rounds=1",
-                "output.tensorboard=false",
-                "output.figures=false",
-                *overrides,
-            ]
-        )
-    )
-    return cfg.jobs(tmp_path / "out")[0]
+    return table_job(tmp_path / "out", "dataset.num_clients=3", "dataset.test_column=is_test", "rounds=1", *overrides)
 
 
 def _node(path: Path, run_id: int = 21, **config) -> Context:
@@ -93,7 +71,7 @@ def twin_sites(tmp_path):
     far = {k: v.copy() for k, v in near.items()}
     far["t1"][0] = near["t1"].mean() + 1e5 * near["t1"].std()  # row 0 is a test row
     CLIENT_CACHE.clear()
-    return _write(tmp_path / "near.csv", near), _write(tmp_path / "far.csv", far), near
+    return write_table(tmp_path / "near.csv", near), write_table(tmp_path / "far.csv", far), near
 
 
 def _bisect(ask, low: float, high: float, steps: int) -> list[tuple[float, str]]:
@@ -157,7 +135,7 @@ def test_a_standardisation_beyond_the_sites_range_refuses_the_whole_run_once(tmp
 def test_a_row_beyond_the_sites_own_range_is_refused_for_every_run_naming_only_the_column(tmp_path, task_identity):
     cols = _rows(ROWS, 2)
     cols["t2"][5] = 1e30  # a test row, in no statistic the site sends
-    path = _write(tmp_path / "wild.csv", cols)
+    path = write_table(tmp_path / "wild.csv", cols)
     CLIENT_CACHE.clear()
     app = make_client_app(_job(tmp_path, "procedure=exact"))
     for run_id, (config, records) in enumerate(
@@ -187,7 +165,7 @@ def test_the_regime_question_is_answered_once_per_run(tmp_path, task_identity, t
 def test_a_bisection_of_min_rows_over_runs_learns_nothing_from_a_site_with_a_policy(tmp_path, task_identity, rows):
     """Old: privacy.min_rows (the server's) decided, so runs with bisected minimums told N_m. A site with its
     own minimum answers alike for every run minimum, lowered or raised."""
-    path = _write(tmp_path / "site.csv", _rows(rows, 3))
+    path = write_table(tmp_path / "site.csv", _rows(rows, 3))
     CLIENT_CACHE.clear()
     answers = []
     for run_id, run_min in enumerate((1, 10, 20, 25, 31, 40, 46, 60, 500)):

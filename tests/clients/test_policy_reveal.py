@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from app_helpers import InProcessGrid
+from app_helpers import InProcessGrid, table_job, write_table
 from flwr.app import ConfigRecord, Message
 
 from fedhead.clients import make_client_app
@@ -17,7 +17,6 @@ from fedhead.driver.server import serve
 from fedhead.federation import protocol
 from fedhead.federation import secure_records as sr
 from fedhead.federation.secure_sum import Unmasking
-from fedhead.settings.config import compose_config, load_config
 from fedhead.strategies.secure import SecureSumFailed
 
 SIZES = (40, 50, 45)
@@ -57,31 +56,15 @@ def _sites(tmp_path: Path) -> list[Path]:
         x = rng.normal(size=(n, 2)) + i
         y = x @ np.array([[1.0, 0.5], [-0.5, 2.0]]) + rng.normal(size=(n, 2))
         cols = {"f1": x[:, 0], "f2": x[:, 1], "t1": y[:, 0], "t2": y[:, 1]}
-        lines = [",".join(cols)] + [",".join(repr(float(cols[c][r])) for c in cols) for r in range(n)]
-        (tmp_path / f"site_{i}.csv").write_text("\n".join(lines) + "\n")
-        out.append(tmp_path / f"site_{i}.csv")
+        out.append(write_table(tmp_path / f"site_{i}.csv", cols))
     return out
 
 
 def _run(tmp_path: Path, forge: bool, node: dict, *overrides: str):
     listed = ",".join(f'"{f}"' for f in _sites(tmp_path))
-    cfg = load_config(
-        compose_config(
-            [
-                "dataset=table",
-                f"dataset.files=[{listed}]",
-                "dataset.targets=[t1,t2]",
-                "model=free",
-                "rounds=1",
-                "procedure=exact",
-                "privacy.mode=secure",
-                "output.tensorboard=false",
-                "output.figures=false",
-                *overrides,
-            ]
-        )
+    job = table_job(
+        tmp_path / "out", f"dataset.files=[{listed}]", "rounds=1", "procedure=exact", "privacy.mode=secure", *overrides
     )
-    job = cfg.jobs(tmp_path / "out")[0]
     CLIENT_CACHE.clear()
     grid = ForgingGrid(make_client_app(job), len(SIZES), forge)
     for context in grid.contexts.values():
