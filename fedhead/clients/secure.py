@@ -292,7 +292,7 @@ def secure_mod(site_of: Callable[[Message, Context], SecureSite]):
             content = secure_reply(
                 msg, context, reply.content, lambdas=site.lambdas, privacy=site.privacy, min_sites=site.min_sites
             )
-        except ClientError as exc:  # e.g. a non-finite input, which may depend on the rows: one answer per run
+        except (ClientError, ValueError) as exc:  # e.g. a non-finite input (rows-dependent): one answer per run
             log.warning("%s: %s", scope, exc)
             raise ledger.refuse_run(scope, f"secure sum {name}: {_NO_FURTHER_PART}") from None
         return Message(content, reply_to=msg)

@@ -242,3 +242,19 @@ def test_a_release_over_the_sites_budget_is_refused_before_anything_is_sent(tmp_
         "would take the site over its budget"
     )
     assert PolicyRefusal.__mro__[1].__name__ == "ClientError"  # flwr sends its one line to the server
+
+
+def test_a_failed_mask_step_ends_the_sites_part_in_the_run(tmp_path, task_identity, twin_sites):
+    """A mask step can fail on the site's values (an entry beyond the encoding's bound, which the server
+    chooses): any failure there refuses the run, so that a server learns it once per run."""
+    job = _job(tmp_path, "procedure=exact", "privacy.mode=secure")
+    app = make_client_app(job)
+    context = _node(twin_sites[0])
+    step = {protocol.STAGE: sr.STAGE_SECURE, sr.SUM_ID: "train-1"}
+    shares = _ask(app, context, {**step, sr.STEP: sr.SHARE_KEYS})
+    assert "secure sum train-1: this site has not begun it" in shares  # a protocol error: the run goes on
+    assert _ask(app, context, _secure_exchange()).startswith("ok")
+    line = "PolicyRefusal: secure sum train-1: this site's input could not enter the sum; it takes no further part"
+    assert _ask(app, context, {**step, sr.STEP: sr.MASK}).startswith(line)
+    for config in ({**step, sr.STEP: sr.REVEAL}, {protocol.STAGE: protocol.STAGE_STATISTICS}, _secure_exchange("x")):
+        assert _ask(app, context, config).startswith(line)
