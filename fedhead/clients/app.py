@@ -24,6 +24,7 @@ from fedhead.clients.site import handle_statistics, local_data
 from fedhead.clients.state import (
     client_moments,
     is_free,
+    job_key,
     limit_threads,
     load_backbone,
     partition_of,
@@ -90,6 +91,8 @@ def secure_site(job: JobConfig) -> SecureSite:
         lambdas=(st.lambda_h, st.lambda_w),
         privacy=job.privacy,
         min_sites=max(2, job.failure.required(st.num_clients)),
+        sites=st.num_clients,
+        job_key=job_key(job),
     )
 
 

@@ -78,16 +78,6 @@ def test_a_bad_privacy_setting_is_one_usage_error(override, message):
     assert exit_code(err.value) == EXIT_USAGE
 
 
-def test_a_site_raises_its_minimum_never_lowers_it():
-    policy = PrivacyPolicy(min_rows=10)
-    assert policy.at_site(None) == (10, "privacy.min_rows")
-    assert policy.at_site(4) == (10, "privacy.min_rows")
-    assert policy.at_site(40) == (40, "node config min-rows")
-    for bad in (0, "40", 2.0, True):
-        with pytest.raises(ConfigError, match="node config min-rows must be an integer >= 1"):
-            policy.at_site(bad)
-
-
 def test_the_secure_and_private_settings_reach_every_job():
     assert PrivacyPolicy() == PrivacyPolicy(
         min_rows=10, mode="clear", threshold=None, dp_noise=0.0, dp_clip=1.0, dp_max_rows=None, dp_delta=1e-5
