@@ -14,7 +14,7 @@
 # project's virtual environment). Run from anywhere; it works in the repository root.
 # Environment (defaults): FEDHEAD_SUPERLINK_PORT (39800) and FEDHEAD_BIND_ADDRESS
 # (127.0.0.1) for the published SuperLink port, FEDHEAD_BASE_IMAGE (fedhead-base:bookworm),
-# DEBIAN_MIRROR (from /etc/apt/sources.list*), RUN_LIMIT (900 s for `flwr run`),
+# DEBIAN_MIRROR (apt's own, by scripts/debian_mirror.sh), RUN_LIMIT (900 s for `flwr run`),
 # KEEP_UP=1 to leave the stack running for inspection.
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
@@ -34,7 +34,7 @@ if ! docker image inspect "$FEDHEAD_BASE_IMAGE" > /dev/null 2>&1; then
   if [[ $FEDHEAD_BASE_IMAGE != fedhead-base:bookworm ]]; then
     log "base image $FEDHEAD_BASE_IMAGE missing: pull it or build fedhead-base:bookworm"; exit 1
   fi
-  MIRROR=${DEBIAN_MIRROR:-$(grep -rhoE 'https?://[^ ]+/debian/?' /etc/apt/sources.list /etc/apt/sources.list.d/ 2>/dev/null | head -1)}
+  MIRROR=${DEBIAN_MIRROR:-$("$REPO/scripts/debian_mirror.sh")}   # one-line and deb822 sources alike
   MIRROR=${MIRROR:-http://deb.debian.org/debian}
   ROOTFS=$(mktemp -d /tmp/fedhead-rootfs-XXXX)
   log "debootstrap bookworm from $MIRROR into $ROOTFS (about 2 minutes)"

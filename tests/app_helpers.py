@@ -308,3 +308,32 @@ def handlers_app(job, around=None):
 
         register()(real if around is None else around(stage, real))
     return app
+
+
+def stored_round(store, partition: int) -> int | None:
+    """Round of the newest private state that ``store`` (a ``BackboneStore``) holds for
+    ``partition`` (None: nothing stored)."""
+    entry = store.load(partition)
+    return None if entry is None else entry[0]
+
+
+# ------------------------------------------------------------------ site-local tables (dataset=table)
+def write_table(path, cols: dict[str, np.ndarray]):
+    """A CSV file of ``cols`` (name -> values), every value as Python writes its float."""
+    rows = zip(*(np.asarray(v, dtype=np.float64) for v in cols.values()), strict=True)
+    path.write_text("\n".join([",".join(cols), *(",".join(repr(float(v)) for v in row) for row in rows)]) + "\n")
+    return path
+
+
+def table_job(out, *overrides: str):
+    """The job of a ``dataset=table`` run (targets t1, t2, the free-feature model, no TensorBoard or figures)."""
+    from fedhead.settings.config import compose_config, load_config
+
+    base = [
+        "dataset=table",
+        "dataset.targets=[t1,t2]",
+        "model=free",
+        "output.tensorboard=false",
+        "output.figures=false",
+    ]
+    return load_config(compose_config([*base, *overrides])).jobs(out)[0]

@@ -1,1 +1,2 @@
-"""Analysis layer (numpy only): procedures, Gram metrics, diagnosis, the regime guard, mismatch cost, seeds."""
+"""Analysis layer (numpy only): the rules of procedures and configs, Gram metrics, diagnosis, the regime guard,
+mismatch cost, seeds."""

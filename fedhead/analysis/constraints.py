@@ -3,8 +3,9 @@
 
 A table, not Hydra structured configs: the config classes are also built outside Hydra (the
 library API, tests, ``fedhead-data``), their rules reach across fields and layers (``rho``,
-``gamma``: [`rho_problem`][fedhead.analysis.procedure.rho_problem]), and each error must name the
-key as users type it (``dataset.files``, ``TrainConfig.lr``) with the value and what is allowed.
+``gamma``: [`rho_problem`][fedhead.analysis.procedure.rho_problem]), and each error
+([`ConfigError`][fedhead.analysis.constraints.ConfigError]) must name the key as users type it
+(``dataset.files``, ``TrainConfig.lr``) with the value and what is allowed.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
+    "ConfigError",
     "Field",
     "Together",
     "check",
@@ -28,6 +30,15 @@ __all__ = [
     "safe_name",
     "SAFE_NAME_NEED",
 ]
+
+
+class ConfigError(ValueError):
+    """Invalid configuration: the message names the key, the value and what is allowed.
+
+    Every config class's rule table raises it, and so do the layers that check a setting of their
+    own (a site's table, a user's model, the privacy parameters): it lives here, in the lowest layer
+    they all import.
+    """
 
 
 @dataclass(frozen=True)

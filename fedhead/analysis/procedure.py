@@ -1,25 +1,19 @@
-"""The typed local-training procedure every layer reads (Hydra group ``procedure/``).
+"""The rules of a local-training procedure's parameters, below every layer that reads them.
 
-[`ProcedureConfig`][fedhead.analysis.procedure.ProcedureConfig] carries and validates a procedure's
-parameters (``rho``, ``gamma``, alignment, centring, full-model averaging, the exact rule);
+[`gamma_problem`][fedhead.analysis.procedure.gamma_problem],
+[`rho_problem`][fedhead.analysis.procedure.rho_problem] and
+[`penalty_problem`][fedhead.analysis.procedure.penalty_problem] are the one rule of each parameter
+(the procedure's config and the trainer's input check both apply them);
 [`reference_name`][fedhead.analysis.procedure.reference_name] is the one rule for the Gram a procedure
-should reach. Pure Python: the server, the clients, the training layer and the configuration all import
-it.
-
-A procedure is declared once, as a file ``conf/procedure/<name>.yaml`` naming this class; the
-procedures a run knows are those files
-([`fedhead.settings.config.procedure_names`][fedhead.settings.config.procedure_names]).
-Every layer acts on the switches below, never on the name, so a procedure that combines existing
-switches differently needs only its yaml file.
+should reach; [`ProcedureTerms`][fedhead.analysis.procedure.ProcedureTerms] is what of a procedure sets a
+client's local problem. Pure Python. The procedure itself, a file of ``conf/procedure/``, is read into
+[`fedhead.settings.procedure.ProcedureConfig`][fedhead.settings.procedure.ProcedureConfig].
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import TypeGuard
-
-from fedhead.analysis.constraints import SAFE_NAME_NEED, Field, Together, check, safe_name
+from typing import Protocol, TypeGuard
 
 REFERENCES = ("star", "cen", "corrected", "within")
 GAMMA_NEED = "must be >= 0 and <= 1 (correction strength in [0, 1])"
@@ -33,8 +27,8 @@ def _finite(v: object) -> TypeGuard[float]:
 def gamma_problem(value: object) -> str | None:
     """Why ``value`` is not a correction strength ``gamma`` in [0, 1] (None when it is).
 
-    The one rule for ``gamma``, shared by [`ProcedureConfig`][fedhead.analysis.procedure.ProcedureConfig] and the
-    trainer's input check
+    The one rule for ``gamma``, shared by
+    [`ProcedureConfig`][fedhead.settings.procedure.ProcedureConfig] and the trainer's input check
     ([`fedhead.train.LocalProblem`][fedhead.train.LocalProblem]).
     """
     return None if _finite(value) and 0.0 <= value <= 1.0 else GAMMA_NEED
@@ -66,74 +60,17 @@ def reference_name(gamma: float, centered: bool) -> str:
     return "cen" if gamma >= 1 else "corrected"
 
 
-class ConfigError(ValueError):
-    """Invalid configuration: the message names the key, the value and what is allowed."""
-
-
-_PROCEDURE_RULES = (
-    # the name is a folder under the run folder (outputs, client state): no path may leave it
-    Field("name", safe_name, SAFE_NAME_NEED),
-    Together(lambda p: not rho_problem(p.rho), "procedure {name!r}: rho " + RHO_NEED + ", got {rho!r}"),
-    Together(lambda p: not gamma_problem(p.gamma), "procedure {name!r}: gamma " + GAMMA_NEED + ", got {gamma!r}"),
-    Together(
-        lambda p: not (p.exact and (p.align or p.full_model)),
-        "procedure {name!r}: exact cannot be combined with align/full_model",
-    ),
-    Together(lambda p: not (p.full_model and p.align), "procedure {name!r}: full_model cannot be combined with align"),
-    # centred clients' covariances average to Sigma_within, not Sigma_cen: the correction toward
-    # the pooled Sigma_cen would put the mean term back (theory.md §7-8)
-    Together(
-        lambda p: not (p.centered and p.gamma > 0),
-        "procedure {name!r}: centered cannot be combined with the moment correction (gamma={gamma}); "
-        "centring already removes the mean term",
-    ),
-)
-
-
-@dataclass(frozen=True)
-class ProcedureConfig:
-    """A local-training procedure (theory.md §10; Hydra group ``procedure/``).
-
-    Attributes
-    ----------
-    name : str
-        The name users type (``procedure=corrected_proximal``); also the folder of the procedure's
-        outputs, so ``[A-Za-z0-9][A-Za-z0-9_.-]*`` without ``..``.
-    rho : float
-        Proximal weight (``rho/2 ||W - W_t||^2``); the top-level ``rho=`` overrides it.
-    gamma : float
-        Moment-correction strength in [0, 1] (0 off, 1 full; theory.md §8). Validated here, the one
-        place it enters; the training layer and the server read it from this object.
-    align : bool
-        Align the trained head to the broadcast before upload (theory.md §5).
-    centered : bool
-        Client-wise target centring (reference ``G_within``).
-    full_model : bool
-        Average the backbone too (BatchNorm statistics stay private).
-    exact : bool
-        Return ``Pi_m(W_t)`` in closed form instead of training (the theory's rule).
-    """
-
-    name: str
-    rho: float = 0.0
-    gamma: float = 0.0
-    align: bool = False
-    centered: bool = False
-    full_model: bool = False
-    exact: bool = False
-
-    def __post_init__(self) -> None:
-        check(self, _PROCEDURE_RULES, error=ConfigError)
+class ProcedureTerms(Protocol):
+    """What of a procedure sets a client's local problem: ``rho``, ``gamma`` and the centring
+    (``centered``). [`fedhead.settings.procedure.ProcedureConfig`][fedhead.settings.procedure.ProcedureConfig]
+    has them; the training layer, below the settings, reads a procedure through this view
+    ([`fedhead.train.LocalProblem.from_procedure`][fedhead.train.LocalProblem.from_procedure])."""
 
     @property
-    def strategy_kind(self) -> str:
-        """``"full_model"``, ``"aligned"`` or ``"head"`` (see
-        [`strategies.make_strategy`][fedhead.strategies.make_strategy])."""
-        if self.full_model:
-            return "full_model"
-        return "aligned" if self.align else "head"
+    def rho(self) -> float: ...
 
     @property
-    def reference(self) -> str:
-        """The Gram the procedure should reach; see [`reference_name`][fedhead.analysis.procedure.reference_name]."""
-        return reference_name(self.gamma, self.centered)
+    def gamma(self) -> float: ...
+
+    @property
+    def centered(self) -> bool: ...

@@ -20,7 +20,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from fedhead.analysis.procedure import ConfigError
+from fedhead.analysis.constraints import ConfigError
 from fedhead.federation.roster import Roster, check_site_name, new_signing_key, public_key, write_signing_key
 
 PROG = "fedhead-keys"

@@ -14,11 +14,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from fedhead.analysis.procedure import ConfigError
-from fedhead.sweep.presets import PRESETS, SETTINGS, plan
+from fedhead.analysis.constraints import ConfigError
+from fedhead.sweep.presets import PRESETS, plan
 from fedhead.sweep.reproduce import ALL, REPORT, run_all
 from fedhead.sweep.runner import SweepConfig, run_sweep
 from fedhead.sweep.scales import SCALES
+from fedhead.sweep.specs import SETTINGS
 
 #: ``sweep=all``: every preset (``presets=`` picks some), then one report
 EVERY = "all"

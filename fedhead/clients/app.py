@@ -24,6 +24,7 @@ from fedhead.clients.site import handle_statistics, local_data
 from fedhead.clients.state import (
     client_moments,
     is_free,
+    job_key,
     limit_threads,
     load_backbone,
     partition_of,
@@ -32,6 +33,7 @@ from fedhead.clients.state import (
     train_inputs,
 )
 from fedhead.clients.step import evaluate_step, moment_reply, train_step
+from fedhead.data.base import ClientData, FederatedData
 from fedhead.federation import protocol
 from fedhead.federation.secure_records import FULLY_ACTIVE, STAGE_REGIME
 from fedhead.settings.job import JobConfig
@@ -41,6 +43,20 @@ log = logging.getLogger(__name__)
 
 
 # -------------------------------------------------------------------------------- handlers
+def setup(
+    job: JobConfig, msg: Message, context: Context, *, threads: bool = True
+) -> tuple[int, FederatedData, ClientData]:
+    """The opening of the handlers below: ``(partition id, data set, client data)`` of the message's
+    client ([`local_data`][fedhead.clients.site.local_data]: a site below its row minimum refuses
+    here). ``threads``: first limit torch's threads to the client's CPU share (the handlers
+    that train or evaluate a model)."""
+    if threads:
+        limit_threads(job)
+    pid = partition_of(context, job, msg)
+    data, cd = local_data(job, context, msg, pid)
+    return pid, data, cd
+
+
 def handle_query(job: JobConfig, msg: Message, context: Context) -> Message:
     """Reply with ``(N_m, mu_m, Sigma_m)`` of the client's training targets (theory.md §3,
     [`fedhead.clients.step.moment_reply`][fedhead.clients.moment_reply]), or, for ``stage="mismatch"``,
@@ -53,8 +69,7 @@ def handle_query(job: JobConfig, msg: Message, context: Context) -> Message:
         return handle_mismatch(job, msg, context)
     if stage == protocol.STAGE_STATISTICS:
         return handle_statistics(job, msg, context)
-    pid = partition_of(context, job, msg)
-    _, cd = local_data(job, context, msg, pid)
+    pid, _, cd = setup(job, msg, context, threads=False)
     y, mu, sigma = client_moments(job, pid, cd)
     return Message(moment_reply(y, pid, moments=(mu, sigma)), reply_to=msg)
 
@@ -62,8 +77,7 @@ def handle_query(job: JobConfig, msg: Message, context: Context) -> Message:
 def handle_regime(job: JobConfig, msg: Message, context: Context) -> Message:
     """Secure mode, a site-local table: this site's own margin, pass or fail, for its targets in the
     pooled standardisation the message carries (nothing else is sent)."""
-    pid = partition_of(context, job, msg)
-    _, cd = local_data(job, context, msg, pid)
+    pid, _, cd = setup(job, msg, context, threads=False)
     _, _, sigma = client_moments(job, pid, cd)
     passed = fully_active(sigma, (job.settings.lambda_h, job.settings.lambda_w))
     metrics: dict[str, MetricRecordValues] = {protocol.PARTITION_ID: pid, FULLY_ACTIVE: int(passed)}
@@ -77,6 +91,8 @@ def secure_site(job: JobConfig) -> SecureSite:
         lambdas=(st.lambda_h, st.lambda_w),
         privacy=job.privacy,
         min_sites=max(2, job.failure.required(st.num_clients)),
+        sites=st.num_clients,
+        job_key=job_key(job),
     )
 
 
@@ -85,9 +101,7 @@ def handle_mismatch(job: JobConfig, msg: Message, context: Context) -> Message:
     trained local model, the trained heads' average with its backbone, the aligned average with its
     aligned backbone ([`mismatch_objectives`][fedhead.train.mismatch_objectives.mismatch_objectives]; the
     stored backbone of the message's round is only read)."""
-    limit_threads(job)
-    pid = partition_of(context, job, msg)
-    data, cd = local_data(job, context, msg, pid)
+    pid, data, cd = setup(job, msg, context)
     if protocol.MISMATCH not in msg.content.array_records:
         raise ClientError(f"partition {pid}: mismatch query without the '{protocol.MISMATCH}' record")
     rec = msg.content.array_records[protocol.MISMATCH]
@@ -134,13 +148,10 @@ def handle_mismatch(job: JobConfig, msg: Message, context: Context) -> Message:
 
 
 def handle_train(job: JobConfig, msg: Message, context: Context) -> Message:
-    """One round of local work ([`fedhead.clients.step.train_step`][fedhead.clients.train_step]) on the client's
-    partition
-    and its stored private backbone, which is saved afterwards."""
-    limit_threads(job)
-    pid = partition_of(context, job, msg)
+    """One round of local work ([`fedhead.clients.step.train_step`][fedhead.clients.train_step])
+    on the client's partition and its stored private backbone, which is saved afterwards."""
+    pid, data, cd = setup(job, msg, context)
     rnd = round_of(msg)
-    data, cd = local_data(job, context, msg, pid)
     _, mu, sigma = client_moments(job, pid, cd)
     backbone = None
     if not job.procedure.exact:
@@ -167,9 +178,7 @@ def handle_train(job: JobConfig, msg: Message, context: Context) -> Message:
 def handle_evaluate(job: JobConfig, msg: Message, context: Context) -> Message:
     """MSE of the shared head with the client's own backbone on its train (and test) data
     ([`fedhead.clients.step.evaluate_step`][fedhead.clients.evaluate_step])."""
-    limit_threads(job)
-    pid = partition_of(context, job, msg)
-    data, cd = local_data(job, context, msg, pid)
+    pid, data, cd = setup(job, msg, context)
     backbone = load_backbone(job, context, pid, data, cd, required=True, expected_round=round_of(msg))
     test = None
     if cd.x_test is not None and cd.y_test is not None and cd.y_test.shape[0] > 0 and not is_free(job):
@@ -218,12 +227,11 @@ def _app_from_pickle(digest: str, blob: bytes) -> ClientApp:
 def make_client_app(job: JobConfig | Sequence[JobConfig] | Callable[[Context], JobConfig]) -> ClientApp:
     """Build the ClientApp.
 
-    ``job`` is a [`fedhead.settings.config.JobConfig`][fedhead.settings.job.JobConfig], a sequence of them (one
-    simulation serving
-    several procedures one after another: each message's ``config["job"]`` picks the job), or a
-    function ``Context -> JobConfig`` (deployments, where the run config names the job). The
-    jobs travel with the app in a Ray simulation (as their pickle:
-    [`JobsClientApp`][fedhead.clients.app.JobsClientApp]).
+    ``job`` is a [`fedhead.settings.config.JobConfig`][fedhead.settings.job.JobConfig], a
+    sequence of them (one simulation serving several procedures one after another: each
+    message's ``config["job"]`` picks the job), or a function ``Context -> JobConfig``
+    (deployments, where the run config names the job). The jobs travel with the app in a Ray
+    simulation (as their pickle: [`JobsClientApp`][fedhead.clients.app.JobsClientApp]).
     """
     resolve = _job_resolver(job)
     mods = [secure_mod(lambda msg, ctx: secure_site(resolve(msg, ctx)))]  # privacy.mode=secure

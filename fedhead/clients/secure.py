@@ -8,6 +8,12 @@ vector as usual, then [`begin_sum`][fedhead.clients.secure.begin_sum] keeps that
 with the public keys only. The three later steps (``stage="secure-sum"`` queries) run in
 [`handle_secure_step`][fedhead.clients.secure.handle_secure_step]. The vector never leaves the site
 but masked; nothing here is logged but sizes.
+
+Whatever the run config says, the site enforces its own policy
+([`fedhead.clients.policy`][fedhead.clients.policy]) and keeps a ledger of each run
+([`fedhead.clients.ledger`][fedhead.clients.ledger]): a sum is begun once per run (a re-issued phase message
+gets no fresh release), a noised release is charged to the site's epsilon budget before it is sent, and a
+sum is not unmasked over fewer survivors than the site's floor or than its noise was drawn for.
 """
 
 from __future__ import annotations
@@ -19,17 +25,21 @@ from dataclasses import dataclass
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 
+from fedhead.clients.ledger import SiteLedger, run_scope
 from fedhead.clients.messages import ClientError
+from fedhead.clients.policy import PolicyRefusal, SitePolicy, site_policy
 from fedhead.federation import protocol
 from fedhead.federation import secure_records as sr
-from fedhead.federation.aggregation import LOCAL_GAP_THRESHOLD as _LOCAL_GAP_THRESHOLD
+from fedhead.federation.local_fit import LOCAL_GAP_THRESHOLD as _LOCAL_GAP_THRESHOLD
 from fedhead.federation.privacy_noise import dp_contribution
 from fedhead.federation.secure_sum import MIN_SITES, SecureSumClient, SecureSumError
-from fedhead.settings.privacy import NODE_PRIVACY_MODE_KEY, PrivacyPolicy
+from fedhead.settings.privacy import PrivacyPolicy
 from fedhead.ufm import fully_active_margins
 
 log = logging.getLogger(__name__)
 
+#: What a run refused at a step whose failure could depend on the site's values is told (nothing else).
+_NO_FURTHER_PART = "this site's input could not enter the sum; it takes no further part in this run"
 _STATE = "secure-sum-state"  # the node's state: ConfigRecord (sum id, client) and ArrayRecord (vector)
 
 
@@ -40,9 +50,13 @@ def sum_id(msg: Message) -> str | None:
     return value if isinstance(value, str) and value else None
 
 
-def begin_sum(msg: Message, context: Context, vector: np.ndarray, metrics: Mapping[str, int | float]) -> RecordDict:
+def begin_sum(
+    msg: Message, context: Context, vector: np.ndarray, metrics: Mapping[str, int | float], *, noised_for: int = 0
+) -> RecordDict:
     """Keep ``vector`` (this site's input to the sum the message names) and a fresh site of the sum in
-    the node's state; the reply: the site's public keys and ``metrics`` (which must reveal no row)."""
+    the node's state; the reply: the site's public keys and ``metrics`` (which must reveal no row).
+    ``noised_for``: the fewest survivors the vector's noise was drawn for (0: not noised), below which
+    the site will not help unmask the sum."""
     name = sum_id(msg)
     if name is None:
         raise ClientError("a secure sum was begun by a message that names none")
@@ -51,7 +65,7 @@ def begin_sum(msg: Message, context: Context, vector: np.ndarray, metrics: Mappi
         raise ClientError(f"secure sum {name}: this site's input has non-finite entries")
     client = SecureSumClient(int(context.node_id))
     keys = client.advertise()
-    context.state[_STATE] = ConfigRecord({"id": name, "client": client.to_bytes()})
+    context.state[_STATE] = ConfigRecord({"id": name, "client": client.to_bytes(), "noised-for": int(noised_for)})
     context.state[_STATE + "-values"] = ArrayRecord({"values": Array(values)})
     log.debug("secure sum %s: %d entries kept for masking", name, values.size)
     return RecordDict(
@@ -59,8 +73,10 @@ def begin_sum(msg: Message, context: Context, vector: np.ndarray, metrics: Mappi
     )
 
 
-def handle_secure_step(msg: Message, context: Context) -> Message:
-    """One later step of the sum this node began: ``share-keys``, ``mask`` (its masked input) or ``reveal``."""
+def handle_secure_step(msg: Message, context: Context, policy: SitePolicy | None = None) -> Message:
+    """One later step of the sum this node began: ``share-keys``, ``mask`` (its masked input) or ``reveal``
+    (refused over fewer survivors than the site's ``policy`` allows,
+    [`SitePolicy.check_reveal`][fedhead.clients.policy.SitePolicy.check_reveal])."""
     cfg = msg.content.config_records.get(protocol.CONFIG)
     name = sum_id(msg)
     step = None if cfg is None else cfg.get(sr.STEP)
@@ -87,6 +103,10 @@ def handle_secure_step(msg: Message, context: Context) -> Message:
             del context.state[_STATE + "-values"]  # the input is masked: nothing of it is kept
         elif step == sr.REVEAL:
             unmasking = sr.unpack_unmasking(payload)
+            noised_for = held.get("noised-for", 0)
+            (policy or SitePolicy()).check_reveal(
+                len(set(unmasking.survivors)), noised_for if isinstance(noised_for, int) else 0
+            )
             out[sr.SECURE] = ConfigRecord({sr.PAYLOAD: sr.pack(client.reveal(unmasking.survivors, unmasking.dropped))})
         else:
             raise ClientError(f"secure sum {name}: unknown step {step!r}")
@@ -137,7 +157,7 @@ def secure_reply(
                 min_sites=min_sites,
                 rng=np.random.default_rng(),  # the operating system's entropy: no seed the server could know
             )
-        return begin_sum(msg, context, vector, safe)
+        return begin_sum(msg, context, vector, safe, noised_for=min_sites if privacy.dp_noise > 0 else 0)
 
     if protocol.PARTITION_ID in metrics:
         safe[protocol.PARTITION_ID] = int(_metric(metrics, protocol.PARTITION_ID))
@@ -189,54 +209,92 @@ def fully_active(cov: np.ndarray, lambdas: tuple[float, float]) -> bool:
     return bool(fully_active_margins(np.asarray(cov, dtype=np.float64)[None], *lambdas).margins[0] > 0)
 
 
-def refuse_clear(msg: Message, context: Context) -> None:
-    """A site whose operator set ``--node-config "privacy-mode=secure"`` refuses every message that would
-    make it send a statistic, a head or an objective in the clear (the server's run is not secure)."""
-    wanted = context.node_config.get(NODE_PRIVACY_MODE_KEY)
-    if wanted is None or sum_id(msg) is not None:
+def refuse_clear(msg: Message, policy: SitePolicy) -> None:
+    """A site whose policy keeps everything secure (``--node-config "privacy-mode='secure'"``, a DP floor or
+    an epsilon budget) refuses every message that would make it send a statistic, a head or an objective
+    in the clear (the server's run is not secure)."""
+    if not policy.secure_only or sum_id(msg) is not None:
         return
-    if str(wanted) not in ("secure", "clear"):
-        raise ClientError(f"node config {NODE_PRIVACY_MODE_KEY} must be secure or clear, got {wanted!r}")
     cfg = msg.content.config_records.get(protocol.CONFIG)
     stage = None if cfg is None else cfg.get(protocol.STAGE)
-    if str(wanted) == "secure" and stage not in (sr.STAGE_REGIME, sr.STAGE_SECURE):
-        raise ClientError(
-            f"this site sends nothing in the clear (node config {NODE_PRIVACY_MODE_KEY}=secure): run the federation "
-            "with privacy.mode=secure"
+    if stage not in (sr.STAGE_REGIME, sr.STAGE_SECURE):
+        rule = "mode" if policy.mode == "secure" else "dp-noise" if policy.dp_noise > 0 else "epsilon-budget"
+        raise PolicyRefusal(
+            f"this site sends nothing in the clear ({policy.named(rule)}): run the federation with privacy.mode=secure"
         )
+
+
+def admit(msg: Message, site: SecureSite, policy: SitePolicy, ledger: SiteLedger, scope: str) -> None:
+    """What a site checks of every message before it serves it: the run is not refused
+    ([`SiteLedger.refusal`][fedhead.clients.ledger.SiteLedger.refusal]), it keeps the site's ``policy`` (its
+    mode, its DP floor, its budget), the regime question comes once, and a sum is begun once (and charged)."""
+    refused = ledger.refusal(scope)
+    if refused is not None:
+        raise PolicyRefusal(refused)
+    refuse_clear(msg, policy)
+    policy.check_run(site.privacy)
+    cfg = msg.content.config_records.get(protocol.CONFIG)
+    stage = None if cfg is None else cfg.get(protocol.STAGE)
+    if stage == sr.STAGE_REGIME:
+        ledger.answer_once(scope, "regime")
+    name = sum_id(msg)
+    if name is not None and stage != sr.STAGE_SECURE:
+        ledger.begin_sum(scope, name, policy, noise=site.privacy.dp_noise, sites=site.sites)
 
 
 @dataclass(frozen=True)
 class SecureSite:
     """What a site's secure replies need of its run: ``lambdas`` ``(lambda_h, lambda_w)`` (its own margin),
-    ``privacy`` (differential privacy) and ``min_sites``, the fewest sites whose sum the server may decode
-    (the failure policy's minimum, at least 3)."""
+    ``privacy`` (differential privacy), ``min_sites``, the fewest sites whose sum the server may decode
+    (the failure policy's minimum, at least 3), ``sites``, the run's number of sites, and ``job_key``, the
+    job's key where one app serves several jobs in a run
+    ([`run_scope`][fedhead.clients.ledger.run_scope])."""
 
     lambdas: tuple[float, float]
     privacy: PrivacyPolicy = PrivacyPolicy()
     min_sites: int = MIN_SITES
+    sites: int = MIN_SITES
+    job_key: str = ""
 
 
 def secure_mod(site_of: Callable[[Message, Context], SecureSite]):
     """A Flower mod (``ClientApp(mods=[secure_mod(...)])``) that serves secure mode for the app's handlers:
     it answers the secure sum's later steps itself, and turns a reply to a message that names a sum into its
     secure form ([`secure_reply`][fedhead.clients.secure.secure_reply]). Clear-mode messages pass through.
+    Every message is first [`admit`][fedhead.clients.secure.admit]ted under the node's own
+    [`SitePolicy`][fedhead.clients.policy.SitePolicy]; a step whose failure could depend on the site's
+    values (a mask, the secure reply) refuses the whole run, so that it is answered once.
 
     ``site_of(msg, context)``: the [`SecureSite`][fedhead.clients.secure.SecureSite] of the message's run.
     """
 
     def mod(msg: Message, context: Context, call_next: Callable[[Message, Context], Message]) -> Message:
-        refuse_clear(msg, context)
-        cfg = msg.content.config_records.get(protocol.CONFIG)
-        if cfg is not None and cfg.get(protocol.STAGE) == sr.STAGE_SECURE:
-            return handle_secure_step(msg, context)
-        reply = call_next(msg, context)
-        if sum_id(msg) is None or reply.has_error():
-            return reply
         site = site_of(msg, context)
-        content = secure_reply(
-            msg, context, reply.content, lambdas=site.lambdas, privacy=site.privacy, min_sites=site.min_sites
-        )
+        policy, ledger = site_policy(context), SiteLedger(context)
+        scope = run_scope(context, site.job_key)
+        admit(msg, site, policy, ledger, scope)
+        cfg = msg.content.config_records.get(protocol.CONFIG)
+        name = sum_id(msg)
+        if cfg is not None and cfg.get(protocol.STAGE) == sr.STAGE_SECURE:
+            try:
+                return handle_secure_step(msg, context, policy)
+            except PolicyRefusal:
+                raise
+            except ClientError as exc:  # a mask that fails may depend on the input: one answer per run
+                if cfg.get(sr.STEP) != sr.MASK:
+                    raise
+                log.warning("%s: %s", scope, exc)
+                raise ledger.refuse_run(scope, f"secure sum {name}: {_NO_FURTHER_PART}") from None
+        reply = call_next(msg, context)
+        if name is None or reply.has_error():
+            return reply
+        try:
+            content = secure_reply(
+                msg, context, reply.content, lambdas=site.lambdas, privacy=site.privacy, min_sites=site.min_sites
+            )
+        except (ClientError, ValueError) as exc:  # e.g. a non-finite input (rows-dependent): one answer per run
+            log.warning("%s: %s", scope, exc)
+            raise ledger.refuse_run(scope, f"secure sum {name}: {_NO_FURTHER_PART}") from None
         return Message(content, reply_to=msg)
 
     return mod

@@ -7,20 +7,24 @@ standardises its rows with the pooled offsets and scales every later message car
 
 from __future__ import annotations
 
+import hashlib
+
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, MetricRecordValues, RecordDict
 
 from fedhead.analysis.standardization import Standardization
 from fedhead.clients.cache import CLIENT_CACHE
+from fedhead.clients.ledger import SiteLedger, run_scope
 from fedhead.clients.messages import ClientError, site_data_error
-from fedhead.clients.state import DATA_PATH_KEY, PARTITION_ID_KEY, client_data, partition_of
+from fedhead.clients.policy import site_policy
+from fedhead.clients.state import DATA_PATH_KEY, PARTITION_ID_KEY, client_data, job_key, partition_of
 from fedhead.data import site as data_site
+from fedhead.data import site_range as data_site_range
 from fedhead.data.base import ClientData, FederatedData
 from fedhead.data.table_config import TableConfig
 from fedhead.data.table_files import TableError
 from fedhead.federation import protocol
 from fedhead.settings.job import JobConfig
-from fedhead.settings.privacy import NODE_MIN_ROWS_KEY
 
 
 def site_local(job: JobConfig) -> bool:
@@ -56,11 +60,11 @@ def _file_of(job: JobConfig, context: Context) -> str:
 
 
 def row_minimum(job: JobConfig, context: Context) -> data_site.RowMinimum:
-    """The fewest training rows this site takes part with: ``privacy.min_rows``, raised by the
-    node's own ``min-rows`` ([`PrivacyPolicy.at_site`][fedhead.settings.privacy.PrivacyPolicy.at_site])."""
+    """The fewest training rows this site takes part with: its own policy's, else the run's ``privacy.min_rows``
+    ([`SitePolicy.row_minimum`][fedhead.clients.policy.SitePolicy.row_minimum])."""
     try:
-        rows, setting = job.privacy.at_site(context.node_config.get(NODE_MIN_ROWS_KEY))
-    except ValueError as exc:
+        rows, setting = site_policy(context).row_minimum(job.privacy.min_rows)
+    except ClientError as exc:
         raise ClientError(f"node {context.node_id}: {exc}") from None
     return data_site.RowMinimum(rows, setting)
 
@@ -76,7 +80,9 @@ def own_site(job: JobConfig, context: Context) -> data_site.Site:
 
     def read() -> data_site.Site:
         try:
-            return data_site.read_site(site_table_config(job), path, minimum)
+            site = data_site.read_site(site_table_config(job), path, minimum)
+            data_site_range.refuse_out_of_range(site)  # the same answer for every run: no server-chosen number in it
+            return site
         except Exception as exc:  # noqa: BLE001 - whatever the file holds, only its kind leaves the node
             raise site_data_error(exc, f"node {context.node_id}") from None
 
@@ -102,6 +108,26 @@ def standardization_of(msg: Message, job: JobConfig, where: str) -> Standardizat
     )
 
 
+def accept_standardization(job: JobConfig, context: Context, site: data_site.Site, st: Standardization) -> None:
+    """Take ``st`` only as the run's one standardisation: the first a run sends (refusing the whole run when
+    it may not fit the site's range, [`standardization_fits`][fedhead.data.site_range.standardization_fits]),
+    then that one again; another is refused. No answer depends on the site's rows."""
+    digest = hashlib.sha256(f"{st.target_mode}|{st.input_mode}".encode())
+    for a in (st.target_offset, st.target_scale, st.input_offset, st.input_scale):
+        arr = np.ascontiguousarray(a, dtype=np.float64)
+        digest.update(repr(arr.shape).encode() + arr.tobytes())
+    misfit = (
+        f"node {context.node_id}: refused: the run's standardisation does not fit this site's range; "
+        "it takes no further part in this run"
+    )
+    SiteLedger(context).accept_standardization(
+        run_scope(context, job_key(job)),
+        digest.hexdigest(),
+        lambda: data_site_range.standardization_fits(site, st),
+        misfit,
+    )
+
+
 def local_data(job: JobConfig, context: Context, msg: Message, pid: int) -> tuple[FederatedData, ClientData]:
     """The client's data: its own file standardised with the message's statistics (site-local
     tables), else partition ``pid`` of the loaded data set. Every handler starts here: a site
@@ -116,6 +142,7 @@ def local_data(job: JobConfig, context: Context, msg: Message, pid: int) -> tupl
         return data, cd
     site = own_site(job, context)
     st = standardization_of(msg, job, f"node {context.node_id}")
+    accept_standardization(job, context, site, st)
     key = (repr(job.dataset), site.key, pid, *(a.tobytes() for a in (st.target_offset, st.target_scale)))
     key += (st.input_offset.tobytes(), st.input_scale.tobytes())
 

@@ -148,6 +148,12 @@ def deployment_run_key(job: JobConfig, run_id: int) -> str:
     return state_key(hashlib.sha256(f"{job.config_hash}|{job.output_dir}".encode()).hexdigest())
 
 
+def job_key(job: JobConfig) -> str:
+    """The job's key within one flwr run (a simulation may serve several jobs in one run): a hash of its
+    config hash, output folder and name."""
+    return hashlib.sha256(f"{job.config_hash}|{job.output_dir}|{job.name}".encode()).hexdigest()[:16]
+
+
 def store_of(job: JobConfig, context: Context) -> BackboneStore:
     """The private backbone store of this client: ``<state-dir>/<procedure>/run_<key>``
     ([`deployment_run_key`][fedhead.clients.state.deployment_run_key]) when the SuperNode's node config

@@ -14,10 +14,10 @@ import torch
 from flwr.app import Array, ArrayRecord, MetricRecord, MetricRecordValues, RecordDict
 from torch import nn
 
-from fedhead.analysis.procedure import ProcedureConfig
 from fedhead.clients.messages import ClientError, TrainingMessage, apply_shared_state, broadcast_head, shared_state
 from fedhead.federation import protocol
 from fedhead.results.rounds import ClientMetric
+from fedhead.settings.procedure import ProcedureConfig
 from fedhead.train import (
     LocalMetrics,
     LocalProblem,

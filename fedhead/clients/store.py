@@ -1,9 +1,11 @@
 """Client-side store of private backbones (they never travel in a message): one state per
 ``(run key, partition)`` on local disk, written atomically, named by the round that wrote it
-(``partition_<pid>.r<round>.pt``), with the process's cache in front ([`fedhead.clients.cache`][fedhead.clients.cache]).
+(``partition_<pid>.r<round>.pt``), with the process's cache in front
+([`fedhead.clients.cache`][fedhead.clients.cache]).
 
 Saving round ``t`` removes the states before round ``t - 1``: a run killed before round ``t``'s
-checkpoint resumes from round ``t - 1`` ([`fedhead.federation.checkpoint`][fedhead.federation.checkpoint]).
+checkpoint resumes from round ``t - 1``
+([`fedhead.federation.checkpoint`][fedhead.federation.checkpoint]).
 """
 
 from __future__ import annotations
@@ -71,11 +73,6 @@ class BackboneStore:
                 out.append((int(m.group(2)), p))
         return sorted(out)
 
-    def latest_round(self, partition: int) -> int | None:
-        """Round of the newest stored state of ``partition`` (None when nothing is stored)."""
-        files = self._files(partition)
-        return files[-1][0] if files else None
-
     def load(self, partition: int, *, expected_round: int | None = None) -> StoredState | None:
         """``(round, state)`` of the newest stored state, or None. The state is a copy-safe dict
         of CPU tensors (the caller loads it into a module).
@@ -124,13 +121,7 @@ class BackboneStore:
         return path
 
     def cached(self, partition: int) -> StoredState | None:
-        """The in-process ``(round, state)`` of ``partition`` (what [`load`][fedhead.clients.BackboneStore.load] would
-        return
-        if nothing newer was stored since), or None."""
+        """The in-process ``(round, state)`` of ``partition`` (what
+        [`load`][fedhead.clients.BackboneStore.load] would return if nothing newer was stored
+        since), or None."""
         return CLIENT_CACHE.stored_state((str(self.root.resolve()), partition))
-
-    @staticmethod
-    def clear_cache() -> None:
-        """Forget every cached state of this process (what a new process sees)."""
-        with CLIENT_CACHE.lock:
-            CLIENT_CACHE.stored_states.clear()

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fedhead.analysis.procedure import ConfigError
+from fedhead.analysis.constraints import ConfigError
 from fedhead.data.base import DataError
 
 #: File suffixes read by [`read_file`][fedhead.data.table_files.read_file].

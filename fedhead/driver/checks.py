@@ -28,7 +28,7 @@ __all__ = ["preflight", "uses_cuda", "prepare_data", "data_key", "check_data_onc
 def preflight(jobs: list[JobConfig]) -> None:
     """Checks that need no data and no engine: refuse ``device=cuda`` (or a GPU share) on a
     machine without a CUDA GPU before anything starts
-    ([`fedhead.settings.config.ConfigError`][fedhead.analysis.procedure.ConfigError])."""
+    ([`fedhead.settings.config.ConfigError`][fedhead.analysis.constraints.ConfigError])."""
     if not jobs:
         return
     job = jobs[0]

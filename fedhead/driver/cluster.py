@@ -1,8 +1,11 @@
 """Joining a running Ray cluster (``resources.ray_address``, else Ray's own ``RAY_ADDRESS``).
 
-[`cluster_address`][fedhead.driver.cluster.cluster_address] names the cluster a run joins (None: Ray
-starts on this machine, as before); [`check_reachable`][fedhead.driver.cluster.check_reachable]
-refuses an address nothing listens on within a deadline, before Ray is imported;
+[`cluster_address`][fedhead.driver.cluster.cluster_address] names the cluster a run joins (None:
+the run starts a Ray of its own on this machine, even where a ``ray start`` cluster runs on it or
+a stopped one left its address file behind: Ray's own search for a cluster is never used, see
+[`start_ray`][fedhead.driver.ray_session.start_ray]);
+[`check_reachable`][fedhead.driver.cluster.check_reachable] refuses an address nothing listens
+on within a deadline, before Ray is imported;
 [`describe_cluster`][fedhead.driver.cluster.describe_cluster] and
 [`check_client_fits`][fedhead.driver.cluster.check_client_fits] read what the cluster has once
 joined; [`check_shared_folder`][fedhead.driver.cluster.check_shared_folder] refuses a client state
@@ -20,7 +23,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from fedhead.analysis.procedure import ConfigError
+from fedhead.analysis.constraints import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +43,8 @@ class ClusterError(ConfigError):
 
 
 def cluster_address(ray_address: str | None) -> str | None:
-    """The cluster a simulation joins: ``resources.ray_address``, else ``RAY_ADDRESS``, else None."""
+    """The cluster a simulation joins: ``resources.ray_address``, else ``RAY_ADDRESS``, else None
+    (a Ray of the run's own)."""
     address = ray_address if ray_address not in (None, "") else os.environ.get("RAY_ADDRESS") or None
     return None if address is None else str(address)
 

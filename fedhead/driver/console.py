@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from fedhead.federation.aggregation import LOCAL_GAP_THRESHOLD
+from fedhead.federation.local_fit import LOCAL_GAP_THRESHOLD
 from fedhead.results.rounds import RoundRecord
 from fedhead.results.schema import Results
 from fedhead.settings.config import JobConfig

@@ -1,13 +1,14 @@
 """One clear line per error from the console entry points (``fedhead-run``, ``fedhead-data``,
 ``fedhead-ufm``).
 
-[`report`][fedhead.driver.errors.report] turns an exception into ``<prog>: error: <what and where>`` on stderr and an
-exit code: 2 for usage/configuration errors
-([`fedhead.analysis.procedure.ConfigError`][fedhead.analysis.procedure.ConfigError], Hydra/OmegaConf
+[`report`][fedhead.driver.errors.report] turns an exception into ``<prog>: error: <what and where>``
+on stderr and an exit code: 2 for usage/configuration errors
+([`fedhead.analysis.constraints.ConfigError`][fedhead.analysis.constraints.ConfigError], Hydra/OmegaConf
 config errors, a deployment whose SuperNodes do not match, a ``resume=`` that does not match its
 run folder: [`fedhead.federation.checkpoint.ResumeError`][fedhead.federation.checkpoint.ResumeError]),
-130 for an interrupt, 1 for everything else (data, regime, federation, engine failures). With ``FEDHEAD_DEBUG=1`` (or
-``debug=true`` for the Hydra CLIs) the exception propagates with its traceback instead.
+130 for an interrupt, 1 for everything else (data, regime, federation, engine failures). With
+``FEDHEAD_DEBUG=1`` (or ``debug=true`` for the Hydra CLIs) the exception propagates with its
+traceback instead.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from fedhead.analysis.procedure import ConfigError
+from fedhead.analysis.constraints import ConfigError
 from fedhead.federation.checkpoint import ResumeError
 from fedhead.federation.deploy_checks import FederationMismatch
 

@@ -1,13 +1,12 @@
 """``fedhead-run``: Hydra config -> ServerApp + ClientApp -> Flower simulation (Ray backend).
 
 * [`run_federations`][fedhead.driver.simulation.run_federations] runs procedures
-([`fedhead.settings.config.JobConfig`][fedhead.settings.job.JobConfig]) one after another
+  ([`fedhead.settings.config.JobConfig`][fedhead.settings.job.JobConfig]) one after another
   in one `flwr.simulation.run_simulation` and returns their results (also written to
   ``<output>/<procedure>/results.json``, atomically after every round, by
   [`fedhead.driver.recorder.RunRecorder`][fedhead.driver.recorder.RunRecorder]).
-* [`run_experiment`][fedhead.driver.simulation.run_experiment] runs every procedure of a typed config and prints a table
-of ``e_F`` to
-  ``G_star`` and ``G_cen`` per round.
+* [`run_experiment`][fedhead.driver.simulation.run_experiment] runs every procedure of a typed
+  config and prints a table of ``e_F`` to ``G_star`` and ``G_cen`` per round.
 
 The ServerApp body is [`fedhead.driver.server.serve`][fedhead.driver.server.serve]; the ClientApp is
 [`clients.make_client_app`][fedhead.clients.make_client_app]. ``flwr run .`` uses
@@ -54,14 +53,6 @@ from fedhead.results.schema import Results, Timing
 from fedhead.settings.config import JobConfig
 
 log = logging.getLogger(__name__)
-
-
-def run_federation(job: JobConfig, *, show_progress: bool = True, verbose: bool = False) -> dict[str, Any]:
-    """Run one procedure as a Flower simulation on the Ray backend; return its results.
-
-    See [`run_federations`][fedhead.driver.simulation.run_federations].
-    """
-    return run_federations([job], show_progress=show_progress, verbose=verbose)[0]
 
 
 def run_federations(
@@ -350,8 +341,8 @@ def _check_finished(recorders: list[RunRecorder], *, raise_error: bool = True) -
 
 
 def run_experiment(cfg: Any, output_dir: str | Path, *, show_progress: bool = True) -> list[dict[str, Any]]:
-    """Run every procedure of a [`fedhead.settings.config.FedheadConfig`][fedhead.settings.job.FedheadConfig] one after
-    another."""
+    """Run every procedure of a
+    [`fedhead.settings.config.FedheadConfig`][fedhead.settings.job.FedheadConfig] one after another."""
     jobs = cfg.jobs(output_dir)
     if cfg.settings.diagnose_only:
         jobs = jobs[:1]  # the diagnosis depends on the data and penalties only

@@ -1,9 +1,11 @@
-"""Pure server-side reply validation, averaging and moment aggregation (numpy only).
+"""Pure server-side averaging and moment aggregation (numpy only).
 
-The Flower strategies (``strategies/``) compute on the server with this module,
+The Flower strategies (``strategies/``) compute on the server with this module, the reply checks
+([`fedhead.federation.reply_checks`][fedhead.federation.reply_checks]), the local fit
+([`fedhead.federation.local_fit`][fedhead.federation.local_fit]),
 [`fedhead.analysis.diagnosis`][fedhead.analysis.diagnosis] (the diagnosis before training) and
-[`fedhead.federation.tracking`][fedhead.federation.tracking] (reference
-Grams and per-round measurements), so everything can be tested with plain arrays. No torch, no flwr.
+[`fedhead.federation.tracking`][fedhead.federation.tracking] (reference Grams and per-round
+measurements), so everything can be tested with plain arrays. No torch, no flwr.
 
 Conventions: float64; heads ``W`` ``(C, P)``, biases ``(C,)``; stacks over clients carry a
 leading axis ``M``; Grams ``(C, C)``. Aggregation weights are ``p_m = N_m / N`` (theory.md §1).
@@ -13,129 +15,44 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
 from fedhead import ufm
-from fedhead.federation.protocol import LOCAL_EPOCHS, OBJECTIVE_GAP, TRAINED_GAP, is_private_state
+from fedhead.federation.local_fit import LOCAL_GAP_THRESHOLD, LocalFit, local_fit
+from fedhead.federation.protocol import is_private_state
+from fedhead.federation.reply_checks import (
+    ReplyError,
+    check_magnitude,
+    validate_array,
+    validate_count,
+    validate_head,
+    validate_moments,
+)
 
-
-class ReplyError(ValueError):
-    """A client reply is malformed: the message names the node (and partition) and the field."""
-
-    def __init__(self, node_id: int | str, what: str):
-        self.node_id = node_id
-        super().__init__(f"invalid reply from client node {node_id}: {what}")
-
-
-# --------------------------------------------------------------------------------------------
-# validation
-# --------------------------------------------------------------------------------------------
-
-
-#: The largest count a reply may carry: integers above 2^53 are not exact in float64 (where the
-#: weights are computed); no site holds that many rows.
-MAX_COUNT = 2.0**53
-
-
-def validate_count(count: Any, *, node_id: int | str) -> int:
-    """Check that a reported sample count ``N_m`` is a positive integer and return it."""
-    try:
-        value = float(count)
-    except (TypeError, ValueError) as exc:
-        raise ReplyError(node_id, f"sample count {count!r} is not a number") from exc
-    if not np.isfinite(value) or value <= 0 or value != int(value):
-        raise ReplyError(node_id, f"sample count must be a positive integer, got {count!r}")
-    if value > MAX_COUNT:
-        raise ReplyError(node_id, f"sample count {value:.3g} is beyond any data set (above 2^53)")
-    return int(value)
-
-
-def validate_array(array: Any, shape: tuple[int, ...] | None, *, node_id: int | str, name: str) -> np.ndarray:
-    """Return ``array`` as float64 after checking its shape (if given) and finiteness."""
-    arr = np.asarray(array, dtype=np.float64)
-    if shape is not None and arr.shape != tuple(shape):
-        raise ReplyError(node_id, f"{name} has shape {arr.shape}, expected {tuple(shape)}")
-    if not np.all(np.isfinite(arr)):
-        bad = int(np.size(arr) - np.count_nonzero(np.isfinite(arr)))
-        raise ReplyError(node_id, f"{name} has {bad} non-finite entries (NaN/inf)")
-    return arr
-
-
-def check_magnitude(
-    array: np.ndarray, bound: float | None, *, node_id: int | str, name: str, rule: str = "trust.max_abs"
-) -> np.ndarray:
-    """``array`` when every entry's magnitude is at most ``bound`` (None: no bound); else
-    [`ReplyError`][fedhead.federation.aggregation.ReplyError] naming the ``rule`` (the value is not quoted)."""
-    if bound is not None and array.size and float(np.max(np.abs(array))) > bound:
-        raise ReplyError(node_id, f"{name} exceeds the magnitude bound {bound:g} ({rule})")
-    return array
-
-
-def validate_head(
-    weight: Any,
-    bias: Any,
-    count: Any,
-    *,
-    node_id: int | str,
-    shape: tuple[int, int],
-    max_abs: float | None = None,
-) -> tuple[np.ndarray, np.ndarray, int]:
-    """Validate one uploaded head ``(W~_m (C,P), b~_m (C,), N_m)``, entries at most ``max_abs`` in
-    magnitude; raise [`ReplyError`][fedhead.federation.aggregation.ReplyError]."""
-    c, p = shape
-    w = check_magnitude(
-        validate_array(weight, (c, p), node_id=node_id, name="head weight"),
-        max_abs,
-        node_id=node_id,
-        name="head weight",
-    )
-    b = check_magnitude(
-        validate_array(bias, (c,), node_id=node_id, name="head bias"), max_abs, node_id=node_id, name="head bias"
-    )
-    return w, b, validate_count(count, node_id=node_id)
-
-
-def validate_moments(
-    count: Any,
-    mean: Any,
-    cov: Any,
-    *,
-    node_id: int | str,
-    dim: int | None = None,
-    tol: float = 1e-8,
-    max_abs: float | None = None,
-) -> tuple[int, np.ndarray, np.ndarray]:
-    """Validate one client's exchanged statistics ``(N_m, mu_m (C,), Sigma_m (C,C))``.
-
-    ``Sigma_m`` must be symmetric and positive semi-definite up to ``tol`` (relative to its
-    largest entry). With ``max_abs``, every ``|mu_m|`` entry and ``sqrt(lambda_max(Sigma_m))`` (a
-    standard deviation) must be at most ``max_abs``. Returns the values as ``(int, float64, float64)``.
-    """
-    n = validate_count(count, node_id=node_id)
-    mu = validate_array(mean, None, node_id=node_id, name="target mean mu_m")
-    if mu.ndim != 1:
-        raise ReplyError(node_id, f"target mean mu_m must be a vector, got shape {mu.shape}")
-    c = dim if dim is not None else mu.shape[0]
-    if mu.shape != (c,):
-        raise ReplyError(node_id, f"target mean mu_m has shape {mu.shape}, expected {(c,)}")
-    check_magnitude(mu, max_abs, node_id=node_id, name="target mean mu_m")
-    sigma = validate_array(cov, (c, c), node_id=node_id, name="target covariance Sigma_m")
-    scale = max(1.0, float(np.max(np.abs(sigma))))
-    asym = float(np.max(np.abs(sigma - sigma.T)))
-    if asym > tol * scale:
-        raise ReplyError(node_id, f"target covariance Sigma_m is not symmetric (max |S - S^T| = {asym:.3g})")
-    eigs = np.linalg.eigvalsh(0.5 * (sigma + sigma.T))
-    if float(eigs[0]) < -tol * scale:
-        raise ReplyError(
-            node_id, f"target covariance Sigma_m is not positive semi-definite (lambda_min = {float(eigs[0]):.3g})"
-        )
-    if max_abs is not None and float(eigs[-1]) > max_abs * max_abs:
-        raise ReplyError(
-            node_id, f"target covariance Sigma_m exceeds the magnitude bound {max_abs:g}^2 (trust.max_abs)"
-        )
-    return n, mu, 0.5 * (sigma + sigma.T)
+#: The strategies read the reply checks and the local fit beside the averaging (``agg.ReplyError``).
+__all__ = [
+    "LOCAL_GAP_THRESHOLD",
+    "ClippedUpdates",
+    "HeadAverage",
+    "LocalFit",
+    "ReplyError",
+    "aggregate_moments",
+    "aggregation_weights",
+    "average_heads",
+    "average_states",
+    "capped_shares",
+    "capped_sites",
+    "check_magnitude",
+    "clip_updates",
+    "effective_covariances",
+    "local_fit",
+    "validate_array",
+    "validate_count",
+    "validate_head",
+    "validate_moments",
+    "weighted_mean",
+]
 
 
 # --------------------------------------------------------------------------------------------
@@ -316,6 +233,15 @@ def average_states(
     return out
 
 
+def weighted_mean(values: Sequence[float], counts: Sequence[float]) -> float:
+    """``sum_m N_m v_m / sum_m N_m`` (clients weighted by evaluated sample counts, theory.md §11)."""
+    v = np.asarray(values, dtype=np.float64)
+    n = np.asarray(counts, dtype=np.float64)
+    if v.shape != n.shape or v.size == 0 or np.any(n <= 0):
+        raise ValueError(f"values {v.shape} and positive counts {n.shape} must match")
+    return float(np.dot(v, n) / n.sum())
+
+
 # --------------------------------------------------------------------------------------------
 # moment exchange
 # --------------------------------------------------------------------------------------------
@@ -332,7 +258,7 @@ def aggregate_moments(
     """Build [`fedhead.ufm.TargetMoments`][fedhead.ufm.TargetMoments] from the exchanged ``(N_m, mu_m, Sigma_m)``.
 
     Every client's statistics are validated first
-    ([`validate_moments`][fedhead.federation.aggregation.validate_moments]); the weights are
+    ([`validate_moments`][fedhead.federation.reply_checks.validate_moments]); the weights are
     ``N_m / N`` so that ``Sigma_cen = (1/N) sum N_m (Sigma_m + mu_m mu_m^T) - mu_g mu_g^T``
     (theory.md §3), capped at ``max_share``
     ([`capped_shares`][fedhead.federation.aggregation.capped_shares]).
@@ -362,65 +288,3 @@ def effective_covariances(moments: ufm.TargetMoments, gamma: float = 0.0) -> np.
     return ufm.corrected_covariance(
         np.asarray(moments.covs, dtype=np.float64), np.asarray(moments.sigma_cen)[None], gamma
     )
-
-
-#: Relative local objective gap above which the theory's references (which assume every client
-#: at its local optimum) are not yet meaningful for a round.
-LOCAL_GAP_THRESHOLD = 1e-2
-
-
-@dataclass(frozen=True)
-class LocalFit:
-    """How close each client's local training came to its optimum in one round (docs/theory.md §11).
-
-    Attributes
-    ----------
-    objective_gaps : list of float
-        ``(L_m - L*_m) / L*_m`` per client (partition order), the original objective.
-    trained_gaps : list of float
-        The same for the objective each client minimised (``L_m + gamma C_m``; equal to
-        ``objective_gaps`` without correction). For corrected clients this is the one that says
-        whether local training converged: ``L_m`` is not minimised there.
-    local_epochs : list of int
-        Epochs each client ran (fewer than ``E`` when it stopped at ``local_tol``).
-    """
-
-    objective_gaps: list[float]
-    trained_gaps: list[float]
-    local_epochs: list[int]
-
-    @property
-    def max_trained_gap(self) -> float:
-        return max(self.trained_gaps)
-
-
-def local_fit(metrics: Sequence[Mapping[str, Any]], node_ids: Sequence[int | str]) -> LocalFit:
-    """Read and validate the local-fit metrics of the training replies (one per client, in order).
-
-    Each reply must carry finite ``objective_gap`` and ``trained_gap`` (>= -1e-6: a model cannot
-    beat its closed-form optimum by more than rounding) and an integer ``local_epochs`` >= 0.
-    """
-    gaps, trained, epochs = [], [], []
-    for m, node in zip(metrics, node_ids, strict=True):
-        for key in (OBJECTIVE_GAP, TRAINED_GAP, LOCAL_EPOCHS):
-            if key not in m:
-                raise ReplyError(node, f"training reply lacks the metric '{key}'")
-        for key, out in ((OBJECTIVE_GAP, gaps), (TRAINED_GAP, trained)):
-            v = float(validate_array(m[key], (), node_id=node, name=key))
-            if v < -1e-6:
-                raise ReplyError(node, f"{key} = {v:.3g} is below zero: the model beats its closed-form optimum")
-            out.append(v)
-        e = m[LOCAL_EPOCHS]
-        if isinstance(e, bool) or not isinstance(e, (int, np.integer)) or e < 0:
-            raise ReplyError(node, f"{LOCAL_EPOCHS} must be an integer >= 0, got {e!r}")
-        epochs.append(int(e))
-    return LocalFit(objective_gaps=gaps, trained_gaps=trained, local_epochs=epochs)
-
-
-def weighted_mean(values: Sequence[float], counts: Sequence[float]) -> float:
-    """``sum_m N_m v_m / sum_m N_m`` (clients weighted by evaluated sample counts, theory.md §11)."""
-    v = np.asarray(values, dtype=np.float64)
-    n = np.asarray(counts, dtype=np.float64)
-    if v.shape != n.shape or v.size == 0 or np.any(n <= 0):
-        raise ValueError(f"values {v.shape} and positive counts {n.shape} must match")
-    return float(np.dot(v, n) / n.sum())

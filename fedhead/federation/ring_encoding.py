@@ -32,7 +32,7 @@ from fractions import Fraction
 
 import numpy as np
 
-from fedhead.analysis.procedure import ConfigError
+from fedhead.analysis.constraints import ConfigError
 
 #: Largest ``frac_bits`` accepted (far beyond float64's 53 bits).
 MAX_FRAC_BITS = 1000
@@ -126,7 +126,8 @@ class RingFixedPoint:
         return (self.limit - 1) // max(self.max_encoded, 1)
 
     def check_sites(self, sites: int) -> None:
-        """Raise [`ConfigError`][fedhead.analysis.procedure.ConfigError] unless sums of ``sites`` inputs stay exact."""
+        """Raise [`ConfigError`][fedhead.analysis.constraints.ConfigError] unless sums of ``sites`` inputs
+        stay exact."""
         if sites > self.capacity():
             best = _largest_frac_bits(float(self.bound), int(sites), self.limit)
             hint = "more words" if best is None else f"frac_bits <= {best}"

@@ -34,7 +34,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from fedhead.analysis.procedure import ConfigError
+from fedhead.analysis.constraints import ConfigError
 from fedhead.results.io import write_bytes_atomic
 
 __all__ = [
@@ -67,7 +67,7 @@ _SURVIVORS = b"fedhead secure sum: survivors"
 
 
 def check_site_name(name: object) -> str:
-    """``name`` when it is a valid site name, else one-line [`ConfigError`][fedhead.analysis.procedure.ConfigError]."""
+    """``name`` when it is a valid site name, else one-line [`ConfigError`][fedhead.analysis.constraints.ConfigError]."""
     if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise ConfigError(
             f"roster: a site name is 1 to 64 letters, digits, '.', '_' or '-' (starting with a letter or digit), "
@@ -136,7 +136,7 @@ class Roster:
     @classmethod
     def from_json(cls, text: str | bytes, *, source: str = "roster") -> Roster:
         """The roster of a file's text; a bad one is a one-line
-        [`ConfigError`][fedhead.analysis.procedure.ConfigError] naming ``source``."""
+        [`ConfigError`][fedhead.analysis.constraints.ConfigError] naming ``source``."""
         try:
             data = json.loads(text)
         except (ValueError, UnicodeDecodeError):

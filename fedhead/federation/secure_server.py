@@ -15,8 +15,8 @@ import numpy as np
 from flwr.common.secure_aggregation.crypto.shamir import combine_shares
 from flwr.supercore.primitives.asymmetric import bytes_to_private_key, bytes_to_public_key, public_key_to_bytes
 
-from fedhead.analysis.procedure import ConfigError
-from fedhead.federation.aggregation import ReplyError
+from fedhead.analysis.constraints import ConfigError
+from fedhead.federation.reply_checks import ReplyError
 from fedhead.federation.ring_encoding import RingFixedPoint, ring_add, ring_sub
 from fedhead.federation.roster import Roster, check_sum_id, verify_advertisement, verify_survivors
 from fedhead.federation.secure_sum import (

@@ -31,7 +31,7 @@ from flwr.supercore.primitives.asymmetric import (
     public_key_to_bytes,
 )
 
-from fedhead.analysis.procedure import ConfigError
+from fedhead.analysis.constraints import ConfigError
 from fedhead.federation.ring_encoding import RingFixedPoint, ring_add, ring_sub
 from fedhead.federation.roster import (
     Roster,

@@ -112,7 +112,7 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from flwr.common.secure_aggregation.crypto.symmetric_encryption import generate_shared_key
 from flwr.supercore.primitives.asymmetric import bytes_to_public_key
 
-from fedhead.analysis.procedure import ConfigError
+from fedhead.analysis.constraints import ConfigError
 from fedhead.federation.roster import check_sum_id
 
 #: Fewest sites a secure sum starts with (two would reveal each one's input to the other).

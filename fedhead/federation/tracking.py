@@ -19,7 +19,8 @@ from fedhead import ufm
 from fedhead.analysis import metrics
 from fedhead.analysis.metrics import direction_error, relative_error
 from fedhead.analysis.procedure import reference_name
-from fedhead.federation.aggregation import LocalFit, effective_covariances
+from fedhead.federation.aggregation import effective_covariances
+from fedhead.federation.local_fit import LocalFit
 from fedhead.results.rounds import RoundRecord, json_value
 
 __all__ = ["Targets", "RoundRecord", "RoundTracker", "reference_targets", "selected_heads"]
@@ -34,8 +35,8 @@ class Targets:
     distance use them. ``reference`` names the endpoint the procedure should reach (``"star"``, ``"cen"``,
     ``"corrected"`` or ``"within"``, see
     [`fedhead.analysis.procedure.reference_name`][fedhead.analysis.procedure.reference_name]).
-    ``g_corrected`` is the BW barycenter of the corrected ``client_grams`` for a partial correction ``0 <
-    gamma < 1`` (the fixed point of exact selection there, not ``G_cen``); None otherwise.
+    ``g_corrected`` is the BW barycenter of the corrected ``client_grams`` for a partial correction
+    ``0 < gamma < 1`` (the fixed point of exact selection there, not ``G_cen``); None otherwise.
 
     Outside the fully active regime (``fully_active=False``, only with the explicit
     ``dataset.allow_outside_regime=true`` override) ``phi`` is the PSD minimiser with clipped

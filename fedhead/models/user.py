@@ -31,7 +31,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from fedhead.analysis.procedure import ConfigError
+from fedhead.analysis.constraints import ConfigError
 from fedhead.models.backbones import Backbone, ModelError, map_linear_output, rotate_linear_output
 from fedhead.models.config import ModelConfig
 

@@ -10,7 +10,7 @@ clients stop short of their optima by design.
 
 from __future__ import annotations
 
-from fedhead.report import claim_checks, claim_checks_scope
+from fedhead.report import claim_checks, claim_checks_local, claim_checks_scope
 from fedhead.report.claims import Claim
 
 CLAIMS: tuple[Claim, ...] = (
@@ -66,29 +66,29 @@ CLAIMS: tuple[Claim, ...] = (
           "U-shaped in ρ with minima at 1e-3.", (5,), ("rho",),
           "the ρ of the smallest median e_F and of the smallest median δ_last is neither the smallest "
           "nor the largest ρ run (at least 3 values)",
-          claim_checks.best_rho_is_interior),
+          claim_checks_local.best_rho_is_interior),
     Claim("C14", "At ρ = 1e-3 both δ_last and e_F are lower than at ρ = 0 in 30/30 combos.", (5,), ("rho",),
           "both lower in every (setting, seed) pair of ρ = 1e-3 and ρ = 0",
-          claim_checks.moderate_rho_beats_no_penalty),
+          claim_checks_local.moderate_rho_beats_no_penalty),
     Claim("C15", "A very small weight (1e-5) has a weaker effect (median e_F 7.38e-3).", (5,), ("rho",),
           "median e_F at ρ = 1e-5 above the median at ρ = 1e-3",
-          claim_checks.tiny_rho_is_weaker),
+          claim_checks_local.tiny_rho_is_weaker),
     Claim("C16", "Large weights (ρ ≥ 1e-2) pull clients away from their unpenalised optima and worsen "
           "endpoint agreement (gap 1.57e-1, e_F 3.80e-1 at ρ = 1).", (5,), ("rho",),
           "for every ρ >= 1e-2 run: median objective gap and median e_F above those at ρ = 1e-3",
-          claim_checks.large_rho_worsens_agreement),
+          claim_checks_local.large_rho_worsens_agreement),
     Claim("C17", "ρ = 1e-3 costs only a small rise of the original-objective gap (1.43e-5 to 4.05e-5).",
           (5,), ("rho",), "median objective gap at ρ = 1e-3 <= 1e-3",
-          claim_checks.moderate_rho_keeps_objective_gap_small),
+          claim_checks_local.moderate_rho_keeps_objective_gap_small),
     Claim("C18", "Ordinary training's agreement with G_star weakens with less local training (median d "
           "4.57e-1, 1.76e-1, 4.33e-2, 1.39e-2 at E = 50, 400, 1000, 4000).", (), ("epochs",),
           "median d(G_T,G_star) of ordinary runs decreases strictly with the paper budget E (a claim about "
           "clients short of their optima: judged on every run)",
-          claim_checks.more_local_epochs_approach_g_star, needs_optima=False),
+          claim_checks_local.more_local_epochs_approach_g_star, needs_optima=False),
     Claim("C19", "The budget E to get below d = 0.1 depends on the setting (400, 1000 or 2000).", (),
           ("epochs",), "the first paper E with median ordinary d(G_T,G_star) < 0.1 differs between settings "
           "(E mapped by the scale; judged on every run, see figures/epochs.png)",
-          claim_checks.local_budget_depends_on_setting, needs_optima=False),
+          claim_checks_local.local_budget_depends_on_setting, needs_optima=False),
     Claim("C20", "The profiled UFM shows the same trend toward the BW barycentre with more local steps.",
           (), ("epochs",), "", None, "a UFM experiment (App. G.4), not a network run: `fedhead-ufm finite_steps` "
           "measures it (its results.json and table), the report does not read it"),

@@ -20,8 +20,8 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf
 
+from fedhead.analysis.constraints import ConfigError
 from fedhead.analysis.frozen import freeze
-from fedhead.analysis.procedure import ConfigError, ProcedureConfig
 from fedhead.analysis.seeds import INIT_MODES
 from fedhead.settings.job import (
     DEVICES,
@@ -34,6 +34,7 @@ from fedhead.settings.job import (
 )
 from fedhead.settings.limits import FailurePolicy, Timeouts
 from fedhead.settings.privacy import PrivacyPolicy
+from fedhead.settings.procedure import ProcedureConfig
 from fedhead.settings.trust import TrustPolicy
 
 if TYPE_CHECKING:  # flwr: not imported at fedhead-run's start-up
@@ -150,9 +151,9 @@ def _conf_file(group: str, name: str):
 def procedure_names() -> tuple[str, ...]:
     """The procedures a run knows: the files ``conf/procedure/<name>.yaml``, sorted by name.
 
-    A procedure is one declaration, its yaml file (a [`ProcedureConfig`][fedhead.analysis.procedure.ProcedureConfig]
-    whose switches say
-    what the clients and the server do); nothing else lists the names.
+    A procedure is one declaration, its yaml file (a
+    [`ProcedureConfig`][fedhead.settings.procedure.ProcedureConfig] whose switches say what the
+    clients and the server do); nothing else lists the names.
     """
     folder = conf_dir().joinpath("procedure")
     return tuple(sorted(f.name[: -len(".yaml")] for f in folder.iterdir() if f.name.endswith(".yaml")))
@@ -189,7 +190,7 @@ def _check_proximal_term(proc: ProcedureConfig) -> None:
 
 def plain_mapping(node: Any, where: str) -> dict[str, Any]:
     """A config node (or a plain dict) as a resolved ``dict`` with string keys; anything else is
-    one [`ConfigError`][fedhead.analysis.procedure.ConfigError] naming ``where``."""
+    one [`ConfigError`][fedhead.analysis.constraints.ConfigError] naming ``where``."""
     values = OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node
     if not isinstance(values, dict):
         raise ConfigError(f"{where} must be a mapping, got {values!r}")
@@ -199,8 +200,9 @@ def plain_mapping(node: Any, where: str) -> dict[str, Any]:
 def build_section(node: Any, where: str, expected: type, default: type | None = None) -> Any:
     """Every typed section of a run is built here: the class its ``_target_`` names (else
     ``default``), called with the section's resolved keys. An unknown key, a class that is not an
-    ``expected``, or the class's own check is one [`ConfigError`][fedhead.analysis.procedure.ConfigError]
-    naming the section (``where``; empty: the top-level keys)."""
+    ``expected``, or the class's own check is one
+    [`ConfigError`][fedhead.analysis.constraints.ConfigError] naming the section (``where``; empty:
+    the top-level keys)."""
     values = {k: v for k, v in plain_mapping(node, where).items() if k not in ("_target_", "_convert_")}
     target = node.get("_target_") if hasattr(node, "get") else None
     try:

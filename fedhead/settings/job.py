@@ -14,13 +14,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fedhead.analysis.constraints import Field, Together, boolean, check, integer, number, one_of, optional
+from fedhead.analysis.constraints import ConfigError, Field, Together, boolean, check, integer, number, one_of, optional
 from fedhead.analysis.frozen import FrozenDict, freeze
-from fedhead.analysis.procedure import ConfigError, ProcedureConfig, penalty_problem, rho_problem
+from fedhead.analysis.procedure import penalty_problem, rho_problem
 from fedhead.analysis.seeds import INIT_MODES
 from fedhead.results.io import to_jsonable
 from fedhead.settings.limits import FailurePolicy, Timeouts
 from fedhead.settings.privacy import PrivacyPolicy
+from fedhead.settings.procedure import ProcedureConfig
 from fedhead.settings.trust import TrustPolicy
 
 if TYPE_CHECKING:  # torch-importing layers: annotations only (see the module docstring)

@@ -1,15 +1,14 @@
 """Deadlines and the failure policy of a run (``timeouts:`` and ``failure:`` in conf/config.yaml).
 
-* [`Timeouts`][fedhead.settings.limits.Timeouts]: every wait of the server has a deadline: the SuperNodes to connect
-  (``nodes``), the replies of the moment exchange (``exchange``) and of one training or evaluation phase
-  (``round``). A reply that has not arrived by then counts as a failed client (see
+* [`Timeouts`][fedhead.settings.limits.Timeouts]: every wait of the server has a deadline: the SuperNodes
+  to connect (``nodes``), the replies of the moment exchange (``exchange``) and of one training or
+  evaluation phase (``round``). A reply that has not arrived by then counts as a failed client (see
   [`FailurePolicy`][fedhead.settings.limits.FailurePolicy]). Within a phase the straggler rule
   (``straggler``, ``straggler_factor``;
-  [`Timeouts.straggler_deadline`][fedhead.settings.limits.Timeouts.straggler_deadline]) ends the wait for
-  a client that is connected but never answers long before the phase deadline.
-* [`FailurePolicy`][fedhead.settings.limits.FailurePolicy]: how many valid replies a phase needs (``min_clients``;
-``null``: every
-  client). With fewer the run stops with
+  [`Timeouts.straggler_deadline`][fedhead.settings.limits.Timeouts.straggler_deadline]) ends the wait
+  for a client that is connected but never answers long before the phase deadline.
+* [`FailurePolicy`][fedhead.settings.limits.FailurePolicy]: how many valid replies a phase needs
+  (``min_clients``; ``null``: every client). With fewer the run stops with
   [`fedhead.strategies.replies.FederationError`][fedhead.strategies.FederationError]; with at
   least ``min_clients`` the phase continues over the survivors (weights renormalised) and the
   dropped clients are logged and recorded per round in results.json.
@@ -22,8 +21,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from fedhead.analysis.constraints import Field, check, integer, number, optional
-from fedhead.analysis.procedure import ConfigError
+from fedhead.analysis.constraints import ConfigError, Field, check, integer, number, optional
 
 __all__ = ["STRAGGLER_ERROR_CODE", "FailurePolicy", "Timeouts", "straggler_reason", "straggler_waves"]
 

@@ -1,12 +1,24 @@
 """What a site keeps to itself (``privacy:`` in conf/config.yaml; docs/own-data.md, "What a site
 refuses and what the server learns").
 
-[`PrivacyPolicy`][fedhead.settings.privacy.PrivacyPolicy] is decided on each site, by its own
-ClientApp: a site with fewer training rows than ``min_rows`` refuses every message before it
+[`PrivacyPolicy`][fedhead.settings.privacy.PrivacyPolicy] is the run's, i.e. in a deployment the
+server's: a site with fewer training rows than ``min_rows`` refuses every message before it
 computes or sends anything of its rows, and the server learns only that it refused (the failure
-policy, ``failure.min_clients``, decides whether the run continues without it). A site's
-operator may raise its minimum with the SuperNode's ``--node-config "min-rows=K"``
-([`PrivacyPolicy.at_site`][fedhead.settings.privacy.PrivacyPolicy.at_site]).
+policy, ``failure.min_clients``, decides whether the run continues without it).
+
+A site enforces its own policy on top of it, whatever the run config says
+([`SitePolicy`][fedhead.clients.policy.SitePolicy]; docs/own-data.md, "A site's privacy policy"): in
+its SuperNode's node config and/or a TOML (or JSON) file the node config names
+(``--node-config "privacy-policy='/site/policy.toml'"``)::
+
+    mode = "secure"        # nothing in the clear (node config: privacy-mode)
+    min-rows = 50          # the site's minimum of training rows; the run's min_rows no longer applies
+    min-survivors = 4      # no sum is unmasked over fewer sites
+    dp-noise = 1.0         # a run with privacy.dp_noise below it is refused
+    epsilon-budget = 8.0   # over all runs, in a ledger under the node's state-dir
+    dp-delta = 1e-6        # the delta the ledger accounts at (default 1e-5)
+
+A site with no rule at all keeps the run's settings (the default; a simulation's results do not move).
 
 ``mode=secure`` sends every array the server aggregates (the one-time moment exchange, each
 round's heads, each evaluation's errors) only as a site's share of a secure sum
@@ -25,8 +37,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fedhead.analysis.constraints import Field, Together, check, integer, number, one_of, optional
-from fedhead.analysis.procedure import ConfigError
+from fedhead.analysis.constraints import ConfigError, Field, Together, check, integer, number, one_of, optional
 from fedhead.settings.trust import TrustPolicy
 
 __all__ = ["DEFAULT_MIN_ROWS", "MIN_SECURE_SITES", "MODES", "NODE_MIN_ROWS_KEY", "PrivacyPolicy"]
@@ -182,18 +193,3 @@ class PrivacyPolicy:
     def threshold_for(self, num_clients: int) -> int:
         """The secure sum's threshold for ``num_clients`` sites: ``threshold``, else ``floor(M/2) + 1``."""
         return num_clients // 2 + 1 if self.threshold is None else self.threshold
-
-    def at_site(self, node_min_rows: object = None) -> tuple[int, str]:
-        """The minimum a site applies, and the setting that sets it (as users type it).
-
-        In a deployment the run config (``privacy.min_rows``) is the server's; a site's operator
-        may raise the minimum, never lower it, with its SuperNode's own
-        ``--node-config "min-rows=K"`` (``node_min_rows``; None: not set).
-        """
-        if node_min_rows is None:
-            return self.min_rows, "privacy.min_rows"
-        if not (isinstance(node_min_rows, int) and integer(1)(node_min_rows)):
-            raise ConfigError(f"node config {NODE_MIN_ROWS_KEY} {_MIN_ROWS_NEED}, got {node_min_rows!r}")
-        if node_min_rows > self.min_rows:
-            return node_min_rows, f"node config {NODE_MIN_ROWS_KEY}"
-        return self.min_rows, "privacy.min_rows"

@@ -15,8 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from fedhead.analysis.constraints import Field, Together, check, integer, names, number, optional
-from fedhead.analysis.procedure import ConfigError
+from fedhead.analysis.constraints import ConfigError, Field, Together, check, integer, names, number, optional
 
 __all__ = ["TrustPolicy"]
 

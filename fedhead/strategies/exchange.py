@@ -1,13 +1,12 @@
 """The one-time moment exchange before round 1, on the server (no torch, no data layer).
 
-The server waits for the SuperNodes ([`wait_for_nodes`][fedhead.strategies.exchange.wait_for_nodes]), asks each for
-``(N_m, mu_m,
-Sigma_m)`` ([`query_moments`][fedhead.strategies.exchange.query_moments]) and turns the valid replies into a
-[`MomentExchange`][fedhead.strategies.MomentExchange]
-([`build_exchange`][fedhead.strategies.exchange.build_exchange]): the moments, the diagnosis and the reference Grams
-every round is
-measured against. What it reads of its strategy is an
-[`ExchangeSettings`][fedhead.strategies.exchange.ExchangeSettings].
+The server waits for the SuperNodes ([`wait_for_nodes`][fedhead.strategies.exchange.wait_for_nodes]),
+asks each for ``(N_m, mu_m, Sigma_m)`` ([`query_moments`][fedhead.strategies.exchange.query_moments])
+and turns the valid replies into a [`MomentExchange`][fedhead.strategies.MomentExchange]
+([`build_exchange`][fedhead.strategies.exchange.build_exchange]): the moments, the diagnosis and the
+reference Grams every round is measured against. What it reads of its strategy is an
+[`ExchangeSettings`][fedhead.strategies.exchange.ExchangeSettings]. In secure mode the exchange is
+[`secure_exchange`][fedhead.strategies.secure_exchange.secure_exchange] instead.
 """
 
 from __future__ import annotations
@@ -16,9 +15,9 @@ import dataclasses
 import logging
 import time
 import warnings
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 from flwr.app import ConfigRecord, Message, MessageType, RecordDict
@@ -45,6 +44,7 @@ log = logging.getLogger(__name__)
 MomentRow = tuple[int, int, int, np.ndarray, np.ndarray]
 #: A value of a message's ``config`` record.
 ConfigValue = int | float | str | bool
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -89,8 +89,8 @@ class ExchangeSettings:
 
 @dataclass(frozen=True)
 class SecureSummary:
-    """What a secure exchange ([`fedhead.strategies.secure.secure_exchange`][fedhead.strategies.secure.secure_exchange])
-    knows beyond its one pooled row of moments: ``Sigma_within`` ``(C, C)`` and the pooled count ``N``."""
+    """What a secure exchange ([`secure_exchange`][fedhead.strategies.secure_exchange.secure_exchange]) knows
+    beyond its one pooled row of moments: ``Sigma_within`` ``(C, C)`` and the pooled count ``N``."""
 
     within: np.ndarray
     count: int
@@ -107,9 +107,8 @@ class MomentExchange:
     node_ids: tuple[int, ...]  # ordered by partition id (the clients that take part)
     partition_ids: tuple[int, ...]
     dropped: tuple[Dropped, ...] = ()  # clients left out by the failure policy
-    #: after a statistics exchange ([`fedhead.strategies.statistics`][fedhead.strategies.statistics]): the pooled
-    # offsets and
-    #: scales every message carries, and whether the server numbered the clients
+    #: after a statistics exchange ([`fedhead.strategies.statistics`][fedhead.strategies.statistics]):
+    #: the pooled offsets and scales every message carries, and whether the server numbered the clients
     standardization: Standardization | None = None
     assigned_partitions: bool = False
     #: after a statistics exchange: what a resume must find again (site keys by partition, the
@@ -303,22 +302,37 @@ def flag_outliers(
     return dataclasses.replace(diagnosis, outlier_scores=scores, flags=flags)
 
 
-def collect_moments(
-    replies: Iterable[Message], settings: ExchangeSettings, *, expected_nodes: Sequence[int] | None
-) -> MomentExchange:
-    """The exchange of the query replies: each reply screened by the failure policy
+def screen_exchange(
+    replies: Iterable[Message],
+    parse: Callable[[Message], T],
+    settings: ExchangeSettings,
+    *,
+    stage: str,
+    expected_nodes: Sequence[int] | None,
+) -> tuple[list[tuple[Message, T]], list[Dropped]]:
+    """The exchange's replies screened by the failure policy
     ([`fedhead.strategies.failures.screen`][fedhead.strategies.failures.screen]: error replies, invalid
-    moments and replies missing from ``expected_nodes`` within the exchange's deadline drop the client
-    while ``settings.required`` remain), then
-    [`build_exchange`][fedhead.strategies.exchange.build_exchange] over the survivors."""
-    kept, dropped = screen(
+    ones and replies missing from ``expected_nodes`` within the exchange's deadline drop the client
+    while ``settings.required`` remain)."""
+    return screen(
         replies,
-        parse_moment_reply,
-        stage="moment exchange",
+        parse,
+        stage=stage,
         required=settings.required,
         expected_nodes=expected_nodes,
         expected_count=settings.num_clients,
         timeout=settings.timeouts.exchange if expected_nodes is not None else None,
+    )
+
+
+def collect_moments(
+    replies: Iterable[Message], settings: ExchangeSettings, *, expected_nodes: Sequence[int] | None
+) -> MomentExchange:
+    """The exchange of the query replies: each reply screened
+    ([`screen_exchange`][fedhead.strategies.exchange.screen_exchange]), then
+    [`build_exchange`][fedhead.strategies.exchange.build_exchange] over the survivors."""
+    kept, dropped = screen_exchange(
+        replies, parse_moment_reply, settings, stage="moment exchange", expected_nodes=expected_nodes
     )
     return build_exchange([r for _, r in kept], dropped, settings)
 
@@ -334,11 +348,10 @@ def query_moments(settings: ExchangeSettings, grid: Grid, node_ids: Sequence[int
 def enforce_regime(exchange: MomentExchange, lambda_h: float, lambda_w: float, allow_outside_regime: bool) -> None:
     """Refuse to train outside the fully active regime unless explicitly allowed.
 
-    Raises [`fedhead.analysis.regime.OutsideRegimeError`][fedhead.analysis.regime.OutsideRegimeError] naming the clients
-    and margins; with
-    ``allow_outside_regime`` logs the
-    [`fedhead.analysis.regime.OutsideRegimeWarning`][fedhead.analysis.regime.OutsideRegimeWarning]'s text once, with
-    what it means for the results (the console's one line; a deployment's run.log).
+    Raises [`fedhead.analysis.regime.OutsideRegimeError`][fedhead.analysis.regime.OutsideRegimeError]
+    naming the clients and margins; with ``allow_outside_regime`` logs the
+    [`fedhead.analysis.regime.OutsideRegimeWarning`][fedhead.analysis.regime.OutsideRegimeWarning]'s
+    text once, with what it means for the results (the console's one line; a deployment's run.log).
     """
     if exchange.diagnosis.fully_active:
         return

@@ -106,15 +106,14 @@ def screen(
 ) -> tuple[list[tuple[Message, T]], list[Dropped]]:
     """Valid ``(reply, parse(reply))`` pairs and the dropped clients of one phase.
 
-    ``parse`` raises [`fedhead.federation.aggregation.ReplyError`][fedhead.federation.aggregation.ReplyError] for an
-    invalid reply. Missing
-    replies are the ``expected_nodes`` that did not answer (or, without them, the shortfall
-    against ``expected_count``). ``partitions`` (node -> partition id, known after the moment
-    exchange) names the partition of a dropped client (the one it had there, whatever its reply
-    says). A SuperNode that
-    stopped sending heartbeats comes back from flwr as an error reply ("Node Unavailable"); a
-    straggler given up by the server's rule of [`Timeouts`][fedhead.settings.limits.Timeouts] is
-    ``missing``. Every dropped client is logged with its node and reason.
+    ``parse`` raises [`fedhead.federation.aggregation.ReplyError`][fedhead.federation.aggregation.ReplyError]
+    for an invalid reply. Missing replies are the ``expected_nodes`` that did not answer (or, without
+    them, the shortfall against ``expected_count``). ``partitions`` (node -> partition id, known after
+    the moment exchange) names the partition of a dropped client (the one it had there, whatever its
+    reply says). A SuperNode that stopped sending heartbeats comes back from flwr as an error reply
+    ("Node Unavailable"); a straggler given up by the server's rule of
+    [`Timeouts`][fedhead.settings.limits.Timeouts] is ``missing``. Every dropped client is logged with
+    its node and reason.
     """
     part = dict(partitions or {})
     replies = list(replies)

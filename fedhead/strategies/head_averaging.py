@@ -3,7 +3,8 @@ flwr's Message API (a subclass of flwr's `flwr.serverapp.strategy.Strategy`).
 
 It drives the one-time moment exchange ([`exchange`][fedhead.strategies.exchange]), then each round
 broadcasts the head, averages the returned heads with weights ``N_m / N`` and measures the round
-(theory.md §11). The steps live in the sibling modules; the strategy does no I/O.
+(theory.md §11). Every sum comes from one [`Aggregator`][fedhead.strategies.aggregator.Aggregator],
+chosen once from ``privacy.mode``; the other steps live in the sibling modules; the strategy does no I/O.
 """
 
 from __future__ import annotations
@@ -17,44 +18,20 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricReco
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
-from fedhead.analysis.consistency import gram_errors
-from fedhead.federation import aggregation as agg
 from fedhead.federation import protocol
-from fedhead.federation import secure_records as sr
 from fedhead.federation.checkpoint import ServerState
-from fedhead.federation.privacy_noise import privacy_spent
-from fedhead.federation.secure_records import SUM_ID
 from fedhead.federation.tracking import RoundRecord
 from fedhead.settings.limits import FailurePolicy, Timeouts
 from fedhead.settings.privacy import PrivacyPolicy
 from fedhead.settings.trust import TrustPolicy
-from fedhead.strategies.exchange import (
-    ConfigValue,
-    ExchangeSettings,
-    MomentExchange,
-    collect_moments,
-    enforce_regime,
-    query_moments,
-    wait_for_nodes,
-)
-from fedhead.strategies.failures import Dropped
+from fedhead.strategies.aggregator import HeadSum, Phase
+from fedhead.strategies.exchange import ConfigValue, ExchangeSettings, MomentExchange, collect_moments, wait_for_nodes
 from fedhead.strategies.observer import NullObserver, RunObserver
-from fedhead.strategies.phases import mean_mse, round_inputs, screen_phase, stack_heads, train_content
-from fedhead.strategies.replies import FederationError, parse_evaluate_reply, parse_train_reply, partition_of
+from fedhead.strategies.phases import train_content
+from fedhead.strategies.privacy_modes import make_aggregator
+from fedhead.strategies.replies import FederationError
 from fedhead.strategies.rounds import RoundState
-from fedhead.strategies.secure import (
-    DP_EPSILON,
-    DP_RELEASES,
-    SITES_AT_OPTIMUM,
-    SITES_SUMMED,
-    SecureSum,
-    SecureSumFailed,
-    enforce_reported_regime,
-    parse_site_reply,
-    run_secure_sum,
-    secure_exchange,
-)
-from fedhead.strategies.statistics import exchange_statistics, node_messages
+from fedhead.strategies.statistics import node_messages
 
 __all__ = ["FederationError", "HeadAveraging", "MomentExchange", "RunObserver"]
 
@@ -68,8 +45,8 @@ class HeadAveraging(Strategy):
     """Head-only federated averaging with the one-time moment exchange.
 
     It implements flwr's four hooks itself (no FedAvg code runs);
-    [`run`][fedhead.strategies.HeadAveraging.run] is the entry point: the exchange and the diagnosis, then
-    flwr's round loop (``Strategy.start``).
+    [`run`][fedhead.strategies.HeadAveraging.run] is the entry point: the exchange and the diagnosis,
+    then flwr's round loop (``Strategy.start``).
 
     Parameters
     ----------
@@ -95,9 +72,11 @@ class HeadAveraging(Strategy):
         consistency flags ([`fedhead.settings.trust.TrustPolicy`][fedhead.settings.trust.TrustPolicy];
         None: the defaults).
     privacy : PrivacyPolicy, optional
-        ``mode="secure"``: the exchange, every round's heads and every evaluation reach the server only
-        as secure sums ([`fedhead.strategies.secure`][fedhead.strategies.secure]); per-site checks and
-        measurements are then absent. None: clear mode.
+        Picks the [`aggregator`][fedhead.strategies.HeadAveraging.aggregator] once
+        ([`make_aggregator`][fedhead.strategies.privacy_modes.make_aggregator]). ``mode="secure"``: the
+        exchange, every round's heads and every evaluation reach the server only as secure sums
+        ([`fedhead.strategies.secure`][fedhead.strategies.secure]); per-site checks and measurements are
+        then absent. None: clear mode.
     """
 
     def __init__(
@@ -137,23 +116,20 @@ class HeadAveraging(Strategy):
         self.privacy = privacy or PrivacyPolicy()
         self.privacy.check_sites(int(min_nodes))
         self.privacy.check_trust(self.settings.trust)
-        #: secure mode: the server sees only sums ([`fedhead.strategies.secure`][fedhead.strategies.secure])
-        self.secure = self.privacy.mode == "secure"
+        #: where every sum comes from: the exchange, the heads, the errors and what they cost in privacy
+        self.aggregator = make_aggregator(self.privacy, int(min_nodes))
         self._grid: Grid | None = None
-        self._secure_replies: list = []  # the current secure phase's first replies (keys, self-checks)
-        self._releases = 0  # secure sums the server decoded (differential privacy composes them)
         self.observer: RunObserver = observer or NullObserver()
         self.evaluate_mse = bool(evaluate_mse)
         self.allow_outside_regime = bool(allow_outside_regime)
         self._sent: dict[str, list[int]] = {}  # nodes each phase was sent to (missing replies)
-        self._round_dropped: list[Dropped] = []
         self.exchange: MomentExchange | None = None
         #: the head, the measurements and the resume offset between rounds (what a checkpoint holds)
         self.rounds = RoundState()
         self._broadcast: tuple[np.ndarray, np.ndarray] | None = None
         self._on_round_end: Callable[[ServerState], None] | None = None
-        #: the run's number of rounds (set by [`run`][fedhead.strategies.HeadAveraging.run]): its last evaluate message
-        # says ``final-round``
+        #: the run's number of rounds (set by [`run`][fedhead.strategies.HeadAveraging.run]): its last
+        #: evaluate message says ``final-round``
         self.num_rounds: int | None = None
 
     @property
@@ -176,9 +152,8 @@ class HeadAveraging(Strategy):
     def aggregate_moments(
         self, replies: Iterable[Message], *, expected_nodes: Sequence[int] | None = None
     ) -> MomentExchange:
-        """Sets and returns [`exchange`][fedhead.strategies.HeadAveraging.exchange]: moments, diagnosis and reference
-        Grams of the valid
-        query replies, failed clients dropped
+        """Sets and returns [`exchange`][fedhead.strategies.HeadAveraging.exchange] from clear query replies:
+        moments, diagnosis and reference Grams of the valid ones, failed clients dropped
         ([`fedhead.strategies.exchange.collect_moments`][fedhead.strategies.exchange.collect_moments])."""
         self.exchange = collect_moments(replies, self.settings, expected_nodes=expected_nodes)
         return self.exchange
@@ -186,30 +161,16 @@ class HeadAveraging(Strategy):
     def exchange_moments(self, grid: Grid) -> MomentExchange:
         """Run the one-time moment exchange over ``grid`` and report it to the observer."""
         node_ids = self._wait_for_nodes(grid)
-        site_local = self.settings.site_statistics is not None  # a site-local dataset=table run
-        if self.secure:
-            noised = self.privacy.dp_noise > 0
-            self.exchange = secure_exchange(self.settings, grid, node_ids, self.privacy.threshold, noised=noised)
-            self._releases = 1
-        else:
-            self.exchange = (exchange_statistics if site_local else query_moments)(self.settings, grid, node_ids)
+        self.exchange = self.aggregator.exchange(self.settings, grid, node_ids)
         for line in self.exchange.diagnosis.format().splitlines():
             log.info("diagnosis: %s", line)
         self.observer.on_exchange(self.exchange)
         return self.exchange
 
     def check_regime(self) -> None:
-        """Refuse to train outside the fully active regime unless allowed
-        ([`enforce_regime`][fedhead.strategies.exchange.enforce_regime]; in secure mode, as the sites report it)."""
-        if self.secure:
-            enforce_reported_regime(self._exchanged("the regime check"), self.allow_outside_regime)
-            return
-        enforce_regime(
-            self._exchanged("the regime check"),
-            self.settings.lambda_h,
-            self.settings.lambda_w,
-            self.allow_outside_regime,
-        )
+        """Refuse to train outside the fully active regime unless allowed (the aggregator's
+        [`check_regime`][fedhead.strategies.aggregator.Aggregator.check_regime])."""
+        self.aggregator.check_regime(self._exchanged("the regime check"), self.settings, self.allow_outside_regime)
 
     def _exchanged(self, what: str) -> MomentExchange:
         """The moment exchange's outcome; a clear error when ``what`` comes before the exchange."""
@@ -226,13 +187,13 @@ class HeadAveraging(Strategy):
 
     # ---------------------------------------------------------------- training
     def begin(self, initial_head: tuple[np.ndarray, np.ndarray]) -> RoundRecord:
-        """Record round 0 for the initial head (after
+        """Record round 0 for the initial head (after the
         [`exchange_moments`][fedhead.strategies.HeadAveraging.exchange_moments])."""
         exchange = self._exchanged("training")
         self.check_regime()
         rec = self.rounds.start(exchange.targets, *initial_head, dim=exchange.moments.dim)
         rec.dropped = [d.to_dict() for d in exchange.dropped]  # the sites the exchange left out
-        rec.extra.update(self.privacy_spent())
+        rec.extra.update(self.aggregator.privacy_spent())
         self._round_complete(rec)
         return rec
 
@@ -271,7 +232,7 @@ class HeadAveraging(Strategy):
         if self.settings.gamma > 0:  # correcting clients receive Sigma_cen
             sigma_cen = self._exchanged("the corrected procedure's training").moments.sigma_cen
         config = self._phase_config(server_round, config)
-        self._sum_name("train", config)
+        self.aggregator.name_sum("train", config)
         content = train_content(head_arrays, config, sigma_cen)
         return self._phase_messages(grid, "train", MessageType.TRAIN, content, arrays)
 
@@ -281,11 +242,6 @@ class HeadAveraging(Strategy):
         config[protocol.SERVER_ROUND] = self.rounds.round(server_round)
         config.update(self.settings.message_config)
         return config
-
-    def _sum_name(self, kind: str, config: ConfigRecord) -> None:
-        """In secure mode, name the phase's secure sum in its config (the clients then reply with their keys)."""
-        if self.secure:
-            config[SUM_ID] = f"{kind}-{config[protocol.SERVER_ROUND]}"
 
     def _phase_messages(
         self, grid: Grid, kind: str, message_type: str, content: RecordDict, arrays: ArrayRecord
@@ -299,213 +255,60 @@ class HeadAveraging(Strategy):
     def _extend_train_content(self, content: RecordDict, arrays: ArrayRecord) -> None:
         """Hook for subclasses that broadcast more than the head."""
 
-    def _screen(self, replies: Iterable[Message], parse, stage: str, kind: str):
-        """[`fedhead.strategies.phases.screen_phase`][fedhead.strategies.phases.screen_phase] against the nodes the
-        phase was sent to."""
-        assert self.exchange is not None
-        sent = self._sent.pop(kind, None)
-        return screen_phase(
-            replies,
-            parse,
-            stage=stage,
-            exchange=self.exchange,
-            required=self.settings.required,
-            sent=sent,
-            timeout=self.settings.timeouts.round,
+    def _phase(self, kind: str, server_round: int) -> Phase:
+        """The phase ``kind`` of the run's round ``server_round`` as the aggregator sees it (the nodes it was
+        sent to are forgotten here)."""
+        return Phase(
+            kind=kind,
+            server_round=server_round,
+            exchange=self._exchanged("aggregation"),
+            settings=self.settings,
+            sent=self._sent.pop(kind, None),
+            grid=self._grid,
+            head_shape=self.rounds.head_shape,
+            broadcast=self._broadcast,
+            checks=self,
         )
 
-    def parse_train_replies(
-        self, replies: Iterable[Message]
-    ) -> tuple[list[Message], np.ndarray, np.ndarray, np.ndarray]:
-        """Validated heads ``(M,C,P)``, biases ``(M,C)``, counts ``(M,)`` ordered by partition, of the
-        surviving clients (the failure policy's drops are kept in
-        [`_round_dropped`][fedhead.strategies.HeadAveraging._round_dropped])."""
-        expected_n = self._exchanged("training").sample_counts()
-        shape = self.rounds.head_shape
-
-        def parse(msg: Message):
-            parsed = parse_train_reply(msg, shape, expected_n, max_abs=self.settings.trust.max_abs)
-            self.check_reply(msg, parsed[1])
-            return parsed
-
-        kept, dropped = self._screen(replies, parse, "training", "train")
-        self._round_dropped = list(dropped)
-        return stack_heads(kept)
-
     def check_reply(self, msg: Message, weight: np.ndarray) -> None:
-        """Hook: a variant's own checks of one training reply (its head ``weight``); raising
+        """Hook: a variant's own checks of one training reply seen in the clear (its head ``weight``); raising
         [`fedhead.federation.aggregation.ReplyError`][fedhead.federation.aggregation.ReplyError] drops the client."""
 
     def verify_replies(self, msgs: Sequence[Message], heads: np.ndarray) -> dict[str, float]:
-        """Hook: measurements over the kept replies; returns scalars to log with the round."""
+        """Hook: measurements over the kept replies seen in the clear; returns scalars to log with the round."""
         return {}
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         server_round = self.rounds.round(server_round)
-        if self.secure:
-            return self._aggregate_secure_train(server_round, replies)
-        msgs, heads, biases, counts = self.parse_train_replies(replies)
-        extra = self.verify_replies(msgs, heads)
-        fit, present, client_metrics, ignored = round_inputs(
-            msgs, self._exchanged("aggregation"), self.settings.trust.extra_metrics
-        )
+        summed = self.aggregator.aggregate_train(self._phase("train", server_round), replies)
+        self.rounds.set_head(summed.weight, summed.bias)
         assert self.rounds.tracker is not None and self._broadcast is not None
-        shares = self._shares(present, counts)
-        avg_heads, avg_biases, clipped = heads, biases, 0
-        clip = self.settings.trust.clip_update
-        if clip is not None:
-            bounded = agg.clip_updates(heads, biases, self._broadcast, clip)
-            avg_heads, avg_biases, clipped = bounded.weight, bounded.bias, int(np.count_nonzero(bounded.scale < 1))
-            if clipped:
-                log.info("training: %d of %d head updates clipped to trust.clip_update=%g", clipped, len(msgs), clip)
-        avg = agg.average_heads(avg_heads, avg_biases, shares)
-        self.rounds.set_head(avg.weight, avg.bias)
         rec = self.rounds.tracker.record(
             server_round,
-            avg.weight,
-            avg.bias,
+            summed.weight,
+            summed.bias,
             broadcast=self._broadcast[0],
-            client_heads=heads,
-            fit=fit,
-            client_metrics=client_metrics,
-            extra=extra,
-            present=present,
-            dropped=[d.to_dict() for d in self._round_dropped],
+            client_heads=summed.kept.heads,
+            fit=summed.fit,
+            client_metrics=summed.client_metrics,
+            extra={**summed.extra, **self.aggregator.privacy_spent()},
+            present=summed.present,
+            dropped=[d.to_dict() for d in summed.dropped],
         )
-        rec.ignored_metrics, rec.clipped_updates = ignored, clipped
-        rec.gram_errors, rec.flags = self._consistency(msgs, heads, present, fit)
-        arrays = protocol.head_record(avg.weight, avg.bias)
-        self._add_aggregate(arrays, msgs, shares)
+        rec.ignored_metrics, rec.clipped_updates = summed.ignored_metrics, summed.clipped_updates
+        rec.gram_errors, rec.flags = summed.gram_errors, summed.flags
+        arrays = protocol.head_record(summed.weight, summed.bias)
+        self._add_aggregate(arrays, summed)
         out_metrics = MetricRecord({k: float(v) for k, v in rec.scalars().items() if "/" not in k})
         if not self.evaluate_mse:
             self._round_complete(rec)
         return arrays, out_metrics
 
-    def _shares(self, present: Sequence[int], counts: np.ndarray) -> np.ndarray:
-        """The averaging weights of the clients ``present`` (indices into the exchange): their counts
-        when the exchange's weight cap did not bind (``N_m / N`` over them, bit for bit), else their
-        capped exchange weights renormalised."""
-        moments = self._exchanged("aggregation").moments
-        if not agg.capped_sites(moments).any():
-            return np.asarray(counts, dtype=np.float64)
-        return np.asarray(moments.weights)[np.asarray(present, dtype=int)]
-
-    def _consistency(
-        self, msgs: Sequence[Message], heads: np.ndarray, present: Sequence[int], fit: agg.LocalFit
-    ) -> tuple[list[float], list[str]]:
-        """Each returned head's Gram against the optimal Gram of its site
-        ([`fedhead.analysis.consistency.gram_errors`][fedhead.analysis.consistency.gram_errors]) and a flag
-        (one log line) for a client that reports its local optimum but whose Gram is far from it."""
-        exchange = self._exchanged("aggregation")
-        errors = gram_errors(heads, np.asarray(exchange.targets.client_grams)[np.asarray(present, dtype=int)])
-        limit = self.settings.trust.flag_gram_error
-        flags = []
-        for msg, pid, err, gap in zip(msgs, present, errors, fit.trained_gaps, strict=True):
-            if gap <= agg.LOCAL_GAP_THRESHOLD and err > limit:
-                flags.append(
-                    f"node {protocol.node_of(msg)} (partition {exchange.partition_ids[pid]}): "
-                    f"reports its local optimum (trained_gap {gap:.2g}) but its head's Gram is {err:.3g} "
-                    f"(relative) from the optimal Gram of the covariance it sent (trust.flag_gram_error={limit:g})"
-                )
-                log.warning("training: flagged %s", flags[-1])
-        return [float(e) for e in errors], flags
-
-    def _add_aggregate(self, arrays: ArrayRecord, msgs: Sequence[Message], shares: np.ndarray) -> None:
-        """Hook for subclasses that aggregate more than the head (``shares``: the averaging weights, unnormalised)."""
-
-    # ---------------------------------------------------------------- secure mode
-    def _secure_phase(
-        self, replies: Iterable[Message], stage: str, kind: str, server_round: int, length: int, bound: float
-    ) -> tuple[SecureSum, list[Dropped]]:
-        """A phase's secure sum: its replies (each site's keys) screened, then stages 2-4
-        ([`run_secure_sum`][fedhead.strategies.secure.run_secure_sum]); the sum and the dropped sites."""
-        exchange = self._exchanged(stage)
-        kept, dropped = screen_phase(
-            replies,
-            lambda msg: (partition_of(msg), parse_site_reply(msg)),
-            stage=stage,
-            exchange=exchange,
-            required=self.settings.required,
-            sent=self._sent.pop(kind, None),
-            timeout=self.settings.timeouts.round,
-        )
-        self._secure_replies = [r for _, (_, r) in kept]
-        assert self._grid is not None
-        summed = run_secure_sum(
-            self._grid,
-            {r.node: r.keys for r in self._secure_replies},
-            sum_id=f"{kind}-{server_round}",
-            name=f"{kind} round {server_round}",
-            length=length,
-            bound=sr.COUNT_BOUND * bound,
-            required=self.settings.required,
-            timeout=self.settings.timeouts.round,
-            threshold=self.privacy.threshold,
-            message_config=self.settings.message_config,
-            partitions=dict(zip(exchange.node_ids, exchange.partition_ids)),
-        )
-        self._releases += 1
-        return summed, [*dropped, *summed.dropped]
-
-    def privacy_spent(self) -> dict[str, float]:
-        """Under differential privacy, the releases so far and their ``epsilon`` at ``privacy.dp_delta``
-        ([`privacy_spent`][fedhead.federation.privacy_noise.privacy_spent]); empty otherwise."""
-        pv = self.privacy
-        if not (self.secure and pv.dp_noise > 0 and self._releases):
-            return {}
-        spent = privacy_spent(pv.dp_noise, self._releases, self.settings.num_clients, pv.dp_delta)
-        return {DP_RELEASES: float(self._releases), DP_EPSILON: float(spent.epsilon)}
-
-    def _aggregate_secure_train(
-        self, server_round: int, replies: Iterable[Message]
-    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """The round's average head from the secure sum of ``N_m [W_m, b_m, 1]``; per-site values are absent."""
-        shape = self.rounds.head_shape
-        c, p = shape
-        summed, dropped = self._secure_phase(
-            replies, "training", "train", server_round, c * p + c + 1, self.settings.trust.max_abs
-        )
-        weight, bias, count = sr.read_head(summed.total, shape)
-        if not count > 0:
-            raise SecureSumFailed(
-                f"training round {server_round}: the secure sum's count of rows is {count:.3g}, not positive: the "
-                "differential privacy noise overwhelms the sites' weights (lower privacy.dp_noise or raise "
-                "privacy.dp_max_rows)"
-            )
-        worst = float(max(np.max(np.abs(weight)), np.max(np.abs(bias)))) if weight.size else 0.0
-        if not np.isfinite(worst) or worst > self.settings.trust.max_abs:
-            raise SecureSumFailed(
-                f"training round {server_round}: the secure average of the heads has an entry of magnitude "
-                f"{worst:.3g} beyond trust.max_abs={self.settings.trust.max_abs:g}; a site sent values out of "
-                "bounds, and in secure mode the server cannot tell which"
-            )
-        self.rounds.set_head(weight, bias)
-        assert self.rounds.tracker is not None and self._broadcast is not None
-        sites = [r for r in self._secure_replies if r.node in summed.survivors]
-        at_optimum = sum(1 for r in sites if r.metrics.get(sr.LOCAL_OPTIMUM) == 1)
-        rec = self.rounds.tracker.record(
-            server_round,
-            weight,
-            bias,
-            broadcast=self._broadcast[0],
-            client_heads=np.zeros((0, c, p)),
-            client_metrics=[dict(r.metrics) for r in sites],
-            extra={SITES_AT_OPTIMUM: float(at_optimum), SITES_SUMMED: float(len(sites)), **self.privacy_spent()},
-            dropped=[d.to_dict() for d in dropped],
-        )
-        if at_optimum < len(sites):
-            log.warning(
-                "training round %d: %d of %d sites report that they did not reach their local optimum",
-                server_round,
-                len(sites) - at_optimum,
-                len(sites),
-            )
-        out_metrics = MetricRecord({k: float(v) for k, v in rec.scalars().items() if "/" not in k})
-        if not self.evaluate_mse:
-            self._round_complete(rec)
-        return protocol.head_record(weight, bias), out_metrics
+    def _add_aggregate(self, arrays: ArrayRecord, summed: HeadSum) -> None:
+        """Hook for variants that use the round's heads beyond their average (``summed``, before the round
+        record is reported)."""
 
     # ---------------------------------------------------------------- evaluation (MSE)
     def configure_evaluate(
@@ -518,7 +321,7 @@ class HeadAveraging(Strategy):
         if self.num_rounds is not None and config[protocol.SERVER_ROUND] == self.num_rounds:
             config[protocol.FINAL_ROUND] = True  # the final shared head: each client saves its model
         self._grid = grid
-        self._sum_name("evaluate", config)
+        self.aggregator.name_sum("evaluate", config)
         content = RecordDict({protocol.HEAD: head, protocol.CONFIG: config})
         return self._phase_messages(grid, "evaluate", MessageType.EVALUATE, content, arrays)
 
@@ -526,25 +329,15 @@ class HeadAveraging(Strategy):
         if not self.evaluate_mse:
             return None
         server_round = self.rounds.round(server_round)
-        if self.secure:
-            summed, dropped = self._secure_phase(replies, "evaluation", "evaluate", server_round, sr.MSE_LENGTH, 1.0)
-            if not summed.total[1] > 0:
-                raise SecureSumFailed(
-                    f"evaluation round {server_round}: the secure sum's count of rows is {summed.total[1]:.3g}, not "
-                    "positive: the differential privacy noise overwhelms it (lower privacy.dp_noise)"
-                )
-            train, test = sr.read_mse(summed.total)
-        else:
-            kept, dropped = self._screen(replies, parse_evaluate_reply, "evaluation", "evaluate")
-            train, test = mean_mse([r[1] for _, r in kept])
+        mse = self.aggregator.aggregate_evaluate(self._phase("evaluate", server_round), replies)
         assert self.rounds.tracker is not None
-        rec = self.rounds.tracker.set_mse(server_round, train, test)
-        rec.extra.update(self.privacy_spent())
-        rec.dropped.extend(d.to_dict() for d in dropped)
+        rec = self.rounds.tracker.set_mse(server_round, mse.train, mse.test)
+        rec.extra.update(self.aggregator.privacy_spent())
+        rec.dropped.extend(d.to_dict() for d in mse.dropped)
         self._round_complete(rec)
-        out: dict[str, MetricRecordValues] = {protocol.TRAIN_MSE: train}
-        if test is not None:
-            out[protocol.TEST_MSE] = test
+        out: dict[str, MetricRecordValues] = {protocol.TRAIN_MSE: mse.train}
+        if mse.test is not None:
+            out[protocol.TEST_MSE] = mse.test
         return MetricRecord(out)
 
     # ---------------------------------------------------------------- the whole run

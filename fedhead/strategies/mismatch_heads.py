@@ -19,7 +19,9 @@ from fedhead.analysis.mismatch_cost import MismatchWarning, mismatch_averages, m
 from fedhead.federation import aggregation as agg
 from fedhead.federation import protocol
 from fedhead.federation.tracking import RoundRecord
+from fedhead.strategies.aggregator import HeadSum
 from fedhead.strategies.head_averaging import HeadAveraging
+from fedhead.strategies.phases import screen_phase
 from fedhead.strategies.replies import metrics_of, partition_of
 from fedhead.strategies.statistics import node_messages
 
@@ -48,18 +50,19 @@ class MismatchHeadAveraging(HeadAveraging):
             self._pending = self.rounds.tracker.records[-1]
         return out
 
-    def parse_train_replies(self, replies: Iterable[Message]):
-        msgs, heads, biases, counts = super().parse_train_replies(replies)
+    def _add_aggregate(self, arrays: ArrayRecord, summed: HeadSum) -> None:
+        """Keep the measured round's replies (heads seen in the clear) for the measurement."""
+        super()._add_aggregate(arrays, summed)
         if self._in_round == self.measure_round and self._broadcast is not None:
+            kept = summed.kept
             self._trained = (
-                [protocol.node_of(m) for m in msgs],
-                [partition_of(m) for m in msgs],
-                heads,
-                biases,
-                counts,
+                [protocol.node_of(m) for m in kept.messages],
+                [partition_of(m) for m in kept.messages],
+                kept.heads,
+                kept.biases,
+                kept.counts,
                 np.asarray(self._broadcast[0], dtype=np.float64),
             )
-        return msgs, heads, biases, counts
 
     def _round_complete(self, rec: RoundRecord) -> None:
         if self._trained is not None and self._pending is None:  # aggregate_train without evaluation
@@ -132,8 +135,15 @@ class MismatchHeadAveraging(HeadAveraging):
                 raise agg.ReplyError(node, f"mismatch reply reports {n} samples, {expected_n[pid]} in training")
             return pid, row, n
 
-        self._sent["mismatch"] = list(nodes)
-        kept, _ = self._screen(replies, parse, "mismatch measurement", "mismatch")  # checked, by partition
+        kept, _ = screen_phase(  # checked, by partition
+            replies,
+            parse,
+            stage="mismatch measurement",
+            exchange=self._exchanged("the mismatch measurement"),
+            required=self.settings.required,
+            sent=list(nodes),
+            timeout=self.settings.timeouts.round,
+        )
         rows = [r for _, r in kept]
         return np.asarray([r[1] for r in rows], dtype=np.float64), np.asarray([r[2] for r in rows])
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TypeVar
 
 import numpy as np
@@ -76,13 +77,27 @@ def screen_phase(
     return sorted(kept, key=lambda mr: mr[1][0]), dropped
 
 
-def stack_heads(
-    kept: Sequence[tuple[Message, tuple[int, np.ndarray, np.ndarray, int]]],
-) -> tuple[list[Message], np.ndarray, np.ndarray, np.ndarray]:
-    """Messages, heads ``(M, C, P)``, biases ``(M, C)`` and counts ``(M,)`` of the kept training
-    replies ([`fedhead.strategies.replies.parse_train_reply`][fedhead.strategies.replies.parse_train_reply]), in their
-    order."""
-    return (
+@dataclass(frozen=True)
+class TrainReplies:
+    """The kept training replies of one round, in partition order: the messages, heads ``(M, C, P)``,
+    biases ``(M, C)`` and counts ``(M,)`` (``M = 0`` when only their sum reached the server)."""
+
+    messages: list[Message]
+    heads: np.ndarray
+    biases: np.ndarray
+    counts: np.ndarray
+
+    @classmethod
+    def none(cls, shape: tuple[int, int]) -> TrainReplies:
+        """No reply seen one by one, for heads of ``shape`` ``(C, P)``."""
+        c, p = shape
+        return cls([], np.zeros((0, c, p)), np.zeros((0, c)), np.zeros(0, dtype=int))
+
+
+def stack_heads(kept: Sequence[tuple[Message, tuple[int, np.ndarray, np.ndarray, int]]]) -> TrainReplies:
+    """The kept training replies
+    ([`parse_train_reply`][fedhead.strategies.replies.parse_train_reply]), in their order."""
+    return TrainReplies(
         [m for m, _ in kept],
         np.stack([r[1] for _, r in kept]),
         np.stack([r[2] for _, r in kept]),

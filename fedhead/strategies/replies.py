@@ -46,8 +46,8 @@ def parse_train_reply(
 
     The head must have ``head_shape`` and entries at most ``max_abs`` (``trust.max_abs``), the
     sample count must be the one of the moment exchange (``expected_n``: partition id -> ``N_m``),
-    and the metrics must carry the objective gaps
-    every round record needs ([`fedhead.federation.aggregation.local_fit`][fedhead.federation.aggregation.local_fit]).
+    and the metrics must carry the objective gaps every round record needs
+    ([`fedhead.federation.aggregation.local_fit`][fedhead.federation.aggregation.local_fit]).
     """
     node = protocol.node_of(msg)
     if protocol.HEAD not in msg.content.array_records:

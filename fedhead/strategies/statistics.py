@@ -20,8 +20,15 @@ from flwr.serverapp import Grid
 from fedhead.analysis.standardization import Standardization, pooled_standardization, standardized_moments
 from fedhead.federation import aggregation as agg
 from fedhead.federation import protocol
-from fedhead.strategies.exchange import ConfigValue, ExchangeSettings, MomentExchange, MomentRow, build_exchange
-from fedhead.strategies.failures import Dropped, TooFewReplies, screen
+from fedhead.strategies.exchange import (
+    ConfigValue,
+    ExchangeSettings,
+    MomentExchange,
+    MomentRow,
+    build_exchange,
+    screen_exchange,
+)
+from fedhead.strategies.failures import Dropped, TooFewReplies
 from fedhead.strategies.replies import metrics_of, partition_of
 
 log = logging.getLogger(__name__)
@@ -189,8 +196,9 @@ def collect_statistics(
     """The exchange of the statistics replies: ``(N_m, mu_m, Sigma_m)`` of the targets, per-feature
     input ``(mean, variance)``, the file's column signature and key.
 
-    1. screens the replies with the failure policy ([`screen`][fedhead.strategies.failures.screen];
-       a SuperNode without ``data-path`` answers with an error naming itself);
+    1. screens the replies with the failure policy
+       ([`screen_exchange`][fedhead.strategies.exchange.screen_exchange]; a SuperNode without
+       ``data-path`` answers with an error naming itself);
     2. refuses nodes that report the same site file
        ([`refuse_duplicate_sites`][fedhead.strategies.statistics.refuse_duplicate_sites]) and the nodes
        whose columns differ from the run's
@@ -200,14 +208,8 @@ def collect_statistics(
     4. pools the statistics and turns the raw target moments into those of the standardised
        targets exactly ([`exchange_from_statistics`][fedhead.strategies.statistics.exchange_from_statistics]).
     """
-    kept, dropped = screen(
-        replies,
-        parse_statistics_reply,
-        stage=STAGE,
-        required=settings.required,
-        expected_nodes=expected_nodes,
-        expected_count=settings.num_clients,
-        timeout=settings.timeouts.exchange if expected_nodes is not None else None,
+    kept, dropped = screen_exchange(
+        replies, parse_statistics_reply, settings, stage=STAGE, expected_nodes=expected_nodes
     )
     unique = refuse_duplicate_sites([r for _, r in kept], dropped)
     rows = refuse_other_columns(unique, dropped, required=settings.required, expected=settings.num_clients)

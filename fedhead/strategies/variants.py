@@ -1,11 +1,10 @@
 """The two HeadAveraging variants and [`make_strategy`][fedhead.strategies.make_strategy].
 
-* [`AlignedHeadAveraging`][fedhead.strategies.AlignedHeadAveraging]: additionally verifies that every aligned head kept
-the Gram of
-  the head the client trained (alignment is a rotation, theory.md §5).
-* [`FullModelAveraging`][fedhead.strategies.FullModelAveraging]: additionally averages the backbone (BatchNorm
-statistics stay on
-  the clients) and broadcasts it.
+* [`AlignedHeadAveraging`][fedhead.strategies.AlignedHeadAveraging]: additionally verifies that
+  every aligned head kept the Gram of the head the client trained (alignment is a rotation,
+  theory.md §5).
+* [`FullModelAveraging`][fedhead.strategies.FullModelAveraging]: additionally averages the backbone
+  (BatchNorm statistics stay on the clients) and broadcasts it.
 """
 
 from __future__ import annotations
@@ -16,10 +15,11 @@ from typing import Any
 import numpy as np
 from flwr.app import ArrayRecord, Message, RecordDict
 
+from fedhead.analysis.constraints import ConfigError
 from fedhead.analysis.metrics import relative_error
-from fedhead.analysis.procedure import ConfigError
 from fedhead.federation import aggregation as agg
 from fedhead.federation import protocol
+from fedhead.strategies.aggregator import HeadSum
 from fedhead.strategies.head_averaging import HeadAveraging
 from fedhead.strategies.mismatch_heads import MismatchHeadAveraging
 
@@ -108,10 +108,11 @@ class FullModelAveraging(HeadAveraging):
             arr = agg.validate_array(value, shape, node_id=node, name=f"model state {name!r}")
             agg.check_magnitude(arr, self.settings.trust.max_abs, node_id=node, name=f"model state {name!r}")
 
-    def _add_aggregate(self, arrays: ArrayRecord, msgs: Sequence[Message], shares: np.ndarray) -> None:
+    def _add_aggregate(self, arrays: ArrayRecord, summed: HeadSum) -> None:
+        msgs = summed.kept.messages
         states = [protocol.arrays_to_numpy(msg.content.array_records[protocol.BACKBONE]) for msg in msgs]
         dtypes = {k: v.dtype for k, v in states[0].items()}
-        avg = agg.average_states(states, shares, node_ids=[protocol.node_of(m) for m in msgs])
+        avg = agg.average_states(states, summed.shares, node_ids=[protocol.node_of(m) for m in msgs])
         self._backbone = {
             k: v.astype(dtypes[k]) if np.issubdtype(dtypes[k], np.floating) else v for k, v in avg.items()
         }

@@ -14,9 +14,9 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from fedhead.analysis.procedure import ConfigError
+from fedhead.analysis.constraints import ConfigError
 from fedhead.results.io import write_json_atomic
-from fedhead.sweep.presets import RunSpec
+from fedhead.sweep.specs import RunSpec
 
 SCHEMA_VERSION = 1
 STATUSES = ("pending", "completed", "failed", "skipped")

@@ -1,7 +1,7 @@
 """The network experiments of docs/theory.md §10 as named sweeps (``fedhead-sweep sweep=NAME``).
 
 A preset is a pure function ``(scale, seeds) -> list[RunSpec]``: one
-[`RunSpec`][fedhead.sweep.presets.RunSpec] per federation (one procedure of one setting and
+[`RunSpec`][fedhead.sweep.specs.RunSpec] per federation (one procedure of one setting and
 seed), written as the Hydra overrides ``fedhead-run`` would take; [`plan`][fedhead.sweep.presets.plan]
 picks the preset by name and the scale (`fedhead.sweep.scales`) sizes it.
 """
@@ -11,131 +11,20 @@ from __future__ import annotations
 import dataclasses
 import fnmatch
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any
 
-from fedhead.analysis.procedure import ConfigError
+from fedhead.analysis.constraints import ConfigError
 from fedhead.sweep.scales import SCALES, Scale
+from fedhead.sweep.specs import IMAGE, SETTINGS, TABULAR, RunSpec, preset_settings, spec
 
-TABULAR = ("beijing", "swimmer", "hopper", "halfcheetah", "walker2d")
-IMAGE = ("mpiigaze", "300w_lp", "dsprites", "shapes3d", "cifar_geo")
-SETTINGS = TABULAR + IMAGE
-#: data sets with no offline generator: they run only with their files (``data_roots``)
-FILE_ONLY = ("beijing", "mpiigaze", "300w_lp")
 MAIN_PROCEDURES = ("ordinary", "proximal", "corrected", "corrected_proximal")
-
-
-@dataclass(frozen=True)
-class RunSpec:
-    """One federation of a sweep.
-
-    ``id`` is unique in the sweep and is also its folder (``runs/<id>``); ``setting`` is the data
-    set name, with a suffix for a variant of it (``shapes3d-large``); ``params`` are the knobs the
-    sweep varies (what the report groups by); ``overrides`` compose the run's config.
-    """
-
-    id: str
-    sweep: str
-    setting: str
-    dataset: str
-    model: str
-    procedure: str
-    seed: int
-    params: dict[str, Any] = field(default_factory=dict)
-    overrides: tuple[str, ...] = ()
-
-
-def _kind(setting: str) -> str:
-    return "image" if setting in IMAGE else "tabular"
-
-
-def _paper_model(setting: str) -> str:
-    return "resnet18" if setting in IMAGE else "resmlp"
-
-
-def _base(
-    scale: Scale,
-    setting: str,
-    procedure: str,
-    seed: int,
-    *,
-    rounds: int | None = None,
-    epochs: int | None = None,
-    tol: bool = True,
-    model_overrides: Sequence[str] | None = None,
-) -> list[str]:
-    """The overrides every run starts from: data set, scale, procedure, seed, rounds, E.
-
-    ``model_overrides`` replaces the scale's ``model=`` / ``model.*`` overrides (other models)."""
-    model_ov = scale.image if _kind(setting) == "image" else scale.tabular
-    if model_overrides is not None:
-        keep = ("model.feature_dim=",)  # what every model has; the rest belongs to the scale's model
-        model_ov = tuple(o for o in model_ov if not o.startswith("model") or o.startswith(keep)) + tuple(
-            model_overrides
-        )
-    out = [
-        f"dataset={setting}",
-        "experiment=single",
-        f"procedure={procedure}",
-        f"seed={seed}",
-        f"rounds={rounds or scale.rounds}",
-        f"local_epochs={epochs or scale.local_epochs}",
-        *model_ov,
-        *scale.extra,
-    ]
-    if tol and scale.local_tol is not None:
-        out.append(f"local_tol={scale.local_tol}")
-    return out
-
-
-def _spec(
-    sweep: str,
-    scale: Scale,
-    setting: str,
-    procedure: str,
-    seed: int,
-    params: dict[str, Any] | None = None,
-    extra: Sequence[str] = (),
-    *,
-    variant: str = "",
-    dataset: str | None = None,
-    model: str | None = None,
-    **base_kw: Any,
-) -> RunSpec:
-    params = dict(params or {})
-    base = _base(scale, dataset or setting, procedure, seed, **base_kw)
-    overrides = tuple(base) + tuple(extra)
-    model_name = model or next(
-        (o.split("=", 1)[1] for o in reversed(overrides) if o.startswith("model=")), _paper_model(setting)
-    )
-    parts = [sweep, setting] + ([variant] if variant else []) + [procedure, f"s{seed}"]
-    return RunSpec(
-        id="/".join(parts),
-        sweep=sweep,
-        setting=setting,
-        dataset=dataset or setting,
-        model=model_name,
-        procedure=procedure,
-        seed=seed,
-        params=params,
-        overrides=overrides,
-    )
-
-
-def _settings(name: str, scale: Scale, paper: Sequence[str]) -> Sequence[str]:
-    """The settings of preset ``name`` at ``scale``: its size's (in the paper's order), else all."""
-    chosen = scale.size(name).settings
-    if chosen is None:
-        return paper
-    return [s for s in paper if s in chosen] or list(chosen)
 
 
 # ------------------------------------------------------------------------------ presets
 def main_grid(scale: Scale, seeds: Sequence[int]) -> list[RunSpec]:
     """Ten settings x ordinary, proximal, corrected, corrected_proximal x seeds (rho = 1e-3)."""
     return [
-        _spec("main", scale, s, p, seed, {"rho": _rho(p)})
-        for s in _settings("main", scale, SETTINGS)
+        spec("main", scale, s, p, seed, {"rho": _rho(p)})
+        for s in preset_settings("main", scale, SETTINGS)
         for seed in seeds
         for p in MAIN_PROCEDURES
     ]
@@ -147,8 +36,8 @@ def fixed_e(scale: Scale, seeds: Sequence[int]) -> list[RunSpec]:
     findings C5 and C8 (README, scale=cpu): with the tolerance stop, warm-started ordinary clients
     stop after tens of epochs near the broadcast. At the paper scale these are main's runs."""
     return [
-        _spec("fixed_e", scale, s, p, seed, {"rho": _rho(p), "local_epochs": scale.local_epochs}, tol=False)
-        for s in _settings("fixed_e", scale, SETTINGS)
+        spec("fixed_e", scale, s, p, seed, {"rho": _rho(p), "local_epochs": scale.local_epochs}, tol=False)
+        for s in preset_settings("fixed_e", scale, SETTINGS)
         for seed in seeds
         for p in MAIN_PROCEDURES
     ]
@@ -161,8 +50,8 @@ def _rho(procedure: str) -> float:
 def centering(scale: Scale, seeds: Sequence[int]) -> list[RunSpec]:
     """Ordinary training with and without client-wise target centring (reference G_within)."""
     return [
-        _spec("centering", scale, s, p, seed)
-        for s in _settings("centering", scale, SETTINGS)
+        spec("centering", scale, s, p, seed)
+        for s in preset_settings("centering", scale, SETTINGS)
         for seed in seeds
         for p in ("ordinary", "centered")
     ]
@@ -174,7 +63,7 @@ RHOS = (0.0, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0)
 
 #: local training as the paper's recipe has it: no closing head and last-layer solves. They end
 #: every client at its optimum whatever E (fedhead.train.loop), so a finite budget would not show
-#: (measured, scale=cpu, Hopper: E = 25 with them ends at gap 8.3e-8, without at 2.3)
+#: (the measurement: the epochs preset's size in fedhead.sweep.scales)
 LITERAL = ("train.solve_last_layer=false",)
 
 
@@ -183,13 +72,13 @@ def epochs(scale: Scale, seeds: Sequence[int]) -> list[RunSpec]:
     every round (no early stop) of the literal local training (`LITERAL`): E is the variable, so
     nothing that ends a client at its optimum whatever E runs."""
     out = []
-    for s in _settings("epochs", scale, SETTINGS):
+    for s in preset_settings("epochs", scale, SETTINGS):
         for e_paper in PAPER_EPOCHS:
             e = scale.epochs(e_paper)
             for p in ("ordinary", "proximal"):
                 for seed in seeds:
                     out.append(
-                        _spec(
+                        spec(
                             "epochs",
                             scale,
                             s,
@@ -213,7 +102,7 @@ def rho(scale: Scale, seeds: Sequence[int]) -> list[RunSpec]:
     tolerance stop would end warm-started rounds after a few tens of epochs, before rho has moved
     the head along its orbit."""
     return [
-        _spec(
+        spec(
             "rho",
             scale,
             s,
@@ -224,7 +113,7 @@ def rho(scale: Scale, seeds: Sequence[int]) -> list[RunSpec]:
             variant=f"rho{r:g}",
             tol=False,
         )
-        for s in _settings("rho", scale, SETTINGS)
+        for s in preset_settings("rho", scale, SETTINGS)
         for r in RHOS
         for seed in seeds
     ]
@@ -236,15 +125,15 @@ ALIGN_SETTINGS = ("beijing", "swimmer", "hopper", "halfcheetah", "shapes3d", "ci
 def alignment(scale: Scale, seeds: Sequence[int]) -> list[RunSpec]:
     """Aligned vs proximal vs ordinary (seeds 0-4), and the same with correction (seeds 0-2)."""
     plain = [
-        _spec("alignment", scale, s, p, seed, {"rho": _rho(p), "correction": False})
-        for s in _settings("alignment", scale, ALIGN_SETTINGS)
+        spec("alignment", scale, s, p, seed, {"rho": _rho(p), "correction": False})
+        for s in preset_settings("alignment", scale, ALIGN_SETTINGS)
         for seed in seeds
         for p in ("ordinary", "proximal", "aligned")
     ]
     corr_seeds = [s for s in seeds if s in scale.sweep_seeds] or list(seeds)[:1]
     corrected = [
-        _spec("alignment", scale, s, p, seed, {"rho": _rho(p), "correction": True})
-        for s in _settings("alignment", scale, ALIGN_SETTINGS)
+        spec("alignment", scale, s, p, seed, {"rho": _rho(p), "correction": True})
+        for s in preset_settings("alignment", scale, ALIGN_SETTINGS)
         for seed in corr_seeds
         for p in ("corrected", "corrected_proximal", "aligned_corrected")
     ]
@@ -258,7 +147,7 @@ def mismatch(scale: Scale, seeds: Sequence[int]) -> list[RunSpec]:
     uncentred targets the averaged bias misses every client's own target mean, and that excess
     (measured: 97-99 % of it on smoke Hopper and dSprites) hides the cost of the coordinates."""
     return [
-        _spec(
+        spec(
             "mismatch",
             scale,
             s,
@@ -270,7 +159,7 @@ def mismatch(scale: Scale, seeds: Sequence[int]) -> list[RunSpec]:
             rounds=1,
             epochs=scale.one_round_epochs,
         )
-        for s in _settings("mismatch", scale, SETTINGS)
+        for s in preset_settings("mismatch", scale, SETTINGS)
         for init in ("common", "independent")
         for seed in seeds
     ]
@@ -284,11 +173,11 @@ def architectures(scale: Scale, seeds: Sequence[int]) -> list[RunSpec]:
         "resnet34": ("model=resnet34", *(o for o in widths if not o.startswith("model.groups="))),
     }
     out = []
-    for s in _settings("architectures", scale, IMAGE):
+    for s in preset_settings("architectures", scale, IMAGE):
         for model, proc in (("rescnn", "ordinary"), ("rescnn", "corrected"), ("resnet34", "ordinary")):
             for seed in seeds:
                 out.append(
-                    _spec(
+                    spec(
                         "architectures",
                         scale,
                         s,
@@ -308,12 +197,12 @@ def data_size(scale: Scale, seeds: Sequence[int]) -> list[RunSpec]:
     stop: the scale's E as its cap, the clients stop at their optima)."""
     e = 1000 if scale.local_tol is None else scale.local_epochs
     out = []
-    for s in _settings("data_size", scale, ("shapes3d", "cifar_geo")):
+    for s in preset_settings("data_size", scale, ("shapes3d", "cifar_geo")):
         n = scale.large_n_train * scale.large_factor
         for p in ("ordinary", "corrected"):
             for seed in seeds:
                 out.append(
-                    _spec(
+                    spec(
                         "data_size",
                         scale,
                         f"{s}-large",
@@ -334,13 +223,13 @@ def full_model(scale: Scale, seeds: Sequence[int]) -> list[RunSpec]:
     from both references) and runs the literal local training (`LITERAL`); the E = 4000 rows keep
     the closing solves, which end each client at its optimum as the paper's E = 4000 is meant to."""
     out = []
-    for s in _settings("full_model", scale, TABULAR):
+    for s in preset_settings("full_model", scale, TABULAR):
         for e_paper, gamma in ((400, 0.0), (4000, 0.0), (4000, 1.0)):
             e = scale.epochs(e_paper)
             tag = f"E{e}" + ("-corrected" if gamma else "")
             for seed in seeds:
                 out.append(
-                    _spec(
+                    spec(
                         "full_model",
                         scale,
                         s,
@@ -359,8 +248,8 @@ def full_model(scale: Scale, seeds: Sequence[int]) -> list[RunSpec]:
 def prediction(scale: Scale, seeds: Sequence[int]) -> list[RunSpec]:
     """Train and test MSE of ordinary, proximal and corrected proximal training on the image settings."""
     return [
-        _spec("prediction", scale, s, p, seed, {"rho": _rho(p)}, ("resources.evaluate_mse=true",))
-        for s in _settings("prediction", scale, IMAGE)
+        spec("prediction", scale, s, p, seed, {"rho": _rho(p)}, ("resources.evaluate_mse=true",))
+        for s in preset_settings("prediction", scale, IMAGE)
         for seed in seeds
         for p in ("ordinary", "proximal", "corrected_proximal")
     ]

@@ -27,12 +27,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fedhead.analysis.procedure import ConfigError
+from fedhead.analysis.constraints import ConfigError
 from fedhead.driver.logs import SWEEP
 from fedhead.progress import progress
-from fedhead.sweep.presets import FILE_ONLY, IMAGE, PRESETS, RunSpec, plan
+from fedhead.sweep.presets import PRESETS, plan
 from fedhead.sweep.runner import SweepConfig, SweepResult, build_job, finished, reuse_index, run_sweep
 from fedhead.sweep.scales import SCALES
+from fedhead.sweep.specs import FILE_ONLY, IMAGE, RunSpec
 
 log = logging.getLogger(SWEEP)
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fedhead.analysis.procedure import ConfigError
+from fedhead.analysis.constraints import ConfigError
 from fedhead.data.base import MissingDataError
 from fedhead.driver.checks import check_data_once, data_key, uses_cuda
 from fedhead.driver.cluster import cluster_address, describe_cluster
@@ -35,7 +35,8 @@ from fedhead.results.schema import Results
 from fedhead.settings.config import JobConfig, compose_config, load_config
 from fedhead.settings.job import config_hash
 from fedhead.sweep.manifest import Manifest, run_dir
-from fedhead.sweep.presets import RunSpec, plan
+from fedhead.sweep.presets import plan
+from fedhead.sweep.specs import RunSpec
 
 log = logging.getLogger(SWEEP)
 #: attempts of a simulation whose engine died (the runs it did not finish go to the next one)

@@ -1,10 +1,10 @@
 """Local training (torch): the theory.md §2 objective, the theory.md §10 recipe, alignment (theory.md §5).
 
-See ``docs/architecture.md``. The Flower client calls [`train_local`][fedhead.train.train_local] with the recipe
-([`TrainConfig`][fedhead.train.TrainConfig]) and the local problem ([`LocalProblem`][fedhead.train.LocalProblem]),
-[`align`][fedhead.train.align.align] and
-[`evaluate_local`][fedhead.train.evaluate_local]; [`select_device`][fedhead.train.select_device] picks the device at run
-time.
+See ``docs/architecture.md``. The Flower client calls [`train_local`][fedhead.train.train_local]
+with the recipe ([`TrainConfig`][fedhead.train.TrainConfig]) and the local problem
+([`LocalProblem`][fedhead.train.LocalProblem]), [`align`][fedhead.train.align.align] and
+[`evaluate_local`][fedhead.train.evaluate_local]; [`select_device`][fedhead.train.select_device]
+picks the device at run time.
 """
 
 from fedhead.analysis.seeds import backbone_seed

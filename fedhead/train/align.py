@@ -14,10 +14,10 @@ computed from ``C x C`` quantities plus an orthogonal completion:
   computed in that span: ``O(P C^2)`` work, not ``O(P^3)``.
 
 ``W^ Q`` does not depend on the completion. The head becomes ``W^ Q`` and the backbone's features
-``Q^T h`` ([`fedhead.models.Backbone.rotate_features`][fedhead.models.Backbone.rotate_features]), so predictions ``W^ Q
-Q^T h = W^ h``,
-the Gram ``W^ W^^T`` and the feature penalty are unchanged. When both heads have full row rank,
-``W^ Q`` is the head with Gram ``W^ W^^T`` closest to ``W_t``, i.e. ``Pi(W_t)`` for that Gram.
+``Q^T h`` ([`fedhead.models.Backbone.rotate_features`][fedhead.models.Backbone.rotate_features]),
+so predictions ``W^ Q Q^T h = W^ h``, the Gram ``W^ W^^T`` and the feature penalty are unchanged.
+When both heads have full row rank, ``W^ Q`` is the head with Gram ``W^ W^^T`` closest to
+``W_t``, i.e. ``Pi(W_t)`` for that Gram.
 """
 
 from __future__ import annotations

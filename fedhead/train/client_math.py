@@ -1,9 +1,9 @@
 """Closed-form client math of one round and the per-round seed rule (numpy only).
 
-* [`exact_head`][fedhead.train.exact_head]: the theory's rule ``Pi_m(W_t)`` (the ``exact`` procedure) instead of
-training.
-* [`head_distances`][fedhead.train.head_distances]: where a returned head lies relative to the broadcast and to
-``Pi_m(W_t)``.
+* [`exact_head`][fedhead.train.exact_head]: the theory's rule ``Pi_m(W_t)`` (the ``exact``
+  procedure) instead of training.
+* [`head_distances`][fedhead.train.head_distances]: where a returned head lies relative to the
+  broadcast and to ``Pi_m(W_t)``.
 * [`round_seed`][fedhead.train.round_seed]: the seed of a client's minibatch permutations in one round.
 
 The (corrected) covariance a client fits is [`fedhead.ufm.corrected_covariance`][fedhead.ufm.corrected_covariance].

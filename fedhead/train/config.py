@@ -1,7 +1,8 @@
 """Typed local-training recipe (docs/theory.md §10) and the training layer's errors.
 
-[`TrainConfig`][fedhead.train.TrainConfig] says how a client solves its local problem; the problem itself (the
-objective's terms and the epoch budget) is [`fedhead.train.problem.LocalProblem`][fedhead.train.LocalProblem].
+[`TrainConfig`][fedhead.train.TrainConfig] says how a client solves its local problem; the
+problem itself (the objective's terms and the epoch budget) is
+[`fedhead.train.problem.LocalProblem`][fedhead.train.LocalProblem].
 """
 
 from __future__ import annotations
@@ -50,8 +51,9 @@ class TrainConfig:
 
     What is trained for (``lambda_H``, ``lambda_W``, ``rho``, ``gamma``, centring) and for how
     many epochs is not configured here: those come from the procedure and the top-level settings,
-    where each is stored and validated, through [`fedhead.train.problem.LocalProblem`][fedhead.train.LocalProblem]; the
-    minibatch seed is an argument of [`fedhead.train.train_local`][fedhead.train.train_local].
+    where each is stored and validated, through
+    [`fedhead.train.problem.LocalProblem`][fedhead.train.LocalProblem]; the minibatch seed is an
+    argument of [`fedhead.train.train_local`][fedhead.train.train_local].
 
     Attributes
     ----------
@@ -68,39 +70,39 @@ class TrainConfig:
     bf16, channels_last, cuda_graphs, tf32 : bool
         Fast-path switches used on CUDA only (ignored on CPU, with a log line for bf16 and
         cuda_graphs): bfloat16 autocast of the backbone, channels-last memory format for image
-        backbones (no gain measured on the CPU), CUDA graphs (``torch.compile`` mode
-        ``"reduce-overhead"``), TF32 matmuls/convolutions.
+        backbones, CUDA graphs (``torch.compile`` mode ``"reduce-overhead"``), TF32
+        matmuls/convolutions.
     compile : bool
         ``torch.compile`` of the forward + loss, on CUDA and on the CPU. Compiled once per process
         (the full-batch shape; a shorter last batch runs eagerly) and reused by every later call
-        and backbone object. Off by default; worth trying only for long runs: on the shared 2-core
-        CPU here compiling the width-1024 ResMLP forward + loss took about 90 s (cold cache) and its
-        forward + backward ran about 1.2x faster in isolation, but the end-to-end benchmark
-        (``benchmarks/bench_trainer.py --fast``) showed no gain beyond the machine's noise.
+        and backbone object. Off by default: the first call pays for the compile, so it can pay off
+        only in long runs (``benchmarks/bench_trainer.py --fast`` measures what it gains end to
+        end).
     fast_step : bool
         On the CPU, a [`ResMLP`][fedhead.models.ResMLP] backbone trains with its step written out
         ([`fedhead.train.resmlp_step`][fedhead.train.resmlp_step]): forward and backward without
         autograd into buffers kept from step to step, and the fused AdamW kernel and the gradient
         clip called without ``torch.optim``'s per-step Python work. The same gradients, updates and
-        results, bit for bit (tested); 1.6-1.8x faster per step at the ``cpu`` scale's shapes
-        (``benchmarks/bench_step_flops.py``).
+        results, bit for bit (tested); faster per step at the ``cpu`` scale's shapes
+        (``benchmarks/bench_step_flops.py`` measures by how much).
         False: autograd and ``torch.optim.AdamW`` (the reference path; other backbones, CUDA and
         ``compile`` always take it).
     optimal_bias : bool
         Hold the head bias at its least-squares optimum ``mu - W m`` for the current features
         instead of training it, and centre the features exactly after training (see
-        [`fedhead.train.train_local`][fedhead.train.train_local]): removes the slowest direction of local training and
-        changes no optimum. False: the bias is trained by AdamW like the other parameters.
+        [`fedhead.train.train_local`][fedhead.train.train_local]): removes the slowest direction of
+        local training and changes no optimum. False: the bias is trained by AdamW like the other parameters.
     solve_last_layer : bool
         Before training, set the backbone's last linear layer to the (slightly ridge-filtered)
         minimiser of the objective for the initial head, the rest of the network fixed
-        ([`fedhead.train.last_layer`][fedhead.train.last_layer]): the features start where the broadcast head needs them
-        instead of pulling the head toward arbitrary features. At every tolerance check and after
-        training, the layer solved for the current head (kept when it ends training, and only where
-        it lowers the objective), and after training the head and the layer at their joint optimum
-        ([`fedhead.ufm.local_head`][fedhead.ufm.local_head]; not with ``rho > 0`` and no ``finish_rotation``: the head
-        solve would select the head as the rotation does, so the head stays as training left it). Exact
-        partial minimisations and an initialisation: change no optimum.
+        ([`fedhead.train.last_layer`][fedhead.train.last_layer]): the features start where the
+        broadcast head needs them instead of pulling the head toward arbitrary features. At every
+        tolerance check and after training, the layer solved for the current head (kept when it
+        ends training, and only where it lowers the objective), and after training the head and the
+        layer at their joint optimum ([`fedhead.ufm.local_head`][fedhead.ufm.local_head]; not with
+        ``rho > 0`` and no ``finish_rotation``: the head solve would select the head as the
+        rotation does, so the head stays as training left it). Exact partial minimisations and an
+        initialisation: change no optimum.
     last_layer_ridge : float
         The filter of the solve before training, relative to the largest squared singular value of
         the layer's inputs (0: the exact minimiser, whose weights can be very large); the later

@@ -2,10 +2,9 @@
 (docs/theory.md §2, §11).
 
 [`objective_terms`][fedhead.train.finishing.objective_terms] checks and prepares what
-[`fedhead.train.train_local`][fedhead.train.train_local] needs of the
-client's targets and of the head-only terms; [`evaluate_fit`][fedhead.train.finishing.evaluate_fit] evaluates the model
-on all of the
-client's data, optionally as the exact finishing step leaves it
+[`fedhead.train.train_local`][fedhead.train.train_local] needs of the client's targets and of the
+head-only terms; [`evaluate_fit`][fedhead.train.finishing.evaluate_fit] evaluates the model on all
+of the client's data, optionally as the exact finishing step leaves it
 ([`feature_projection`][fedhead.train.finishing.feature_projection]).
 """
 
@@ -183,9 +182,9 @@ def evaluate_fit(
     outside the head's row space only adds to ``lambda_H ||h||^2``): an exact partial
     minimisation. ``rotate_to`` (with ``finish``): also the rotation ``W -> W Q``, ``h -> Q^T h``
     (``Q`` orthogonal ``(P, P)``) that brings ``W`` closest to this head
-    ([`procrustes_rotation`][fedhead.train.procrustes_rotation]);
-    it keeps every prediction and penalty and is the exact minimiser of the proximal term over
-    the heads the objective cannot tell apart. The head to use is [`Fit.weight`][fedhead.train.finishing.Fit.weight].
+    ([`procrustes_rotation`][fedhead.train.procrustes_rotation]); it keeps every prediction and
+    penalty and is the exact minimiser of the proximal term over the heads the objective cannot
+    tell apart. The head to use is [`Fit.weight`][fedhead.train.finishing.Fit.weight].
     """
     h = compute_features(backbone, x, batch_size=cfg.eval_batch_size, device=dev, channels_last=channels_last).double()
     w64 = weight.detach().double()

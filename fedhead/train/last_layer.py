@@ -110,7 +110,8 @@ def solve_output_layer(
         factor 10 below the previous) and set the layer to the one with the lowest objective, or
         leave the layer as it is when none is lower by more than ``KEEP_MARGIN`` (relative). The
         objectives are computed exactly from ``z``
-        ([`_layer_objective`][fedhead.train.last_layer._layer_objective]): the solve never raises the objective.
+        ([`_layer_objective`][fedhead.train.last_layer._layer_objective]): the solve never raises
+        the objective.
     finish : bool
         Compare objectives as the finishing step leaves the features (``h -> P_W (h - m)``).
 

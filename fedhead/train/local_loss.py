@@ -55,8 +55,8 @@ def moment_correction_torch(weight: torch.Tensor, sigma_delta: torch.Tensor, lam
 
 @torch.no_grad()
 def moment_correction_grad(weight: torch.Tensor, sigma_delta: torch.Tensor, lambda_h: float) -> torch.Tensor:
-    """Gradient of [`moment_correction_torch`][fedhead.train.moment_correction_torch] without autograd: ``-lambda_H
-    A^{-1} D A^{-1} W``.
+    """Gradient of [`moment_correction_torch`][fedhead.train.moment_correction_torch] without
+    autograd: ``-lambda_H A^{-1} D A^{-1} W``.
 
     ``A = W W^T + lambda_H I`` and ``D = Sigma_cen - Sigma_m`` (symmetric); computed in float64
     and returned in ``weight``'s dtype, shape ``(C, P)``. The trainer adds it to the head's

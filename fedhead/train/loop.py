@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 import math
 import time
-from typing import NoReturn
 
 import numpy as np
 import torch
@@ -19,21 +18,14 @@ from torch import nn
 from fedhead.data.base import batch_to_float
 from fedhead.models import backbone_expects_indices, backbone_output_layer, feature_table, require_backbone
 from fedhead.progress import progress
+from fedhead.train.batch_step import AutogradStep, Step, StepRecipe, WrittenOutStep
 from fedhead.train.config import TrainConfig, TrainDivergedError
 from fedhead.train.finishing import Fit, LocalMetrics, LocalResult, ObjectiveTerms, evaluate_fit, relative
 from fedhead.train.inputs import check_every
 from fedhead.train.last_layer import solve_output_layer
-from fedhead.train.local_loss import add_head_penalty_grads, head_penalty_grads
 from fedhead.train.problem import LocalProblem
-from fedhead.train.resmlp_step import DirectAdamW, ResMLPStep
-from fedhead.train.steps import (
-    StepLoss,
-    clip_gradients,
-    compiled_forward_loss,
-    cosine_schedule,
-    forward_loss,
-    place_for_training,
-)
+from fedhead.train.resmlp_step import ResMLPStep
+from fedhead.train.steps import StepLoss, compiled_forward_loss, cosine_schedule, forward_loss, place_for_training
 from fedhead.ufm import local_head, optimal_loss
 
 __all__ = ["TrainLoop"]
@@ -45,14 +37,15 @@ class TrainLoop:
     """The steps of [`train_local`][fedhead.train.train_local]: set-up, epochs with tolerance checks, finishing.
 
     Fast data path: the client's tensors move to the device once; each epoch draws one permutation
-    and gathers minibatches by index (no DataLoader); the learning rates are a precomputed list;
-    AdamW is fused; the head-only ``lambda_W``, proximal and correction terms enter as exact
-    gradient terms. On CUDA nothing synchronises with the host inside the loop (TF32, optional bf16
-    autocast, channels-last images, CUDA graphs); on the CPU the gradient norm is read to skip an
-    inactive clip and to stop at a non-finite gradient. Optional ``torch.compile`` of the forward
-    + loss, one compiled function per process. On the CPU a ResMLP backbone's step is written out
-    (``cfg.fast_step``, [`ResMLPStep`][fedhead.train.resmlp_step.ResMLPStep]: no autograd, buffers
-    kept from step to step, AdamW's fused kernel called directly), with the same results.
+    and gathers minibatches by index (no DataLoader) and runs one [`Step`][fedhead.train.batch_step.Step]
+    per batch; the learning rates are a precomputed list; AdamW is fused; the head-only
+    ``lambda_W``, proximal and correction terms enter as exact gradient terms. On CUDA nothing
+    synchronises with the host inside the loop (TF32, optional bf16 autocast, channels-last images,
+    CUDA graphs); on the CPU the gradient norm is read to skip an inactive clip and to stop at a
+    non-finite gradient. Optional ``torch.compile`` of the forward + loss, one compiled function
+    per process. On the CPU a ResMLP backbone's step is written out (``cfg.fast_step``,
+    [`WrittenOutStep`][fedhead.train.batch_step.WrittenOutStep]: no autograd, buffers kept from step
+    to step, AdamW's fused kernel called directly), with the same results.
     """
 
     def __init__(
@@ -69,7 +62,7 @@ class TrainLoop:
     ):
         self.backbone, self.head, self.cfg, self.terms, self.dev = backbone, head, cfg, terms, dev
         self.problem = problem
-        self.cuda = cuda = dev.type == "cuda"
+        self.cuda = dev.type == "cuda"
         self.n = n = y.shape[0]
         self.channels_last = place_for_training(backbone, head, cfg, dev)
 
@@ -85,47 +78,11 @@ class TrainLoop:
             with torch.no_grad():
                 head.bias.copy_(torch.as_tensor(terms.mu, dtype=head.bias.dtype, device=dev))
         self.bias = head.bias
-        # held at its optimum (a constant of each step: no gradient) or trained
-        self.step_bias = self.bias.detach() if cfg.optimal_bias else self.bias
         self.broadcast = (
-            torch.as_tensor(terms.broadcast, dtype=self.weight.dtype, device=dev)
-            if terms.broadcast is not None
-            else None
+            None if terms.broadcast is None else torch.as_tensor(terms.broadcast, dtype=self.weight.dtype, device=dev)
         )
-        self.delta = torch.as_tensor(terms.delta, dtype=torch.float64, device=dev) if terms.delta is not None else None
-        self.bf16 = cuda and cfg.bf16
         self.bsz = min(cfg.batch_size, n)
-        self.step_loss: StepLoss = forward_loss
-        if cfg.compile or (cuda and cfg.cuda_graphs):
-            # one compiled function per process and mode, reused across calls, rounds and backbone
-            # objects; CUDA graphs through torch.compile's "reduce-overhead" mode (forward + backward)
-            mode = "reduce-overhead" if cuda and cfg.cuda_graphs else None
-            self.step_loss = compiled_forward_loss(mode)
-            log.info(
-                "train_local on %s: torch.compile(mode=%s)%s for batches of %d; a shorter last batch runs eagerly",
-                dev,
-                mode,
-                ", bf16 autocast" if self.bf16 else "",
-                self.bsz,
-            )
-        self.steps_per_epoch = math.ceil(n / self.bsz)
-        self.lrs = cosine_schedule(cfg.lr, cfg.lr_min, problem.epochs * self.steps_per_epoch, warmup=cfg.warmup_steps)
-        trained = list(backbone.parameters()) + [self.weight] + ([] if cfg.optimal_bias else [self.bias])
-        self.params = [q for q in trained if q.requires_grad]
-        # the written-out ResMLP step (CPU, eager): the same gradients and updates as autograd and
-        # torch.optim.AdamW, bit for bit
-        self.fast: ResMLPStep | None = None
-        if cfg.fast_step and not cuda and not cfg.compile and self.x.is_floating_point():
-            self.fast = ResMLPStep.for_backbone(backbone, self.weight, None if cfg.optimal_bias else self.bias)
-        self.direct: DirectAdamW | None = None
-        self.opt: torch.optim.AdamW | None = None
-        if self.fast is not None:
-            assert [id(q) for q in self.fast.params] == [id(q) for q in self.params]
-            self.direct = DirectAdamW(self.fast.params, self.fast.grads, betas=cfg.betas, eps=cfg.eps)
-        else:
-            self.opt = torch.optim.AdamW(
-                self.params, lr=self.lrs[0], betas=cfg.betas, eps=cfg.eps, weight_decay=0.0, fused=True
-            )
+        self.step = self._build_step()
         self.gen = torch.Generator().manual_seed(int(seed))
         self.center: torch.Tensor | None = None  # the previous epoch's mean feature (minibatches)
         self.l_star = float(optimal_loss(terms.sigma, problem.lambda_h, problem.lambda_w))
@@ -134,10 +91,58 @@ class TrainLoop:
             if terms.delta is None
             else float(optimal_loss(terms.trained_sigma, problem.lambda_h, problem.lambda_w))
         )
-        self.k = 0
         self.epochs_run = 0
         self.gap_trace: list[tuple[int, float]] = []
         self.seconds = 0.0
+
+    def _build_step(self) -> Step:
+        """The written-out ResMLP step where it applies (CPU, eager, float inputs, ``cfg.fast_step``),
+        else the autograd step, with the call's learning rates and head-only terms."""
+        cfg, dev, terms, optimal = self.cfg, self.dev, self.terms, self.cfg.optimal_bias
+        steps_per_epoch = math.ceil(self.n / self.bsz)
+        recipe = StepRecipe(
+            problem=self.problem,
+            broadcast=self.broadcast,
+            delta=None if terms.delta is None else torch.as_tensor(terms.delta, dtype=torch.float64, device=dev),
+            clip_norm=cfg.clip_norm,
+            lrs=cosine_schedule(cfg.lr, cfg.lr_min, self.problem.epochs * steps_per_epoch, warmup=cfg.warmup_steps),
+            betas=cfg.betas,
+            eps=cfg.eps,
+        )
+        # the bias held at its optimum (a constant of each step: no gradient) or trained
+        step_bias = self.bias.detach() if optimal else self.bias
+        trained = list(self.backbone.parameters()) + [self.weight] + ([] if optimal else [self.bias])
+        params = [q for q in trained if q.requires_grad]
+        if cfg.fast_step and not self.cuda and not cfg.compile and self.x.is_floating_point():
+            kernel = ResMLPStep.for_backbone(self.backbone, self.weight, None if optimal else self.bias)
+            if kernel is not None:
+                assert [id(q) for q in kernel.params] == [id(q) for q in params]
+                return WrittenOutStep(kernel, step_bias, recipe)
+        bf16 = self.cuda and cfg.bf16
+        loss: StepLoss = forward_loss
+        if cfg.compile or (self.cuda and cfg.cuda_graphs):
+            # one compiled function per process and mode, reused across calls, rounds and backbone
+            # objects; CUDA graphs through torch.compile's "reduce-overhead" mode (forward + backward)
+            mode = "reduce-overhead" if self.cuda and cfg.cuda_graphs else None
+            loss = compiled_forward_loss(mode)
+            log.info(
+                "train_local on %s: torch.compile(mode=%s)%s for batches of %d; a shorter last batch runs eagerly",
+                dev,
+                mode,
+                ", bf16 autocast" if bf16 else "",
+                self.bsz,
+            )
+        return AutogradStep(
+            self.backbone,
+            self.weight,
+            step_bias,
+            params,
+            recipe,
+            loss=loss,
+            batch_size=self.bsz,
+            bf16=bf16,
+            host_check=not self.cuda,
+        )
 
     def _solve_last_layer(self, *, keep_better: bool) -> bool:
         return solve_output_layer(
@@ -168,89 +173,16 @@ class TrainLoop:
             yield self._prepare(self.x.index_select(0, idx)), self.y.index_select(0, idx)
 
     def _epoch(self) -> None:
-        """One pass over the data; with the optimal bias, also the epoch's mean feature."""
-        if self.fast is not None:
-            self._fast_epoch(self.fast)
-            return
-        assert self.opt is not None
-        cfg, pb, optimal = self.cfg, self.problem, self.cfg.optimal_bias
-        batch_center = optimal and (self.bsz >= self.n or self.center is None)
-        total = None
-        group = self.opt.param_groups[0]
-        for xb, yb in self._batches():
-            # the compiled step for the full batch size only: a short last batch would cost a second compile
-            fn = self.step_loss if xb.shape[0] == self.bsz else forward_loss
-            loss, hsum = fn(
-                self.backbone,
-                self.weight,
-                self.step_bias,
-                xb,
-                yb,
-                pb.lambda_h,
-                self.bf16,
-                None if batch_center or not optimal else self.center,
-                batch_center,
-            )
-            total = hsum if total is None else total + hsum
-            loss.backward()
-            add_head_penalty_grads(
-                self.weight,
-                lambda_w=pb.lambda_w,
-                lambda_h=pb.lambda_h,
-                rho=pb.rho,
-                broadcast=self.broadcast,
-                gamma=pb.gamma,
-                sigma_delta=self.delta,
-            )
-            if cfg.clip_norm is not None:
-                norm = clip_gradients(self.params, cfg.clip_norm, host_check=not self.cuda)
-                if norm is not None and not math.isfinite(norm):
-                    self._diverged()
-            group["lr"] = self.lrs[self.k]
-            self.opt.step()
-            for q in self.params:  # = opt.zero_grad(set_to_none=True), without its per-call hook overhead
-                q.grad = None
-            self.k += 1
-        if optimal and total is not None:  # (there is always a batch: empty data is refused)
-            self.center = total / self.n
-
-    def _fast_epoch(self, fast: ResMLPStep) -> None:
-        """[`_epoch`][fedhead.train.loop.TrainLoop._epoch] with the written-out ResMLP step: the same
-        operations on the same values, less Python and no autograd graph."""
-        assert self.direct is not None
-        cfg, pb, optimal = self.cfg, self.problem, self.cfg.optimal_bias
+        """One pass over the data, one step per batch; with the optimal bias, also the epoch's mean feature."""
+        optimal = self.cfg.optimal_bias
         batch_center = optimal and (self.bsz >= self.n or self.center is None)
         center = None if batch_center or not optimal else self.center
         total = None
-        with torch.no_grad():
-            for xb, yb in self._batches():
-                hsum = fast(self.step_bias, xb, yb, pb.lambda_h, center, batch_center)
-                total = hsum if total is None else total + hsum
-                head_penalty_grads(
-                    self.weight,
-                    fast.grad_head,
-                    lambda_w=pb.lambda_w,
-                    lambda_h=pb.lambda_h,
-                    rho=pb.rho,
-                    broadcast=self.broadcast,
-                    gamma=pb.gamma,
-                    sigma_delta=self.delta,
-                )
-                if cfg.clip_norm is not None:
-                    norm = fast.clip_grad_norm(cfg.clip_norm)
-                    if not math.isfinite(norm):
-                        self._diverged()
-                self.direct.step(self.lrs[self.k])
-                self.k += 1
-        if optimal and total is not None:
+        for xb, yb in self._batches():
+            hsum = self.step(xb, yb, center, batch_center)
+            total = hsum if total is None else total + hsum
+        if optimal and total is not None:  # (there is always a batch: empty data is refused)
             self.center = total / self.n
-
-    def _diverged(self) -> NoReturn:
-        raise TrainDivergedError(
-            f"train_local: non-finite gradient norm at step {self.k} of "
-            f"{len(self.lrs)} (lr {self.lrs[self.k]:.3g}); the model state is "
-            f"corrupted"
-        )
 
     def _evaluate(self, *, final: bool = False) -> Fit:
         # the rotation changes neither L_m nor C_m, so the tolerance checks leave it out
@@ -284,11 +216,11 @@ class TrainLoop:
         """The head and last layer at their joint optimum, the rest of the network fixed.
 
         The head goes to the minimiser of the profiled objective (plus the proximal term) that
-        L-BFGS reaches from the trained head ([`fedhead.ufm.local_head`][fedhead.ufm.local_head]), and the last layer is
-        solved for it. Where the layer's inputs span the client's samples (``N - 1 <= width``) this
-        is the exact joint minimiser: the client ends at its local optimum. Kept only where it lowers
-        the objective (proximal term included). With a proximal term this also selects the head
-        closest to the broadcast, as the finishing rotation does.
+        L-BFGS reaches from the trained head ([`fedhead.ufm.local_head`][fedhead.ufm.local_head]),
+        and the last layer is solved for it. Where the layer's inputs span the client's samples
+        (``N - 1 <= width``) this is the exact joint minimiser: the client ends at its local
+        optimum. Kept only where it lowers the objective (proximal term included). With a proximal
+        term this also selects the head closest to the broadcast, as the finishing rotation does.
         """
         solved = self._solved_tensors()
         if not solved:
@@ -325,12 +257,12 @@ class TrainLoop:
         return ()
 
     def _check(self, tol: float) -> float:
-        """The trained gap of the model as [`finish`][fedhead.train.loop.TrainLoop.finish] would leave it now (last
-        layer solved).
+        """The trained gap of the model as [`finish`][fedhead.train.loop.TrainLoop.finish] would
+        leave it now (last layer solved).
 
-        The solved layer is kept only when it ends training (gap within ``tol``, the ``local_tol``): training on
-        from it would start from the large weights that the weak directions of the layer's inputs
-        need, a stiff point for the optimiser.
+        The solved layer is kept only when it ends training (gap within ``tol``, the
+        ``local_tol``): training on from it would start from the large weights that the weak
+        directions of the layer's inputs need, a stiff point for the optimiser.
         """
         if not self.cfg.solve_last_layer:
             return relative(self._evaluate().trained_objective, self.trained_l_star)
@@ -364,8 +296,7 @@ class TrainLoop:
                     if gap <= tol:
                         break
         finally:
-            if self.fast is not None:  # the gradients as the autograd loop leaves them: none
-                self.fast.release()
+            self.step.close()
         if self.cuda:
             torch.cuda.synchronize(self.dev)
         self.seconds = time.perf_counter() - t0
@@ -390,7 +321,7 @@ class TrainLoop:
         if not (math.isfinite(fit.objective) and torch.isfinite(w).all() and np.all(np.isfinite(fit.bias))):
             raise TrainDivergedError(
                 f"train_local: training diverged (objective {fit.objective}, non-finite head "
-                f"or features after {self.k} steps); lower cfg.lr or keep clip_norm set"
+                f"or features after {self.step.k} steps); lower cfg.lr or keep clip_norm set"
             )
         trained_gap = relative(fit.trained_objective, self.trained_l_star)
         tol = self.cfg.local_tol
@@ -407,11 +338,11 @@ class TrainLoop:
             train_mse=fit.mse,
             n_samples=int(self.n),
             epochs=self.epochs_run,
-            n_steps=self.k,
+            n_steps=self.step.k,
             converged=None if tol is None else bool(trained_gap <= tol),
             gap_trace=tuple(trace),
             seconds=self.seconds,
-            steps_per_second=self.k / self.seconds if self.seconds > 0 else float("inf"),
+            steps_per_second=self.step.k / self.seconds if self.seconds > 0 else float("inf"),
             device=str(self.dev),
         )
         return LocalResult(

@@ -6,20 +6,20 @@
 
 for ``E`` epochs. Which problem that is (``lambda_H``, ``lambda_W``, ``rho``, ``gamma``,
 client-wise centring) and the epoch budget ``E`` are set by the procedure
-([`fedhead.analysis.procedure.ProcedureConfig`][fedhead.analysis.procedure.ProcedureConfig]) and the run's top-level
-settings, where each is
-stored and validated; [`LocalProblem`][fedhead.train.LocalProblem] is the trainer's frozen view of them, built per job
-by [`fedhead.settings.config.JobConfig.local_problem`][fedhead.settings.job.JobConfig.local_problem] (never stored in a
-config). How the problem is
-solved (optimiser, batches, learning rate, clipping, warm-up, ``local_tol``, the finishing
-step) is the recipe, [`fedhead.train.TrainConfig`][fedhead.train.TrainConfig].
+([`fedhead.settings.procedure.ProcedureConfig`][fedhead.settings.procedure.ProcedureConfig]) and
+the run's top-level settings, where each is stored and validated;
+[`LocalProblem`][fedhead.train.LocalProblem] is the trainer's frozen view of them, built per job by
+[`fedhead.settings.job.JobConfig.local_problem`][fedhead.settings.job.JobConfig.local_problem]
+(never stored in a config). How the problem is solved (optimiser, batches, learning rate,
+clipping, warm-up, ``local_tol``, the finishing step) is the recipe,
+[`fedhead.train.TrainConfig`][fedhead.train.TrainConfig].
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fedhead.analysis.procedure import ProcedureConfig, gamma_problem, penalty_problem, rho_problem
+from fedhead.analysis.procedure import ProcedureTerms, gamma_problem, penalty_problem, rho_problem
 from fedhead.train.config import TrainInputError
 
 
@@ -45,10 +45,10 @@ class LocalProblem:
         Client-wise target centring: train on ``y - mu_m`` (the reference becomes ``G_within``);
         the procedure's ``centered``.
 
-    The checks use the rules of [`fedhead.analysis.procedure`][fedhead.analysis.procedure] (one rule per parameter), so
-    a problem
-    built from a valid procedure and valid settings is valid; a bad one built by hand raises
-    [`fedhead.train.TrainInputError`][fedhead.train.TrainInputError] naming the field.
+    The checks use the rules of [`fedhead.analysis.procedure`][fedhead.analysis.procedure] (one rule
+    per parameter), so a problem built from a valid procedure and valid settings is valid; a bad one
+    built by hand raises [`fedhead.train.TrainInputError`][fedhead.train.TrainInputError] naming the
+    field.
     """
 
     epochs: int = 4000
@@ -75,7 +75,7 @@ class LocalProblem:
 
     @classmethod
     def from_procedure(
-        cls, procedure: ProcedureConfig, *, epochs: int, lambda_h: float, lambda_w: float
+        cls, procedure: ProcedureTerms, *, epochs: int, lambda_h: float, lambda_w: float
     ) -> LocalProblem:
         """The problem of ``procedure`` (its ``rho``, ``gamma`` and centring) with the budget
         ``epochs`` and the penalties ``lambda_h``, ``lambda_w``: the one place a procedure's

@@ -2,70 +2,59 @@
 
 On the CPU at the ``cpu`` scale's shapes (100 rows, width 256) autograd's step spends much of
 its time outside the matmuls: PyTorch's PReLU backward is a scalar loop that branches on the sign
-of every input (a misprediction in every other element: ~110 us per call, seven calls in a step
-of ~4 ms), every step allocates its activations and gradients afresh (100-256 KiB each, which
-glibc hands back to the kernel and faults in again: page faults were ~15 % of a step's samples),
-and each graph node costs the engine a few microseconds.
-[`ResMLPStep`][fedhead.train.resmlp_step.ResMLPStep] runs the ATen operations autograd would (the
-same ``addmm`` and ``mm`` calls on the same memory layouts, the same reductions for the biases and
-the PReLU slopes) into buffers it keeps from step to step, so the gradients are the same bits;
-PReLU runs as ``leaky_relu`` and ``leaky_relu_backward`` with the slope read as a number, which
-compute the same ``x > 0 ? x : a x`` and ``x > 0 ? g : a g`` in vectorized kernels. The gradients
-are views of one flat buffer: the gradient clip is screened by one norm of it (the clip's exact
-norm of per-tensor norms, 25 calls, only when the screen comes within its rounding bound of the
-threshold: 4.9 % at the cpu scale).
+of every input (a misprediction in every other element), every step allocates its activations
+and gradients afresh (which glibc hands back to the kernel and faults in again), and each graph
+node costs the engine a few microseconds. [`ResMLPStep`][fedhead.train.resmlp_step.ResMLPStep]
+runs the ATen operations autograd would (the same ``addmm`` and ``mm`` calls on the same memory
+layouts, the same reductions for the biases and the PReLU slopes) into buffers it keeps from step
+to step, so the gradients are the same bits; PReLU runs as ``leaky_relu`` and
+``leaky_relu_backward`` with the slope read as a number, which compute the same
+``x > 0 ? x : a x`` and ``x > 0 ? g : a g`` in vectorized kernels
+([`fedhead.train.torch_private`][fedhead.train.torch_private]). The gradients are views of one
+flat buffer: the gradient clip is screened by one norm of it (the clip's exact norm of per-tensor
+norms only when the screen comes within its rounding bound of the threshold).
+``benchmarks/bench_step_flops.py`` measures the step against autograd's;
 ``tests/train/test_train_fast_step.py`` checks gradients and whole training calls against
 autograd and ``torch.optim.AdamW``, bit for bit.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import itertools
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from fedhead.models.backbones import ResidualBlock, ResMLP
+from fedhead.train.torch_private import (
+    foreach_norm,
+    has_global_module_hooks,
+    has_hooks,
+    leaky_relu,
+    leaky_relu_backward,
+)
 
-__all__ = ["DirectAdamW", "ResMLPStep"]
-
-
-def _is_plain(module: nn.Module) -> bool:
-    """No module or parameter hooks that a hand-written forward or backward would skip."""
-    return not (
-        module._forward_hooks
-        or module._forward_pre_hooks
-        or module._backward_hooks
-        or module._backward_pre_hooks
-        or any(
-            getattr(p, "_backward_hooks", None) or getattr(p, "_post_accumulate_grad_hooks", None)
-            for p in module.parameters(recurse=False)
-        )
-    )
+__all__ = ["ResMLPStep"]
 
 
-def _global_hooks() -> bool:
-    """Hooks registered for every module (``torch.nn.modules.module.register_module_*_hook``)."""
-    m = torch.nn.modules.module
-    return bool(
-        m._global_forward_hooks
-        or m._global_forward_pre_hooks
-        or m._global_backward_hooks
-        or m._global_backward_pre_hooks
-    )
+#: Where each gradient starts in the flat buffer: a multiple of 16 float32 (64 bytes), the CPU
+#: allocator's alignment of a tensor of its own. MKL's small GEMMs can round differently into an
+#: output that starts elsewhere (seen on AMD CPUs), which would break the bit-for-bit equality.
+_ALIGN = 16
 
 
 class _Grads:
     """The gradient buffers of the step's parameters: views, in the parameters' order and shapes,
-    of one flat buffer, so that the clip's screen is one norm and its rescale one multiply."""
+    of one flat buffer, so that the clip's screen is one norm and its rescale one multiply. Each
+    view starts ``_ALIGN``-aligned; the gaps between them hold zeros."""
 
     def __init__(self, params: list[torch.Tensor]):
         self.params = params
-        self.flat = torch.zeros(sum(p.numel() for p in params), dtype=torch.float32)
-        self.buffers = [
-            v.view(p.shape) for v, p in zip(self.flat.split([p.numel() for p in params]), params, strict=True)
-        ]
+        sizes = [p.numel() for p in params]
+        starts = list(itertools.accumulate((-(-n // _ALIGN) * _ALIGN for n in sizes), initial=0))
+        self.flat = torch.zeros(starts[-1], dtype=torch.float32)
+        self.buffers = [self.flat[i : i + n].view(p.shape) for i, n, p in zip(starts, sizes, params, strict=False)]
         self.of = {id(p): g for p, g in zip(params, self.buffers, strict=True)}
         #: a flat norm below this fraction of ``max_norm`` proves the clip inactive (0: never)
         self.screen = max(0.0, 1.0 - _screen_margin(self.flat.numel()))
@@ -75,7 +64,7 @@ def _screen_margin(n: int) -> float:
     """How far (relative) below ``max_norm`` a flat norm of ``n`` float32 gradients must be to prove
     the clip inactive: twice the worst-case relative error of a float32 sum of ``n`` positive
     squares, ``n u`` (u = 2^-24), once for the flat norm and once for the norm of norms; at least
-    1 %. 4.9 % for the cpu scale's 414,471 gradients (typical errors are ~1e-5)."""
+    1 % (4.9 % for the cpu scale's 414,471 gradients)."""
     return max(1e-2, 2.0 * n * 2.0**-24)
 
 
@@ -126,12 +115,10 @@ class _PReLU:
         autograd reduces the broadcast slope (``t``: scratch)."""
         torch.clamp(x, max=0, out=t).mul_(g)
         torch.sum(t, (0, 1), keepdim=True, out=self.grad)
-        _leaky_relu_backward(g, x, a, False, grad_input=g_x)
+        leaky_relu_backward(g, x, a, g_x)
 
 
-_leaky_relu = torch._C._nn.leaky_relu  # pyright: ignore[reportAttributeAccessIssue]
 _vector_norm = torch.linalg.vector_norm
-_leaky_relu_backward = torch.ops.aten.leaky_relu_backward.grad_input
 
 
 @dataclass
@@ -220,11 +207,12 @@ class ResMLPStep:
             return None
         modules = list(backbone.modules())
         params = [*backbone.parameters(), head_weight] + ([head_bias] if head_bias is not None else [])
-        if _global_hooks() or not (
-            all(_is_plain(m) for m in modules)
-            and all(m.weight.numel() == 1 for m in modules if isinstance(m, nn.PReLU))
-            and all(m.bias is not None for m in modules if isinstance(m, nn.Linear))
-            and all(
+        if (
+            has_global_module_hooks()
+            or any(has_hooks(m) for m in modules)
+            or not all(m.weight.numel() == 1 for m in modules if isinstance(m, nn.PReLU))
+            or not all(m.bias is not None for m in modules if isinstance(m, nn.Linear))
+            or not all(
                 p.requires_grad and p.dtype == torch.float32 and p.device.type == "cpu" and p.is_contiguous()
                 for p in params
             )
@@ -302,7 +290,7 @@ class ResMLPStep:
             screen = _vector_norm(self._grads.flat, 2.0).item()
             if screen < self._grads.screen * max_norm - 1e-6:  # False for nan and inf
                 return screen
-            total = _vector_norm(torch.stack(torch._foreach_norm(self.grads)), 2.0)  # pyright: ignore[reportPrivateImportUsage]
+            total = _vector_norm(torch.stack(foreach_norm(self.grads)), 2.0)
             norm = total.item()
             if norm + 1e-6 > max_norm:
                 self._grads.flat.mul_(torch.clamp(max_norm / (total + 1e-6), max=1.0))
@@ -328,12 +316,12 @@ class ResMLPStep:
         # is leaky_relu with that slope, and a block's sum a + fc2(.) is added in place
         a0, *values = torch.cat(self._slopes).tolist()  # the slopes as numbers, read at once
         slopes = list(zip(values[::2], values[1::2], strict=True))
-        _leaky_relu(self.stem.forward(xb, ws.z0), a0, out=ws.a0)
+        leaky_relu(self.stem.forward(xb, ws.z0), a0, out=ws.a0)
         a = ws.a0
         for (fc1, _, fc2, _), (u, v, s, out), (a1, a2) in zip(self.blocks, ws.blocks, slopes, strict=True):
-            _leaky_relu(fc1.forward(a, u), a1, out=v)
+            leaky_relu(fc1.forward(a, u), a1, out=v)
             fc2.forward(v, s).add_(a)
-            _leaky_relu(s, a2, out=out)
+            leaky_relu(s, a2, out=out)
             a = out
         h = self.proj.forward(a, ws.h)
         hsum = h.sum(0)
@@ -364,47 +352,3 @@ class ResMLPStep:
         self.stem_act.backward(g_a, ws.z0, a0, g_b, ws.t)
         self.stem.backward(g_b, xb, None)
         return hsum
-
-
-class DirectAdamW:
-    """``torch.optim.AdamW(params, fused=True, weight_decay=0)`` where every parameter has a
-    gradient at every step: the same ``torch._fused_adamw_`` call on the same state, without the
-    optimizer's per-step Python work (grouping, state look-ups, hooks, one step counter per
-    tensor). The fused kernel reads the step count only, so one counter serves every tensor.
-    """
-
-    def __init__(
-        self,
-        params: Sequence[torch.Tensor],
-        grads: Sequence[torch.Tensor],
-        *,
-        betas: tuple[float, float],
-        eps: float,
-    ):
-        self.params, self.grads = list(params), list(grads)
-        self.exp_avgs = [torch.zeros_like(p) for p in params]
-        self.exp_avg_sqs = [torch.zeros_like(p) for p in params]
-        self.step_count = torch.zeros((), dtype=torch.float32)
-        self.steps = [self.step_count] * len(params)
-        self.beta1, self.beta2 = float(betas[0]), float(betas[1])
-        self.eps = float(eps)
-
-    def step(self, lr: float) -> None:
-        self.step_count.add_(1)
-        torch._fused_adamw_(  # pyright: ignore[reportPrivateImportUsage]
-            self.params,
-            self.grads,
-            self.exp_avgs,
-            self.exp_avg_sqs,
-            [],
-            self.steps,
-            amsgrad=False,
-            lr=lr,
-            beta1=self.beta1,
-            beta2=self.beta2,
-            weight_decay=0.0,
-            eps=self.eps,
-            maximize=False,
-            grad_scale=None,
-            found_inf=None,
-        )

@@ -131,11 +131,10 @@ def compiled_forward_loss(mode: str | None) -> StepLoss:
     dynamo's guards check their types, shapes and dtypes but not their identity: the clients'
     backbones, re-built from the backbone store in every round, and a new head per call reuse the
     graphs compiled in the first round (a new graph only for a new architecture, batch shape,
-    ``lambda_H`` or bias mode; [`fedhead.train.train_local`][fedhead.train.train_local] runs a shorter last batch
-    eagerly instead of
-    compiling it). Verified on the CPU (backend ``"eager"``) by the tests. CUDA graphs re-record
-    when the parameters' storage moves (a new backbone object), which costs a recording, not a
-    compile.
+    ``lambda_H`` or bias mode; [`fedhead.train.train_local`][fedhead.train.train_local] runs a
+    shorter last batch eagerly instead of compiling it). Verified on the CPU (backend
+    ``"eager"``) by the tests. CUDA graphs re-record when the parameters' storage moves (a new
+    backbone object), which costs a recording, not a compile.
     """
     key = (mode, _COMPILE_BACKEND)
     fn = _COMPILED_STEPS.get(key)

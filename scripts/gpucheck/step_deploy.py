@@ -2,7 +2,7 @@
 
 One SuperLink and ``deploy_clients`` SuperNodes on 127.0.0.1 (TLS with the certificates of
 ``.gpu-data/certs``, made by scripts/make_certs.sh in scripts/gpu_prepare.sh; ClientApps in
-subprocess isolation), started with the command lines of :mod:`fedhead.driver.deploy` as in
+subprocess isolation), started with the command lines of ``tests/deploy_commands.py`` as in
 tests/driver/test_deploy_loopback.py, then ``flwr run .`` of proximal training on Hopper with the
 paper's ResMLP (width 1024, P = 512) and every ClientApp on ``device=cuda``. Records the times to
 start, to get the SuperNodes online and of the run, and the run's results.json summary.
@@ -26,7 +26,14 @@ from pathlib import Path
 
 from common import REPO, SIZES, now, write_json
 
-from fedhead.driver.deploy import ServerTls, cli_connection_toml, free_ports, superlink_command, supernode_command
+sys.path.insert(0, str(REPO / "tests"))  # the command lines the deployment tests start
+from deploy_commands import (
+    ServerTls,
+    cli_connection_toml,
+    free_ports,
+    superlink_command,
+    supernode_command,
+)
 
 
 class Procs:

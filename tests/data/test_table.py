@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedhead.analysis.procedure import ConfigError
+from fedhead.analysis.constraints import ConfigError
 from fedhead.data.partition import eigen_partition
 from fedhead.data.pipeline import standardize_targets
 from fedhead.data.registry import load_federated, load_raw

@@ -8,9 +8,12 @@ and runs ``fedhead-run`` on it twice: the first run leaves the cluster running f
 from __future__ import annotations
 
 import contextlib
+import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from fedhead.analysis.procedure import ConfigError
+from fedhead.analysis.constraints import ConfigError
 from fedhead.driver.cluster import ClusterError, ClusterInfo, check_client_fits, check_reachable, cluster_address
 from fedhead.settings.job import ResourcesConfig
 
@@ -40,15 +43,28 @@ RUN = [
 
 @contextlib.contextmanager
 def two_nodes() -> Iterator[Any]:
-    """A 2-node Ray cluster on this host (``ray.cluster_utils.Cluster``, 1 CPU each), shut down after."""
+    """A 2-node Ray cluster on this host (``ray.cluster_utils.Cluster``, 1 CPU each), shut down after.
+
+    Its Ray temp folder is its own (``RAY_TMPDIR``, also for the runs started meanwhile): the
+    address file that ``Cluster`` writes, and removes at shutdown, is not the user's."""
     from ray.cluster_utils import Cluster
 
-    cluster = Cluster(initialize_head=True, connect=False, head_node_args={"num_cpus": 1})
-    cluster.add_node(num_cpus=1)
+    saved = os.environ.get("RAY_TMPDIR")
+    ray_tmp = tempfile.mkdtemp(prefix="fhray-")  # short: Ray's socket paths live under it
+    os.environ["RAY_TMPDIR"] = ray_tmp
     try:
-        yield cluster
+        cluster = Cluster(initialize_head=True, connect=False, head_node_args={"num_cpus": 1})
+        try:
+            cluster.add_node(num_cpus=1)
+            yield cluster
+        finally:
+            cluster.shutdown()
     finally:
-        cluster.shutdown()
+        if saved is None:
+            os.environ.pop("RAY_TMPDIR", None)
+        else:
+            os.environ["RAY_TMPDIR"] = saved
+        shutil.rmtree(ray_tmp, ignore_errors=True)
 
 
 def _closed_port() -> int:
@@ -165,7 +181,6 @@ def test_a_16_client_run_killed_on_a_cluster_resumes_with_every_clients_state(tm
     backbone in the shared state folder wherever Ray places it, and the run ends with the Grams
     of an uninterrupted single-node run (1e-10)."""
     import json
-    import os
     import signal
 
     import numpy as np
@@ -212,7 +227,6 @@ def test_a_sweep_joins_the_cluster_named_by_ray_address(tmp_path):
     """``fedhead-sweep`` (the smoke preset on Hopper, one round of the free model) joins the
     cluster that Ray's own ``RAY_ADDRESS`` names, says so, completes, and leaves it running."""
     import json
-    import os
 
     command = [
         str(Path(sys.executable).with_name("fedhead-sweep")),

@@ -1,7 +1,7 @@
 """The docker compose files against the tested deployment and the threat model (fast).
 
 Every service's command (entrypoint + command, after the overlays) must equal what
-:mod:`fedhead.driver.deploy` gives for that service: the same functions start the loopback deployment
+``tests/deploy_commands.py`` gives for that service: the same functions start the loopback deployment
 of ``tests/driver/test_deploy_loopback.py``. The base file ``docker-compose.yml`` runs with TLS
 and SuperNode authentication (no ``--insecure`` anywhere in it); only ``with-insecure.yml``
 turns both off. The flags must parse with flwr 1.42's own argument parsers, only the
@@ -25,9 +25,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from deploy_helpers import merged_services
-
-from fedhead.driver.deploy import (
+from deploy_commands import (
     SUPERLINK_PORT,
     SUPERNODE_RUNTIME_PORT,
     ServerTls,
@@ -35,6 +33,7 @@ from fedhead.driver.deploy import (
     superlink_command,
     supernode_command,
 )
+from deploy_helpers import merged_services
 
 REPO = Path(__file__).resolve().parents[2]
 N_NODES = 2

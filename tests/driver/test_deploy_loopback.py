@@ -2,7 +2,7 @@
 
 One SuperLink with TLS and SuperNode authentication, two SuperNodes (ClientApps in subprocess
 isolation) and ``flwr run .`` with a tiny job (model=free, 1 round), all on 127.0.0.1 ports
-picked at random. The command lines come from :mod:`fedhead.driver.deploy`, the same functions that
+picked at random. The command lines come from ``tests/deploy_commands.py``, the same functions that
 ``tests/driver/test_deploy_compose.py`` checks the docker compose files against. Every wait has a
 deadline; every process started here (and its children) is killed in teardown.
 
@@ -20,9 +20,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from deploy_commands import ServerTls, cli_connection_toml, free_ports, superlink_command, supernode_command
 from deploy_helpers import REPO, Processes, flwr, online, wait
-
-from fedhead.driver.deploy import ServerTls, cli_connection_toml, free_ports, superlink_command, supernode_command
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 

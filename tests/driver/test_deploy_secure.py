@@ -31,10 +31,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 from app_helpers import InProcessGrid, pooled_g_cen
+from deploy_commands import ServerTls, cli_connection_toml, free_ports, superlink_command, supernode_command
 from deploy_helpers import REPO, Processes, flwr, online, wait
 
 from fedhead.clients import make_client_app
-from fedhead.driver.deploy import ServerTls, cli_connection_toml, free_ports, superlink_command, supernode_command
 from fedhead.driver.recorder import RunRecorder
 from fedhead.driver.server import serve
 from fedhead.results import schema

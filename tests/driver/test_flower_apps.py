@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from app_helpers import InProcessGrid, instruction
+from app_helpers import InProcessGrid, instruction, stored_round
 
 from fedhead import ufm
 from fedhead.clients import BackboneStore, make_client_app
@@ -81,7 +81,7 @@ def test_trained_procedures_complete_and_keep_backbones_private(tmp_path, task_i
     assert res["reference"] == {"corrected_proximal": "cen", "centered": "within"}.get(procedure, "star")
     store = BackboneStore(simulation_state_dir(job, 11))
     for pid in range(3):
-        assert store.latest_round(pid) == 2
+        assert stored_round(store, pid) == 2
         if procedure != "exact":  # the newest state and the previous one (what resume= needs)
             assert sorted(p.name for p in store.root.glob(f"partition_{pid}.*")) == [
                 f"partition_{pid}.r1.pt",
@@ -195,7 +195,7 @@ def test_node_config_state_dir_and_partition_count(tmp_path, task_identity):
     key = deployment_run_key(job, 5)  # not flwr's run id: a resumed deployment repeats the key
     assert key != "5" and key == deployment_run_key(job, 6)
     for pid, n in enumerate(grid.contexts):
-        assert BackboneStore(tmp_path / f"node{n}" / "proximal" / f"run_{key}").latest_round(pid) == 1
+        assert stored_round(BackboneStore(tmp_path / f"node{n}" / "proximal" / f"run_{key}"), pid) == 1
     assert not job.state_dir.exists()
     bad = InProcessGrid(make_client_app(job), 3)
     for ctx in bad.contexts.values():

@@ -13,8 +13,10 @@ import torch
 
 from fedhead import ufm
 from fedhead.analysis import diagnosis
-from fedhead.analysis.procedure import ConfigError, ProcedureConfig, reference_name
+from fedhead.analysis.constraints import ConfigError
+from fedhead.analysis.procedure import reference_name
 from fedhead.federation import tracking
+from fedhead.settings.procedure import ProcedureConfig
 from fedhead.train import round_seed
 
 LH = LW = 0.1
@@ -136,6 +138,7 @@ def test_import_rules(module, banned):
 
 def test_store_finds_the_expected_round_without_listing(tmp_path, monkeypatch):
     from fedhead.clients import BackboneStore
+    from fedhead.clients.cache import CLIENT_CACHE
 
     store = BackboneStore(tmp_path / "s", sync=False)
     for pid in range(5):
@@ -145,7 +148,7 @@ def test_store_finds_the_expected_round_without_listing(tmp_path, monkeypatch):
     store.save(3, 3, {"w": 3 * torch.ones(2)})
     assert not store.path(3, 1).exists()
     store.path(3, 3).unlink()
-    BackboneStore.clear_cache()
+    CLIENT_CACHE.clear()  # what a new process sees
 
     def no_listing(self, partition):
         raise AssertionError("the folder was listed")

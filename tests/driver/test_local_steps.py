@@ -7,7 +7,8 @@ import pytest
 from results_helpers import typed_results
 
 from fedhead.driver.console import local_steps_line
-from fedhead.driver.recorder import RunRecorder, local_steps
+from fedhead.driver.local_summary import local_steps
+from fedhead.driver.recorder import RunRecorder
 from fedhead.results import schema
 from fedhead.results.rounds import ClientMetric, RoundRecord
 from fedhead.results.schema import ABSENT

@@ -1,6 +1,6 @@
-"""with-own-data.yml (each SuperNode reads only its own site's file) against fedhead/driver/deploy.py.
+"""with-own-data.yml (each SuperNode reads only its own site's file) against tests/deploy_commands.py.
 
-No docker needed: the merged commands equal :func:`fedhead.driver.deploy.supernode_command` with
+No docker needed: the merged commands equal ``supernode_command`` (``tests/deploy_commands.py``) with
 ``data_path`` and no partition, parse with flwr 1.42's parsers (the node config too), and each
 site's folder is mounted read-only into its own clientapp container and nowhere else.
 ``docker-compose config`` validates the files where docker-compose is installed.
@@ -15,9 +15,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+from deploy_commands import SUPERLINK_PORT, SUPERNODE_RUNTIME_PORT, ServerTls, node_config, supernode_command
 from deploy_helpers import merged_services, mount_target
-
-from fedhead.driver.deploy import SUPERLINK_PORT, SUPERNODE_RUNTIME_PORT, ServerTls, node_config, supernode_command
 
 REPO = Path(__file__).resolve().parents[2]
 FILES = ("docker-compose.yml", "with-own-data.yml")

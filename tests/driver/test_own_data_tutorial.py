@@ -9,7 +9,7 @@ Then: the per-round Grams (``results.json``) of (a) and (b) agree to 1e-10 and s
 diagnoses' ``G_cen``, which equal ``G_cen`` of the pooled rows standardised directly; no
 process under a SuperNode opened another site's file, and each SuperNode's ClientApps opened
 their own (an ``open`` audit hook in every Python process of (b): tests/open_audit/sitecustomize.py);
-the processes ran the command lines of :mod:`fedhead.driver.deploy`.
+the processes ran the command lines of ``tests/deploy_commands.py``.
 
     pytest -m slow tests/driver/test_own_data_tutorial.py
 """
@@ -28,10 +28,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 from app_helpers import pooled_g_cen
+from deploy_commands import ServerTls, cli_connection_toml, free_ports, superlink_command, supernode_command
 from deploy_helpers import REPO, Processes, online
 from flwr.common.config import parse_config_args
 
-from fedhead.driver.deploy import ServerTls, cli_connection_toml, free_ports, superlink_command, supernode_command
 from fedhead.results import schema
 
 DOC = REPO / "docs" / "own-data.md"
@@ -187,7 +187,7 @@ def test_the_own_data_tutorial_runs_as_written(tmp_path):
 
 
 def _check_command_lines(work: Path, link: int, node: int) -> None:
-    """The SuperLink and SuperNodes that the blocks started run fedhead.driver.deploy's commands."""
+    """The SuperLink and SuperNodes that the blocks started run the commands of tests/deploy_commands.py."""
     pids = [int(p) for p in (work / "pids").read_text().split()]
     assert len(pids) == 1 + len(SITES)
     certs = work / "certs"

@@ -239,7 +239,7 @@ def test_a_crashed_engine_ends_the_run(tmp_path, monkeypatch):
     from fedhead.federation.watchdog import EngineDied
 
     with pytest.raises(EngineDied, match="the simulation engine crashed: .*ActorPool is empty"):
-        run_mod.run_federation(job, show_progress=False)
+        run_mod.run_federations([job], show_progress=False)
     res = json.loads((Path(job.output_dir) / "results.json").read_text())
     assert res["status"] == "failed" and "ActorPool is empty" in res["error"]
     deadline = time.perf_counter() + 10

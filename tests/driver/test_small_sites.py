@@ -177,13 +177,15 @@ def test_the_minimum_is_the_sites_to_raise_and_a_lower_one_admits_the_site(tmp_p
     stats = RecordDict({"config": ConfigRecord({"stage": "statistics"})})
     # the run's minimum of 5 admits the 7-row site ...
     assert _query(_grid(job, files), 1001, stats) is None
-    # ... its own node config raises it (the server cannot lower it): it refuses, naming its own setting
+    # ... its own node config sets it (the run can neither lower nor raise it): it refuses, naming its own setting
     reason = _query(_grid(job, files, {1001: {"min-rows": 20}}), 1001, stats)
     assert reason and "fewer training rows than the site's minimum (node config min-rows=20)" in reason, reason
     assert not re.search(rf"\b{SMALL}\b", reason), reason
-    # a node minimum below the run's changes nothing; a malformed one is refused, naming the key
+    # a node minimum below the run's is the site's own; a malformed one is refused, naming the key
     grid = _grid(job, files, {1000: {"min-rows": 2}, 1001: {"min-rows": "many"}})
     assert _query(grid, 1000, stats) is None
+    strict = _job(tmp_path / "strict", "privacy.min_rows=20", "failure.min_clients=2")
+    assert _query(_grid(strict, files, {1001: {"min-rows": 5}}), 1001, stats) is None  # the run cannot raise it
     reason = _query(grid, 1001, stats)
     assert reason and "node config min-rows must be an integer >= 1" in reason, reason
 

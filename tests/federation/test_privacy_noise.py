@@ -12,7 +12,7 @@ from dp_accounting import dp_event, privacy_accountant, rdp
 from scipy.optimize import brentq
 from scipy.stats import norm
 
-from fedhead.analysis.procedure import ConfigError
+from fedhead.analysis.constraints import ConfigError
 from fedhead.federation.privacy_noise import (
     NOISE_RTOL,
     clip_contribution,

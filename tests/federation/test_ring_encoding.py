@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from secure_helpers import Federation
 
-from fedhead.analysis.procedure import ConfigError
+from fedhead.analysis.constraints import ConfigError
 from fedhead.federation.ring_encoding import RingFixedPoint, ring_add, ring_sub
 
 

@@ -11,7 +11,7 @@ import pytest
 from secure_helpers import Federation
 
 from fedhead import ufm
-from fedhead.analysis.procedure import ConfigError
+from fedhead.analysis.constraints import ConfigError
 from fedhead.federation import secure_records as sr
 from fedhead.federation.ring_encoding import RingFixedPoint
 from fedhead.federation.roster import simulation_roster

@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 from secure_helpers import IDS, SUM, Federation, Run
 
-from fedhead.analysis.procedure import ConfigError
+from fedhead.analysis.constraints import ConfigError
 from fedhead.federation.roster import new_signing_key, sign_advertisement, sign_survivors
 from fedhead.federation.secure_site import SecureSumClient
 from fedhead.federation.secure_sum import PublicKeys, SecureSumError, Unmasking

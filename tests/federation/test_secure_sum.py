@@ -17,9 +17,9 @@ from flwr.common.secure_aggregation.secaggplus_utils import share_keys_plaintext
 from flwr.supercore.primitives.asymmetric import bytes_to_public_key
 from secure_helpers import IDS, SUM, Federation, Run, ring_sum
 
-from fedhead.analysis.procedure import ConfigError
+from fedhead.analysis.constraints import ConfigError
 from fedhead.federation import secure_records as sr
-from fedhead.federation.aggregation import ReplyError
+from fedhead.federation.reply_checks import ReplyError
 from fedhead.federation.ring_encoding import RingFixedPoint
 from fedhead.federation.secure_sum import (
     PublicKeys,

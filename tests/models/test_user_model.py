@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from fedhead.analysis.procedure import ConfigError
+from fedhead.analysis.constraints import ConfigError
 from fedhead.driver.errors import EXIT_USAGE, exit_code
 from fedhead.models import build_backbone
 from fedhead.models.user import TorchModelConfig, UserBackbone, UserModelError, check_user_model

@@ -13,7 +13,7 @@ from fedhead.train import LocalProblem
 
 #: a procedure no code names: centring combined with the proximal term
 NEW_PROCEDURE = """\
-_target_: fedhead.analysis.procedure.ProcedureConfig
+_target_: fedhead.settings.procedure.ProcedureConfig
 name: centered_proximal
 rho: 2.0e-3
 centered: true

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fedhead.analysis.procedure import ConfigError
+from fedhead.analysis.constraints import ConfigError
 from fedhead.driver.errors import EXIT_USAGE, exit_code
 from fedhead.federation.secure_sum import check_threshold
 from fedhead.settings.config import compose_config, load_config
@@ -76,16 +76,6 @@ def test_a_bad_privacy_setting_is_one_usage_error(override, message):
         load_config(compose_config(["procedure=exact", *override.split()]))
     assert message in str(err.value) and "\n" not in str(err.value), str(err.value)
     assert exit_code(err.value) == EXIT_USAGE
-
-
-def test_a_site_raises_its_minimum_never_lowers_it():
-    policy = PrivacyPolicy(min_rows=10)
-    assert policy.at_site(None) == (10, "privacy.min_rows")
-    assert policy.at_site(4) == (10, "privacy.min_rows")
-    assert policy.at_site(40) == (40, "node config min-rows")
-    for bad in (0, "40", 2.0, True):
-        with pytest.raises(ConfigError, match="node config min-rows must be an integer >= 1"):
-            policy.at_site(bad)
 
 
 def test_the_secure_and_private_settings_reach_every_job():

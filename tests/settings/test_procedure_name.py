@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from fedhead.analysis.constraints import safe_name
-from fedhead.analysis.procedure import ConfigError, ProcedureConfig
+from fedhead.analysis.constraints import ConfigError, safe_name
 from fedhead.driver.errors import EXIT_USAGE, exit_code, one_line
 from fedhead.settings.config import compose_config, load_config, load_procedure, procedure_names
-from fedhead.sweep.presets import PRESETS, SCALES, plan
+from fedhead.settings.procedure import ProcedureConfig
+from fedhead.sweep.presets import PRESETS, plan
+from fedhead.sweep.scales import SCALES
 
 BAD = ["../../x", "..", "a/b", "/abs", ".hidden", "a..b", "", "-x", "a b", "x\\y", "naïve"]
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from fedhead.analysis.procedure import ConfigError
+from fedhead.analysis.constraints import ConfigError
 from fedhead.settings.config import compose_config, load_config
 
 

@@ -32,7 +32,7 @@ def _clients(gamma: float = 1.0) -> dict[int, NumpyClient]:
     return out
 
 
-def _secure(handlers: dict) -> dict:
+def behind_secure_mod(handlers: dict) -> dict:
     """Each handler behind fedhead's secure mod, with its own node state."""
     mod = secure_mod(lambda msg, ctx: SecureSite(lambdas=(LH, LW), privacy=SECURE))
 
@@ -56,7 +56,7 @@ def _run(handlers, privacy=None, rounds=2):
 
 def test_secure_strategy_reaches_the_clear_runs_sums_from_hand_made_replies(task_identity):
     clear, clear_obs = _run(_clients())
-    secure, secure_obs = _run(_secure(_clients()), privacy=SECURE)
+    secure, secure_obs = _run(behind_secure_mod(_clients()), privacy=SECURE)
     np.testing.assert_allclose(secure.exchange.moments.sigma_cen, clear.exchange.moments.sigma_cen, rtol=1e-13)
     np.testing.assert_allclose(secure.exchange.targets.g_cen, clear.exchange.targets.g_cen, rtol=1e-12)
     assert secure.exchange.secure is not None and secure.exchange.secure.count == sum(20 + 7 * p for p in range(4))
@@ -74,4 +74,4 @@ def test_a_site_beyond_the_bounds_fails_the_secure_sum_as_a_whole(task_identity)
     handlers = _clients()
     handlers[57] = Lying(handlers[57], "train", train_lie(head=lambda w: w * 1e9))
     with pytest.raises(SecureSumFailed, match=r"beyond trust.max_abs.*cannot tell which"):
-        _run(_secure(handlers), privacy=SECURE)
+        _run(behind_secure_mod(handlers), privacy=SECURE)

@@ -15,7 +15,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, Re
 
 from fedhead import ufm
 from fedhead.analysis.consistency import gram_errors, outlier_scores
-from fedhead.analysis.procedure import ConfigError
+from fedhead.analysis.constraints import ConfigError
 from fedhead.federation import aggregation as agg
 from fedhead.federation import protocol
 from fedhead.federation.progress_grid import ProgressGrid

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from fedhead.analysis.procedure import ConfigError
+from fedhead.analysis.constraints import ConfigError
 from fedhead.settings.config import compose_config, load_config
 from fedhead.sweep import PRESETS, plan
-from fedhead.sweep.presets import FILE_ONLY, MAIN_PROCEDURES, PAPER_EPOCHS, RHOS, SETTINGS
+from fedhead.sweep.presets import MAIN_PROCEDURES, PAPER_EPOCHS, RHOS
+from fedhead.sweep.specs import FILE_ONLY, SETTINGS
 
 
 @pytest.mark.parametrize("name", sorted(PRESETS))
@@ -117,7 +118,7 @@ def test_cpu_runs_compose_first_and_last_and_honour_seeds_and_settings(name, tmp
 def test_every_preset_lists_its_file_only_settings_at_cpu_scale():
     """A file-only setting stays in the preset wherever its kind (tabular, image) does (it runs with
     data_roots, else is skipped with the file it needs): the scale drops no data set for its files."""
-    from fedhead.sweep.presets import IMAGE
+    from fedhead.sweep.specs import IMAGE
 
     for name in PRESETS:
         cpu = {r.dataset for r in plan(name, "cpu")}

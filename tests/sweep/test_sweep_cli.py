@@ -68,7 +68,7 @@ def test_the_console_command_refuses_bad_input_with_one_line_and_exit_2(tmp_path
 
 
 def test_an_out_folder_of_another_sweep_is_refused(tmp_path):
-    from fedhead.analysis.procedure import ConfigError
+    from fedhead.analysis.constraints import ConfigError
     from fedhead.sweep.manifest import Manifest
 
     Manifest(tmp_path, "main", "smoke").write()

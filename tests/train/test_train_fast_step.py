@@ -11,7 +11,6 @@ import pytest
 import torch
 from train_helpers import LITERAL, SIGMA_CEN, setup
 
-import fedhead.train.loop as loop_module
 from fedhead.models import FreeFeatureConfig, ResMLPConfig, build_backbone, build_head
 from fedhead.models.backbones import ResMLP
 from fedhead.train import TrainDivergedError, train_local
@@ -96,6 +95,23 @@ def test_clip_screen_equals_the_reference_clip_at_and_around_the_threshold(facto
     fired = any(not torch.equal(a, q.grad) for a, q in zip(before, params, strict=True))
     assert fired == (exact + 1e-6 > max_norm)
     assert ref is not None and (got == ref if factor < 1.01 else got == pytest.approx(ref, rel=1e-5))
+
+
+def test_gradient_buffers_start_64_byte_aligned_with_zeros_between():
+    """Each gradient starts where a tensor of its own would (MKL's small GEMMs can round
+    differently into an output that starts elsewhere), in one flat buffer whose gaps stay zero."""
+    x, y = _client(20, 5, 3)
+    bb, head = _model(5, 3, width=12, depth=2, p=7)  # odd sizes: every gradient after the first needs a gap
+    step = ResMLPStep.for_backbone(bb, head.weight, head.bias)
+    assert step is not None
+    step(head.bias, x, y, 0.07, None, True)
+    flat = step._grads.flat
+    assert all(g.data_ptr() % 64 == 0 and g.untyped_storage().data_ptr() == flat.data_ptr() for g in step.grads)
+    gaps = torch.ones_like(flat, dtype=torch.bool)
+    for g in step.grads:
+        start = g.storage_offset()
+        gaps[start : start + g.numel()] = False
+    assert gaps.any() and not flat[gaps].any() and all(g.abs().sum() > 0 for g in step.grads)
 
 
 def test_clip_screen_reports_non_finite_gradients():
@@ -246,7 +262,7 @@ def test_other_models_fall_back_to_autograd(monkeypatch):
         built.append(original(cls, *a, **k))
         return built[-1]
 
-    monkeypatch.setattr(loop_module.ResMLPStep, "for_backbone", classmethod(spy))
+    monkeypatch.setattr(ResMLPStep, "for_backbone", classmethod(spy))
     for make in (hooked, channel_slopes, frozen, subclass):
         built.clear()
         (ref, new), n_fast = _both_ways(monkeypatch, make, x, y, cfg, problem)

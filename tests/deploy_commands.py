@@ -5,7 +5,10 @@ these functions, and ``tests/driver/test_deploy_compose.py`` checks that every s
 ``docker-compose.yml`` (TLS and SuperNode authentication; alone, with ``with-state.yml`` and
 with the loopback-only ``with-insecure.yml``) runs exactly the command these functions give for
 that service's paths and addresses. One list of flags therefore serves the tested process
-deployment and the compose files.
+deployment and the compose files; the GPU check's deployment step
+(``scripts/gpucheck/step_deploy.py``) starts its processes from it too. No part of the fedhead
+package runs these commands, so they live here, beside the tests that hold them (importable:
+``tests/`` is on the tests' ``sys.path``; the script puts it there itself).
 
 Topology (flwr 1.42): one SuperLink serves the Fleet, Control and runtime APIs on one HTTP(S)
 port; each SuperNode serves its own runtime API; the ServerApp / ClientApps run either as
@@ -46,9 +49,10 @@ class ServerTls:
 def node_config(
     partition_id: int | None, num_partitions: int | None, state_dir: str | None = None, data_path: str | None = None
 ) -> str:
-    """The ``--node-config`` value read by the fedhead ClientApp (see clients/state.py, clients/site.py):
-    ``partition-id`` and ``num-partitions``, or, for ``dataset=table``, the node's own file
-    ``data-path`` (then no partition: the server numbers the nodes), and the ``state-dir``."""
+    """The ``--node-config`` value read by the fedhead ClientApp (fedhead/clients/state.py,
+    fedhead/clients/site.py): ``partition-id`` and ``num-partitions``, or, for ``dataset=table``,
+    the node's own file ``data-path`` (then no partition: the server numbers the nodes), and the
+    ``state-dir``."""
     if partition_id is None and data_path is None:
         raise ValueError("a SuperNode needs a partition-id or a data-path")
     parts = [] if partition_id is None else [f"partition-id={int(partition_id)}"]

@@ -1,0 +1,91 @@
+"""``privacy.mode`` on the server, chosen once: [`make_aggregator`][fedhead.strategies.privacy_modes.make_aggregator]
+builds the aggregator a strategy calls, and differential privacy is added by wrapping the secure one
+([`DifferentialPrivacy`][fedhead.strategies.privacy_modes.DifferentialPrivacy], as flwr's
+``DifferentialPrivacyServerSideFixedClipping`` wraps a strategy), not by a branch in the strategy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from flwr.app import ConfigRecord, Message
+from flwr.serverapp import Grid
+
+from fedhead.federation.privacy_noise import privacy_spent
+from fedhead.settings.privacy import PrivacyPolicy
+from fedhead.strategies.aggregator import Aggregator, HeadSum, MseSum, Phase
+from fedhead.strategies.clear import ClearAggregator
+from fedhead.strategies.exchange import ExchangeSettings, MomentExchange
+from fedhead.strategies.secure import DP_EPSILON, DP_RELEASES
+from fedhead.strategies.secure_aggregator import SecureAggregator
+from fedhead.strategies.secure_exchange import pooled_exchange
+
+
+class DifferentialPrivacy(Aggregator):
+    """A secure aggregator whose sums the sites noise (``privacy.dp_noise > 0``): every decoded sum is
+    one release, accounted ([`privacy_spent`][fedhead.federation.privacy_noise.privacy_spent]) over
+    ``sites`` sites at ``delta``; the exchange's noised covariances are made PSD.
+
+    Parameters
+    ----------
+    inner : SecureAggregator
+        The secure sums it wraps.
+    noise_multiplier : float
+        ``z > 0`` of the sites' Gaussian noise.
+    sites : int
+        The population ``M`` of the accounting.
+    delta : float
+        The ``delta`` at which ``epsilon`` is reported.
+    """
+
+    def __init__(self, inner: SecureAggregator, *, noise_multiplier: float, sites: int, delta: float) -> None:
+        self.inner = inner
+        self.noise_multiplier = float(noise_multiplier)
+        self.sites = int(sites)
+        self.delta = float(delta)
+        self.releases = 0  # the secure sums decoded so far: differential privacy composes them
+
+    def exchange(self, settings: ExchangeSettings, grid: Grid, node_ids: Sequence[int]) -> MomentExchange:
+        """The secure exchange of the pooled moments made PSD; its sum is the first release."""
+        pooled = self.inner.pool(settings, grid, node_ids).nearest_psd()
+        exchange = pooled_exchange(pooled, settings)
+        self.releases = 1
+        return exchange
+
+    def check_regime(self, exchange: MomentExchange, settings: ExchangeSettings, allow_outside_regime: bool) -> None:
+        """The secure aggregator's check."""
+        self.inner.check_regime(exchange, settings, allow_outside_regime)
+
+    def name_sum(self, kind: str, config: ConfigRecord) -> None:
+        """The secure aggregator's sum name."""
+        self.inner.name_sum(kind, config)
+
+    def aggregate_train(self, phase: Phase, replies: Iterable[Message]) -> HeadSum:
+        """The secure aggregator's head, one release more."""
+        summed = self.inner.aggregate_train(phase, replies)
+        self.releases += 1
+        return summed
+
+    def aggregate_evaluate(self, phase: Phase, replies: Iterable[Message]) -> MseSum:
+        """The secure aggregator's errors, one release more."""
+        summed = self.inner.aggregate_evaluate(phase, replies)
+        self.releases += 1
+        return summed
+
+    def privacy_spent(self) -> dict[str, float]:
+        """The releases so far and their ``epsilon`` at ``delta`` (empty before the first)."""
+        if not self.releases:
+            return {}
+        spent = privacy_spent(self.noise_multiplier, self.releases, self.sites, self.delta)
+        return {DP_RELEASES: float(self.releases), DP_EPSILON: float(spent.epsilon)}
+
+
+def make_aggregator(privacy: PrivacyPolicy, sites: int) -> Aggregator:
+    """The aggregator of ``privacy.mode`` for ``sites`` sites: clear, secure, or secure wrapped in
+    differential privacy when ``privacy.dp_noise > 0``."""
+    if not privacy.secure:
+        return ClearAggregator()
+    secure = SecureAggregator(privacy.threshold)
+    if privacy.dp_noise <= 0:
+        return secure
+    return DifferentialPrivacy(secure, noise_multiplier=privacy.dp_noise, sites=sites, delta=privacy.dp_delta)
