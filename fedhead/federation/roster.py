@@ -67,7 +67,8 @@ _SURVIVORS = b"fedhead secure sum: survivors"
 
 
 def check_site_name(name: object) -> str:
-    """``name`` when it is a valid site name, else one-line [`ConfigError`][fedhead.analysis.constraints.ConfigError]."""
+    """``name`` when it is a valid site name, else a one-line
+    [`ConfigError`][fedhead.analysis.constraints.ConfigError]."""
     if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise ConfigError(
             f"roster: a site name is 1 to 64 letters, digits, '.', '_' or '-' (starting with a letter or digit), "
