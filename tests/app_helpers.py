@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 
 import numpy as np
@@ -31,6 +32,7 @@ from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict  # no
 from flwr.serverapp import Grid  # noqa: E402
 
 from fedhead import ufm  # noqa: E402
+from fedhead.clients.identity import SimulatedSites  # noqa: E402
 from fedhead.federation import protocol  # noqa: E402
 
 
@@ -337,3 +339,10 @@ def table_job(out, *overrides: str):
         "output.figures=false",
     ]
     return load_config(compose_config([*base, *overrides])).jobs(out)[0]
+
+
+@functools.cache
+def simulated_sites(n: int) -> SimulatedSites:
+    """A simulation's own roster and signing keys for ``n`` sites (partition ``i`` signs as ``partition-i``),
+    made once per size: what secure mode's sites and server hold in the tests."""
+    return SimulatedSites.make(n)

@@ -18,6 +18,7 @@ from flwr.clientapp import ClientApp
 
 from fedhead.clients.cache import CLIENT_CACHE
 from fedhead.clients.export import is_final, save_final_model
+from fedhead.clients.identity import SimulatedSites
 from fedhead.clients.messages import ClientError, round_of
 from fedhead.clients.secure import SecureSite, fully_active, secure_mod
 from fedhead.clients.site import handle_statistics, local_data
@@ -211,9 +212,11 @@ class JobsClientApp(ClientApp):
     this makes that a few kB of bytes instead of the handlers' code and the configs, rebuilt
     once per worker process instead of once per message."""
 
-    def __init__(self, jobs: JobConfig | Sequence[JobConfig], mods: list | None = None):
+    def __init__(
+        self, jobs: JobConfig | Sequence[JobConfig], mods: list | None = None, simulated: SimulatedSites | None = None
+    ):
         super().__init__(mods=mods)
-        self._blob = pickle.dumps(jobs, protocol=pickle.HIGHEST_PROTOCOL)
+        self._blob = pickle.dumps((jobs, simulated), protocol=pickle.HIGHEST_PROTOCOL)
         self._digest = hashlib.sha256(self._blob).hexdigest()
 
     def __reduce__(self):
@@ -221,24 +224,28 @@ class JobsClientApp(ClientApp):
 
 
 def _app_from_pickle(digest: str, blob: bytes) -> ClientApp:
-    return CLIENT_CACHE.remember(CLIENT_CACHE.apps, digest, lambda: make_client_app(pickle.loads(blob)))
+    return CLIENT_CACHE.remember(CLIENT_CACHE.apps, digest, lambda: make_client_app(*pickle.loads(blob)))
 
 
-def make_client_app(job: JobConfig | Sequence[JobConfig] | Callable[[Context], JobConfig]) -> ClientApp:
+def make_client_app(
+    job: JobConfig | Sequence[JobConfig] | Callable[[Context], JobConfig], simulated: SimulatedSites | None = None
+) -> ClientApp:
     """Build the ClientApp.
 
     ``job`` is a [`fedhead.settings.config.JobConfig`][fedhead.settings.job.JobConfig], a
     sequence of them (one simulation serving several procedures one after another: each
     message's ``config["job"]`` picks the job), or a function ``Context -> JobConfig``
     (deployments, where the run config names the job). The jobs travel with the app in a Ray
-    simulation (as their pickle: [`JobsClientApp`][fedhead.clients.app.JobsClientApp]).
+    simulation (as their pickle: [`JobsClientApp`][fedhead.clients.app.JobsClientApp]), and so does
+    ``simulated``, a simulation's own roster and signing keys for secure mode (a deployed site reads its
+    own from its node config: [`fedhead.clients.identity`][fedhead.clients.identity]).
     """
     resolve = _job_resolver(job)
-    mods = [secure_mod(lambda msg, ctx: secure_site(resolve(msg, ctx)))]  # privacy.mode=secure
+    mods = [secure_mod(lambda msg, ctx: secure_site(resolve(msg, ctx)), simulated)]  # privacy.mode=secure
     app: ClientApp = ClientApp(mods=mods)
     if isinstance(job, (list, tuple)) or not callable(job):
         try:
-            app = JobsClientApp(job, mods)
+            app = JobsClientApp(job, mods, simulated)
         except (pickle.PicklingError, TypeError, AttributeError):  # e.g. a test's local class: by value
             log.debug("jobs not picklable by reference; the ClientApp travels by value", exc_info=True)
 

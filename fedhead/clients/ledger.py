@@ -4,7 +4,8 @@ Per run (its scope: flwr's run id and, in a simulation serving several jobs, the
 [`run_scope`][fedhead.clients.ledger.run_scope]) a site keeps the one standardisation it accepted, the
 questions it answered once, the secure sums it began and, once it refused the run, the line it refused it
 with. Over every run it keeps its noised releases, the epsilon ledger of its policy's ``epsilon-budget``
-([`fedhead.clients.policy`][fedhead.clients.policy]).
+([`fedhead.clients.policy`][fedhead.clients.policy]), and the ids of the secure sums it took part in (a sum
+id is never used twice: [`with_used_sum_ids`][fedhead.clients.ledger.SiteLedger.with_used_sum_ids]).
 
 The ledger lives in the node's ``state-dir`` when its node config names one
 (``<state-dir>/privacy-ledger/<site>.json``: written atomically under a file lock, so it survives a
@@ -14,18 +15,20 @@ lifetime). Nothing in it leaves the site.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import hashlib
 import json
 import logging
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from flwr.app import ConfigRecord, Context
 
 from fedhead.clients.policy import PolicyRefusal, SitePolicy, release_epsilon
 from fedhead.clients.state import DATA_PATH_KEY, PARTITION_ID_KEY, STATE_DIR_KEY
+from fedhead.federation.roster import UsedSumIds
 from fedhead.results.io import write_bytes_atomic
 
 log = logging.getLogger(__name__)
@@ -33,6 +36,8 @@ log = logging.getLogger(__name__)
 #: The ledgers' folder under a node's ``state-dir``.
 LEDGER_DIR = "privacy-ledger"
 _STATE_KEY = "fedhead-site-ledger"  # the node's context state: ConfigRecord {"ledger": JSON text}
+_USED_SUM_IDS = "used-sum-ids"  # the ledger's record of the secure sums' ids (base64 of their digests)
+T = TypeVar("T")
 
 
 def run_scope(context: Context, job_key: str = "") -> str:
@@ -147,6 +152,15 @@ class SiteLedger:
             if question in run.get("answered", []):
                 raise PolicyRefusal(f"refused: this site answers the {question} question once per run")
             run.setdefault("answered", []).append(question)
+
+    def with_used_sum_ids(self, use: Callable[[UsedSumIds], T]) -> T:
+        """``use(record)`` of the sum ids this site took part in, over all its runs
+        ([`UsedSumIds`][fedhead.federation.roster.UsedSumIds]); the record is written back when ``use`` returns."""
+        with self.update() as doc:
+            used = UsedSumIds.from_bytes(base64.b64decode(doc.get(_USED_SUM_IDS, "")))
+            out = use(used)
+            doc[_USED_SUM_IDS] = base64.b64encode(used.to_bytes()).decode("ascii")
+        return out
 
     # ------------------------------------------------------------------ releases
     def begin_sum(self, scope: str, name: str, policy: SitePolicy, *, noise: float, sites: int) -> None:

@@ -4,10 +4,12 @@
 
 A phase message that names a sum (``config["secure-sum"]``) makes its handler compute the site's
 vector as usual, then [`begin_sum`][fedhead.clients.secure.begin_sum] keeps that vector and a fresh
-[`SecureSumClient`][fedhead.federation.secure_sum.SecureSumClient] in the node's own state and replies
-with the public keys only. The three later steps (``stage="secure-sum"`` queries) run in
+[`SecureSumClient`][fedhead.federation.secure_site.SecureSumClient] in the node's own state and replies
+with its signed public keys only. The four later steps (``stage="secure-sum"`` queries) run in
 [`handle_secure_step`][fedhead.clients.secure.handle_secure_step]. The vector never leaves the site
-but masked; nothing here is logged but sizes.
+but masked; nothing here is logged but sizes. The site signs as its roster identity
+([`fedhead.clients.identity`][fedhead.clients.identity]) and never takes part twice in a sum of one id
+(the record lives in its ledger).
 
 Whatever the run config says, the site enforces its own policy
 ([`fedhead.clients.policy`][fedhead.clients.policy]) and keeps a ledger of each run
@@ -25,6 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 
+from fedhead.clients.identity import SimulatedSites, SiteIdentity, site_identity
 from fedhead.clients.ledger import SiteLedger, run_scope
 from fedhead.clients.messages import ClientError
 from fedhead.clients.policy import PolicyRefusal, SitePolicy, site_policy
@@ -32,7 +35,8 @@ from fedhead.federation import protocol
 from fedhead.federation import secure_records as sr
 from fedhead.federation.local_fit import LOCAL_GAP_THRESHOLD as _LOCAL_GAP_THRESHOLD
 from fedhead.federation.privacy_noise import dp_contribution
-from fedhead.federation.secure_sum import MIN_SITES, SecureSumClient, SecureSumError
+from fedhead.federation.secure_site import SecureSumClient
+from fedhead.federation.secure_sum import MIN_SITES, SecureSumError, default_threshold
 from fedhead.settings.privacy import PrivacyPolicy
 from fedhead.ufm import fully_active_margins
 
@@ -50,20 +54,50 @@ def sum_id(msg: Message) -> str | None:
     return value if isinstance(value, str) and value else None
 
 
+def site_floor(policy: SitePolicy, identity: SiteIdentity) -> int:
+    """The smallest threshold this site accepts: its policy's ``min-survivors``, else a majority of its roster
+    (so that a server cannot make it mask with, or reveal to, a minority of the federation)."""
+    if policy.min_survivors is not None:
+        return max(2, int(policy.min_survivors))
+    return default_threshold(len(identity.roster))
+
+
 def begin_sum(
-    msg: Message, context: Context, vector: np.ndarray, metrics: Mapping[str, int | float], *, noised_for: int = 0
+    msg: Message,
+    context: Context,
+    vector: np.ndarray,
+    metrics: Mapping[str, int | float],
+    *,
+    identity: SiteIdentity,
+    floor: int,
+    noised_for: int = 0,
 ) -> RecordDict:
     """Keep ``vector`` (this site's input to the sum the message names) and a fresh site of the sum in
-    the node's state; the reply: the site's public keys and ``metrics`` (which must reveal no row).
-    ``noised_for``: the fewest survivors the vector's noise was drawn for (0: not noised), below which
-    the site will not help unmask the sum."""
+    the node's state; the reply: the site's signed public keys and ``metrics`` (which must reveal no row).
+    ``identity``: who the site is; ``floor``: the smallest threshold it accepts
+    ([`site_floor`][fedhead.clients.secure.site_floor]); ``noised_for``: the fewest survivors the vector's
+    noise was drawn for (0: not noised), below which the site will not help unmask the sum. A sum id this
+    site took part in before (in any run) is refused."""
     name = sum_id(msg)
     if name is None:
         raise ClientError("a secure sum was begun by a message that names none")
     values = np.ascontiguousarray(vector, dtype=np.float64).ravel()
     if not np.all(np.isfinite(values)):
         raise ClientError(f"secure sum {name}: this site's input has non-finite entries")
-    client = SecureSumClient(int(context.node_id))
+    try:
+        client = SiteLedger(context).with_used_sum_ids(
+            lambda used: SecureSumClient(
+                int(context.node_id),
+                identity.name,
+                sum_id=name,
+                roster=identity.roster,
+                signing_key=identity.key,
+                used=used,
+                min_survivors=floor,
+            )
+        )
+    except SecureSumError as exc:  # a sum id used before: a replayed or repeated sum
+        raise PolicyRefusal(f"secure sum {name}: {exc}") from None
     keys = client.advertise()
     context.state[_STATE] = ConfigRecord({"id": name, "client": client.to_bytes(), "noised-for": int(noised_for)})
     context.state[_STATE + "-values"] = ArrayRecord({"values": Array(values)})
@@ -73,10 +107,13 @@ def begin_sum(
     )
 
 
-def handle_secure_step(msg: Message, context: Context, policy: SitePolicy | None = None) -> Message:
-    """One later step of the sum this node began: ``share-keys``, ``mask`` (its masked input) or ``reveal``
-    (refused over fewer survivors than the site's ``policy`` allows,
-    [`SitePolicy.check_reveal`][fedhead.clients.policy.SitePolicy.check_reveal])."""
+def handle_secure_step(
+    msg: Message, context: Context, identity: SiteIdentity, policy: SitePolicy | None = None
+) -> Message:
+    """One later step of the sum this node began: ``share-keys``, ``mask`` (its masked input), ``sign`` (the
+    survivor list) or ``reveal`` (refused over fewer survivors than the site's ``policy`` allows,
+    [`SitePolicy.check_reveal`][fedhead.clients.policy.SitePolicy.check_reveal]). The site's state is kept
+    after a refused step too: a refusal ends its part in the sum."""
     cfg = msg.content.config_records.get(protocol.CONFIG)
     name = sum_id(msg)
     step = None if cfg is None else cfg.get(sr.STEP)
@@ -88,33 +125,46 @@ def handle_secure_step(msg: Message, context: Context, policy: SitePolicy | None
     blob = held.get("client")
     if not isinstance(blob, bytes):
         raise ClientError(f"secure sum {name}: the site's state is damaged")
-    client = SecureSumClient.from_bytes(blob)
+    try:
+        client = SecureSumClient.from_bytes(blob, identity.roster, identity.key)
+    except (SecureSumError, ValueError) as exc:
+        raise ClientError(f"secure sum {name}, step {step}: {exc}") from None
     try:
         payload = sr.payload_of(msg.content.config_records.get(sr.SECURE))
-        out = RecordDict()
-        if step == sr.SHARE_KEYS:
-            book, threshold = sr.unpack_book(payload)
-            out[sr.SECURE] = ConfigRecord({sr.PAYLOAD: sr.pack(client.share_keys(book, threshold))})
-        elif step == sr.MASK:
-            ciphertexts, encoding = sr.unpack_mask_request(payload)
-            values = context.state.array_records[_STATE + "-values"]["values"].numpy()
-            masked = client.mask(ciphertexts, values, encoding)
-            out[sr.SECURE] = ArrayRecord({sr.MASKED: Array(masked)})
-            del context.state[_STATE + "-values"]  # the input is masked: nothing of it is kept
-        elif step == sr.REVEAL:
-            unmasking = sr.unpack_unmasking(payload)
-            noised_for = held.get("noised-for", 0)
-            (policy or SitePolicy()).check_reveal(
-                len(set(unmasking.survivors)), noised_for if isinstance(noised_for, int) else 0
-            )
-            out[sr.SECURE] = ConfigRecord({sr.PAYLOAD: sr.pack(client.reveal(unmasking.survivors, unmasking.dropped))})
-        else:
-            raise ClientError(f"secure sum {name}: unknown step {step!r}")
+        out = _secure_step(client, step, payload, context, held, policy or SitePolicy())
     except (SecureSumError, ValueError, KeyError) as exc:
         raise ClientError(f"secure sum {name}, step {step}: {exc}") from None
-    held["client"] = client.to_bytes()
-    context.state[_STATE] = held
+    finally:
+        held["client"] = client.to_bytes()
+        context.state[_STATE] = held
     return Message(out, reply_to=msg)
+
+
+def _secure_step(
+    client: SecureSumClient, step: object, payload: bytes, context: Context, held: ConfigRecord, policy: SitePolicy
+) -> RecordDict:
+    """The reply of ``client`` to ``step``'s ``payload``."""
+    out = RecordDict()
+    if step == sr.SHARE_KEYS:
+        book, threshold = sr.unpack_book(payload)
+        out[sr.SECURE] = ConfigRecord({sr.PAYLOAD: sr.pack(client.share_keys(book, threshold))})
+    elif step == sr.MASK:
+        ciphertexts, encoding = sr.unpack_mask_request(payload)
+        values = context.state.array_records[_STATE + "-values"]["values"].numpy()
+        masked = client.mask(ciphertexts, values, encoding)
+        out[sr.SECURE] = ArrayRecord({sr.MASKED: Array(masked)})
+        del context.state[_STATE + "-values"]  # the input is masked: nothing of it is kept
+    elif step == sr.SIGN:
+        signature = client.sign_survivors(sr.unpack_unmasking(payload))
+        out[sr.SECURE] = ConfigRecord({sr.PAYLOAD: sr.pack_signature(signature)})
+    elif step == sr.REVEAL:
+        unmasking = sr.unpack_unmasking(payload)
+        noised_for = held.get("noised-for", 0)
+        policy.check_reveal(len(set(unmasking.survivors)), noised_for if isinstance(noised_for, int) else 0)
+        out[sr.SECURE] = ConfigRecord({sr.PAYLOAD: sr.pack(client.reveal(unmasking))})
+    else:
+        raise ClientError(f"unknown step {step!r}")
+    return out
 
 
 def _metric(metrics: Mapping[str, object], key: str) -> float:
@@ -132,10 +182,13 @@ def secure_reply(
     lambdas: tuple[float, float],
     privacy: PrivacyPolicy,
     min_sites: int,
+    identity: SiteIdentity,
+    floor: int,
 ) -> RecordDict:
     """The secure form of a clear reply ``content`` (never sent): its vector enters the sum the message names
-    ([`begin_sum`][fedhead.clients.secure.begin_sum]); what is sent is the site's keys, its partition id and
-    what the site checks of itself as pass or fail (its own margin, whether it reached its local optimum).
+    ([`begin_sum`][fedhead.clients.secure.begin_sum], as ``identity`` with its ``floor``); what is sent is the
+    site's keys, its partition id and what the site checks of itself as pass or fail (its own margin, whether
+    it reached its local optimum).
 
     ``lambdas``: ``(lambda_h, lambda_w)`` of the run (the margin ``lambda_min(Sigma_m) - lambda_h lambda_w``).
     With ``privacy.dp_noise > 0`` the vector is clipped, its weight capped and noised first
@@ -157,7 +210,8 @@ def secure_reply(
                 min_sites=min_sites,
                 rng=np.random.default_rng(),  # the operating system's entropy: no seed the server could know
             )
-        return begin_sum(msg, context, vector, safe, noised_for=min_sites if privacy.dp_noise > 0 else 0)
+        noised_for = min_sites if privacy.dp_noise > 0 else 0
+        return begin_sum(msg, context, vector, safe, identity=identity, floor=floor, noised_for=noised_for)
 
     if protocol.PARTITION_ID in metrics:
         safe[protocol.PARTITION_ID] = int(_metric(metrics, protocol.PARTITION_ID))
@@ -257,7 +311,7 @@ class SecureSite:
     job_key: str = ""
 
 
-def secure_mod(site_of: Callable[[Message, Context], SecureSite]):
+def secure_mod(site_of: Callable[[Message, Context], SecureSite], simulated: SimulatedSites | None = None):
     """A Flower mod (``ClientApp(mods=[secure_mod(...)])``) that serves secure mode for the app's handlers:
     it answers the secure sum's later steps itself, and turns a reply to a message that names a sum into its
     secure form ([`secure_reply`][fedhead.clients.secure.secure_reply]). Clear-mode messages pass through.
@@ -265,7 +319,9 @@ def secure_mod(site_of: Callable[[Message, Context], SecureSite]):
     [`SitePolicy`][fedhead.clients.policy.SitePolicy]; a step whose failure could depend on the site's
     values (a mask, the secure reply) refuses the whole run, so that it is answered once.
 
-    ``site_of(msg, context)``: the [`SecureSite`][fedhead.clients.secure.SecureSite] of the message's run.
+    ``site_of(msg, context)``: the [`SecureSite`][fedhead.clients.secure.SecureSite] of the message's run;
+    ``simulated``: a simulation's own roster and keys (a deployed site's come from its node config,
+    [`site_identity`][fedhead.clients.identity.site_identity]).
     """
 
     def mod(msg: Message, context: Context, call_next: Callable[[Message, Context], Message]) -> Message:
@@ -275,9 +331,10 @@ def secure_mod(site_of: Callable[[Message, Context], SecureSite]):
         admit(msg, site, policy, ledger, scope)
         cfg = msg.content.config_records.get(protocol.CONFIG)
         name = sum_id(msg)
-        if cfg is not None and cfg.get(protocol.STAGE) == sr.STAGE_SECURE:
+        identity = None if name is None else site_identity(context, simulated)
+        if identity is not None and cfg is not None and cfg.get(protocol.STAGE) == sr.STAGE_SECURE:
             try:
-                return handle_secure_step(msg, context, policy)
+                return handle_secure_step(msg, context, identity, policy)
             except PolicyRefusal:
                 raise
             except ClientError as exc:  # a mask that fails may depend on the input: one answer per run
@@ -286,12 +343,21 @@ def secure_mod(site_of: Callable[[Message, Context], SecureSite]):
                 log.warning("%s: %s", scope, exc)
                 raise ledger.refuse_run(scope, f"secure sum {name}: {_NO_FURTHER_PART}") from None
         reply = call_next(msg, context)
-        if name is None or reply.has_error():
+        if identity is None or reply.has_error():
             return reply
         try:
             content = secure_reply(
-                msg, context, reply.content, lambdas=site.lambdas, privacy=site.privacy, min_sites=site.min_sites
+                msg,
+                context,
+                reply.content,
+                lambdas=site.lambdas,
+                privacy=site.privacy,
+                min_sites=site.min_sites,
+                identity=identity,
+                floor=site_floor(policy, identity),
             )
+        except PolicyRefusal:
+            raise
         except (ClientError, ValueError) as exc:  # e.g. a non-finite input (rows-dependent): one answer per run
             log.warning("%s: %s", scope, exc)
             raise ledger.refuse_run(scope, f"secure sum {name}: {_NO_FURTHER_PART}") from None

@@ -33,6 +33,7 @@ from fedhead.federation.checkpoint import (
     write_checkpoint,
 )
 from fedhead.federation.progress_grid import ProgressGrid
+from fedhead.federation.roster import Roster
 from fedhead.federation.watchdog import EngineWatch
 from fedhead.settings.config import JobConfig, job_from_context
 from fedhead.strategies import HeadAveraging, RunObserver, make_strategy
@@ -55,9 +56,13 @@ def measures_mismatch(job: JobConfig) -> bool:
 
 
 def make_job_strategy(
-    job: JobConfig, observer: RunObserver, message_config: dict[str, ConfigValue] | None = None
+    job: JobConfig,
+    observer: RunObserver,
+    message_config: dict[str, ConfigValue] | None = None,
+    roster: Roster | None = None,
 ) -> HeadAveraging:
-    """The strategy of ``job``'s procedure ([`make_strategy`][fedhead.strategies.variants.make_strategy])."""
+    """The strategy of ``job``'s procedure ([`make_strategy`][fedhead.strategies.variants.make_strategy]);
+    ``roster``: the sites' signing keys of secure mode."""
     if job.settings.measure_mismatch and not measures_mismatch(job):
         log.info(
             "%s: measure_mismatch=true applies to trained head averaging without alignment; "
@@ -81,6 +86,7 @@ def make_job_strategy(
         site_statistics=site_statistics(job),
         trust=job.trust,
         privacy=job.privacy,
+        roster=roster,
     )
 
 
@@ -105,6 +111,7 @@ def serve(
     window: int | None = None,
     concurrency: int | None = None,
     data_record: dict[str, Any] | None = None,
+    roster: Roster | None = None,
 ) -> ProgressGrid:
     """The ServerApp body: moment exchange, diagnosis, then the rounds of the job's procedure.
 
@@ -124,13 +131,15 @@ def serve(
     has no data, a deployment): kept in every checkpoint, for a resume to compare; a site-local
     deployment's server takes it from the statistics exchange instead (the site keys, the pooled
     standardisation and each site's input statistics) and compares it on a resume.
+    ``roster``: the federation's roster of the sites' signing keys, which ``privacy.mode=secure`` needs (a
+    simulation makes its own, a deployment's server reads the run config's ``roster`` file).
     """
     pgrid = ProgressGrid(grid, label=job.name, show=show_progress)
     pgrid.watch = watch
     pgrid.timeouts = job.timeouts  # the straggler rule ends the wait for a client that never answers
     pgrid.window = window
     pgrid.concurrency = concurrency  # a simulation's clients queue for its slots: the straggler rule waits per wave
-    strategy = make_job_strategy(job, recorder, message_config)
+    strategy = make_job_strategy(job, recorder, message_config, roster)
     record = {"data": data_record}
 
     def exchanged(exchange: MomentExchange) -> None:
@@ -221,6 +230,16 @@ def deployment_resume(job: JobConfig) -> Checkpoint | None:
     return ckpt
 
 
+#: The run config key of the federation's roster file (``privacy.mode=secure``; ``fedhead-keys roster`` makes it).
+ROSTER_RUN_KEY = "roster"
+
+
+def deployment_roster(context: Context) -> Roster | None:
+    """The roster file the run config names (``flwr run . --run-config "roster='/keys/roster.json'"``), if any."""
+    path = context.run_config.get(ROSTER_RUN_KEY)
+    return Roster.load(str(path)) if path else None
+
+
 def deployment_main(grid: Grid, context: Context) -> None:
     """The body of the ServerApp of ``flwr run .``: the job from the run config, then
     [`serve`][fedhead.driver.server.serve]."""
@@ -255,7 +274,7 @@ def deployment_main(grid: Grid, context: Context) -> None:
     t0 = time.perf_counter()
     pgrid = None
     try:
-        pgrid = serve(grid, job, recorder, resume=resume)
+        pgrid = serve(grid, job, recorder, resume=resume, roster=deployment_roster(context))
     except BaseException as exc:
         recorder.finish(
             "failed",

@@ -30,6 +30,7 @@ from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
 from fedhead.clients import make_client_app
+from fedhead.clients.identity import SimulatedSites
 from fedhead.clients.state import simulation_state_dir
 from fedhead.clients.store import BackboneStore
 from fedhead.driver import ray_session
@@ -46,6 +47,7 @@ from fedhead.driver.timing import timing_summary
 from fedhead.federation.checkpoint import Checkpoint, ResumeError, check_data, resume_checkpoints
 from fedhead.federation.progress_grid import ProgressGrid
 from fedhead.federation.protocol import JOB
+from fedhead.federation.roster import Roster
 from fedhead.federation.watchdog import EngineDied, EngineWatch, end_hung_clients
 from fedhead.results import schema
 from fedhead.results.io import write_json_atomic
@@ -64,6 +66,7 @@ def run_federations(
     keep_going: bool = False,
     on_job_end: Callable[[int, Results], None] | None = None,
     parallel: int = 1,
+    simulated: SimulatedSites | None = None,
 ) -> list[dict[str, Any]]:
     """Run procedures one after another in one Flower simulation (Ray backend).
 
@@ -76,6 +79,8 @@ def run_federations(
     next one runs. ``on_job_end(i, results)`` is called as each job ends; ``parallel > 1`` serves
     that many jobs at once (their clients share the Ray actors). Inside
     [`shared_ray_session`][fedhead.driver.ray_session.shared_ray_session] Ray is reused and left running.
+    In secure mode the simulation makes its own roster, a fresh signing key per site (``simulated``, which a
+    custom ``client_app`` must share; [`SimulatedSites`][fedhead.clients.identity.SimulatedSites]).
     """
     from flwr.simulation import run_simulation  # lazy: imports Ray (seconds); a sweep's data checks need none
 
@@ -85,6 +90,8 @@ def run_federations(
         raise ValueError(f"parallel must be an integer >= 1, got {parallel!r}")
     first = jobs[0]
     backend, resumes, recorders = _set_up(jobs, show_progress=show_progress, verbose=verbose)
+    if simulated is None and any(job.privacy.secure for job in jobs):
+        simulated = SimulatedSites.make(first.settings.num_clients)
     sim = _Simulation(
         jobs,
         recorders,
@@ -93,11 +100,12 @@ def run_federations(
         keep_going=keep_going,
         on_job_end=on_job_end,
         parallel=parallel,
+        roster=None if simulated is None else simulated.roster,
     )
     try:
         run_simulation(
             server_app=sim.server_app(),
-            client_app=client_app or make_client_app(list(jobs)),
+            client_app=client_app or make_client_app(list(jobs), simulated),
             num_supernodes=first.settings.num_clients,
             backend_name="ray",
             backend_config=backend,
@@ -232,8 +240,10 @@ class _Simulation:
         keep_going: bool = False,
         on_job_end: Callable[[int, Results], None] | None = None,
         parallel: int = 1,
+        roster: Roster | None = None,
     ):
         self.jobs, self.recorders, self.show_progress = jobs, recorders, show_progress
+        self.roster = roster
         self.keep_going, self.on_job_end, self.parallel = keep_going, on_job_end, parallel
         self.resumes = resumes or [None] * len(jobs)
         self.grids: dict[int, ProgressGrid] = {}
@@ -297,6 +307,7 @@ class _Simulation:
                 window=message_window(job),
                 concurrency=client_slots(job),
                 data_record=check_data_once(job),  # checked before Ray started: the process's record
+                roster=self.roster,
             )
             finish_job(job, rec, self.grids[i], self.sim_start[i] if i else self.t_sim, time.perf_counter())
         except Exception as exc:

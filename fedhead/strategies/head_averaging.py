@@ -20,6 +20,7 @@ from flwr.serverapp.strategy import Result, Strategy
 
 from fedhead.federation import protocol
 from fedhead.federation.checkpoint import ServerState
+from fedhead.federation.roster import Roster
 from fedhead.federation.tracking import RoundRecord
 from fedhead.settings.limits import FailurePolicy, Timeouts
 from fedhead.settings.privacy import PrivacyPolicy
@@ -77,6 +78,9 @@ class HeadAveraging(Strategy):
         exchange, every round's heads and every evaluation reach the server only as secure sums
         ([`fedhead.strategies.secure`][fedhead.strategies.secure]); per-site checks and measurements are
         then absent. None: clear mode.
+    roster : Roster, optional
+        The federation's roster of the sites' signing keys, which secure mode needs
+        ([`fedhead.federation.roster`][fedhead.federation.roster]).
     """
 
     def __init__(
@@ -96,6 +100,7 @@ class HeadAveraging(Strategy):
         site_statistics: tuple[str, str] | None = None,
         trust: TrustPolicy | None = None,
         privacy: PrivacyPolicy | None = None,
+        roster: Roster | None = None,
     ) -> None:
         if lambda_h <= 0 or lambda_w <= 0:
             raise ValueError(f"lambda_h and lambda_w must be positive, got {lambda_h}, {lambda_w}")
@@ -117,7 +122,7 @@ class HeadAveraging(Strategy):
         self.privacy.check_sites(int(min_nodes))
         self.privacy.check_trust(self.settings.trust)
         #: where every sum comes from: the exchange, the heads, the errors and what they cost in privacy
-        self.aggregator = make_aggregator(self.privacy, int(min_nodes))
+        self.aggregator = make_aggregator(self.privacy, int(min_nodes), roster)
         self._grid: Grid | None = None
         self.observer: RunObserver = observer or NullObserver()
         self.evaluate_mse = bool(evaluate_mse)

@@ -11,12 +11,14 @@ from collections.abc import Iterable, Sequence
 from flwr.app import ConfigRecord, Message
 from flwr.serverapp import Grid
 
+from fedhead.analysis.constraints import ConfigError
 from fedhead.federation.privacy_noise import privacy_spent
+from fedhead.federation.roster import Roster
 from fedhead.settings.privacy import PrivacyPolicy
 from fedhead.strategies.aggregator import Aggregator, HeadSum, MseSum, Phase
 from fedhead.strategies.clear import ClearAggregator
 from fedhead.strategies.exchange import ExchangeSettings, MomentExchange
-from fedhead.strategies.secure import DP_EPSILON, DP_RELEASES
+from fedhead.strategies.secure import DP_EPSILON, DP_RELEASES, SumSetup
 from fedhead.strategies.secure_aggregator import SecureAggregator
 from fedhead.strategies.secure_exchange import pooled_exchange
 
@@ -80,12 +82,17 @@ class DifferentialPrivacy(Aggregator):
         return {DP_RELEASES: float(self.releases), DP_EPSILON: float(spent.epsilon)}
 
 
-def make_aggregator(privacy: PrivacyPolicy, sites: int) -> Aggregator:
-    """The aggregator of ``privacy.mode`` for ``sites`` sites: clear, secure, or secure wrapped in
-    differential privacy when ``privacy.dp_noise > 0``."""
+def make_aggregator(privacy: PrivacyPolicy, sites: int, roster: Roster | None = None) -> Aggregator:
+    """The aggregator of ``privacy.mode`` for ``sites`` sites: clear, secure (among the members of ``roster``,
+    which secure mode needs), or secure wrapped in differential privacy when ``privacy.dp_noise > 0``."""
     if not privacy.secure:
         return ClearAggregator()
-    secure = SecureAggregator(privacy.threshold)
+    if roster is None:
+        raise ConfigError(
+            "privacy.mode=secure needs the federation's roster of the sites' signing keys (a simulation makes its "
+            "own; a deployment's server reads the run config's roster, made by fedhead-keys)"
+        )
+    secure = SecureAggregator(SumSetup(roster, privacy.threshold))
     if privacy.dp_noise <= 0:
         return secure
     return DifferentialPrivacy(secure, noise_multiplier=privacy.dp_noise, sites=sites, delta=privacy.dp_delta)

@@ -2,7 +2,7 @@
 ([`fedhead.federation.secure_sum`][fedhead.federation.secure_sum]), so it never holds a site's
 statistics or head, only their sums over the surviving sites.
 
-[`run_secure_sum`][fedhead.strategies.secure.run_secure_sum] drives stages 2-4 over the grid after a
+[`run_secure_sum`][fedhead.strategies.secure.run_secure_sum] drives stages 2-5 over the grid after a
 phase message (stage 1: the sites reply with their public keys); the one-time exchange of pooled
 moments is [`secure_exchange`][fedhead.strategies.secure_exchange.secure_exchange], each round's sums
 [`SecureAggregator`][fedhead.strategies.secure_aggregator.SecureAggregator]. What needs per-site values
@@ -13,8 +13,9 @@ moments is [`secure_exchange`][fedhead.strategies.secure_exchange.secure_exchang
 from __future__ import annotations
 
 import logging
+import secrets
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 import numpy as np
@@ -25,7 +26,9 @@ from fedhead.analysis.regime import OutsideRegimeError
 from fedhead.federation import aggregation as agg
 from fedhead.federation import protocol
 from fedhead.federation import secure_records as sr
-from fedhead.federation.secure_sum import MIN_SITES, PublicKeys, SecureSumError, SecureSumServer, default_threshold
+from fedhead.federation.roster import Roster
+from fedhead.federation.secure_server import SecureSumServer
+from fedhead.federation.secure_sum import MIN_SITES, PublicKeys, SecureSumError, default_threshold
 from fedhead.strategies.exchange import ConfigValue, MomentExchange
 from fedhead.strategies.failures import Dropped, TooFewReplies, screen
 from fedhead.strategies.replies import FederationError, metrics_of
@@ -74,6 +77,21 @@ def enforce_reported_regime(exchange: MomentExchange, allow_outside_regime: bool
 
 #: The secure sum of the one-time exchange (a phase's sum is ``<kind>-<round>``).
 EXCHANGE_SUM = "exchange"
+
+
+@dataclass(frozen=True)
+class SumSetup:
+    """What every secure sum of a run shares: the federation's ``roster``, the Shamir ``threshold`` (None: a
+    majority of the sites and of the roster) and ``tag``, fresh for every strategy, so that each sum's id
+    ``<tag>/<name>`` is new to every site (a site takes part in a sum of one id once, over all its runs)."""
+
+    roster: Roster
+    threshold: int | None = None
+    tag: str = field(default_factory=lambda: secrets.token_hex(8))
+
+    def sum_id(self, name: str) -> str:
+        """The id of the run's sum ``name`` (``exchange``, ``train-3``)."""
+        return f"{self.tag}/{name}"
 
 
 class SecureSumFailed(FederationError):
@@ -137,16 +155,17 @@ def run_secure_sum(
     bound: float,
     required: int,
     timeout: float,
-    threshold: int | None = None,
+    setup: SumSetup,
     message_config: Mapping[str, ConfigValue] | None = None,
     partitions: Mapping[int, int] | None = None,
 ) -> SecureSum:
-    """Stages 2-4 of the secure sum ``sum_id`` (``name`` in messages to people) of the ``sites`` that advertised
-    their keys (stage 1).
+    """Stages 2-5 of the secure sum ``sum_id`` (``name`` in messages to people) of the ``sites`` that advertised
+    their keys (stage 1), among the members of ``setup.roster``.
 
     ``length`` entries per site, each at most ``bound`` in magnitude
-    ([`encoding_for`][fedhead.federation.secure_records.encoding_for]); ``threshold`` of the Shamir shares
-    (None: a majority); ``required``: the failure policy's minimum of sites in the sum. A site whose
+    ([`encoding_for`][fedhead.federation.secure_records.encoding_for]); ``setup.threshold`` of the Shamir
+    shares (None: a majority of the sites and of the roster, the least a site accepts unless its policy says
+    otherwise); ``required``: the failure policy's minimum of sites in the sum. A site whose
     reply fails or is invalid before it sent its masked input leaves the sum (a ``Dropped``); a site
     that fails to help unmask is only missing. Fewer than the threshold (or ``required``) left end the
     run with one line ([`SecureSumFailed`][fedhead.strategies.secure.SecureSumFailed] or
@@ -159,9 +178,12 @@ def run_secure_sum(
             "each learns the other's input from the sum and its own)"
         )
     encoding = sr.encoding_for(bound, len(sites))
-    t = threshold if threshold is not None else default_threshold(len(sites))
+    if setup.threshold is None:
+        t = max(default_threshold(len(sites)), default_threshold(len(setup.roster)))
+    else:
+        t = min(max(setup.threshold, 2), len(sites))
     try:
-        server = SecureSumServer(sorted(sites), length, encoding, threshold=min(max(t, 2), len(sites)))
+        server = SecureSumServer(sorted(sites), length, encoding, sum_id=sum_id, roster=setup.roster, threshold=t)
     except Exception as exc:  # noqa: BLE001 - a threshold or encoding refused for this many sites
         raise SecureSumFailed(f"secure sum of {name}: {exc}") from None
     dropped: list[Dropped] = []
@@ -191,8 +213,13 @@ def run_secure_sum(
         masked, lost = ask(sr.MASK, requests, _masked, required)
         dropped += lost
         unmasking = server.collect_masked(masked)
-        request = sr.pack(unmasking)
-        revealed, lost = ask(sr.REVEAL, dict.fromkeys(unmasking.survivors, request), _parser(sr.unpack_revealed), 0)
+        signatures, _ = ask(
+            sr.SIGN, dict.fromkeys(unmasking.survivors, sr.pack(unmasking)), _parser(sr.unpack_signature), 0
+        )
+        request = server.collect_signatures(signatures)
+        revealed, lost = ask(
+            sr.REVEAL, dict.fromkeys(request.signatures, sr.pack(request)), _parser(sr.unpack_revealed), 0
+        )
         for d in lost:  # its input is in the sum; only its shares are missing
             log.info("secure sum of %s: %s did not help unmask (%s)", name, f"node {d.node}", d.reason)
         result = server.unmask(revealed)

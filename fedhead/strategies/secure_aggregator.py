@@ -26,6 +26,7 @@ from fedhead.strategies.secure import (
     SecureSum,
     SecureSumFailed,
     SiteReply,
+    SumSetup,
     enforce_reported_regime,
     parse_site_reply,
     run_secure_sum,
@@ -36,14 +37,15 @@ log = logging.getLogger(__name__)
 
 
 class SecureAggregator(Aggregator):
-    """Only sums over the sites: a secure sum per phase, of ``threshold`` Shamir shares (None: a majority)."""
+    """Only sums over the sites: a secure sum per phase among the members of ``setup.roster``, of
+    ``setup.threshold`` Shamir shares ([`SumSetup`][fedhead.strategies.secure.SumSetup])."""
 
-    def __init__(self, threshold: int | None = None) -> None:
-        self.threshold = threshold
+    def __init__(self, setup: SumSetup) -> None:
+        self.setup = setup
 
     def pool(self, settings: ExchangeSettings, grid: Grid, node_ids: Sequence[int]) -> PooledExchange:
         """The exchange's pooled moments and sites ([`pool_sites`][fedhead.strategies.secure_exchange.pool_sites])."""
-        return pool_sites(settings, grid, node_ids, self.threshold)
+        return pool_sites(settings, grid, node_ids, self.setup)
 
     def exchange(self, settings: ExchangeSettings, grid: Grid, node_ids: Sequence[int]) -> MomentExchange:
         """The secure exchange ([`secure_exchange`][fedhead.strategies.secure_exchange.secure_exchange])."""
@@ -55,14 +57,14 @@ class SecureAggregator(Aggregator):
         enforce_reported_regime(exchange, allow_outside_regime)
 
     def name_sum(self, kind: str, config: ConfigRecord) -> None:
-        """The phase's sum ``<kind>-<round>``: the clients then reply with their keys."""
-        config[sr.SUM_ID] = f"{kind}-{config[protocol.SERVER_ROUND]}"
+        """The phase's sum ``<tag>/<kind>-<round>``: the clients then reply with their keys."""
+        config[sr.SUM_ID] = self.setup.sum_id(f"{kind}-{config[protocol.SERVER_ROUND]}")
 
     def phase_sum(
         self, phase: Phase, replies: Iterable[Message], length: int, bound: float
     ) -> tuple[SecureSum, list[SiteReply], list[Dropped]]:
         """A phase's secure sum of ``length`` entries each at most ``bound`` per row: its replies (each site's
-        keys) screened, then stages 2-4; the sum, the first replies of the sites in it and the dropped sites."""
+        keys) screened, then stages 2-5; the sum, the first replies of the sites in it and the dropped sites."""
         kept, dropped = phase.screen(replies, lambda msg: (partition_of(msg), parse_site_reply(msg)))
         sites = [r for _, (_, r) in kept]
         assert phase.grid is not None
@@ -70,13 +72,13 @@ class SecureAggregator(Aggregator):
         summed = run_secure_sum(
             phase.grid,
             {r.node: r.keys for r in sites},
-            sum_id=f"{phase.kind}-{phase.server_round}",
+            sum_id=self.setup.sum_id(f"{phase.kind}-{phase.server_round}"),
             name=f"{phase.kind} round {phase.server_round}",
             length=length,
             bound=sr.COUNT_BOUND * bound,
             required=phase.settings.required,
             timeout=phase.settings.timeouts.round,
-            threshold=self.threshold,
+            setup=self.setup,
             message_config=phase.settings.message_config,
             partitions=dict(zip(exchange.node_ids, exchange.partition_ids)),
         )

@@ -42,6 +42,7 @@ from fedhead.strategies.secure import (
     SecureSum,
     SecureSumFailed,
     SiteReply,
+    SumSetup,
     parse_site_reply,
     run_secure_sum,
 )
@@ -87,10 +88,10 @@ class PooledExchange:
         return dataclasses.replace(self, cov=cov, within=within)
 
 
-def exchange_messages(node_ids: Sequence[int], settings: ExchangeSettings) -> list[Message]:
+def exchange_messages(node_ids: Sequence[int], settings: ExchangeSettings, setup: SumSetup) -> list[Message]:
     """The first message of the secure exchange: the moment (or statistics) query naming the sum."""
     stage = protocol.STAGE_STATISTICS if settings.site_statistics is not None else protocol.STAGE_MOMENTS
-    cfg = {protocol.STAGE: stage, **settings.message_config, sr.SUM_ID: EXCHANGE_SUM}
+    cfg = {protocol.STAGE: stage, **settings.message_config, sr.SUM_ID: setup.sum_id(EXCHANGE_SUM)}
     return [
         Message(
             content=RecordDict({protocol.CONFIG: ConfigRecord(cfg)}), dst_node_id=int(n), message_type=MessageType.QUERY
@@ -141,11 +142,11 @@ def _refuse_odd(rows: list[SiteReply], values: Sequence[Hashable], reason: str, 
     return ref
 
 
-def screen_sites(settings: ExchangeSettings, grid: Grid, node_ids: Sequence[int]) -> ExchangeSites:
+def screen_sites(settings: ExchangeSettings, grid: Grid, node_ids: Sequence[int], setup: SumSetup) -> ExchangeSites:
     """Step 1: the exchange's first message and each site's keys and self-checks, screened by the failure
     policy; the sites numbered (their own partition ids, else by site key and node) and those that report
     another shape (targets, inputs) or, in a site-local table run, other columns refused."""
-    replies = grid.send_and_receive(exchange_messages(node_ids, settings), timeout=settings.timeouts.exchange)
+    replies = grid.send_and_receive(exchange_messages(node_ids, settings, setup), timeout=settings.timeouts.exchange)
     kept, dropped = screen_exchange(replies, parse_site_reply, settings, stage=STAGE, expected_nodes=node_ids)
     rows, assigned = _number([r for _, r in kept], settings, dropped)
     dims = [(int(r.metrics.get(sr.TARGETS, -1)), int(r.metrics.get(sr.FEATURES, 0))) for r in rows]
@@ -162,7 +163,7 @@ def screen_sites(settings: ExchangeSettings, grid: Grid, node_ids: Sequence[int]
     return ExchangeSites(rows, assigned, dropped, dim, features)
 
 
-def sum_moments(grid: Grid, sites: ExchangeSites, settings: ExchangeSettings, threshold: int | None) -> SecureSum:
+def sum_moments(grid: Grid, sites: ExchangeSites, settings: ExchangeSettings, setup: SumSetup) -> SecureSum:
     """Step 2: the secure sum of the sites' count-weighted moments
     ([`moment_vector`][fedhead.federation.secure_records.moment_vector]; a site-local table: its raw
     statistics, [`statistics_vector`][fedhead.federation.secure_records.statistics_vector])."""
@@ -171,13 +172,13 @@ def sum_moments(grid: Grid, sites: ExchangeSites, settings: ExchangeSettings, th
     return run_secure_sum(
         grid,
         {r.node: r.keys for r in sites.rows},
-        sum_id=EXCHANGE_SUM,
+        sum_id=setup.sum_id(EXCHANGE_SUM),
         name="the exchange",
         length=sr.moment_length(sites.dim) + (2 * sites.features if raw else 0),
         bound=sr.COUNT_BOUND * max(1.0, scale) ** 2,
         required=settings.required,
         timeout=settings.timeouts.exchange,
-        threshold=threshold,
+        setup=setup,
         message_config=settings.message_config,
         partitions={r.node: int(r.partition or 0) for r in sites.rows},
     )
@@ -293,17 +294,13 @@ def pooled_exchange(pooled: PooledExchange, settings: ExchangeSettings) -> Momen
     )
 
 
-def pool_sites(
-    settings: ExchangeSettings, grid: Grid, node_ids: Sequence[int], threshold: int | None
-) -> PooledExchange:
+def pool_sites(settings: ExchangeSettings, grid: Grid, node_ids: Sequence[int], setup: SumSetup) -> PooledExchange:
     """Steps 1 to 4: the sites screened, their secure sum, its pooled moments and the sites' votes."""
-    sites = screen_sites(settings, grid, node_ids)
-    summed = sum_moments(grid, sites, settings, threshold)
+    sites = screen_sites(settings, grid, node_ids, setup)
+    summed = sum_moments(grid, sites, settings, setup)
     return collect_votes(grid, standardize(summed, sites, settings), settings)
 
 
-def secure_exchange(
-    settings: ExchangeSettings, grid: Grid, node_ids: Sequence[int], threshold: int | None
-) -> MomentExchange:
-    """The one-time exchange in secure mode: steps 1 to 5 (``threshold``: the secure sum's, None: a majority)."""
-    return pooled_exchange(pool_sites(settings, grid, node_ids, threshold), settings)
+def secure_exchange(settings: ExchangeSettings, grid: Grid, node_ids: Sequence[int], setup: SumSetup) -> MomentExchange:
+    """The one-time exchange in secure mode: steps 1 to 5 (``setup``: the run's roster and threshold)."""
+    return pooled_exchange(pool_sites(settings, grid, node_ids, setup), settings)

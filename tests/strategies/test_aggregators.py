@@ -11,11 +11,12 @@ from types import MappingProxyType
 
 import numpy as np
 import pytest
-from app_helpers import FakeGrid, instruction, query_reply, targets_with_moments, train_reply
+from app_helpers import FakeGrid, instruction, query_reply, simulated_sites, targets_with_moments, train_reply
 from flwr.app import ConfigRecord, Message, MetricRecord, RecordDict
 from test_secure_strategy import behind_secure_mod
 
 from fedhead import ufm
+from fedhead.analysis.constraints import ConfigError
 from fedhead.federation import aggregation as agg
 from fedhead.federation import protocol
 from fedhead.federation import secure_records as sr
@@ -28,12 +29,13 @@ from fedhead.strategies.clear import ClearAggregator
 from fedhead.strategies.exchange import ExchangeSettings, collect_moments
 from fedhead.strategies.phases import TrainReplies
 from fedhead.strategies.privacy_modes import DifferentialPrivacy, make_aggregator
-from fedhead.strategies.secure import SITES_AT_OPTIMUM, SITES_SUMMED, SecureSum
+from fedhead.strategies.secure import SITES_AT_OPTIMUM, SITES_SUMMED, SecureSum, SumSetup
 from fedhead.strategies.secure_aggregator import SecureAggregator
 from fedhead.strategies.secure_exchange import PooledExchange, pooled_exchange, screen_sites, standardize
 
 LH = LW = 0.1
 NODES = [101, 57, 33, 12]  # partitions 0..3, node ids not in partition order
+ROSTER = simulated_sites(len(NODES)).roster
 C, P = 2, 3
 FAST = Timeouts(nodes=0.5, exchange=2.0, round=2.0)
 SECURE = PrivacyPolicy(mode="secure")
@@ -169,7 +171,7 @@ def test_secure_heads_and_errors_are_the_clear_sums(task_identity):
     phase = _phase("train", settings)
     counts = [int(c) for c in phase.exchange.moments.counts]
     handlers = behind_secure_mod(_sites(counts))
-    secure = SecureAggregator()
+    secure = SecureAggregator(SumSetup(ROSTER))
     grid = FakeGrid(handlers)
     train = Phase("train", 1, phase.exchange, settings, sent=NODES, grid=grid, head_shape=(C, P))
     summed = secure.aggregate_train(train, _replies(handlers, "train", secure))
@@ -187,13 +189,16 @@ def test_secure_heads_and_errors_are_the_clear_sums(task_identity):
 
 def test_secure_phases_name_their_sum_and_account_no_privacy():
     config = ConfigRecord({protocol.SERVER_ROUND: 3})
-    SecureAggregator().name_sum("evaluate", config)
-    assert config[sr.SUM_ID] == "evaluate-3" and SecureAggregator().privacy_spent() == {}
+    secure = SecureAggregator(SumSetup(ROSTER))
+    secure.name_sum("evaluate", config)
+    assert config[sr.SUM_ID] == f"{secure.setup.tag}/evaluate-3" and secure.privacy_spent() == {}
+    other = SecureAggregator(SumSetup(ROSTER)).setup.sum_id("evaluate-3")
+    assert other != config[sr.SUM_ID]  # every strategy's sums have ids of their own
 
 
 def test_the_secure_exchange_pools_the_summed_moments_and_takes_the_sites_votes(task_identity):
     settings = _settings()
-    rows = screen_sites(settings, FakeGrid(behind_secure_mod(_moment_sites())), NODES)
+    rows = screen_sites(settings, FakeGrid(behind_secure_mod(_moment_sites())), NODES, SumSetup(ROSTER))
     assert [r.node for r in rows.rows] == NODES and (rows.dim, rows.features) == (C, 0) and not rows.assigned
     moments = ufm.TargetMoments.from_targets(_targets())
     total = sum(sr.moment_vector(n, m, s) for n, m, s in zip(moments.counts, moments.means, moments.covs))
@@ -221,7 +226,9 @@ def _vote(site, passed: int):
 
 
 def test_a_site_of_another_shape_leaves_the_secure_exchange(task_identity):
-    rows = screen_sites(_settings(required=3), FakeGrid(behind_secure_mod(_moment_sites(odd=True))), NODES)
+    rows = screen_sites(
+        _settings(required=3), FakeGrid(behind_secure_mod(_moment_sites(odd=True))), NODES, SumSetup(ROSTER)
+    )
     assert [r.node for r in rows.rows] == [101, 57, 33] and [d.node for d in rows.dropped] == [12]
     assert rows.dropped[0].reason == "reports 3 targets and 0 inputs, the run has (2, 0)"
 
@@ -231,7 +238,7 @@ class _Sums(SecureAggregator):
     """Secure sums known in advance: a noised (not PSD) pooled covariance, a head and its errors."""
 
     def __init__(self, pooled: PooledExchange, heads: HeadSum):
-        super().__init__(threshold=3)
+        super().__init__(SumSetup(ROSTER, 3))
         self.pooled, self.heads = pooled, heads
 
     def pool(self, settings, grid, node_ids) -> PooledExchange:
@@ -263,19 +270,21 @@ def test_differential_privacy_makes_the_covariances_psd_and_accounts_each_releas
     assert spent == {"dp_releases": 3.0, "dp_epsilon": privacy_spent(0.7, 3, 4, 1e-5).epsilon}
     config = ConfigRecord({protocol.SERVER_ROUND: 1})
     dp.name_sum("train", config)
-    assert config[sr.SUM_ID] == "train-1"  # the secure aggregator's
+    assert config[sr.SUM_ID] == dp.inner.setup.sum_id("train-1")  # the secure aggregator's
 
 
 def _site_rows():
-    return screen_sites(_settings(), FakeGrid(behind_secure_mod(_moment_sites())), NODES).rows
+    return screen_sites(_settings(), FakeGrid(behind_secure_mod(_moment_sites())), NODES, SumSetup(ROSTER)).rows
 
 
 def test_the_privacy_mode_picks_the_aggregator_once():
     assert type(make_aggregator(PrivacyPolicy(), 4)) is ClearAggregator
-    secure = make_aggregator(PrivacyPolicy(mode="secure", threshold=3), 4)
-    assert type(secure) is SecureAggregator and secure.threshold == 3
-    dp = make_aggregator(PrivacyPolicy(mode="secure", dp_noise=0.5, dp_max_rows=100, dp_delta=1e-6), 4)
+    secure = make_aggregator(PrivacyPolicy(mode="secure", threshold=3), 4, ROSTER)
+    assert type(secure) is SecureAggregator and secure.setup.threshold == 3 and secure.setup.roster is ROSTER
+    with pytest.raises(ConfigError, match="privacy.mode=secure needs the federation's roster"):
+        make_aggregator(PrivacyPolicy(mode="secure"), 4)
+    dp = make_aggregator(PrivacyPolicy(mode="secure", dp_noise=0.5, dp_max_rows=100, dp_delta=1e-6), 4, ROSTER)
     assert isinstance(dp, DifferentialPrivacy) and type(dp.inner) is SecureAggregator
     assert (dp.noise_multiplier, dp.sites, dp.delta) == (0.5, 4, 1e-6)
-    strategy = HeadAveraging(lambda_h=LH, lambda_w=LW, min_nodes=4, privacy=SECURE)
+    strategy = HeadAveraging(lambda_h=LH, lambda_w=LW, min_nodes=4, privacy=SECURE, roster=ROSTER)
     assert type(strategy.aggregator) is SecureAggregator

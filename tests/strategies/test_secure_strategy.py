@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from app_helpers import FakeGrid, Lying, NumpyClient, Recorder, targets_with_moments, train_lie
+from app_helpers import FakeGrid, Lying, NumpyClient, Recorder, simulated_sites, targets_with_moments, train_lie
 from flwr.app import Context, RecordDict
 
 from fedhead.clients import SecureSite, secure_mod
@@ -33,20 +33,28 @@ def _clients(gamma: float = 1.0) -> dict[int, NumpyClient]:
 
 
 def behind_secure_mod(handlers: dict) -> dict:
-    """Each handler behind fedhead's secure mod, with its own node state."""
-    mod = secure_mod(lambda msg, ctx: SecureSite(lambdas=(LH, LW), privacy=SECURE))
+    """Each handler behind fedhead's secure mod, with its own node state; the sites sign with the keys of
+    [`simulated_sites`][] (the handlers' order is their partitions')."""
+    mod = secure_mod(lambda msg, ctx: SecureSite(lambdas=(LH, LW), privacy=SECURE), simulated_sites(len(handlers)))
 
-    def wrap(node, handler):
-        ctx = Context(run_id=1, node_id=node, node_config={}, state=RecordDict(), run_config={})
+    def wrap(pid, node, handler):
+        ctx = Context(run_id=1, node_id=node, node_config={"partition-id": pid}, state=RecordDict(), run_config={})
         return lambda msg: mod(msg, ctx, lambda m, c: handler(m))
 
-    return {node: wrap(node, h) for node, h in handlers.items()}
+    return {node: wrap(pid, node, h) for pid, (node, h) in enumerate(handlers.items())}
 
 
 def _run(handlers, privacy=None, rounds=2):
     obs = Recorder()
     strategy = HeadAveraging(
-        lambda_h=LH, lambda_w=LW, min_nodes=len(NODES), gamma=1.0, observer=obs, timeouts=FAST, privacy=privacy
+        lambda_h=LH,
+        lambda_w=LW,
+        min_nodes=len(NODES),
+        gamma=1.0,
+        observer=obs,
+        timeouts=FAST,
+        privacy=privacy,
+        roster=simulated_sites(len(NODES)).roster,
     )
     grid = ProgressGrid(FakeGrid(handlers), show=False, poll=0.005)
     grid.timeouts = FAST
