@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from app_helpers import table_job, write_table
+from app_helpers import simulated_sites, table_job, write_table
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
 
 from fedhead.analysis.standardization import FLOAT32_MAX
@@ -20,6 +20,7 @@ from fedhead.federation import protocol
 from fedhead.federation import secure_records as sr
 
 ROWS = 40
+SITES = simulated_sites(3)  # the simulation's own roster: partition 0 signs as partition-0
 
 
 def _rows(n: int, seed: int) -> dict[str, np.ndarray]:
@@ -92,7 +93,7 @@ def test_a_bisection_of_the_standardisation_gets_one_answer_per_run(tmp_path, ta
     extremes. Now: the run's first standardisation is taken (or refuses the run) from the site's
     statistics alone, every other is refused with one line: the twins answer alike."""
     job = _job(tmp_path, "procedure=exact")
-    app = make_client_app(job)
+    app = make_client_app(job, SITES)
     mean = twin_sites[2]["t1"][twin_sites[2]["is_test"] == 0].mean()
     transcripts = []
     for path in twin_sites[:2]:
@@ -110,7 +111,7 @@ def test_a_bisection_of_the_standardisation_gets_one_answer_per_run(tmp_path, ta
 
 def test_a_standardisation_beyond_the_sites_range_refuses_the_whole_run_once(tmp_path, task_identity, twin_sites):
     job = _job(tmp_path, "procedure=exact")
-    app = make_client_app(job)
+    app = make_client_app(job, SITES)
     honest = _standardization([10.0, -5.0], [2.0, 3.0])
     mean = twin_sites[2]["t1"][twin_sites[2]["is_test"] == 0].mean()
     tiny = RANGE_RADIUS * abs(mean) / FLOAT32_MAX / 4  # a bound beyond float32 from the statistics alone
@@ -137,7 +138,7 @@ def test_a_row_beyond_the_sites_own_range_is_refused_for_every_run_naming_only_t
     cols["t2"][5] = 1e30  # a test row, in no statistic the site sends
     path = write_table(tmp_path / "wild.csv", cols)
     CLIENT_CACHE.clear()
-    app = make_client_app(_job(tmp_path, "procedure=exact"))
+    app = make_client_app(_job(tmp_path, "procedure=exact"), SITES)
     for run_id, (config, records) in enumerate(
         [({protocol.STAGE: protocol.STAGE_STATISTICS}, {}), ({}, _standardization([10.0, -5.0], [2.0, 3.0]))]
     ):
@@ -150,7 +151,7 @@ def test_the_regime_question_is_answered_once_per_run(tmp_path, task_identity, t
     """Old: ``stage=regime`` answered pass/fail for any scales, any number of times (240 bits told a site's
     2 x 2 Sigma_m). Now: once per run, whatever the message carries."""
     job = _job(tmp_path, "procedure=exact", "privacy.mode=secure")
-    app = make_client_app(job)
+    app = make_client_app(job, SITES)
     context = _node(twin_sites[0])
     honest = _standardization([10.0, -5.0], [2.0, 3.0])
     regime = {protocol.STAGE: sr.STAGE_REGIME}
@@ -169,12 +170,12 @@ def test_a_bisection_of_min_rows_over_runs_learns_nothing_from_a_site_with_a_pol
     CLIENT_CACHE.clear()
     answers = []
     for run_id, run_min in enumerate((1, 10, 20, 25, 31, 40, 46, 60, 500)):
-        app = make_client_app(_job(tmp_path / str(run_min), "procedure=exact", f"privacy.min_rows={run_min}"))
+        app = make_client_app(_job(tmp_path / str(run_min), "procedure=exact", f"privacy.min_rows={run_min}"), SITES)
         answer = _ask(app, _node(path, run_id=run_id, **{"min-rows": 12}), {protocol.STAGE: protocol.STAGE_STATISTICS})
         answers.append(answer)
     assert answers[0].startswith("ok") and answers == [answers[0]] * 9
     # a run config lowering the minimum changes nothing at a site whose own minimum is above its rows
-    app = make_client_app(_job(tmp_path / "low", "procedure=exact", "privacy.min_rows=1"))
+    app = make_client_app(_job(tmp_path / "low", "procedure=exact", "privacy.min_rows=1"), SITES)
     answer = _ask(app, _node(path, **{"min-rows": 50}), {protocol.STAGE: protocol.STAGE_STATISTICS})
     assert answer.endswith("fewer training rows than the site's minimum (node config min-rows=50)"), answer
     assert str(rows) not in answer
@@ -194,7 +195,7 @@ def _secure_exchange(sum_name: str = "exchange") -> dict:
 )
 def test_a_run_with_weaker_dp_than_the_sites_floor_is_refused(tmp_path, task_identity, twin_sites, run, expect):
     job = _job(tmp_path, "procedure=exact", "privacy.mode=secure", "privacy.dp_max_rows=60", run)
-    app = make_client_app(job)
+    app = make_client_app(job, SITES)
     context = _node(twin_sites[0], **{"dp-noise": 1.0})
     answer = _ask(app, context, _secure_exchange())
     if expect is None:
@@ -202,7 +203,7 @@ def test_a_run_with_weaker_dp_than_the_sites_floor_is_refused(tmp_path, task_ide
     else:
         assert answer == f"PolicyRefusal: refused by this site's privacy policy {expect}"
     # a clear run is refused by the same floor: DP needs secure mode
-    clear = make_client_app(_job(tmp_path / "clear", "procedure=exact"))
+    clear = make_client_app(_job(tmp_path / "clear", "procedure=exact"), SITES)
     answer = _ask(clear, _node(twin_sites[0], run_id=3, **{"dp-noise": 1.0}), {protocol.STAGE: "statistics"})
     assert answer == (
         "PolicyRefusal: this site sends nothing in the clear (node config dp-noise=1.0): run the federation "
@@ -212,9 +213,10 @@ def test_a_run_with_weaker_dp_than_the_sites_floor_is_refused(tmp_path, task_ide
 
 def test_a_replayed_phase_message_gets_no_fresh_release(tmp_path, task_identity, twin_sites):
     """The same sum twice in a run is refused (a second noised release of the same values would average
-    the noise away), also after the node restarted (its ledger is in its state-dir)."""
+    the noise away), also after the node restarted (its ledger is in its state-dir); a sum id used in an
+    earlier run is refused too (every signature and mask of a sum binds its id)."""
     job = _job(tmp_path, "procedure=exact", "privacy.mode=secure", "privacy.dp_max_rows=60", "privacy.dp_noise=1")
-    app = make_client_app(job)
+    app = make_client_app(job, SITES)
     state = {"state-dir": str(tmp_path / "state")}
     first = _ask(app, _node(twin_sites[0], **state), _secure_exchange())
     assert first.startswith("ok"), first
@@ -223,19 +225,22 @@ def test_a_replayed_phase_message_gets_no_fresh_release(tmp_path, task_identity,
     context = _node(twin_sites[0])  # in a simulation (no state-dir): the run's context state
     assert _ask(app, context, _secure_exchange()).startswith("ok")
     assert [_ask(app, context, _secure_exchange()) for _ in range(5)] == [again] * 5
-    assert _ask(app, _node(twin_sites[0], run_id=99, **state), _secure_exchange()).startswith("ok")  # another run
+    another_run = _node(twin_sites[0], run_id=99, **state)
+    assert _ask(app, another_run, _secure_exchange("tag-2/exchange")).startswith("ok")  # another run, its own sum id
+    used = "PolicyRefusal: secure sum exchange: secure sum: site 1000 already took part in a sum with id 'exchange'"
+    assert _ask(app, _node(twin_sites[0], run_id=98, **state), _secure_exchange()) == f"{used}; refused"
 
 
 def test_a_release_over_the_sites_budget_is_refused_before_anything_is_sent(tmp_path, task_identity, twin_sites):
     from fedhead.clients.policy import release_epsilon
 
     job = _job(tmp_path, "procedure=exact", "privacy.mode=secure", "privacy.dp_max_rows=60", "privacy.dp_noise=1")
-    app = make_client_app(job)
+    app = make_client_app(job, SITES)
     budget = release_epsilon([1.0, 1.0], 3, 1e-5) * 1.001  # two releases at z = 1
     policy = tmp_path / "policy.toml"
     policy.write_text(f'mode = "secure"\nepsilon-budget = {budget!r}\n')
     node = {"state-dir": str(tmp_path / "state"), "privacy-policy": str(policy)}
-    answers = [_ask(app, _node(twin_sites[0], run_id=r, **node), _secure_exchange()) for r in range(3)]
+    answers = [_ask(app, _node(twin_sites[0], run_id=r, **node), _secure_exchange(f"{r}/exchange")) for r in range(3)]
     assert answers[0].startswith("ok") and answers[1].startswith("ok")
     assert answers[2] == (
         f"PolicyRefusal: refused by this site's privacy policy ({policy} epsilon-budget={budget}): this release "
@@ -248,7 +253,7 @@ def test_a_failed_mask_step_ends_the_sites_part_in_the_run(tmp_path, task_identi
     """A mask step can fail on the site's values (an entry beyond the encoding's bound, which the server
     chooses): any failure there refuses the run, so that a server learns it once per run."""
     job = _job(tmp_path, "procedure=exact", "privacy.mode=secure")
-    app = make_client_app(job)
+    app = make_client_app(job, SITES)
     context = _node(twin_sites[0])
     step = {protocol.STAGE: sr.STAGE_SECURE, sr.SUM_ID: "train-1"}
     shares = _ask(app, context, {**step, sr.STEP: sr.SHARE_KEYS})

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from app_helpers import InProcessGrid, table_job, write_table
+from app_helpers import InProcessGrid, simulated_sites, table_job, write_table
 from flwr.app import ConfigRecord, Message
 
 from fedhead.clients import make_client_app
@@ -66,12 +66,12 @@ def _run(tmp_path: Path, forge: bool, node: dict, *overrides: str):
         tmp_path / "out", f"dataset.files=[{listed}]", "rounds=1", "procedure=exact", "privacy.mode=secure", *overrides
     )
     CLIENT_CACHE.clear()
-    grid = ForgingGrid(make_client_app(job), len(SIZES), forge)
+    grid = ForgingGrid(make_client_app(job, simulated_sites(len(SIZES))), len(SIZES), forge)
     for context in grid.contexts.values():
         context.node_config = {**context.node_config, **node}
     recorder = RunRecorder(job, show_progress=False)
     try:
-        serve(grid, job, recorder, show_progress=False)
+        serve(grid, job, recorder, show_progress=False, roster=simulated_sites(len(SIZES)).roster)
     except SecureSumFailed as exc:
         return None, grid, str(exc)
     return recorder.finish("completed"), grid, None
@@ -80,9 +80,9 @@ def _run(tmp_path: Path, forge: bool, node: dict, *overrides: str):
 @pytest.mark.parametrize(
     ("node", "overrides", "refusal"),
     [
-        (
+        (  # the sum's threshold must be at least the sites' floor (they refuse a lower one at share-keys)
             {"min-survivors": 3},
-            (),
+            ("privacy.threshold=3",),
             "refused by this site's privacy policy (node config min-survivors=3): the reveal names fewer surviving "
             "sites",
         ),
