@@ -47,17 +47,24 @@ class ServerTls:
 
 
 def node_config(
-    partition_id: int | None, num_partitions: int | None, state_dir: str | None = None, data_path: str | None = None
+    partition_id: int | None,
+    num_partitions: int | None,
+    state_dir: str | None = None,
+    data_path: str | None = None,
+    identity: tuple[str, str] | None = None,
 ) -> str:
     """The ``--node-config`` value read by the fedhead ClientApp (fedhead/clients/state.py,
     fedhead/clients/site.py): ``partition-id`` and ``num-partitions``, or, for ``dataset=table``,
-    the node's own file ``data-path`` (then no partition: the server numbers the nodes), and the
-    ``state-dir``."""
+    the node's own file ``data-path`` (then no partition: the server numbers the nodes), the
+    ``state-dir``, and for secure mode ``identity``, the site's ``signing-key`` and the ``roster``
+    (fedhead/clients/identity.py)."""
     if partition_id is None and data_path is None:
         raise ValueError("a SuperNode needs a partition-id or a data-path")
     parts = [] if partition_id is None else [f"partition-id={int(partition_id)}"]
     parts += [] if num_partitions is None else [f"num-partitions={int(num_partitions)}"]
-    for key, value in (("data-path", data_path), ("state-dir", state_dir)):
+    key_path, roster = identity or (None, None)
+    pairs = (("data-path", data_path), ("state-dir", state_dir), ("signing-key", key_path), ("roster", roster))
+    for key, value in pairs:
         if value is not None:
             if "'" in value or " " in value:
                 raise ValueError(f"{key} must not contain quotes or spaces: {value!r}")
@@ -109,8 +116,10 @@ def supernode_command(
     runtime_tls: ServerTls | None = None,
     superexec_secret: str | None = None,
     data_path: str | None = None,
+    identity: tuple[str, str] | None = None,
 ) -> list[str]:
-    """``flower-supernode`` for one partition (or one site's file, ``data_path``).
+    """``flower-supernode`` for one partition (or one site's file, ``data_path``); ``identity``: the site's
+    signing key and the roster files of secure mode.
 
     ``root_ca`` None means ``--insecure`` (no TLS to the SuperLink). ``runtime_tls`` secures
     the SuperNode's own runtime API, which the ClientApp's SuperExec reaches over the network
@@ -130,7 +139,7 @@ def supernode_command(
         if isolation != "process":
             raise ValueError("superexec_secret only applies to isolation='process'")
         cmd += ["--superexec-auth-secret-file", superexec_secret]
-    cmd += ["--node-config", node_config(partition_id, num_partitions, state_dir, data_path)]
+    cmd += ["--node-config", node_config(partition_id, num_partitions, state_dir, data_path, identity)]
     return cmd
 
 

@@ -4,16 +4,18 @@ The own-data tutorial's setting (docs/own-data.md, (b)): three per-site CSV file
 (``examples/own-data/make_sites.py``), one SuperLink with TLS and SuperNode authentication, one
 SuperNode per site naming only its file (``data-path``) and its ``state-dir``, ClientApps in
 subprocess isolation, ``flwr run .`` with ``privacy.mode=secure`` among the run config's
-``overrides``. Every secure sum then crosses the SuperLink as four ``query``/phase messages per
+``overrides``. Each site has its signing key from ``fedhead-keys new-site`` and the roster from
+``fedhead-keys roster`` in its node config (``signing-key``, ``roster``); the server the roster in the
+run config (``roster``). Every secure sum then crosses the SuperLink as five ``query``/phase messages per
 site, and the site's SecAgg state lives in the node's ``context.state`` between them (each message
 starts another ``flwr-clientapp`` process). The clear reference is the same job run in process
 (``InProcessGrid``, real ClientApps, each reading its own file; the tutorial's deployment and
 simulation agree bit for bit in clear mode).
 
-Nine message phases (the statistics query, its three SecAgg steps and the sites' own regime check;
-the round's training and its three steps; no evaluation), each starting one ``flwr-clientapp``
-process per site: 2 min 28 s and 2 min 48 s on 2 cores shared with other work (load average 4 to 11; phases of
-10 to 21 s; the same job in clear mode: two phases, 1 min 1 s).
+Eleven message phases (the statistics query, its four SecAgg steps and the sites' own regime check;
+the round's training and its four steps; no evaluation), each starting one ``flwr-clientapp``
+process per site (with nine phases, before the consistency round: 2 min 28 s and 2 min 48 s on 2 cores
+shared with other work; the same job in clear mode: two phases, 1 min 1 s).
 
     pytest -m slow tests/driver/test_deploy_secure.py
 """
@@ -34,6 +36,7 @@ from app_helpers import InProcessGrid, pooled_g_cen
 from deploy_commands import ServerTls, cli_connection_toml, free_ports, superlink_command, supernode_command
 from deploy_helpers import REPO, Processes, flwr, online, wait
 
+from fedhead.cli.keys import assemble, new_site
 from fedhead.clients import make_client_app
 from fedhead.driver.recorder import RunRecorder
 from fedhead.driver.server import serve
@@ -91,6 +94,9 @@ def site_federation(tmp_path):
     subprocess.run(
         ["bash", str(REPO / "scripts/make_certs.sh"), str(certs), str(n)], check=True, capture_output=True, timeout=60
     )
+    entries = [new_site(f"site-{s}", tmp_path / "keys") for s in SITES]  # each site's own, in deployment
+    roster = tmp_path / "keys" / "roster.json"
+    assemble([entry for _, entry in entries], roster)
     link_port, *node_ports = free_ports(1 + n)
     env = dict(
         os.environ,
@@ -133,11 +139,12 @@ def site_federation(tmp_path):
                     root_ca=str(certs / "ca.crt"),
                     auth_key=str(certs / f"supernode-{k}.auth"),
                     data_path=str(path),
+                    identity=(str(entries[k - 1][0]), str(roster)),
                 ),
                 env,
             )
         wait(f"{n} authenticated SuperNodes online", lambda: online(env) == n, procs)
-        yield tmp_path, files, env, procs
+        yield tmp_path, files, env, procs, roster
     finally:
         procs.stop()
 
@@ -145,13 +152,20 @@ def site_federation(tmp_path):
 def test_secure_mode_in_a_site_local_tls_deployment(site_federation, task_identity):
     """The run completes with only secure sums reaching the server; ``G_cen`` equals clear mode's to 1e-9
     relative and the final Gram to the run's local tolerance."""
-    work, files, env, procs = site_federation
+    work, files, env, procs, roster = site_federation
     t0 = time.monotonic()
     out = work / "out"
     overrides = f"{JOB} dataset.files=[] dataset.num_clients={len(files)} privacy.mode=secure"
     try:
         run = flwr(
-            ["run", ".", "loopback", "--stream", "--run-config", f"overrides='{overrides}' output-dir='{out}'"],
+            [
+                "run",
+                ".",
+                "loopback",
+                "--stream",
+                "--run-config",
+                f"overrides='{overrides}' output-dir='{out}' roster='{roster}'",
+            ],
             env,
             limit=RUN_LIMIT_S,
         )
@@ -169,8 +183,8 @@ def test_secure_mode_in_a_site_local_tls_deployment(site_federation, task_identi
     assert secure.targets["g_star"] is None
     assert [r.round for r in secure.rounds] == [0, 1]
     assert secure.rounds[1].extra.get("secure_sites") == len(files)
-    # the SecAgg steps crossed the SuperLink: statistics + 3 steps + the regime check, training + 3 steps
-    assert [kind for kind, _ in secure.timing.phases] == ["query"] * 5 + ["train"] + ["query"] * 3
+    # the SecAgg steps crossed the SuperLink: statistics + 4 steps + the regime check, training + 4 steps
+    assert [kind for kind, _ in secure.timing.phases] == ["query"] * 6 + ["train"] + ["query"] * 4
 
     clear = _clear_in_process(files, work / "clear")
     assert clear.targets["g_star"] is not None  # clear mode

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from app_helpers import InProcessGrid
+from app_helpers import InProcessGrid, simulated_sites
 
 from fedhead.clients import BackboneStore, make_client_app
 from fedhead.clients.cache import CLIENT_CACHE
@@ -81,7 +81,15 @@ class CrashingGrid(InProcessGrid):
 
 def _run(job, grid, resume=None):
     rec = RunRecorder(job, show_progress=False)
-    serve(grid, job, rec, show_progress=False, resume=resume, data_record=check_data_once(job))  # as the driver
+    serve(
+        grid,
+        job,
+        rec,
+        show_progress=False,
+        roster=simulated_sites(job.settings.num_clients).roster,
+        resume=resume,
+        data_record=check_data_once(job),
+    )  # as the driver
     return rec.finish("completed").to_dict()  # the JSON object results.json holds
 
 
@@ -107,13 +115,13 @@ def test_crashed_and_resumed_run_matches_an_uninterrupted_run(tmp_path, task_ide
     (exact integer sums), and the rounds continue from the checkpointed head."""
     procedure = "proximal"
     (full,) = _jobs(tmp_path, "full", f"procedure={procedure}", f"privacy.mode={mode}")
-    reference = _run(full, InProcessGrid(make_client_app(full), 3, run_id=11))
+    reference = _run(full, InProcessGrid(make_client_app(full, simulated_sites(3)), 3, run_id=11))
 
     (job,) = _jobs(tmp_path, "crashed", f"procedure={procedure}", f"privacy.mode={mode}")
     assert job.config_hash == full.config_hash  # the output folder is not part of the hash
     _fresh_process_caches()
     with pytest.raises(_Crash):
-        _run(job, CrashingGrid(make_client_app(job), 3, run_id=21, crash_round=3))
+        _run(job, CrashingGrid(make_client_app(job, simulated_sites(3)), 3, run_id=21, crash_round=3))
     ckpt = read_checkpoint(checkpoint_path(job.output_dir))
     assert ckpt.round == 2 and [r["round"] for r in ckpt.state.records] == [0, 1, 2]
     store = BackboneStore(simulation_state_dir(job, 21))
@@ -126,7 +134,7 @@ def test_crashed_and_resumed_run_matches_an_uninterrupted_run(tmp_path, task_ide
     (found,) = prepare_resume([resumed])
     assert found.round == 2
     _fresh_process_caches()  # a new process, and a new flwr run id
-    grid = RecordingGrid(make_client_app(resumed), 3, run_id=99)
+    grid = RecordingGrid(make_client_app(resumed, simulated_sites(3)), 3, run_id=99)
     res = _run(resumed, grid, resume=found)
 
     assert [k for k in grid.log if k[0] != "query"] == (  # no finished round repeated
@@ -147,7 +155,7 @@ def test_crashed_and_resumed_run_matches_an_uninterrupted_run(tmp_path, task_ide
 
 def test_resume_refuses_another_config_or_missing_client_state(tmp_path, task_identity):
     (job,) = _jobs(tmp_path, "run", "procedure=proximal", "rounds=2")
-    _run(job, InProcessGrid(make_client_app(job), 3, run_id=5))
+    _run(job, InProcessGrid(make_client_app(job, simulated_sites(3)), 3, run_id=5))
     (other,) = _jobs(tmp_path, "x", "procedure=proximal", "rounds=2", "local_epochs=21", f"resume={tmp_path / 'run'}")
     with pytest.raises(ResumeError, match="another config"):
         prepare_resume([other])
@@ -206,7 +214,7 @@ def test_resume_refuses_edited_site_files_and_keeps_the_run(tmp_path, task_ident
     checkpointed run is touched. The unedited files resume."""
     files = [_write_site(tmp_path / f"site_{i}.csv", 40 + 5 * i, i) for i in range(3)]
     (job,) = _table_jobs(tmp_path, "run", files, "num_clients=3")
-    _run(job, InProcessGrid(make_client_app(job), 3, run_id=5))
+    _run(job, InProcessGrid(make_client_app(job, simulated_sites(3)), 3, run_id=5))
     ckpt = read_checkpoint(checkpoint_path(job.output_dir))
     assert [k for k, _ in ckpt.data["site_keys"]] == ["site_0.csv", "site_1.csv", "site_2.csv"]
     (same,) = _table_jobs(tmp_path, "x", files, "num_clients=3", f"resume={tmp_path / 'run'}")
@@ -230,7 +238,7 @@ def test_resume_refuses_a_checkpoint_without_a_data_record(tmp_path, task_identi
     checked: the simulation refuses it with one line, and leaves it as it was."""
     files = [_write_site(tmp_path / f"site_{i}.csv", 40, i) for i in range(3)]
     (job,) = _table_jobs(tmp_path, "run", files, "num_clients=3")
-    _run(job, InProcessGrid(make_client_app(job), 3, run_id=5))
+    _run(job, InProcessGrid(make_client_app(job, simulated_sites(3)), 3, run_id=5))
     from fedhead.federation.checkpoint import write_checkpoint
 
     ckpt = read_checkpoint(checkpoint_path(job.output_dir))

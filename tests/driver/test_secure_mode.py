@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from app_helpers import InProcessGrid
+from app_helpers import InProcessGrid, simulated_sites
 from flwr.app import Error, Message
 from test_site_local import SIZES, _rows, _sites
 
@@ -50,7 +50,7 @@ FAST_WAITS = ("timeouts.straggler=1", "timeouts.straggler_factor=1")
 
 class RecordingGrid(InProcessGrid):
     """Every message and reply, kept; ``faults[(node, step)]`` makes a node fail (``"error"``) or never answer
-    (``"silent"``) at a secure step (``share-keys``, ``mask``, ``reveal``) or a phase (``train``)."""
+    (``"silent"``) at a secure step (``share-keys``, ``mask``, ``sign``, ``reveal``) or a phase (``train``)."""
 
     def __init__(self, app, num_nodes: int, faults=None):
         super().__init__(app, num_nodes)
@@ -87,9 +87,11 @@ def _hopper_job(tmp_path: Path, *overrides: str):
 
 
 def _run(job, faults=None):
-    grid = RecordingGrid(make_client_app(job), job.settings.num_clients, faults)
+    grid = RecordingGrid(
+        make_client_app(job, simulated_sites(job.settings.num_clients)), job.settings.num_clients, faults
+    )
     recorder = RunRecorder(job, show_progress=False)
-    serve(grid, job, recorder, show_progress=False)
+    serve(grid, job, recorder, show_progress=False, roster=simulated_sites(job.settings.num_clients).roster)
     return recorder.finish("completed"), grid
 
 
@@ -170,14 +172,14 @@ def test_no_received_array_decodes_to_a_site_or_a_partial_sum(tmp_path, task_ide
     assert n1 == n2 and w1.shape == w2.shape and np.mean(w1 == w2) < 0.01
 
 
-@pytest.mark.parametrize("step", ["mask", "reveal"])
+@pytest.mark.parametrize("step", ["mask", "sign", "reveal"])
 def test_a_site_that_drops_is_recovered_from_the_shares(tmp_path, task_identity, step):
     """``mask``: the site drops before its masked input (the sum is over the others, its pair masks
-    rebuilt from the shares); ``reveal``: after it (its input counts)."""
+    rebuilt from the shares); ``sign`` and ``reveal``: after it (its input counts)."""
     over = ("procedure=proximal", "rounds=1", "failure.min_clients=3", *FAST_WAITS)
     clear, _ = _run(_hopper_job(tmp_path / "clear", *over))
     secure, grid = _run(_hopper_job(tmp_path / "secure", SECURE, *over), faults={(1002, step): "silent"})
-    if step == "reveal":  # all four inputs are in the sum
+    if step != "mask":  # all four inputs are in the sum
         assert _rel(secure.targets["g_cen"], clear.targets["g_cen"]) < 1e-9
     else:
         assert secure.privacy["sites"] == 3
@@ -261,10 +263,10 @@ def test_a_site_that_requires_secure_mode_sends_nothing_in_the_clear(tmp_path, t
     over = ("procedure=proximal", "rounds=1", "failure.min_clients=3", *FAST_WAITS)
     for mode, sites in (("clear", 3), ("secure", 4)):
         job = _hopper_job(tmp_path / mode, f"privacy.mode={mode}", *over)
-        grid = RecordingGrid(make_client_app(job), job.settings.num_clients)
+        grid = RecordingGrid(make_client_app(job, simulated_sites(job.settings.num_clients)), job.settings.num_clients)
         grid.contexts[1001].node_config = {**grid.contexts[1001].node_config, "privacy-mode": "secure"}
         recorder = RunRecorder(job, show_progress=False)
-        serve(grid, job, recorder, show_progress=False)
+        serve(grid, job, recorder, show_progress=False, roster=simulated_sites(job.settings.num_clients).roster)
         res = recorder.finish("completed")
         if mode == "clear":
             (gone,) = res.rounds[0].dropped
