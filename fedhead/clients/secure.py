@@ -186,14 +186,12 @@ def secure_reply(
     floor: int,
 ) -> RecordDict:
     """The secure form of a clear reply ``content`` (never sent): its vector enters the sum the message names
-    ([`begin_sum`][fedhead.clients.secure.begin_sum], as ``identity`` with its ``floor``); what is sent is the
-    site's keys, its partition id and what the site checks of itself as pass or fail (its own margin, whether
-    it reached its local optimum).
+    ([`begin_sum`][fedhead.clients.secure.begin_sum] as ``identity``, ``floor``); what is sent is the site's
+    keys, its partition id and its pass/fail self-checks (its own margin, whether it reached its optimum).
 
-    ``lambdas``: ``(lambda_h, lambda_w)`` of the run (the margin ``lambda_min(Sigma_m) - lambda_h lambda_w``).
-    With ``privacy.dp_noise > 0`` the vector is clipped, its weight capped and noised first
-    ([`dp_contribution`][fedhead.federation.privacy_noise.dp_contribution]; ``min_sites``: the fewest sites
-    whose sum the server may decode: ``max(2, the failure policy's minimum)`` in fedhead's ClientApp).
+    ``lambdas``: the run's ``(lambda_h, lambda_w)``. With ``privacy.dp_noise > 0`` the vector is clipped,
+    weight-capped and noised first ([`dp_contribution`][fedhead.federation.privacy_noise.dp_contribution];
+    ``min_sites``: the fewest sites whose sum the server may decode).
     """
     metrics = content.metric_records.get(protocol.METRICS, MetricRecord())
     safe: dict[str, int | float] = {}
@@ -210,8 +208,8 @@ def secure_reply(
                 min_sites=min_sites,
                 rng=np.random.default_rng(),  # the operating system's entropy: no seed the server could know
             )
-        noised_for = min_sites if privacy.dp_noise > 0 else 0
-        return begin_sum(msg, context, vector, safe, identity=identity, floor=floor, noised_for=noised_for)
+        noised = min_sites if privacy.dp_noise > 0 else 0
+        return begin_sum(msg, context, vector, safe, identity=identity, floor=floor, noised_for=noised)
 
     if protocol.PARTITION_ID in metrics:
         safe[protocol.PARTITION_ID] = int(_metric(metrics, protocol.PARTITION_ID))

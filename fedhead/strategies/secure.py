@@ -93,6 +93,13 @@ class SumSetup:
         """The id of the run's sum ``name`` (``exchange``, ``train-3``)."""
         return f"{self.tag}/{name}"
 
+    def threshold_of(self, sites: int) -> int:
+        """``t`` of a sum over ``sites`` sites: ``threshold`` (within ``[2, sites]``), else a majority of the
+        sites and of the roster (what a site accepts unless its policy says otherwise)."""
+        if self.threshold is None:
+            return max(default_threshold(sites), default_threshold(len(self.roster)))
+        return min(max(self.threshold, 2), sites)
+
 
 class SecureSumFailed(FederationError):
     """A secure sum cannot finish: too few sites left for its threshold, or a site broke the protocol."""
@@ -172,20 +179,8 @@ def run_secure_sum(
     [`TooFewReplies`][fedhead.strategies.failures.TooFewReplies]).
     """
     config = dict(message_config or {})
-    if len(sites) < MIN_SITES:
-        raise SecureSumFailed(
-            f"secure sum of {name}: {len(sites)} sites left, secure mode needs at least {MIN_SITES} (with two, "
-            "each learns the other's input from the sum and its own)"
-        )
-    encoding = sr.encoding_for(bound, len(sites))
-    if setup.threshold is None:
-        t = max(default_threshold(len(sites)), default_threshold(len(setup.roster)))
-    else:
-        t = min(max(setup.threshold, 2), len(sites))
-    try:
-        server = SecureSumServer(sorted(sites), length, encoding, sum_id=sum_id, roster=setup.roster, threshold=t)
-    except Exception as exc:  # noqa: BLE001 - a threshold or encoding refused for this many sites
-        raise SecureSumFailed(f"secure sum of {name}: {exc}") from None
+    server = _server(sites, length, bound, sum_id, name, setup)
+    encoding = server.encoding
     dropped: list[Dropped] = []
 
     def ask(
@@ -228,6 +223,23 @@ def run_secure_sum(
     except (SecureSumError, agg.ReplyError) as exc:
         raise SecureSumFailed(f"secure sum of {name}: {exc} (privacy.threshold={server.threshold})") from None
     return SecureSum(result.total, result.survivors, tuple(dropped))
+
+
+def _server(
+    sites: Mapping[int, PublicKeys], length: int, bound: float, sum_id: str, name: str, setup: SumSetup
+) -> SecureSumServer:
+    """The server's side of the sum over ``sites`` (at least 3), with the encoding of ``bound``."""
+    if len(sites) < MIN_SITES:
+        raise SecureSumFailed(
+            f"secure sum of {name}: {len(sites)} sites left, secure mode needs at least {MIN_SITES} (with two, "
+            "each learns the other's input from the sum and its own)"
+        )
+    encoding = sr.encoding_for(bound, len(sites))
+    t = setup.threshold_of(len(sites))
+    try:
+        return SecureSumServer(sorted(sites), length, encoding, sum_id=sum_id, roster=setup.roster, threshold=t)
+    except Exception as exc:  # noqa: BLE001 - a threshold or encoding refused for this many sites
+        raise SecureSumFailed(f"secure sum of {name}: {exc}") from None
 
 
 def _parser(unpack: Callable[[bytes], T]) -> Callable[[Message], T]:

@@ -22,6 +22,7 @@ import pytest
 from app_helpers import InProcessGrid
 
 from fedhead import ufm
+from fedhead.cli.keys import assemble, new_site
 
 REPO = Path(__file__).resolve().parents[2]
 APP = REPO / "examples" / "library-app"
@@ -58,6 +59,13 @@ def serve(tmp_path: Path, **overrides) -> tuple[dict, dict]:
 
     cfg = run_config(tmp_path, **overrides)
     grid = InProcessGrid(client_app, int(cfg["num-clients"]), run_config=cfg)
+    if cfg["privacy-mode"] == "secure":  # each site's signing key and the roster, as fedhead-keys makes them
+        entries = [new_site(f"site-{i}", tmp_path / "keys") for i in range(len(grid.contexts))]
+        roster = tmp_path / "keys" / "roster.json"
+        assemble([entry for _, entry in entries], roster)
+        cfg["roster"] = str(roster)
+        for context, (key, _) in zip(grid.contexts.values(), entries, strict=True):
+            context.node_config = {**context.node_config, "signing-key": str(key), "roster": cfg["roster"]}
     main(grid, Context(run_id=11, node_id=0, node_config={}, state=RecordDict(), run_config=cfg))
     return json.loads((tmp_path / "summary.json").read_text()), cfg
 

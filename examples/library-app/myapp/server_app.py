@@ -7,6 +7,7 @@ from pathlib import Path
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
+from fedhead.federation.roster import Roster
 from fedhead.models import initial_head
 from fedhead.results.io import to_jsonable, write_json_atomic
 from fedhead.settings.config import load_procedure
@@ -48,6 +49,7 @@ def main(grid: Grid, context: Context) -> None:
         evaluate_mse=not procedure.exact,  # the exact rule trains no backbone
         trust=TrustPolicy(extra_metrics=("backbone_norm",)),  # the metric our ClientApp adds
         privacy=PrivacyPolicy(mode=str(cfg["privacy-mode"])),  # "secure": the server receives only sums
+        roster=Roster.load(str(cfg["roster"])) if cfg["roster"] else None,  # secure: the sites' keys (fedhead-keys)
     )
     # run(), not Strategy.start(): the moment exchange and the diagnosis come before round 1
     strategy.run(grid, lambda c: initial_head(FEATURE_DIM, c, int(cfg["seed"])), int(cfg["num-server-rounds"]))
