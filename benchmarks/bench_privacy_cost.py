@@ -231,14 +231,16 @@ def _overrides(setting: Setting, rounds: int, local_epochs: int, extra: Sequence
 def run_once(overrides: Sequence[str], out: Path):
     """One federation in process; ``(results, grid)``."""
     from fedhead.clients import make_client_app
+    from fedhead.clients.identity import SimulatedSites
     from fedhead.driver.recorder import RunRecorder
     from fedhead.driver.server import serve
     from fedhead.settings.config import compose_config, load_config
 
     job = load_config(compose_config(list(overrides))).jobs(out)[0]
-    grid = LocalGrid(make_client_app(job), job.settings.num_clients)
+    sites = SimulatedSites.make(job.settings.num_clients)  # the simulation's own roster (secure mode)
+    grid = LocalGrid(make_client_app(job, sites), job.settings.num_clients)
     recorder = RunRecorder(job, show_progress=False)
-    serve(grid, job, recorder, show_progress=False)
+    serve(grid, job, recorder, show_progress=False, roster=sites.roster)
     return recorder.finish("completed"), grid
 
 

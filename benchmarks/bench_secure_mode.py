@@ -17,7 +17,7 @@ mode. Settings:
 
 Measured from the ServerApp's message phases (``ProgressGrid.send_and_receive``, timed here) and the
 jobs' ends: the exchange is from the first message of a job to its first training message (the
-statistics/moment query, in secure mode its three SecAgg steps and the server's unmasking, and the
+statistics/moment query, in secure mode its four SecAgg steps and the server's unmasking, and the
 diagnosis); round ``t`` from its training message to the next round's (the last: to the job's end),
 i.e. training, evaluation, their SecAgg steps and every piece of server work. Bytes per site: the
 protobuf size of every message to a site (it receives) and of its replies (it sends), as a SuperLink
