@@ -83,12 +83,12 @@ it and ``f`` the smallest floor of the honest sites.
 
 So while ``n_C < 2f - M`` the server learns at most the sum over one ``U3`` of at least ``t`` sites
 (the colluders' inputs it knows) and who dropped at which stage; a site learns nothing of the
-others' inputs. Without collusion that needs a majority floor, ``f >= floor(M/2) + 1``; when sites may
-collude with the server, a floor ``f >= floor(2M/3) + 1`` keeps it for ``n_C < 2f - M`` (more than
-``M/3``) at the price of more sums failing for dropouts. The bound is tight: with ``n_C = 2f - M`` the
-withholding attack reads ``u``'s input (tests/federation/test_secure_sum_malicious.py). An
-honest-but-curious server with up to ``t - 1`` colluding sites learns only the sum; ``t`` sites hold
-enough shares to unmask anyone.
+others' inputs. Without collusion that needs a majority floor, ``f >= floor(M/2) + 1``; when sites
+may collude with the server, a floor ``f >= floor(2M/3) + 1`` keeps it for ``n_C < 2f - M``, every
+``n_C <= M/3`` among them, at the price of more sums failing for dropouts. The bound is tight: with
+``n_C = 2f - M`` the withholding attack reads ``u``'s input
+(tests/federation/test_secure_sum_malicious.py). An honest-but-curious server with up to ``t - 1``
+colluding sites learns only the sum; ``t`` sites hold enough shares to unmask anyone.
 
 Costs, ``n`` sites, ``L`` entries: per site, 2 key pairs, ``n - 1`` ECDH and Fernet encryptions of
 a 612-byte ciphertext, ``n`` ChaCha20 streams of ``k L`` words, two Ed25519 signatures and up to
