@@ -1,0 +1,289 @@
+"""Row-level differential privacy of the one-time moment exchange: the unit is one row of one site.
+
+Pure: numpy, Python integers and flwr's RDP accountant (a wrapper of Google's ``dp-accounting``). No
+torch, no messages.
+
+**Clip.** Each site clips every row of its targets, in public standardised units (a centre and a scale
+per target declared before any row is seen), to the L2 norm ``C``, a public constant:
+``clip(y) = y min(1, C / ||y||)`` ([`clip_rows`][fedhead.federation.row_privacy.clip_rows]).
+
+**Release.** Site ``m`` releases its sufficient statistics
+([`row_statistics`][fedhead.federation.row_privacy.row_statistics]), summed over the sites by the
+secure sum::
+
+    s_m = [ N_m,  sum_i clip(y_i),  svec(sum_i clip(y_i) clip(y_i)^T) ]    (1 + d + d (d + 1) / 2 entries)
+
+``svec`` is the upper triangle with the off-diagonal entries times ``sqrt(2)``, so ``||svec(A)||_2 =
+||A||_F``. Adding or removing one row changes the three blocks by at most ``1``, ``C`` and
+``||y y^T||_F = ||y||^2 <= C^2`` in L2 (their sensitivities; Dwork, Talwar, Thakurta and Zhang 2014,
+"Analyze Gauss": the second moments of rows of bounded norm released with Gaussian noise).
+
+**One Gaussian mechanism.** Block ``k`` (sensitivity ``D_k``) is scaled by ``w_k / D_k`` with
+``sum_k w_k^2 = 1`` (``w_k^2``: ``BLOCK_SHARES``), so the scaled concatenation has L2 sensitivity 1,
+and Gaussian noise of standard deviation ``z`` on it is the Gaussian mechanism of noise multiplier
+``z`` (zero-concentrated DP ``rho = 1 / (2 z^2)``, of which block ``k`` spends ``w_k^2 rho``). In the
+statistics' own units block ``k``'s entries carry noise of standard deviation ``z D_k / w_k``
+([`noise_scales`][fedhead.federation.row_privacy.noise_scales]). The count and the sums take 5 % of
+``rho`` each: with the pooled mean near 0 in standardised units, the covariance's error comes from the
+second moments, which take the rest.
+
+**Noise in shares on the secure sum's grid.** Each site rounds its statistics to the grid ``2^-g``
+(``g = GRID_BITS``, at most the ring's fractional bits, so a grid value is encoded exactly by
+[`fedhead.federation.ring_encoding`][fedhead.federation.ring_encoding]) and adds, per entry, ``2^-g``
+times a discrete Gaussian of variance ``(z D_k / w_k)^2 2^(2g) / m_min``
+([`site_share`][fedhead.federation.row_privacy.site_share],
+[`fedhead.federation.discrete_gaussian`][fedhead.federation.discrete_gaussian]). Any ``m >= m_min``
+honest sites' noise then sums to at least the full variance; a single site's share hides nothing on
+its own. The discrete Gaussian is as private as the continuous one of the same variance for the same
+L2 sensitivity (Canonne, Kamath and Steinke 2020), and the sum of the shares is within Kairouz, Liu
+and Steinke's ``tau`` of one discrete Gaussian (checked to be below ``MAX_SUM_GAP``). Rounding moves
+each entry by at most ``2^-(g+1)``, so the sensitivity of the rounded statistics grows by at most
+``||2^-g / scale||_2`` over the entries: [`effective_noise`][fedhead.federation.row_privacy.effective_noise]
+accounts the mechanism at ``z / (1 + that)``.
+
+**Standardisation.** The clip's units are public (declared in the config). The exchange's pooled
+standardisation and ``G_cen`` follow from the released statistics alone (post-processing: no further
+epsilon): [`pooled_moments`][fedhead.federation.row_privacy.pooled_moments].
+
+**Accounting.** [`row_privacy_spent`][fedhead.federation.row_privacy.row_privacy_spent] composes, with
+flwr's ``RdpAccountant``, the exchange (noise multiplier ``z``) and every later client-level release
+(noise multiplier ``z_c`` on sensitivity ``K Delta`` per site,
+[`fedhead.federation.privacy_noise`][fedhead.federation.privacy_noise]): one row moves a site's
+clipped, capped term by at most ``2 K Delta``, so in the row unit such a release is a Gaussian
+mechanism of noise multiplier ``z_c / 2``.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Sequence
+from fractions import Fraction
+from typing import NamedTuple
+
+import numpy as np
+from flwr.supercore.privacy_accounting import (
+    GaussianPrivacyEvent,
+    NeighboringRelation,
+    PrivacyConfig,
+    SamplingMethod,
+)
+from flwr.supercore.privacy_accounting.rdp_accountant import RdpAccountant
+
+from fedhead.analysis.constraints import ConfigError
+from fedhead.federation.discrete_gaussian import MAX_SUM_GAP, discrete_gaussians, sum_gap
+from fedhead.federation.privacy_noise import noise_for_epsilon
+
+__all__ = [
+    "BLOCK_SHARES",
+    "GRID_BITS",
+    "PooledRows",
+    "clip_rows",
+    "effective_noise",
+    "noise_for_row_epsilon",
+    "noise_scales",
+    "pooled_moments",
+    "release_length",
+    "row_privacy_spent",
+    "row_statistics",
+    "sensitivities",
+    "site_share",
+    "svec",
+    "unsvec",
+]
+
+#: ``w_k^2``, the share of the release's ``rho`` of the count, the sums and the second moments.
+BLOCK_SHARES = (0.05, 0.05, 0.90)
+#: ``g``: the noise grid is ``2^-g``; a share's entries must stay below ``2^(52 - g)`` in magnitude.
+GRID_BITS = 16
+_EXACT = 2.0**52  # below it, every multiple of 2^-g with g <= GRID_BITS is a float64 exactly
+
+
+class PooledRows(NamedTuple):
+    """The pooled count, mean ``(d,)`` and covariance ``(d, d)`` (population, symmetric) of a summed release."""
+
+    count: float
+    mean: np.ndarray
+    cov: np.ndarray
+
+
+def svec(a: np.ndarray) -> np.ndarray:
+    """The upper triangle of a symmetric ``(d, d)``, row by row, off-diagonal entries times ``sqrt(2)``."""
+    m = np.asarray(a, dtype=np.float64)
+    i, j = np.triu_indices(m.shape[0])
+    return m[i, j] * np.where(i == j, 1.0, math.sqrt(2.0))
+
+
+def unsvec(v: np.ndarray, dim: int) -> np.ndarray:
+    """The symmetric ``(d, d)`` of an [`svec`][fedhead.federation.row_privacy.svec]."""
+    i, j = np.triu_indices(dim)
+    vals = np.asarray(v, dtype=np.float64) / np.where(i == j, 1.0, math.sqrt(2.0))
+    out = np.zeros((dim, dim))
+    out[i, j] = vals
+    out[j, i] = vals
+    return out
+
+
+def release_length(dim: int) -> int:
+    """Entries of a release of ``d = dim`` targets: ``1 + d + d (d + 1) / 2``."""
+    return 1 + dim + dim * (dim + 1) // 2
+
+
+def clip_rows(y: np.ndarray, clip: float) -> np.ndarray:
+    """Every row of ``y (N, d)`` scaled to the L2 norm ``C = clip`` if it is longer (float64 copy)."""
+    rows = np.array(y, dtype=np.float64)
+    if rows.ndim != 2 or not np.all(np.isfinite(rows)):
+        raise ConfigError(f"row-level privacy: the targets must be a finite (N, d) array, got shape {rows.shape}")
+    c = _positive("clip", clip)
+    norms = np.linalg.norm(rows, axis=1)
+    scale = np.minimum(1.0, c / np.maximum(norms, np.finfo(np.float64).tiny))
+    return rows * scale[:, None]
+
+
+def row_statistics(y: np.ndarray, clip: float) -> np.ndarray:
+    """A site's release before noise: ``[N_m, sum clip(y), svec(sum clip(y) clip(y)^T)]`` of its rows ``y (N, d)``."""
+    rows = clip_rows(y, clip)
+    return np.concatenate([[float(rows.shape[0])], rows.sum(axis=0), svec(rows.T @ rows)])
+
+
+def sensitivities(clip: float) -> tuple[float, float, float]:
+    """``(1, C, C^2)``: the L2 change of the count, the sums and the svec'd second moments by one row."""
+    c = _positive("clip", clip)
+    return 1.0, c, c * c
+
+
+def noise_scales(dim: int, clip: float) -> np.ndarray:
+    """``(L,)`` ``D_k / w_k`` of each entry's block: its noise is ``z`` times this in the statistics' units."""
+    sizes = (1, dim, dim * (dim + 1) // 2)
+    return np.concatenate(
+        [np.full(n, d / math.sqrt(w)) for n, d, w in zip(sizes, sensitivities(clip), BLOCK_SHARES, strict=True)]
+    )
+
+
+def effective_noise(noise_multiplier: float, dim: int, clip: float, grid_bits: int = GRID_BITS) -> float:
+    """The noise multiplier the release is accounted at: ``z / (1 + ||2^-g / scale||_2)`` (the grid's rounding)."""
+    rounding = float(np.linalg.norm(2.0**-grid_bits / noise_scales(dim, clip)))
+    return _non_negative("noise_multiplier", noise_multiplier) / (1.0 + rounding)
+
+
+def noise_for_row_epsilon(epsilon: float, dim: int, clip: float, rows: int, delta: float) -> float:
+    """The noise multiplier ``z`` a site draws so that the exchange alone spends at most ``epsilon`` per row:
+    [`noise_for_epsilon`][fedhead.federation.privacy_noise.noise_for_epsilon] of one release over ``rows``,
+    raised by the grid's rounding ([`effective_noise`][fedhead.federation.row_privacy.effective_noise])."""
+    accounted = noise_for_epsilon(epsilon, 1, rows, delta)
+    return accounted * accounted / effective_noise(accounted, dim, clip)
+
+
+def site_share(
+    statistics: np.ndarray,
+    dim: int,
+    *,
+    clip: float,
+    noise_multiplier: float,
+    min_sites: int,
+    rng: random.Random,
+    grid_bits: int = GRID_BITS,
+) -> np.ndarray:
+    """What a site sends into the secure sum: its statistics on the grid ``2^-g`` plus its noise share.
+
+    Parameters
+    ----------
+    statistics : ndarray (L,)
+        [`row_statistics`][fedhead.federation.row_privacy.row_statistics] of the site's rows.
+    dim : int
+        ``d``, the targets.
+    clip, noise_multiplier, min_sites
+        ``C``, ``z`` and ``m_min`` (the fewest honest sites whose sum is released).
+    rng : random.Random
+        The site's generator: ``random.SystemRandom()`` in a run (no seed the server could know).
+    grid_bits : int
+        ``g`` (``GRID_BITS``).
+
+    Returns
+    -------
+    numpy.ndarray
+        ``(L,)`` float64 multiples of ``2^-g`` (exact): ``round(s 2^g) 2^-g + 2^-g X``, ``X`` a discrete
+        Gaussian of variance ``(z scale)^2 2^(2g) / m_min`` per entry.
+    """
+    values = np.asarray(statistics, dtype=np.float64).ravel()
+    if values.size != release_length(dim) or not np.all(np.isfinite(values)):
+        raise ConfigError(f"row-level privacy: expected {release_length(dim)} finite statistics, got {values.size}")
+    if not isinstance(min_sites, int) or min_sites < 1:
+        raise ConfigError(f"row-level privacy: min_sites must be an integer >= 1, got {min_sites!r}")
+    z = _non_negative("noise_multiplier", noise_multiplier)
+    step = 2.0**grid_bits
+    grid = np.round(values * step)
+    shares = []
+    for scale in noise_scales(dim, clip):
+        variance = Fraction(z * float(scale) * step) ** 2 / min_sites
+        if variance and sum_gap(float(variance), min_sites) > MAX_SUM_GAP:
+            raise ConfigError(f"row-level privacy: the noise share (variance {float(variance):.3g} steps) is too small")
+        shares.extend(discrete_gaussians(rng, variance, 1))
+    total = grid + np.array(shares, dtype=np.float64)
+    if np.any(np.abs(total) >= _EXACT):
+        raise ConfigError(f"row-level privacy: a statistic is beyond 2^{52 - grid_bits}, too large for the noise grid")
+    return total / step
+
+
+def pooled_moments(total: np.ndarray, dim: int) -> PooledRows:
+    """The pooled count, mean and covariance of a summed release (post-processing: no further epsilon).
+
+    Raises
+    ------
+    ConfigError
+        When the noised count is not positive.
+    """
+    t = np.asarray(total, dtype=np.float64).ravel()
+    count = float(t[0])
+    if not count > 0:
+        raise ConfigError("row-level privacy: the noised count of the rows is not positive")
+    mean = t[1 : 1 + dim] / count
+    cov = unsvec(t[1 + dim :], dim) / count - np.outer(mean, mean)
+    return PooledRows(count, mean, 0.5 * (cov + cov.T))
+
+
+def row_privacy_spent(exchange_noise: float, later_noise: Sequence[float], rows: int, delta: float) -> float:
+    """``epsilon`` at ``delta``, for one row, of the row-level exchange and the later client-level releases.
+
+    Parameters
+    ----------
+    exchange_noise : float
+        The exchange's accounted noise multiplier
+        ([`effective_noise`][fedhead.federation.row_privacy.effective_noise]; 0: no exchange accounted).
+    later_noise : sequence of float
+        ``z_c > 0`` of each later client-level release: accounted as Gaussian mechanisms of ``z_c / 2``.
+    rows : int
+        ``N >= 1``, the population (recorded; no sampling amplification).
+    delta : float
+        In ``(0, 1)``.
+    """
+    if not isinstance(rows, int) or rows < 1:
+        raise ConfigError(f"row-level privacy: rows must be an integer >= 1, got {rows!r}")
+    if not 0.0 < float(delta) < 1.0:
+        raise ConfigError(f"row-level privacy: delta must be in (0, 1), got {delta!r}")
+    events = ([float(exchange_noise)] if exchange_noise else []) + [_positive("noise", z) / 2.0 for z in later_noise]
+    if not events:
+        return 0.0
+    config = PrivacyConfig(
+        target_delta=float(delta),
+        population_size=rows,
+        neighboring_relation=NeighboringRelation.ADD_OR_REMOVE_ONE,
+        sampling_method=SamplingMethod.NO_AMPLIFICATION,
+    )
+    accountant = RdpAccountant(config)
+    for z in events:
+        accountant.compose(GaussianPrivacyEvent(noise_multiplier=z, sample_size=rows, population_size=rows), 1)
+    return float(accountant.get_epsilon(float(delta)))
+
+
+def _positive(name: str, value: object) -> float:
+    number = float(value) if isinstance(value, int | float | np.floating) and not isinstance(value, bool) else math.nan
+    if not (math.isfinite(number) and number > 0):
+        raise ConfigError(f"row-level privacy: {name} must be a finite number > 0, got {value!r}")
+    return number
+
+
+def _non_negative(name: str, value: object) -> float:
+    if value == 0:
+        return 0.0
+    return _positive(name, value)
