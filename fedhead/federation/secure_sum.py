@@ -60,15 +60,15 @@ learn nothing beyond that sum; ``t`` or more hold enough shares to rebuild any s
 ``sk_s`` and unmask its input. Not covered: a server that shows different sites different key
 books (the active-adversary variant adds signed keys and a consistency round).
 
-Costs, complete graph, ``n`` sites, ``L`` entries (P-384 PEM keys 215 bytes, b-share 52 bytes,
-sk-share 324 bytes, one Fernet ciphertext 612 bytes):
+Costs, complete graph, ``n`` sites, ``L`` entries (P-384 PEM keys 215 bytes, b-share 72 bytes,
+sk-share 72 bytes, one Fernet ciphertext 312 bytes):
 
 | stage | site -> server | server -> site | work |
 |---|---|---|---|
 | advertise | 2 keys, 430 B | -- | site: 2 key pairs |
-| share keys | (n-1) ciphertexts, 612 B each | key book, 430 n B | site: 2 Shamir splits, n-1 ECDH, n-1 encryptions |
+| share keys | (n-1) ciphertexts, 312 B each | key book, 430 n B | site: 2 Shamir splits, n-1 ECDH, n-1 encryptions |
 | mask | ``y_u``, 8 k L B | (n-1) ciphertexts | site: n-1 decryptions and ECDH, n ChaCha20 streams of k L words |
-| unmask | 52 B per survivor, 324 B per dropped | the two lists | server: see below |
+| unmask | 72 B per survivor, 72 B per dropped | the two lists | server: see below |
 
 At the server, unmasking costs per survivor one Shamir combine and one stream, and per dropped
 site one combine, then one ECDH and one stream per survivor.
@@ -93,7 +93,6 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
-from flwr.common.secure_aggregation.crypto.shamir import combine_shares, create_shares
 from flwr.common.secure_aggregation.crypto.symmetric_encryption import decrypt, encrypt, generate_shared_key
 from flwr.common.secure_aggregation.secaggplus_utils import (
     share_keys_plaintext_concat,
@@ -108,6 +107,7 @@ from flwr.supercore.primitives.asymmetric import (
 )
 
 from fedhead.analysis.procedure import ConfigError
+from fedhead.federation import shamir
 from fedhead.federation.aggregation import ReplyError
 from fedhead.federation.ring_encoding import RingFixedPoint, ring_add, ring_sub
 
@@ -183,10 +183,6 @@ def _b64(raw: bytes) -> str:
 
 def _unb64(text: str) -> bytes:
     return base64.b64decode(text.encode("ascii"), validate=True)
-
-
-def _share_index(share: bytes) -> int:
-    return int.from_bytes(share[:4], "little", signed=False)
 
 
 # --------------------------------------------------------------------------------------------
@@ -339,8 +335,9 @@ class SecureSumClient:
         self._threshold = check_threshold(threshold, len(sites))
         self._book = {s: key_book[s] for s in sites}
         self._seed = os.urandom(_SEED_BYTES)
-        seed_shares = create_shares(self._seed, self._threshold, len(sites))
-        key_shares = create_shares(private_key_to_bytes(self._mask_key), self._threshold, len(sites))
+        seed_shares = shamir.split(self._seed, self._threshold, len(sites))
+        scalar = self._mask_key.private_numbers().private_value.to_bytes(48, "big")  # P-384: 48 bytes
+        key_shares = shamir.split(scalar, self._threshold, len(sites))
         ciphertexts = {}
         for site, seed_share, key_share in zip(sites, seed_shares, key_shares, strict=True):
             if site == self.site:
@@ -564,12 +561,7 @@ class SecureSumServer:
                     site, "secure sum: unmasking shares must name exactly the survivors and the dropped sites"
                 )
             for share in (*reply.seed_shares.values(), *reply.key_shares.values()):
-                if (
-                    not isinstance(share, bytes)
-                    or len(share) < 20
-                    or (len(share) - 4) % 16
-                    or _share_index(share) != index[site]
-                ):
+                if not shamir.is_share(share, index[site]):
                     raise ReplyError(site, "secure sum: a share is malformed or not this site's")
         self._enough(len(revealed), "answered the unmasking")
         helpers = sorted(revealed)[: self.threshold]
@@ -582,9 +574,9 @@ class SecureSumServer:
                 )
             total = ring_sub(total, _stream(seed, _SELF_MASK, self.width), self.encoding.words)
         for site in gone:
-            pem = self._combine([revealed[h].key_shares[site] for h in helpers], site, "mask key")
+            scalar = self._combine([revealed[h].key_shares[site] for h in helpers], site, "mask key")
             try:
-                key = bytes_to_private_key(pem)
+                key = ec.derive_private_key(int.from_bytes(scalar, "big"), ec.SECP384R1())
                 rebuilt = public_key_to_bytes(key.public_key())
             except (ValueError, TypeError):
                 rebuilt = b""
@@ -602,7 +594,7 @@ class SecureSumServer:
         if len({len(s) for s in shares}) != 1:
             raise SecureSumError(f"secure sum: the shares of site {site}'s {what} differ in length (a wrong share)")
         try:
-            return combine_shares(list(shares))
+            return shamir.combine(shares)
         except ValueError:
             raise SecureSumError(
                 f"secure sum: the shares of site {site}'s {what} do not rebuild it (a wrong share)"
