@@ -7,9 +7,10 @@ a_{t-1} x^{t-1}`` with uniform coefficients ``a_j`` in ``[0, p)`` (``secrets.ran
 each chunk as ``m = f(0) = sum_i lambda_i f(x_i) mod p``, the Lagrange coefficients at zero
 ``lambda_i = prod_{j != i} x_j / (x_j - x_i) mod p``. They depend on the indices alone, so a
 [`Combiner`][fedhead.federation.shamir.Combiner] computes them once per set of indices and every
-secret shared among the same sites costs one dot product of length ``t`` per chunk. ``t - 1`` shares
-say nothing of ``m``: for any other secret ``m'`` exactly one polynomial of degree ``t - 1`` through
-``(0, m')`` and the ``t - 1`` points exists, so every secret explains the shares equally well.
+secret shared among the same sites costs one dot product of length ``t`` per chunk. ``t - 1``
+shares say nothing of ``m``: for any other secret ``m'`` exactly one polynomial of degree at most
+``t - 1`` through ``(0, m')`` and the ``t - 1`` points exists, so every secret explains the shares
+equally well.
 
 A share is bytes: a header of three big-endian uint16 (the index ``i``, the threshold ``t``, the
 secret's length ``l``), then one 66-byte big-endian field element per chunk. A 32-byte seed or a
@@ -17,10 +18,11 @@ secret's length ``l``), then one 66-byte big-endian field element per chunk. A 3
 
 Why not flwr's ``create_shares`` / ``combine_shares``: they share each 16-byte chunk (after
 PKCS#7 padding) in ``GF(2^128)`` with pycryptodome's pure-Python ``Shamir``, which recomputes
-the interpolation for every chunk and every secret. The secure sum's server combines ``2 M``
-secrets with one set of ``t`` helpers, and each site splits two secrets into ``M`` shares; with
-flwr's primitive this dominated the whole sum from ``M = 16`` on. Both are compared, in the
-same run, by ``benchmarks/bench_secure_sum_scale.py`` (``--shamir both``).
+the interpolation for every chunk and every secret. The secure sum's server combines one secret
+per site (a survivor's seed, a dropped site's key) with one set of ``t`` helpers, and each site
+splits two secrets into ``M`` shares; with flwr's primitive this dominated the whole sum from
+``M = 16`` on. Both are compared, in the same run, by ``benchmarks/bench_secure_sum_scale.py``
+(``--shamir both``).
 """
 
 from __future__ import annotations
