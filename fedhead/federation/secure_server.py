@@ -12,10 +12,10 @@ import logging
 from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
-from flwr.common.secure_aggregation.crypto.shamir import combine_shares
-from flwr.supercore.primitives.asymmetric import bytes_to_private_key, bytes_to_public_key, public_key_to_bytes
+from flwr.supercore.primitives.asymmetric import bytes_to_public_key, public_key_to_bytes
 
 from fedhead.analysis.constraints import ConfigError
+from fedhead.federation import shamir
 from fedhead.federation.reply_checks import ReplyError
 from fedhead.federation.ring_encoding import RingFixedPoint, ring_add, ring_sub
 from fedhead.federation.roster import Roster, check_sum_id, verify_advertisement, verify_survivors
@@ -32,9 +32,9 @@ from fedhead.federation.secure_sum import (
     _pair_mask,
     _seed_digest,
     _self_mask,
-    _share_index,
     check_threshold,
     default_threshold,
+    mask_key_of,
 )
 
 log = logging.getLogger(__name__)
@@ -202,12 +202,7 @@ class SecureSumServer:
                     site, "secure sum: unmasking shares must name exactly the survivors and the dropped sites"
                 )
             for share in (*reply.seed_shares.values(), *reply.key_shares.values()):
-                if (
-                    not isinstance(share, bytes)
-                    or len(share) < 20
-                    or (len(share) - 4) % 16
-                    or _share_index(share) != index[site]
-                ):
+                if not shamir.is_share(share, index[site]):
                     raise ReplyError(site, "secure sum: a share is malformed or not this site's")
         self._enough(len(revealed), "answered the unmasking")
         return self._unmasked(revealed)
@@ -225,9 +220,9 @@ class SecureSumServer:
                 )
             total = ring_sub(total, _self_mask(seed, self.sum_id, self.width), k)
         for site in gone:
-            pem = self._combine([revealed[h].key_shares[site] for h in helpers], site, "mask key")
+            secret = self._combine([revealed[h].key_shares[site] for h in helpers], site, "mask key")
             try:
-                key = bytes_to_private_key(pem)
+                key = mask_key_of(secret)
                 rebuilt = public_key_to_bytes(key.public_key())
             except (ValueError, TypeError):
                 rebuilt = b""
@@ -245,7 +240,7 @@ class SecureSumServer:
         if len({len(s) for s in shares}) != 1:
             raise SecureSumError(f"secure sum: the shares of site {site}'s {what} differ in length (a wrong share)")
         try:
-            return combine_shares(list(shares))
+            return shamir.combine(shares)
         except ValueError:
             raise SecureSumError(
                 f"secure sum: the shares of site {site}'s {what} do not rebuild it (a wrong share)"

@@ -17,7 +17,6 @@ from collections.abc import Iterator, Mapping
 import numpy as np
 from cryptography.fernet import InvalidToken
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from flwr.common.secure_aggregation.crypto.shamir import create_shares
 from flwr.common.secure_aggregation.crypto.symmetric_encryption import decrypt, encrypt, generate_shared_key
 from flwr.common.secure_aggregation.secaggplus_utils import (
     share_keys_plaintext_concat,
@@ -32,6 +31,7 @@ from flwr.supercore.primitives.asymmetric import (
 )
 
 from fedhead.analysis.constraints import ConfigError
+from fedhead.federation import shamir
 from fedhead.federation.ring_encoding import RingFixedPoint, ring_add, ring_sub
 from fedhead.federation.roster import (
     Roster,
@@ -59,6 +59,7 @@ from fedhead.federation.secure_sum import (
     _sum_tag,
     _unb64,
     check_threshold,
+    mask_key_secret,
 )
 
 log = logging.getLogger(__name__)
@@ -252,8 +253,8 @@ class SecureSumClient:
                 raise _refuse(f"the threshold {threshold} is below site {self.site}'s floor of {self.min_survivors}")
             self._book = {s: key_book[s] for s in sites}
             self._seed = os.urandom(_SEED_BYTES)
-            seed_shares = create_shares(self._seed, self._threshold, len(sites))
-            key_shares = create_shares(private_key_to_bytes(self._mask_key), self._threshold, len(sites))
+            seed_shares = shamir.split(self._seed, self._threshold, len(sites))
+            key_shares = shamir.split(mask_key_secret(self._mask_key), self._threshold, len(sites))
             ciphertexts = {}
             for site, seed_share, key_share in zip(sites, seed_shares, key_shares, strict=True):
                 if site == self.site:

@@ -13,7 +13,8 @@ Every sum has an id that a site takes part in once
 key-share plaintext binds it, so that nothing of one sum is accepted in another.
 
 Protocol (complete graph: every pair of sites shares a mask; SecAgg+'s sparse neighbourhoods
-reduce to this for small M, so it is meant for M up to about 50):
+reduce to this for small M; with the prime-field Shamir of [`fedhead.federation.shamir`][fedhead.federation.shamir]
+a sum over 128 sites stays well under a second at the server, ``benchmarks/bench_secure_sum_scale.py``):
 
 1. *advertise*: each site draws two P-384 key pairs (flwr's ``generate_key_pairs``) and sends the
    public keys ``(c_u, s_u)`` (``c`` encrypts the key shares, ``s`` agrees the pairwise masks), its
@@ -91,7 +92,7 @@ may collude with the server, a floor ``f >= floor(2M/3) + 1`` keeps it for ``n_C
 colluding sites learns only the sum; ``t`` sites hold enough shares to unmask anyone.
 
 Costs, ``n`` sites, ``L`` entries: per site, 2 key pairs, ``n - 1`` ECDH and Fernet encryptions of
-a 612-byte ciphertext, ``n`` ChaCha20 streams of ``k L`` words, two Ed25519 signatures and up to
+a 312-byte ciphertext, ``n`` ChaCha20 streams of ``k L`` words, two Ed25519 signatures and up to
 ``n`` verifications; ``y_u`` is ``8 k L`` bytes. At the server, one Shamir combine and one stream per
 survivor, one combine, ECDH and stream per dropped site and survivor. Five round trips; total
 traffic grows as ``n^2`` (key shares, signatures) plus ``8 k L n`` (masked inputs).
@@ -121,6 +122,7 @@ _SELF_MASK = b"fedhead secure sum: self mask"
 _PAIR_MASK = b"fedhead secure sum: pair mask"
 _COMMITMENT = b"fedhead secure sum: seed commitment"
 _SEED_BYTES = 32
+_SCALAR_BYTES = 48  # a P-384 private scalar
 
 
 class SecureSumError(RuntimeError):
@@ -201,8 +203,15 @@ def _unb64(text: str) -> bytes:
     return base64.b64decode(text.encode("ascii"), validate=True)
 
 
-def _share_index(share: bytes) -> int:
-    return int.from_bytes(share[:4], "little", signed=False)
+def mask_key_secret(key: ec.EllipticCurvePrivateKey) -> bytes:
+    """The mask private key as the secret its Shamir shares carry: its P-384 scalar, 48 bytes big-endian."""
+    return key.private_numbers().private_value.to_bytes(_SCALAR_BYTES, "big")
+
+
+def mask_key_of(secret: bytes) -> ec.EllipticCurvePrivateKey:
+    """The mask private key of [`mask_key_secret`][fedhead.federation.secure_sum.mask_key_secret]'s
+    secret (``ValueError`` for a scalar that is no P-384 key)."""
+    return ec.derive_private_key(int.from_bytes(secret, "big"), ec.SECP384R1())
 
 
 # --------------------------------------------------------------------------------------------

@@ -17,10 +17,10 @@ from collections import defaultdict
 from collections.abc import Callable, Collection, Iterable, Mapping
 
 import numpy as np
-from flwr.common.secure_aggregation.crypto.shamir import combine_shares
-from flwr.supercore.primitives.asymmetric import bytes_to_private_key, public_key_to_bytes
+from flwr.supercore.primitives.asymmetric import public_key_to_bytes
 from secure_helpers import IDS, SUM, Federation
 
+from fedhead.federation import shamir
 from fedhead.federation.ring_encoding import RingFixedPoint, ring_add, ring_sub
 from fedhead.federation.roster import sign_survivors
 from fedhead.federation.secure_sum import (
@@ -30,7 +30,7 @@ from fedhead.federation.secure_sum import (
     _pair_mask,
     _seed_digest,
     _self_mask,
-    _share_index,
+    mask_key_of,
 )
 
 __all__ = ["Attacker", "assert_nothing_decodes", "attempt", "subset_sums"]
@@ -118,14 +118,14 @@ class Attacker:
     @staticmethod
     def _keep(pool: dict[int, dict[int, bytes]], shares: Mapping[int, bytes]) -> None:
         for owner, share in shares.items():
-            pool[owner][_share_index(share)] = share
+            pool[owner][shamir.parse(share)[0]] = share
 
     def seeds(self) -> dict[int, bytes]:
         """Every self-mask seed ``b_u`` the attacker can rebuild (checked against its commitment)."""
         out = {s: self.clients[s]._seed for s in self.colluding}
         for owner, shares in self.seed_shares.items():
             if len(shares) >= self.t:
-                seed = combine_shares(list(shares.values())[: self.t])
+                seed = shamir.combine(list(shares.values())[: self.t])
                 assert _seed_digest(seed, self.sum_id) == self.digests[owner], f"a wrong seed of site {owner}"
                 out[owner] = seed
         return out
@@ -135,7 +135,7 @@ class Attacker:
         out: dict[int, object] = {s: self.clients[s]._mask_key for s in self.colluding}
         for owner, shares in self.key_shares.items():
             if len(shares) >= self.t:
-                key = bytes_to_private_key(combine_shares(list(shares.values())[: self.t]))
+                key = mask_key_of(shamir.combine(list(shares.values())[: self.t]))
                 assert public_key_to_bytes(key.public_key()) == self.book[owner].mask, f"a wrong key of {owner}"
                 out[owner] = key
         return out
