@@ -41,31 +41,6 @@ if TYPE_CHECKING:
     )
     from fedhead.models.user import UserBackbone, UserModelError, as_backbone
 
-__getattr__ = lazy_exports(
-    __name__,
-    {
-        "fedhead.models.backbones": (
-            "Backbone",
-            "FreeFeatureBackbone",
-            "ImageBackbone",
-            "ResidualBlock",
-            "ResMLP",
-            "backbone_expects_indices",
-            "backbone_is_image",
-            "backbone_output_layer",
-            "build_head",
-            "feature_table",
-            "initial_head",
-            "require_backbone",
-            "residual_cnn",
-            "rotate_linear_output",
-            "seeded",
-            "torchvision_resnet",
-        ),
-        "fedhead.models.user": ("UserBackbone", "UserModelError", "as_backbone"),
-    },
-)
-
 __all__ = [
     "Backbone",
     "UserBackbone",
@@ -94,3 +69,13 @@ __all__ = [
     "seeded",
     "torchvision_resnet",
 ]
+
+_USER = ("UserBackbone", "UserModelError", "as_backbone")
+# every other export not imported above is a backbone's
+__getattr__ = lazy_exports(
+    __name__,
+    {
+        "fedhead.models.user": _USER,
+        "fedhead.models.backbones": tuple(n for n in __all__ if n not in globals() and n not in _USER),
+    },
+)
