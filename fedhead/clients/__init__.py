@@ -7,6 +7,7 @@ query, a SecAgg step) imports the package without torch.
 
 from typing import TYPE_CHECKING
 
+from fedhead.analysis.lazy import lazy_exports
 from fedhead.clients.app import make_client_app
 from fedhead.clients.messages import ClientError
 from fedhead.clients.secure import SecureSite, secure_mod
@@ -15,7 +16,7 @@ from fedhead.clients.store import BackboneStore, StoreError
 if TYPE_CHECKING:
     from fedhead.clients.step import evaluate_step, moment_reply, train_step
 
-_STEPS = ("evaluate_step", "moment_reply", "train_step")
+__getattr__ = lazy_exports(__name__, {"fedhead.clients.step": ("evaluate_step", "moment_reply", "train_step")})
 
 __all__ = [
     "BackboneStore",
@@ -28,12 +29,3 @@ __all__ = [
     "secure_mod",
     "train_step",
 ]
-
-
-def __getattr__(name: str):
-    """The steps of [`fedhead.clients.step`][fedhead.clients.step], imported on first use."""
-    if name in _STEPS:
-        from fedhead.clients import step
-
-        return getattr(step, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
