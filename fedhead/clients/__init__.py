@@ -1,11 +1,22 @@
 """The client side of fedhead: the library steps a user's own ClientApp calls
-([`fedhead.clients.step`][fedhead.clients.step]), fedhead's own ClientApp, and the private backbone store."""
+([`fedhead.clients.step`][fedhead.clients.step]), fedhead's own ClientApp, and the private backbone store.
 
+The steps (torch) are imported on first use: a deployed message that touches no model (a statistics
+query, a SecAgg step) imports the package without torch.
+"""
+
+from typing import TYPE_CHECKING
+
+from fedhead.analysis.lazy import lazy_exports
 from fedhead.clients.app import make_client_app
 from fedhead.clients.messages import ClientError
 from fedhead.clients.secure import SecureSite, secure_mod
-from fedhead.clients.step import evaluate_step, moment_reply, train_step
 from fedhead.clients.store import BackboneStore, StoreError
+
+if TYPE_CHECKING:
+    from fedhead.clients.step import evaluate_step, moment_reply, train_step
+
+__getattr__ = lazy_exports(__name__, {"fedhead.clients.step": ("evaluate_step", "moment_reply", "train_step")})
 
 __all__ = [
     "BackboneStore",

@@ -3,6 +3,10 @@
 (the moments, a site's statistics, the mismatch objectives of docs/theory.md §13), ``train`` and
 ``evaluate`` with the client's data and stored private backbone, through the library steps of
 [`fedhead.clients.step`][fedhead.clients.step] (one implementation).
+
+A deployed message starts a fresh process that imports this module: the steps, the trainer and torch
+are imported by the handlers that touch a model, when first called, so that a statistics query or a
+SecAgg step imports no torch (``tests/clients/test_light_imports.py``).
 """
 
 from __future__ import annotations
@@ -11,13 +15,13 @@ import hashlib
 import logging
 import pickle
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 from flwr.app import Context, Message, MetricRecord, MetricRecordValues, RecordDict
 from flwr.clientapp import ClientApp
 
 from fedhead.clients.cache import CLIENT_CACHE
-from fedhead.clients.export import is_final, save_final_model
 from fedhead.clients.identity import SimulatedSites
 from fedhead.clients.messages import ClientError, round_of
 from fedhead.clients.secure import SecureSite, fully_active, secure_mod
@@ -33,12 +37,12 @@ from fedhead.clients.state import (
     save_backbone,
     train_inputs,
 )
-from fedhead.clients.step import evaluate_step, moment_reply, train_step
-from fedhead.data.base import ClientData, FederatedData
 from fedhead.federation import protocol
 from fedhead.federation.secure_records import FULLY_ACTIVE, STAGE_REGIME
 from fedhead.settings.job import JobConfig
-from fedhead.train import mismatch_objectives, select_device
+
+if TYPE_CHECKING:
+    from fedhead.data.base import ClientData, FederatedData
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +74,8 @@ def handle_query(job: JobConfig, msg: Message, context: Context) -> Message:
         return handle_mismatch(job, msg, context)
     if stage == protocol.STAGE_STATISTICS:
         return handle_statistics(job, msg, context)
+    from fedhead.clients.step import moment_reply
+
     pid, _, cd = setup(job, msg, context, threads=False)
     y, mu, sigma = client_moments(job, pid, cd)
     return Message(moment_reply(y, pid, moments=(mu, sigma)), reply_to=msg)
@@ -102,6 +108,9 @@ def handle_mismatch(job: JobConfig, msg: Message, context: Context) -> Message:
     trained local model, the trained heads' average with its backbone, the aligned average with its
     aligned backbone ([`mismatch_objectives`][fedhead.train.mismatch_objectives.mismatch_objectives]; the
     stored backbone of the message's round is only read)."""
+    from fedhead.train import select_device
+    from fedhead.train.mismatch_objectives import mismatch_objectives
+
     pid, data, cd = setup(job, msg, context)
     if protocol.MISMATCH not in msg.content.array_records:
         raise ClientError(f"partition {pid}: mismatch query without the '{protocol.MISMATCH}' record")
@@ -151,6 +160,8 @@ def handle_mismatch(job: JobConfig, msg: Message, context: Context) -> Message:
 def handle_train(job: JobConfig, msg: Message, context: Context) -> Message:
     """One round of local work ([`fedhead.clients.step.train_step`][fedhead.clients.train_step])
     on the client's partition and its stored private backbone, which is saved afterwards."""
+    from fedhead.clients.step import train_step
+
     pid, data, cd = setup(job, msg, context)
     rnd = round_of(msg)
     _, mu, sigma = client_moments(job, pid, cd)
@@ -179,6 +190,9 @@ def handle_train(job: JobConfig, msg: Message, context: Context) -> Message:
 def handle_evaluate(job: JobConfig, msg: Message, context: Context) -> Message:
     """MSE of the shared head with the client's own backbone on its train (and test) data
     ([`fedhead.clients.step.evaluate_step`][fedhead.clients.evaluate_step])."""
+    from fedhead.clients.export import is_final, save_final_model
+    from fedhead.clients.step import evaluate_step
+
     pid, data, cd = setup(job, msg, context)
     backbone = load_backbone(job, context, pid, data, cd, required=True, expected_round=round_of(msg))
     test = None

@@ -8,14 +8,17 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 from flwr.app import Array, ArrayRecord, Message, RecordDict
 
 from fedhead.data.base import DataError
 from fedhead.data.table_files import TableError
 from fedhead.federation import protocol
+
+if TYPE_CHECKING:  # torch only where a model is touched: a query or a SecAgg step imports none
+    import torch
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +74,8 @@ def broadcast_head(content: RecordDict, pid: int) -> tuple[np.ndarray, np.ndarra
 
 def apply_shared_state(backbone: torch.nn.Module, record: ArrayRecord | None, pid: int) -> None:
     """Load the averaged backbone (full-model averaging), keeping the private BatchNorm stats."""
+    import torch
+
     if record is None:
         return
     own = backbone.state_dict()

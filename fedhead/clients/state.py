@@ -9,9 +9,9 @@ from __future__ import annotations
 import hashlib
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 from flwr.app import Context, Message
 
 from fedhead.analysis.seeds import backbone_seed
@@ -22,9 +22,10 @@ from fedhead.data.base import ClientData, FederatedData
 from fedhead.data.registry import load_federated
 from fedhead.federation import protocol
 from fedhead.federation.checkpoint import state_key
-from fedhead.models import FreeFeatureConfig, build_backbone
 from fedhead.settings.job import JobConfig
-from fedhead.train import target_moments
+
+if TYPE_CHECKING:  # torch, the models and the trainer only where a model is touched (not in a query or a SecAgg step)
+    import torch
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +81,8 @@ def client_moments(job: JobConfig, pid: int, cd: ClientData) -> tuple[np.ndarray
     key = (repr(job.dataset), job.settings.num_clients, pid)
 
     def compute() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        from fedhead.train.client_math import target_moments
+
         y64 = cd.y_train.detach().cpu().numpy().astype(np.float64)
         return (y64, *target_moments(y64))
 
@@ -88,16 +91,22 @@ def client_moments(job: JobConfig, pid: int, cd: ClientData) -> tuple[np.ndarray
 
 def is_free(job: JobConfig) -> bool:
     """Whether the backbone is the free-feature one (its inputs are sample indices)."""
+    from fedhead.models.config import FreeFeatureConfig
+
     return isinstance(job.model, FreeFeatureConfig)
 
 
 def train_inputs(job: JobConfig, cd: ClientData) -> torch.Tensor:
     """Training inputs: the stored tensor, or sample indices for the free-feature backbone."""
+    import torch
+
     return torch.arange(cd.n_train) if is_free(job) else cd.x_train
 
 
 def limit_threads(job: JobConfig) -> None:
     """Torch's intra-op threads: the client's CPU share (``resources.client_cpus``)."""
+    import torch
+
     n = max(1, int(job.resources.client_cpus))
     if torch.get_num_threads() != n:
         torch.set_num_threads(n)
@@ -202,6 +211,8 @@ def load_backbone(
         trained = CLIENT_CACHE.trained_module(str(store.root), pid, stored)
         if trained is not None:
             return trained
+    from fedhead.models import build_backbone
+
     backbone = build_backbone(job.model, data.input_shape, cd.n_train, initial_backbone_seed(job, pid))
     if stored is not None:
         backbone.load_state_dict(stored[1])

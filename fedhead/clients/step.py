@@ -22,7 +22,6 @@ from fedhead.train import (
     LocalMetrics,
     LocalProblem,
     TrainConfig,
-    align,
     evaluate_local,
     exact_head,
     head_distances,
@@ -31,6 +30,7 @@ from fedhead.train import (
     target_moments,
     train_local,
 )
+from fedhead.train.align import align
 
 __all__ = ["evaluate_step", "moment_reply", "train_step"]
 
@@ -106,7 +106,7 @@ def train_step(
     With ``procedure.exact`` the head is ``Pi_m(W_t)`` in closed form ([`exact_head`][fedhead.train.exact_head],
     no backbone); otherwise [`train_local`][fedhead.train.train_local] trains ``backbone`` and a head
     started at the broadcast ``(W_t, b_t)`` for ``problem`` with the recipe ``train``, then
-    [`align`][fedhead.train.align] rotates the head to ``W_t`` when ``procedure.align``. Full-model
+    [`align`][fedhead.train.align.align] rotates the head to ``W_t`` when ``procedure.align``. Full-model
     averaging first loads the message's ``backbone`` record (BatchNorm statistics kept).
 
     Parameters

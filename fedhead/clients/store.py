@@ -16,8 +16,6 @@ import re
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from fedhead.clients.cache import CLIENT_CACHE, StoredState
 from fedhead.results.io import write_bytes_atomic
 
@@ -94,6 +92,8 @@ class BackboneStore:
         rnd, path = files[-1]
         if cached is not None and cached[0] == rnd:
             return cached
+        import torch  # only where a state is read or written: most messages touch no model
+
         try:
             payload = torch.load(path, map_location="cpu", weights_only=True)
         except Exception as exc:
@@ -106,6 +106,8 @@ class BackboneStore:
 
     def save(self, partition: int, round_: int, state: dict[str, Any]) -> Path:
         """Store ``state`` (tensors moved to CPU) as the state of ``partition`` after ``round_``."""
+        import torch
+
         cpu_state = {k: (v.detach().to("cpu").clone() if torch.is_tensor(v) else v) for k, v in state.items()}
         buf = io.BytesIO()
         torch.save({"round": int(round_), "state": cpu_state}, buf)

@@ -8,11 +8,14 @@ into a [`FederatedData`][fedhead.data.FederatedData] of torch tensors that the t
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from fedhead.ufm import TargetMoments
+
+if TYPE_CHECKING:  # torch is imported where tensors are made: a client's statistics and SecAgg steps need none
+    import torch
 
 
 class DataError(ValueError):
@@ -151,6 +154,8 @@ class FederatedData:
 
 def batch_to_float(xb: torch.Tensor) -> torch.Tensor:
     """Convert an input batch to float32: uint8 images become values in [0, 1]."""
+    import torch
+
     if xb.dtype == torch.uint8:
         return xb.to(torch.float32).div_(255.0)
     if xb.dtype in (torch.int64, torch.int32):  # free-feature indices pass through

@@ -24,16 +24,18 @@ import threading
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
-import torch
 
 from fedhead.analysis.standardization import StandardizationError, check_offset_scale
 from fedhead.data.base import ClientData, DataError, FederatedData, RawDataset
 from fedhead.data.config import DatasetConfig
 from fedhead.data.partition import Partition, designed_partition, eigen_partition
 from fedhead.results.io import atomic_open
+
+if TYPE_CHECKING:  # torch is imported where tensors are made (see fedhead.data.base)
+    import torch
 
 __all__ = [
     "CACHE_VERSION",
@@ -139,6 +141,8 @@ def partition_raw(raw: RawDataset, y_std: np.ndarray, y_test_std: np.ndarray | N
 
 
 def _tensor(a: np.ndarray) -> torch.Tensor:
+    import torch
+
     return torch.from_numpy(np.ascontiguousarray(a))
 
 
@@ -364,6 +368,8 @@ def resize_images(raw: RawDataset, size: int | None) -> RawDataset:
     def resample(x: np.ndarray | None) -> np.ndarray | None:
         if x is None:
             return None
+        import torch
+
         t = torch.from_numpy(np.array(x, dtype=np.float32))
         out = torch.nn.functional.interpolate(t, size=(size, size), mode="area")
         return out.round().clamp(0, 255).to(torch.uint8).numpy() if x.dtype == np.uint8 else out.numpy().astype(x.dtype)

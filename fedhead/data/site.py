@@ -16,7 +16,6 @@ import logging
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 
 from fedhead.analysis.standardization import Standardization, float32_overflow, nonfinite_columns
 from fedhead.data.base import ClientData, RawDataset
@@ -234,6 +233,7 @@ def refuse_overflow(
 def client_data(site: Site, st: Standardization) -> ClientData:
     """The client's tensors, standardised locally with the federation's ``st`` (float32 targets;
     tabular inputs float32, images as stored)."""
+    import torch  # here only: a site's statistics need none (see fedhead.data.base)
 
     def targets(y):
         with np.errstate(over="ignore", invalid="ignore"):  # an overflow is refused below, naming the column

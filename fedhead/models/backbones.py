@@ -17,12 +17,10 @@ import numpy as np
 import torch
 from torch import nn
 
+from fedhead.models.config import ModelError
+
 if TYPE_CHECKING:
     from torchvision.models.resnet import ResNet
-
-
-class ModelError(ValueError):
-    """Bad model configuration or input: the message says what and where."""
 
 
 @contextlib.contextmanager

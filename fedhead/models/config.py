@@ -9,18 +9,16 @@ and a seed into a [`Backbone`][fedhead.models.Backbone]; the same seed gives the
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from fedhead.analysis.constraints import Field, Together, check, integer, number
-from fedhead.models.backbones import (
-    Backbone,
-    FreeFeatureBackbone,
-    ImageBackbone,
-    ModelError,
-    ResMLP,
-    residual_cnn,
-    seeded,
-    torchvision_resnet,
-)
+
+if TYPE_CHECKING:  # the backbones (torch) are imported where one is built: a job's config is read without torch
+    from fedhead.models.backbones import Backbone
+
+
+class ModelError(ValueError):
+    """Bad model configuration or input: the message says what and where."""
 
 
 @dataclass(frozen=True)
@@ -81,6 +79,8 @@ class ResMLPConfig(ModelConfig):
     )
 
     def build(self, input_shape: tuple[int, ...], n_samples: int) -> Backbone:
+        from fedhead.models.backbones import ResMLP
+
         return ResMLP(_tabular_features(self, input_shape), self.width, self.depth, self.feature_dim)
 
 
@@ -100,6 +100,8 @@ class ResNetConfig(ModelConfig):
 
     def build(self, input_shape: tuple[int, ...], n_samples: int) -> Backbone:
         image_shape = _image_shape(self, input_shape)
+        from fedhead.models.backbones import ImageBackbone, torchvision_resnet
+
         net = torchvision_resnet(self.depth, image_shape[0], self.feature_dim, self.width)
         return ImageBackbone(net, image_shape, self.feature_dim)
 
@@ -123,6 +125,8 @@ class ResidualCNNConfig(ModelConfig):
 
     def build(self, input_shape: tuple[int, ...], n_samples: int) -> Backbone:
         image_shape = _image_shape(self, input_shape)
+        from fedhead.models.backbones import ImageBackbone, residual_cnn
+
         net = residual_cnn(image_shape[0], self.feature_dim, self.groups, self.width)
         return ImageBackbone(net, image_shape, self.feature_dim)
 
@@ -139,6 +143,8 @@ class FreeFeatureConfig(ModelConfig):
     def build(self, input_shape: tuple[int, ...], n_samples: int) -> Backbone:
         if n_samples < 1:
             raise ModelError(f"model {self.name!r} needs n_samples >= 1 (one feature per sample), got {n_samples}")
+        from fedhead.models.backbones import FreeFeatureBackbone
+
         return FreeFeatureBackbone(int(n_samples), self.feature_dim, self.init_scale)
 
 
@@ -160,5 +166,7 @@ def build_backbone(cfg: ModelConfig, input_shape: tuple[int, ...], n_samples: in
     """
     if not isinstance(cfg, ModelConfig):
         raise ModelError(f"build_backbone needs a ModelConfig, got {type(cfg).__name__}")
+    from fedhead.models.backbones import seeded
+
     with seeded(seed):
         return cfg.build(tuple(int(s) for s in input_shape), int(n_samples))

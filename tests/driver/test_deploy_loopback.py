@@ -20,7 +20,14 @@ import sys
 from pathlib import Path
 
 import pytest
-from deploy_commands import ServerTls, cli_connection_toml, free_ports, superlink_command, supernode_command
+from deploy_commands import (
+    SUPERNODE_ENV,
+    ServerTls,
+    cli_connection_toml,
+    free_ports,
+    superlink_command,
+    supernode_command,
+)
 from deploy_helpers import REPO, Processes, flwr, online, wait
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -47,6 +54,7 @@ def loopback(tmp_path):
         os.environ,
         FLWR_HOME=str(tmp_path / "flwr-home"),
         OMP_NUM_THREADS="1",
+        **SUPERNODE_ENV,
         PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
     )
     Path(env["FLWR_HOME"]).mkdir()

@@ -33,7 +33,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 from app_helpers import InProcessGrid, pooled_g_cen
-from deploy_commands import ServerTls, cli_connection_toml, free_ports, superlink_command, supernode_command
+from deploy_commands import (
+    SUPERNODE_ENV,
+    ServerTls,
+    cli_connection_toml,
+    free_ports,
+    superlink_command,
+    supernode_command,
+)
 from deploy_helpers import REPO, Processes, flwr, online, wait
 
 from fedhead.cli.keys import assemble, new_site
@@ -102,6 +109,7 @@ def site_federation(tmp_path):
         os.environ,
         FLWR_HOME=str(tmp_path / "flwr-home"),
         OMP_NUM_THREADS="1",
+        **SUPERNODE_ENV,
         PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
     )
     Path(env["FLWR_HOME"]).mkdir()

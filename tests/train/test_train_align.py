@@ -10,11 +10,11 @@ from fedhead.train import (
     LocalProblem,
     TrainConfig,
     TrainInputError,
-    align,
     evaluate_local,
     procrustes_rotation,
     train_local,
 )
+from fedhead.train.align import align
 from fedhead.ufm import closest_head, optimal_gram, psd_sqrt
 
 

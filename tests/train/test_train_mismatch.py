@@ -9,7 +9,8 @@ import torch
 
 from fedhead.analysis.seeds import INIT_MODES, backbone_seed
 from fedhead.models import FreeFeatureConfig, ResMLPConfig, build_backbone
-from fedhead.train import TrainInputError, evaluate_local, mismatch_objectives
+from fedhead.train import TrainInputError, evaluate_local
+from fedhead.train.mismatch_objectives import mismatch_objectives
 
 
 def _orthogonal(p: int, seed: int) -> np.ndarray:
