@@ -14,6 +14,7 @@ from app_helpers import rotation, targets_with_moments
 #: first so that the two pytest-xdist workers (``-n 2 --dist loadfile``) finish together.
 LONGEST_FIRST = (
     "tests/sweep/test_sweep_run.py",
+    "tests/report/test_report_sweeps.py",
     "tests/report/test_report.py",
     "tests/driver/test_simulation.py",
     "tests/data/test_shapes3d.py",

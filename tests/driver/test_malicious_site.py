@@ -88,6 +88,7 @@ def _same_grams(res, ref):
     np.testing.assert_allclose(res["rounds"][1]["gram"], ref["rounds"][1]["gram"], rtol=1e-12, atol=1e-14)
 
 
+@pytest.mark.slow  # the default suite's tests/strategies/test_trust.py drops the same head in a hand-made round
 @pytest.mark.timeout(300)
 def test_a_head_of_1e200_drops_the_attacker_and_the_run_completes(tmp_path):
     res = _run(tmp_path, "attack", train=train_lie(head=lambda w: np.full_like(w, 1e200)))

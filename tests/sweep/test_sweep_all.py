@@ -55,6 +55,10 @@ class _Lines(logging.Handler):
         self.lines.append(record.getMessage())
 
 
+#: The three tests of one interrupted ``sweep=all`` (about 2 minutes of a worker) run with ``-m slow``;
+#: the default suite keeps the faster tests of the same code: a restarted sweep recomputes nothing
+#: (tests/sweep/test_sweep_run.py), the time left (below), the plan of every preset (below) and the
+#: report's claims (tests/report/test_report.py).
 @pytest.fixture(scope="module")
 def swept(tmp_path_factory):
     """``sweep=all`` of main, centering and fixed_e on Hopper, interrupted after 2 of main's 4 runs,
@@ -91,6 +95,7 @@ def swept(tmp_path_factory):
     return {"cfg": cfg, "first": first, "done": done, "plans": plans, "again": again, "third": third, "log": lines}
 
 
+@pytest.mark.slow
 def test_an_interrupted_sweep_all_restarts_without_recomputing(swept):
     """The restart runs main's other 2 runs, centering's centred run and fixed_e's 4, copies
     centering's ordinary run from main's (same config) and leaves the first 2 as they were; a
@@ -106,12 +111,14 @@ def test_an_interrupted_sweep_all_restarts_without_recomputing(swept):
     assert swept["third"].ran == [] and swept["third"].counts["completed"] == 10
 
 
+@pytest.mark.slow
 def test_the_console_shows_each_preset_and_the_time_left(swept):
     text = "\n".join(swept["log"].lines)
     assert "main" in text and "2 to run" in text and "1 copied from other presets" in text
     assert "time left: main ~" in text and ", all ~" in text and "time left: fixed_e ~" in text
 
 
+@pytest.mark.slow
 def test_one_report_with_a_verdict_or_a_reason_for_every_claim(swept):
     """Every claim has one of the verdicts and a line saying why (the numbers, the sweep to run, the
     file it needs); C5 and C8 are shown with the tolerance stop and with fixed E side by side."""
