@@ -13,12 +13,12 @@ from fedhead.analysis.lazy import lazy_exports
 from fedhead.models.config import (
     FreeFeatureConfig,
     ModelConfig,
-    ModelError,
     ResidualCNNConfig,
     ResMLPConfig,
     ResNetConfig,
     build_backbone,
 )
+from fedhead.models.errors import ModelError
 
 if TYPE_CHECKING:
     from fedhead.models.backbones import (

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from fedhead.models.config import ModelError
+from fedhead.models.errors import ModelError
 
 if TYPE_CHECKING:
     from torchvision.models.resnet import ResNet

@@ -12,13 +12,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from fedhead.analysis.constraints import Field, Together, check, integer, number
+from fedhead.models.errors import ModelError
 
 if TYPE_CHECKING:  # the backbones (torch) are imported where one is built: a job's config is read without torch
     from fedhead.models.backbones import Backbone
-
-
-class ModelError(ValueError):
-    """Bad model configuration or input: the message says what and where."""
 
 
 @dataclass(frozen=True)
