@@ -1,5 +1,5 @@
-"""A deployed message starts a fresh ``flwr-clientapp`` process that imports ``fedhead.client_app``
-(issue 46): a message that touches no model (the statistics query, a SecAgg step) imports no torch. Each
+"""A deployed message starts a fresh ``flwr-clientapp`` process that imports ``fedhead.client_app``:
+a message that touches no model (the statistics query, a SecAgg step) imports no torch. Each
 check runs in a fresh interpreter."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A deviating server against fedhead's ClientApp (issue 45, items 3 and 4): hand-made messages to real
+"""A deviating server against fedhead's ClientApp (data oracles and a site's privacy policy): hand-made messages to real
 sites, as a server that bisects would send them. Each run answers a standardisation, the regime question
 and a sum once; a site's own policy holds whatever the run config says; no answer depends on a row."""
 

@@ -1,5 +1,5 @@
-"""A server that asks the sites to unmask a secure sum over fewer survivors than they allow (issue 45,
-item 4): the ServerApp body against real ClientApps in process, its ``reveal`` requests forged."""
+"""A server that asks the sites to unmask a secure sum over fewer survivors than they allow (a site's
+privacy policy): the ServerApp body against real ClientApps in process, its ``reveal`` requests forged."""
 
 from __future__ import annotations
 
