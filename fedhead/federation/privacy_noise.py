@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import numpy as np
@@ -56,6 +57,7 @@ __all__ = [
     "clip_contribution",
     "dp_contribution",
     "dp_weight",
+    "gaussian_accountant",
     "noise_for_epsilon",
     "privacy_spent",
     "sensitivity",
@@ -309,17 +311,25 @@ def noise_for_epsilon(epsilon: float, releases: int, sites: int, delta: float) -
 # --------------------------------------------------------------------------------------------
 
 
-def _accountant(z: float, releases: int, sites: int, delta: float) -> RdpAccountant:
-    """flwr's RDP accountant with ``releases`` Gaussian releases of noise multiplier ``z`` composed."""
+def gaussian_accountant(events: Sequence[tuple[float, int]], population: int, delta: float) -> RdpAccountant:
+    """flwr's RDP accountant with the Gaussian releases ``events`` composed: ``(noise multiplier, count)``
+    pairs, add-or-remove-one neighbours among ``population`` units (sites or rows), no sampling amplification."""
     config = PrivacyConfig(
         target_delta=delta,
-        population_size=sites,
+        population_size=population,
         neighboring_relation=NeighboringRelation.ADD_OR_REMOVE_ONE,
         sampling_method=SamplingMethod.NO_AMPLIFICATION,
     )
     accountant = RdpAccountant(config)
-    accountant.compose(GaussianPrivacyEvent(noise_multiplier=z, sample_size=sites, population_size=sites), releases)
+    for z, count in events:
+        event = GaussianPrivacyEvent(noise_multiplier=z, sample_size=population, population_size=population)
+        accountant.compose(event, count)
     return accountant
+
+
+def _accountant(z: float, releases: int, sites: int, delta: float) -> RdpAccountant:
+    """flwr's RDP accountant with ``releases`` Gaussian releases of noise multiplier ``z`` composed."""
+    return gaussian_accountant([(z, releases)], sites, delta)
 
 
 def _check_releases_sites_delta(releases: object, sites: object, delta: object) -> None:

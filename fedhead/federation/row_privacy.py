@@ -62,17 +62,10 @@ from fractions import Fraction
 from typing import NamedTuple
 
 import numpy as np
-from flwr.supercore.privacy_accounting import (
-    GaussianPrivacyEvent,
-    NeighboringRelation,
-    PrivacyConfig,
-    SamplingMethod,
-)
-from flwr.supercore.privacy_accounting.rdp_accountant import RdpAccountant
 
 from fedhead.analysis.constraints import ConfigError
 from fedhead.federation.discrete_gaussian import MAX_SUM_GAP, discrete_gaussians, sum_gap
-from fedhead.federation.privacy_noise import noise_for_epsilon
+from fedhead.federation.privacy_noise import gaussian_accountant, noise_for_epsilon
 
 __all__ = [
     "BLOCK_SHARES",
@@ -264,16 +257,7 @@ def row_privacy_spent(exchange_noise: float, later_noise: Sequence[float], rows:
     events = ([float(exchange_noise)] if exchange_noise else []) + [_positive("noise", z) / 2.0 for z in later_noise]
     if not events:
         return 0.0
-    config = PrivacyConfig(
-        target_delta=float(delta),
-        population_size=rows,
-        neighboring_relation=NeighboringRelation.ADD_OR_REMOVE_ONE,
-        sampling_method=SamplingMethod.NO_AMPLIFICATION,
-    )
-    accountant = RdpAccountant(config)
-    for z in events:
-        accountant.compose(GaussianPrivacyEvent(noise_multiplier=z, sample_size=rows, population_size=rows), 1)
-    return float(accountant.get_epsilon(float(delta)))
+    return float(gaussian_accountant([(z, 1) for z in events], rows, float(delta)).get_epsilon(float(delta)))
 
 
 def _positive(name: str, value: object) -> float:
