@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 
+from fedhead.clients import secure_sums as sums
 from fedhead.clients.identity import SimulatedSites, SiteIdentity, site_identity
 from fedhead.clients.ledger import SiteLedger, run_scope
 from fedhead.clients.messages import ClientError
@@ -44,14 +45,11 @@ log = logging.getLogger(__name__)
 
 #: What a run refused at a step whose failure could depend on the site's values is told (nothing else).
 _NO_FURTHER_PART = "this site's input could not enter the sum; it takes no further part in this run"
-_STATE = "secure-sum-state"  # the node's state: ConfigRecord (sum id, client) and ArrayRecord (vector)
 
 
 def sum_id(msg: Message) -> str | None:
     """The secure sum a phase message starts (None: clear mode)."""
-    cfg = msg.content.config_records.get(protocol.CONFIG)
-    value = None if cfg is None else cfg.get(sr.SUM_ID)
-    return value if isinstance(value, str) and value else None
+    return sums.config_name(msg, sr.SUM_ID)
 
 
 def site_floor(policy: SitePolicy, identity: SiteIdentity) -> int:
@@ -72,72 +70,97 @@ def begin_sum(
     floor: int,
     noised_for: int = 0,
 ) -> RecordDict:
-    """Keep ``vector`` (this site's input to the sum the message names) and a fresh site of the sum in
-    the node's state; the reply: the site's signed public keys and ``metrics`` (which must reveal no row).
-    ``identity``: who the site is; ``floor``: the smallest threshold it accepts
-    ([`site_floor`][fedhead.clients.secure.site_floor]); ``noised_for``: the fewest survivors the vector's
-    noise was drawn for (0: not noised), below which the site will not help unmask the sum. A sum id this
-    site took part in before (in any run) is refused."""
+    """Enter ``vector`` (this site's input to the sum the message names) in the sum; the reply, with
+    ``metrics`` (which must reveal no row) and the next sum's signed keys when the message names one
+    ([`advertise_next`][fedhead.clients.secure_sums.advertise_next]).
+
+    A message that carries the sum's mask request (a sum set up within the previous sum's messages) is
+    answered with the masked input at once; otherwise a fresh site of the sum keeps ``vector`` in the
+    node's state and replies with its signed public keys. ``identity``: who the site is; ``floor``: the
+    smallest threshold it accepts ([`site_floor`][fedhead.clients.secure.site_floor]); ``noised_for``: the
+    fewest survivors the vector's noise was drawn for (0: not noised), below which the site will not help
+    unmask the sum. A sum id this site took part in before (in any run) is refused."""
     name = sum_id(msg)
     if name is None:
         raise ClientError("a secure sum was begun by a message that names none")
     values = np.ascontiguousarray(vector, dtype=np.float64).ravel()
     if not np.all(np.isfinite(values)):
         raise ClientError(f"secure sum {name}: this site's input has non-finite entries")
-    try:
-        client = SiteLedger(context).with_used_sum_ids(
-            lambda used: SecureSumClient(
-                int(context.node_id),
-                identity.name,
-                sum_id=name,
-                roster=identity.roster,
-                signing_key=identity.key,
-                used=used,
-                min_survivors=floor,
-            )
-        )
-    except SecureSumError as exc:  # a sum id used before: a replayed or repeated sum
-        raise PolicyRefusal(f"secure sum {name}: {exc}") from None
-    keys = client.advertise()
-    context.state[_STATE] = ConfigRecord({"id": name, "client": client.to_bytes(), "noised-for": int(noised_for)})
-    context.state[_STATE + "-values"] = ArrayRecord({"values": Array(values)})
-    log.debug("secure sum %s: %d entries kept for masking", name, values.size)
-    return RecordDict(
-        {sr.SECURE: ConfigRecord({sr.PAYLOAD: sr.pack(keys)}), protocol.METRICS: MetricRecord(dict(metrics))}
-    )
+    request = msg.content.config_records.get(sr.SECURE)
+    out = RecordDict({protocol.METRICS: MetricRecord(dict(metrics))})
+    prepared = None if request is None else sums.take_prepared(context, name, identity)
+    following = sums.advertise_next(msg, context, identity, floor)  # refused before anything is masked
+    if following is not None:
+        out[sr.NEXT] = following
+    if prepared is not None and request is not None:  # set up in the previous sum's messages: mask now
+        client = prepared
+        try:
+            ciphertexts, encoding = sr.unpack_mask_request(sr.payload_of(request))
+            out[sr.SECURE] = ArrayRecord({sr.MASKED: Array(client.mask(ciphertexts, values, encoding))})
+        except (SecureSumError, ValueError, KeyError, TypeError) as exc:
+            raise ClientError(f"secure sum {name}, step {sr.MASK}: {exc}") from None
+        finally:
+            sums.save(context, sums.CURRENT, client, noised_for)
+        log.debug("secure sum %s: %d entries masked", name, values.size)
+    else:
+        client = sums.new_client(context, identity, name, floor)
+        out[sr.SECURE] = ConfigRecord({sr.PAYLOAD: sr.pack(client.advertise())})
+        sums.save(context, sums.CURRENT, client, noised_for)
+        sums.keep_input(context, values)
+        log.debug("secure sum %s: %d entries kept for masking", name, values.size)
+    return out
 
 
 def handle_secure_step(
     msg: Message, context: Context, identity: SiteIdentity, policy: SitePolicy | None = None
 ) -> Message:
-    """One later step of the sum this node began: ``share-keys``, ``mask`` (its masked input), ``sign`` (the
-    survivor list) or ``reveal`` (refused over fewer survivors than the site's ``policy`` allows,
+    """One later step of a sum this node holds: ``share-keys``, ``mask`` (its masked input), ``sign`` (the
+    survivor list; with the next sum's key book, also that sum's key shares) or ``reveal`` (refused over
+    fewer survivors than the site's ``policy`` allows,
     [`SitePolicy.check_reveal`][fedhead.clients.policy.SitePolicy.check_reveal]). The site's state is kept
     after a refused step too: a refusal ends its part in the sum."""
     cfg = msg.content.config_records.get(protocol.CONFIG)
     name = sum_id(msg)
     step = None if cfg is None else cfg.get(sr.STEP)
-    held = context.state.config_records.get(_STATE)
-    if held is None or name is None or held.get("id") != name:
-        raise ClientError(
-            f"secure sum {name}: this site has not begun it (it holds {None if held is None else held.get('id')})"
-        )
-    blob = held.get("client")
-    if not isinstance(blob, bytes):
-        raise ClientError(f"secure sum {name}: the site's state is damaged")
-    try:
-        client = SecureSumClient.from_bytes(blob, identity.roster, identity.key)
-    except (SecureSumError, ValueError) as exc:
-        raise ClientError(f"secure sum {name}, step {step}: {exc}") from None
+    if name is None:
+        raise ClientError("a secure step that names no sum")
+    policy = policy or SitePolicy()
+    slot = sums.slot_of(context, name)
+    record = sums.held(context, slot)
+    assert record is not None
+    client = sums.load(record, identity)
     try:
         payload = sr.payload_of(msg.content.config_records.get(sr.SECURE))
-        out = _secure_step(client, step, payload, context, held, policy or SitePolicy())
+        out = _secure_step(client, step, payload, context, record, policy)
     except (SecureSumError, ValueError, KeyError) as exc:
         raise ClientError(f"secure sum {name}, step {step}: {exc}") from None
     finally:
-        held["client"] = client.to_bytes()
-        context.state[_STATE] = held
+        noised = record.get("noised-for", 0)
+        sums.save(context, slot, client, noised if isinstance(noised, int) else 0)
+    if step == sr.SIGN and sr.NEXT in msg.content.config_records:
+        shares = _share_next(msg, context, identity)
+        if shares is not None:
+            out[sr.NEXT] = shares
     return Message(out, reply_to=msg)
+
+
+def _share_next(msg: Message, context: Context, identity: SiteIdentity) -> ConfigRecord | None:
+    """The next sum's key shares for its key book (sent with this sum's survivor list); None, with a warning,
+    when the site holds no such sum or refuses the book (it then takes no part in that sum)."""
+    name = sums.config_name(msg, sr.NEXT_SUM)
+    record = sums.held(context, sums.NEXT)
+    if name is None or record is None or record.get("id") != name:
+        log.warning("secure sum %s: a key book for a next sum this site did not set up; not shared", name)
+        return None
+    client = sums.load(record, identity)
+    try:
+        book, threshold = sr.unpack_book(sr.payload_of(msg.content.config_records.get(sr.NEXT)))
+        return ConfigRecord({sr.PAYLOAD: sr.pack(client.share_keys(book, threshold))})
+    except (SecureSumError, ValueError, KeyError) as exc:
+        log.warning("secure sum %s: %s; this site takes no part in it", name, exc)
+        return None
+    finally:
+        sums.save(context, sums.NEXT, client)
 
 
 def _secure_step(
@@ -150,10 +173,8 @@ def _secure_step(
         out[sr.SECURE] = ConfigRecord({sr.PAYLOAD: sr.pack(client.share_keys(book, threshold))})
     elif step == sr.MASK:
         ciphertexts, encoding = sr.unpack_mask_request(payload)
-        values = context.state.array_records[_STATE + "-values"]["values"].numpy()
-        masked = client.mask(ciphertexts, values, encoding)
+        masked = client.mask(ciphertexts, sums.take_input(context), encoding)  # nothing of the input is kept
         out[sr.SECURE] = ArrayRecord({sr.MASKED: Array(masked)})
-        del context.state[_STATE + "-values"]  # the input is masked: nothing of it is kept
     elif step == sr.SIGN:
         signature = client.sign_survivors(sr.unpack_unmasking(payload))
         out[sr.SECURE] = ConfigRecord({sr.PAYLOAD: sr.pack_signature(signature)})

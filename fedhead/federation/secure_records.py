@@ -34,6 +34,10 @@ STAGE_SECURE = "secure-sum"  # config stage of the three later steps (query mess
 STAGE_REGIME = "regime"  # config stage: a site-local table's own margin, once the pooled standardisation is known
 STEP = "secure-step"
 SHARE_KEYS, MASK, SIGN, REVEAL = "share-keys", "mask", "sign", "reveal"
+#: config: the run's next sum, set up within this one's messages (its keys come with a masked input, its key
+#: shares with a survivor-list signature), so that its phase message carries its mask request at once.
+NEXT_SUM = "secure-next-sum"
+NEXT = "secure-next"  # ConfigRecord (payload) of the next sum's keys, key book or key shares
 LOCAL_OPTIMUM = "at-local-optimum"  # train reply metric (secure mode): 1 when the site reached its optimum
 FULLY_ACTIVE = "fully-active"  # exchange reply metric (secure mode): 1 when the site's own margin is positive
 TARGETS, FEATURES = "targets", "features"  # exchange reply metrics (secure mode): C, and F of a site-local table

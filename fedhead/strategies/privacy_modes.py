@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from flwr.app import ConfigRecord, Message
+from flwr.app import Message
 from flwr.serverapp import Grid
 
 from fedhead.analysis.constraints import ConfigError
@@ -58,9 +58,9 @@ class DifferentialPrivacy(Aggregator):
         """The secure aggregator's check."""
         self.inner.check_regime(exchange, settings, allow_outside_regime)
 
-    def name_sum(self, kind: str, config: ConfigRecord) -> None:
-        """The secure aggregator's sum name."""
-        self.inner.name_sum(kind, config)
+    def address(self, phase: Phase, messages: list[Message]) -> list[Message]:
+        """The secure aggregator's messages."""
+        return self.inner.address(phase, messages)
 
     def aggregate_train(self, phase: Phase, replies: Iterable[Message]) -> HeadSum:
         """The secure aggregator's head, one release more."""

@@ -39,9 +39,11 @@ from fedhead.strategies.replies import FederationError
 from fedhead.strategies.secure import (
     ABSENT_REASON,
     EXCHANGE_SUM,
+    FIRST_ROUND_SUM,
     SecureSum,
     SecureSumFailed,
     SiteReply,
+    SumMessages,
     SumSetup,
     parse_site_reply,
     run_secure_sum,
@@ -89,9 +91,15 @@ class PooledExchange:
 
 
 def exchange_messages(node_ids: Sequence[int], settings: ExchangeSettings, setup: SumSetup) -> list[Message]:
-    """The first message of the secure exchange: the moment (or statistics) query naming the sum."""
+    """The first message of the secure exchange: the moment (or statistics) query naming the sum and the first
+    round's, which the exchange's messages set up."""
     stage = protocol.STAGE_STATISTICS if settings.site_statistics is not None else protocol.STAGE_MOMENTS
-    cfg = {protocol.STAGE: stage, **settings.message_config, sr.SUM_ID: setup.sum_id(EXCHANGE_SUM)}
+    cfg = {
+        protocol.STAGE: stage,
+        **settings.message_config,
+        sr.SUM_ID: setup.sum_id(EXCHANGE_SUM),
+        sr.NEXT_SUM: setup.sum_id(FIRST_ROUND_SUM),
+    }
     return [
         Message(
             content=RecordDict({protocol.CONFIG: ConfigRecord(cfg)}), dst_node_id=int(n), message_type=MessageType.QUERY
@@ -169,18 +177,23 @@ def sum_moments(grid: Grid, sites: ExchangeSites, settings: ExchangeSettings, se
     statistics, [`statistics_vector`][fedhead.federation.secure_records.statistics_vector])."""
     raw = settings.site_statistics is not None
     scale = RAW_LIMIT if raw else settings.trust.max_abs
-    return run_secure_sum(
+    sums = SumMessages(
         grid,
-        {r.node: r.keys for r in sites.rows},
-        sum_id=setup.sum_id(EXCHANGE_SUM),
-        name="the exchange",
+        setup.sum_id(EXCHANGE_SUM),
+        "the exchange",
+        settings.timeouts.exchange,
+        settings.required,
+        settings.message_config,
+        {r.node: int(r.partition or 0) for r in sites.rows},
+    )
+    return run_secure_sum(
+        sums,
+        {r.node: r.keys for r in sites.rows if r.keys is not None},
         length=sr.moment_length(sites.dim) + (2 * sites.features if raw else 0),
         bound=sr.COUNT_BOUND * max(1.0, scale) ** 2,
-        required=settings.required,
-        timeout=settings.timeouts.exchange,
         setup=setup,
-        message_config=settings.message_config,
-        partitions={r.node: int(r.partition or 0) for r in sites.rows},
+        next_keys={r.node: r.next_keys for r in sites.rows if r.next_keys is not None},
+        next_sum=setup.sum_id(FIRST_ROUND_SUM),
     )
 
 
