@@ -3,9 +3,11 @@
 ([`secure_mod`][fedhead.clients.secure.secure_mod]) that any ClientApp built on fedhead's client steps adds.
 
 A phase message that names a sum (``config["secure-sum"]``) makes its handler compute the site's
-vector as usual, then [`begin_sum`][fedhead.clients.secure.begin_sum] keeps that vector and a fresh
-[`SecureSumClient`][fedhead.federation.secure_site.SecureSumClient] in the node's own state and replies
-with its signed public keys only. The four later steps (``stage="secure-sum"`` queries) run in
+vector as usual, then [`begin_sum`][fedhead.clients.secure.begin_sum] enters it in the sum: masked at
+once when the message carries the sum's mask request (a sum set up within the previous sum's messages,
+[`fedhead.clients.secure_sums`][fedhead.clients.secure_sums]), else kept with a fresh
+[`SecureSumClient`][fedhead.federation.secure_site.SecureSumClient] in the node's own state while the
+reply carries the site's signed public keys. The later steps (``stage="secure-sum"`` queries) run in
 [`handle_secure_step`][fedhead.clients.secure.handle_secure_step]. The vector never leaves the site
 but masked; nothing here is logged but sizes. The site signs as its roster identity
 ([`fedhead.clients.identity`][fedhead.clients.identity]) and never takes part twice in a sum of one id

@@ -3,7 +3,9 @@
 statistics or head, only their sums over the surviving sites.
 
 [`run_secure_sum`][fedhead.strategies.secure.run_secure_sum] drives stages 2-5 over the grid after a
-phase message (stage 1: the sites reply with their public keys); the one-time exchange of pooled
+phase message (stage 1: the sites reply with their public keys), and
+[`finish_sum`][fedhead.strategies.secure.finish_sum] stages 3-5 of a sum set up within the previous sum's
+messages ([`fedhead.strategies.secure_pipeline`][fedhead.strategies.secure_pipeline]); the one-time exchange of pooled
 moments is [`secure_exchange`][fedhead.strategies.secure_exchange.secure_exchange], each round's sums
 [`SecureAggregator`][fedhead.strategies.secure_aggregator.SecureAggregator]. What needs per-site values
 (``G_star``, the gap terms, per-site margins, local gaps, ``delta``) is absent, with
@@ -301,7 +303,7 @@ def finish_sum(
         raise
     except (SecureSumError, agg.ReplyError) as exc:
         raise SecureSumFailed(f"secure sum of {sums.name}: {exc} (privacy.threshold={server.threshold})") from None
-    setup.pipeline.prepared = None if following is None else prepare(following, shares, setup.roster)
+    setup.pipeline.announce(next_sum, None if following is None else prepare(following, shares, setup.roster))
     return SecureSum(result.total, result.survivors, tuple(dropped))
 
 

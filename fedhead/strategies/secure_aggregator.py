@@ -59,7 +59,8 @@ class SecureAggregator(Aggregator):
         enforce_reported_regime(exchange, allow_outside_regime)
 
     def _sum_id(self, phase: Phase) -> str:
-        return self.setup.sum_id(f"{phase.kind}-{phase.server_round}")
+        """The id of the phase's sum: ``<tag>/<kind>-<round>`` (``+`` when it was announced and not set up)."""
+        return self.setup.pipeline.sum_id(self.setup.sum_id(f"{phase.kind}-{phase.server_round}"))
 
     @staticmethod
     def _input(phase: Phase) -> tuple[int, float]:

@@ -46,10 +46,28 @@ class PreparedSum:
 
 
 class SumPipeline:
-    """The run's one prepared sum (at most one at a time)."""
+    """The run's one prepared sum (at most one at a time), and the ids announced as a next sum that was not
+    set up: the sites that advertised keys for one hold its id as used, so the sum runs under a fresh one."""
 
     def __init__(self) -> None:
         self.prepared: PreparedSum | None = None
+        self.announced: set[str] = set()
+
+    def sum_id(self, sum_id: str) -> str:
+        """The id the sum ``sum_id`` runs under: itself, unless it was announced and not set up (then
+        ``<sum_id>+``, new to every site)."""
+        return f"{sum_id}+" if sum_id in self.announced and self.prepared_id != sum_id else sum_id
+
+    @property
+    def prepared_id(self) -> str | None:
+        """The id of the prepared sum (None: none)."""
+        return None if self.prepared is None else self.prepared.sum_id
+
+    def announce(self, sum_id: str | None, prepared: PreparedSum | None) -> None:
+        """The sites were told that ``sum_id`` comes next; ``prepared``: the sum set up (None: it was not)."""
+        if sum_id is not None:
+            self.announced.add(sum_id)
+        self.prepared = prepared
 
     def peek(self, sum_id: str) -> PreparedSum | None:
         """The prepared sum when it is ``sum_id`` (another is forgotten: the run went another way)."""

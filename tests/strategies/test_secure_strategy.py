@@ -134,3 +134,34 @@ def test_a_site_beyond_the_bounds_fails_the_secure_sum_as_a_whole(task_identity)
     handlers[57] = Lying(handlers[57], "train", train_lie(head=lambda w: w * 1e9))
     with pytest.raises(SecureSumFailed, match=r"beyond trust.max_abs.*cannot tell which"):
         _run(behind_secure_mod(handlers), privacy=SECURE)
+
+
+def _keeps_its_next_shares(handler, sum_name: str):
+    """A site that signs the survivor list of ``sum_name`` but sends no key shares for the sum after it."""
+
+    def handle(msg):
+        reply = handler(msg)
+        cfg = msg.content.config_records.get(protocol.CONFIG, ConfigRecord())
+        if cfg.get(sr.STEP) == sr.SIGN and str(cfg.get(sr.SUM_ID, "")).endswith(sum_name):
+            del reply.content[sr.NEXT]
+        return reply
+
+    return handle
+
+
+def test_a_next_sum_too_few_sites_set_up_runs_under_a_fresh_id(task_identity):
+    sites = behind_secure_mod(_clients())
+    for node in (57, 33):  # 2 of 4 share keys for evaluate-2: fewer than t = 3
+        sites[node] = _keeps_its_next_shares(sites[node], "/train-2")
+    grid = FakeGrid(sites)
+    clear, clear_obs = _run(_clients(), rounds=3)
+    secure, secure_obs = _run({}, privacy=SECURE, rounds=3, fake=grid)
+    ids = [str(m.content.config_records[protocol.CONFIG].get(sr.SUM_ID)) for m in grid.sent]
+    tag = secure.aggregator.setup.tag
+    assert f"{tag}/evaluate-2+" in ids and f"{tag}/evaluate-2" not in ids  # its id was taken by the set-up
+    step = [sr.SIGN, sr.REVEAL]
+    round2 = ["train", *step, "evaluate", sr.SHARE_KEYS, sr.MASK, *step]  # the evaluation starts with its keys
+    assert _phases(grid)[5:] == [*(["train", *step, "evaluate", *step]), *round2, "train", *step, "evaluate", *step]
+    for a, b in zip(clear_obs.records, secure_obs.records, strict=True):
+        np.testing.assert_allclose(b.gram, a.gram, rtol=1e-12, atol=1e-14)
+        assert b.train_mse == pytest.approx(a.train_mse, rel=1e-14) if a.round else True
