@@ -153,6 +153,15 @@ class SiteLedger:
                 raise PolicyRefusal(f"refused: this site answers the {question} question once per run")
             run.setdefault("answered", []).append(question)
 
+    def release_once(self, scope: str, phase: str) -> None:
+        """Record that run ``scope`` asked this site to release ``phase`` (the exchange, a round's training or
+        evaluation) into a secure sum; refuse it the second time, whatever the sum is named."""
+        with self.update() as doc:
+            run = doc["runs"].setdefault(scope, {})
+            if phase in run.get("released", []):
+                raise PolicyRefusal(f"refused: this site releases {phase} once per run, into one secure sum")
+            run.setdefault("released", []).append(phase)
+
     def with_used_sum_ids(self, use: Callable[[UsedSumIds], T]) -> T:
         """``use(record)`` of the sum ids this site took part in, over all its runs
         ([`UsedSumIds`][fedhead.federation.roster.UsedSumIds]); the record is written back when ``use`` returns."""

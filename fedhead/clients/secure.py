@@ -302,7 +302,8 @@ def refuse_clear(msg: Message, policy: SitePolicy) -> None:
 def admit(msg: Message, site: SecureSite, policy: SitePolicy, ledger: SiteLedger, scope: str) -> None:
     """What a site checks of every message before it serves it: the run is not refused
     ([`SiteLedger.refusal`][fedhead.clients.ledger.SiteLedger.refusal]), it keeps the site's ``policy`` (its
-    mode, its DP floor, its budget), the regime question comes once, and a sum is begun once (and charged)."""
+    mode, its DP floor, its budget), the regime question comes once, and a phase is released once, into a sum
+    begun once (and charged)."""
     refused = ledger.refusal(scope)
     if refused is not None:
         raise PolicyRefusal(refused)
@@ -314,6 +315,7 @@ def admit(msg: Message, site: SecureSite, policy: SitePolicy, ledger: SiteLedger
         ledger.answer_once(scope, "regime")
     name = sum_id(msg)
     if name is not None and stage != sr.STAGE_SECURE:
+        ledger.release_once(scope, sums.phase_of(msg))  # a phase re-issued under another sum id: refused
         ledger.begin_sum(scope, name, policy, noise=site.privacy.dp_noise, sites=site.sites)
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MessageType
 
 from fedhead.clients.identity import SiteIdentity
 from fedhead.clients.ledger import SiteLedger
@@ -38,6 +38,15 @@ def config_name(msg: Message, key: str) -> str | None:
     cfg = msg.content.config_records.get(protocol.CONFIG)
     value = None if cfg is None else cfg.get(key)
     return value if isinstance(value, str) and value else None
+
+
+def phase_of(msg: Message) -> str:
+    """What a phase message asks the site to release, whatever the server names its sum: ``the exchange``
+    (the statistics or moment query), else ``<type> round <r>``."""
+    if msg.metadata.message_type == MessageType.QUERY:
+        return "the exchange"
+    cfg = msg.content.config_records.get(protocol.CONFIG)
+    return f"{msg.metadata.message_type} round {None if cfg is None else cfg.get(protocol.SERVER_ROUND)}"
 
 
 def new_client(context: Context, identity: SiteIdentity, name: str, floor: int) -> SecureSumClient:

@@ -220,7 +220,7 @@ def test_a_replayed_phase_message_gets_no_fresh_release(tmp_path, task_identity,
     state = {"state-dir": str(tmp_path / "state")}
     first = _ask(app, _node(twin_sites[0], **state), _secure_exchange())
     assert first.startswith("ok"), first
-    again = "PolicyRefusal: refused: secure sum exchange was already begun in this run (one release per sum)"
+    again = "PolicyRefusal: refused: this site releases the exchange once per run, into one secure sum"
     assert _ask(app, _node(twin_sites[0], **state), _secure_exchange()) == again  # a restarted node
     context = _node(twin_sites[0])  # in a simulation (no state-dir): the run's context state
     assert _ask(app, context, _secure_exchange()).startswith("ok")

@@ -87,7 +87,19 @@ def test_a_replayed_phase_message_of_a_set_up_sum_is_refused(task_identity):
     msg = _messages(secure, evaluate)[33]
     assert _answer(sites[33], msg) == "ok metrics secure secure-next"
     again = _answer(sites[33], msg)
-    assert again.startswith("PolicyRefusal") and "evaluate-1" in again
+    assert again == "PolicyRefusal: refused: this site releases evaluate round 1 once per run, into one secure sum"
+
+
+def test_a_phase_message_reissued_under_another_sum_id_gets_no_fresh_release(task_identity):
+    secure, sites, evaluate = _first_sum()
+    msg = _messages(secure, evaluate)[33]
+    assert _answer(sites[33], msg) == "ok metrics secure secure-next"
+    content = RecordDict(dict(msg.content.items()))
+    del content[sr.SECURE]  # a fresh sum of the same phase, as one that starts with its own keys
+    renamed = Message(content=content, dst_node_id=33, message_type="evaluate")
+    renamed = _with_config(renamed, **{sr.SUM_ID: secure.setup.sum_id("evaluate-1-again")})
+    answer = _answer(sites[33], renamed)
+    assert answer == "PolicyRefusal: refused: this site releases evaluate round 1 once per run, into one secure sum"
 
 
 def test_a_mask_request_that_withholds_the_peers_shares_is_refused(task_identity):
