@@ -38,6 +38,7 @@ from fedhead.federation.privacy_noise import dp_contribution
 from fedhead.federation.secure_site import SecureSumClient
 from fedhead.federation.secure_sum import MIN_SITES, SecureSumError, default_threshold
 from fedhead.settings.privacy import PrivacyPolicy
+from fedhead.settings.trust import TrustPolicy
 from fedhead.ufm import fully_active_margins
 
 log = logging.getLogger(__name__)
@@ -70,20 +71,25 @@ def begin_sum(
     *,
     identity: SiteIdentity,
     floor: int,
+    bound: float,
     noised_for: int = 0,
 ) -> RecordDict:
     """Keep ``vector`` (this site's input to the sum the message names) and a fresh site of the sum in
     the node's state; the reply: the site's signed public keys and ``metrics`` (which must reveal no row).
     ``identity``: who the site is; ``floor``: the smallest threshold it accepts
-    ([`site_floor`][fedhead.clients.secure.site_floor]); ``noised_for``: the fewest survivors the vector's
-    noise was drawn for (0: not noised), below which the site will not help unmask the sum. A sum id this
-    site took part in before (in any run) is refused."""
+    ([`site_floor`][fedhead.clients.secure.site_floor]); ``bound``: the public bound of the vector's entries
+    (its layout's, from run constants: the sum's encoding is checked against it,
+    [`check_encoding`][fedhead.federation.secure_records.check_encoding]), which an entry beyond refuses here;
+    ``noised_for``: the fewest survivors the vector's noise was drawn for (0: not noised), below which the site
+    will not help unmask the sum. A sum id this site took part in before (in any run) is refused."""
     name = sum_id(msg)
     if name is None:
         raise ClientError("a secure sum was begun by a message that names none")
     values = np.ascontiguousarray(vector, dtype=np.float64).ravel()
     if not np.all(np.isfinite(values)):
         raise ClientError(f"secure sum {name}: this site's input has non-finite entries")
+    if float(np.max(np.abs(values), initial=0.0)) > bound:
+        raise ClientError(f"secure sum {name}: this site's input exceeds the sum's public bound {bound:g}")
     try:
         client = SiteLedger(context).with_used_sum_ids(
             lambda used: SecureSumClient(
@@ -99,7 +105,9 @@ def begin_sum(
     except SecureSumError as exc:  # a sum id used before: a replayed or repeated sum
         raise PolicyRefusal(f"secure sum {name}: {exc}") from None
     keys = client.advertise()
-    context.state[_STATE] = ConfigRecord({"id": name, "client": client.to_bytes(), "noised-for": int(noised_for)})
+    context.state[_STATE] = ConfigRecord(
+        {"id": name, "client": client.to_bytes(), "noised-for": int(noised_for), "bound": float(bound)}
+    )
     context.state[_STATE + "-values"] = ArrayRecord({"values": Array(values)})
     log.debug("secure sum %s: %d entries kept for masking", name, values.size)
     return RecordDict(
@@ -148,8 +156,13 @@ def _secure_step(
     if step == sr.SHARE_KEYS:
         book, threshold = sr.unpack_book(payload)
         out[sr.SECURE] = ConfigRecord({sr.PAYLOAD: sr.pack(client.share_keys(book, threshold))})
+        held["sites"] = len(book)  # the book the site checked: the sum's encoding is for this many sites
     elif step == sr.MASK:
-        ciphertexts, encoding = sr.unpack_mask_request(payload)
+        ciphertexts, requested = sr.unpack_mask_request(payload)
+        bound, sites = held.get("bound"), held.get("sites")
+        if not isinstance(bound, float) or not isinstance(sites, int):
+            raise ClientError("the site's state lacks the sum's bound or its book")
+        encoding = sr.check_encoding(requested, bound, sites)
         values = context.state.array_records[_STATE + "-values"]["values"].numpy()
         masked = client.mask(ciphertexts, values, encoding)
         out[sr.SECURE] = ArrayRecord({sr.MASKED: Array(masked)})
@@ -184,6 +197,7 @@ def secure_reply(
     min_sites: int,
     identity: SiteIdentity,
     floor: int,
+    max_abs: float = TrustPolicy.max_abs,
 ) -> RecordDict:
     """The secure form of a clear reply ``content`` (never sent): its vector enters the sum the message names
     ([`begin_sum`][fedhead.clients.secure.begin_sum] as ``identity``, ``floor``); what is sent is the site's
@@ -191,12 +205,13 @@ def secure_reply(
 
     ``lambdas``: the run's ``(lambda_h, lambda_w)``. With ``privacy.dp_noise > 0`` the vector is clipped,
     weight-capped and noised first ([`dp_contribution`][fedhead.federation.privacy_noise.dp_contribution];
-    ``min_sites``: the fewest sites whose sum the server may decode).
+    ``min_sites``: the fewest sites whose sum the server may decode). ``max_abs``: the run's ``trust.max_abs``,
+    which sets the public bound of the moments' and the heads' entries.
     """
     metrics = content.metric_records.get(protocol.METRICS, MetricRecord())
     safe: dict[str, int | float] = {}
 
-    def begin(vector: np.ndarray, heads: bool = False) -> RecordDict:
+    def begin(vector: np.ndarray, bound: float, heads: bool = False) -> RecordDict:
         if privacy.dp_noise > 0:
             assert privacy.dp_max_rows is not None  # the policy refuses dp_noise without it
             vector = dp_contribution(
@@ -209,7 +224,7 @@ def secure_reply(
                 rng=np.random.default_rng(),  # the operating system's entropy: no seed the server could know
             )
         noised = min_sites if privacy.dp_noise > 0 else 0
-        return begin_sum(msg, context, vector, safe, identity=identity, floor=floor, noised_for=noised)
+        return begin_sum(msg, context, vector, safe, identity=identity, floor=floor, bound=bound, noised_for=noised)
 
     if protocol.PARTITION_ID in metrics:
         safe[protocol.PARTITION_ID] = int(_metric(metrics, protocol.PARTITION_ID))
@@ -219,6 +234,7 @@ def secure_reply(
         vector = sr.moment_vector(_metric(metrics, protocol.NUM_EXAMPLES), mean, cov)
         safe[sr.FULLY_ACTIVE] = int(fully_active(cov, lambdas))
         safe[sr.TARGETS] = int(np.asarray(mean).size)
+        bound = sr.moment_bound(max_abs)
     elif protocol.SITE_STATS in arrays:  # a site-local table's statistics
         st = arrays[protocol.SITE_STATS]
         cov = st[protocol.Y_COV].numpy()
@@ -231,7 +247,7 @@ def secure_reply(
             st[protocol.X_MEAN].numpy(),
             st[protocol.X_VAR].numpy(),
         )
-        reply = begin(vector)
+        reply = begin(vector, sr.statistics_bound())
         reply[protocol.SITE] = content.config_records[protocol.SITE]  # column names and the file's key
         return reply
     elif protocol.HEAD in arrays:  # a round's trained head
@@ -244,7 +260,7 @@ def secure_reply(
         gap = metrics.get(protocol.TRAINED_GAP)
         if isinstance(gap, int | float):
             safe[sr.LOCAL_OPTIMUM] = int(float(gap) <= _LOCAL_GAP_THRESHOLD)
-        return begin(vector, heads=True)
+        return begin(vector, sr.head_bound(max_abs), heads=True)
     else:  # an evaluation
         test = metrics.get(protocol.TEST_MSE)
         vector = sr.mse_vector(
@@ -253,7 +269,8 @@ def secure_reply(
             None if not isinstance(test, int | float) else float(test),
             int(_metric(metrics, protocol.NUM_TEST_EXAMPLES)) if protocol.NUM_TEST_EXAMPLES in metrics else 0,
         )
-    return begin(vector)
+        bound = sr.MSE_BOUND
+    return begin(vector, bound)
 
 
 def fully_active(cov: np.ndarray, lambdas: tuple[float, float]) -> bool:
@@ -300,13 +317,14 @@ class SecureSite:
     ``privacy`` (differential privacy), ``min_sites``, the fewest sites whose sum the server may decode
     (the failure policy's minimum, at least 3), ``sites``, the run's number of sites, and ``job_key``, the
     job's key where one app serves several jobs in a run
-    ([`run_scope`][fedhead.clients.ledger.run_scope])."""
+    ([`run_scope`][fedhead.clients.ledger.run_scope]); ``max_abs``, the run's ``trust.max_abs``."""
 
     lambdas: tuple[float, float]
     privacy: PrivacyPolicy = PrivacyPolicy()
     min_sites: int = MIN_SITES
     sites: int = MIN_SITES
     job_key: str = ""
+    max_abs: float = TrustPolicy.max_abs
 
 
 def secure_mod(site_of: Callable[[Message, Context], SecureSite], simulated: SimulatedSites | None = None):
@@ -353,6 +371,7 @@ def secure_mod(site_of: Callable[[Message, Context], SecureSite], simulated: Sim
                 min_sites=site.min_sites,
                 identity=identity,
                 floor=site_floor(policy, identity),
+                max_abs=site.max_abs,
             )
         except PolicyRefusal:
             raise

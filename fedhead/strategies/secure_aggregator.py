@@ -63,7 +63,7 @@ class SecureAggregator(Aggregator):
     def phase_sum(
         self, phase: Phase, replies: Iterable[Message], length: int, bound: float
     ) -> tuple[SecureSum, list[SiteReply], list[Dropped]]:
-        """A phase's secure sum of ``length`` entries each at most ``bound`` per row: its replies (each site's
+        """A phase's secure sum of ``length`` entries each at most ``bound``: its replies (each site's
         keys) screened, then stages 2-5; the sum, the first replies of the sites in it and the dropped sites."""
         kept, dropped = phase.screen(replies, lambda msg: (partition_of(msg), parse_site_reply(msg)))
         sites = [r for _, (_, r) in kept]
@@ -75,7 +75,7 @@ class SecureAggregator(Aggregator):
             sum_id=self.setup.sum_id(f"{phase.kind}-{phase.server_round}"),
             name=f"{phase.kind} round {phase.server_round}",
             length=length,
-            bound=sr.COUNT_BOUND * bound,
+            bound=bound,
             required=phase.settings.required,
             timeout=phase.settings.timeouts.round,
             setup=self.setup,
@@ -89,7 +89,7 @@ class SecureAggregator(Aggregator):
         """The round's average head from the secure sum of ``N_m [W_m, b_m, 1]``; per-site values are absent."""
         c, p = phase.head_shape
         max_abs = phase.settings.trust.max_abs
-        summed, sites, dropped = self.phase_sum(phase, replies, c * p + c + 1, max_abs)
+        summed, sites, dropped = self.phase_sum(phase, replies, c * p + c + 1, sr.head_bound(max_abs))
         weight, bias, count = sr.read_head(summed.total, phase.head_shape)
         where = f"training round {phase.server_round}"
         if not count > 0:
@@ -124,7 +124,7 @@ class SecureAggregator(Aggregator):
 
     def aggregate_evaluate(self, phase: Phase, replies: Iterable[Message]) -> MseSum:
         """The train and test MSE from the secure sum of each site's errors times its counts."""
-        summed, _, dropped = self.phase_sum(phase, replies, sr.MSE_LENGTH, 1.0)
+        summed, _, dropped = self.phase_sum(phase, replies, sr.MSE_LENGTH, sr.MSE_BOUND)
         if not summed.total[1] > 0:
             raise SecureSumFailed(
                 f"evaluation round {phase.server_round}: the secure sum's count of rows is {summed.total[1]:.3g}, "
