@@ -1,9 +1,14 @@
-"""A deviating server that chooses the encoding of a secure sum, against fedhead's ClientApp: three real
-sites run a sum's first steps from hand-made messages, and the server sends one site a mask request of
-its own encoding. A bound below the site's largest entry made the site refuse exactly when its values
-exceed it (an oracle on their magnitude, one bit per sum); fewer fractional bits made each site round its
-entries to a step of the server's choosing (per-site rounding in the sum). The site now takes only the
-encoding it derives from its vector's public bound and the key book, whatever its values."""
+"""A deviating server against the steps of a secure sum at fedhead's ClientApp: three real sites run a
+sum's first steps from hand-made messages.
+
+The encoding: the server sends one site a mask request of its own encoding. A bound below the site's
+largest entry made the site refuse exactly when its values exceed it (an oracle on their magnitude, one
+bit per sum); fewer fractional bits made each site round its entries to a step of the server's choosing
+(per-site rounding in the sum). The site now takes only the encoding it derives from its vector's public
+bound and the key book, whatever its values.
+
+Replays: a step or a phase message sent again, before or after the node restarted (a fresh node state, the
+same state-dir), gets a refusal; so does a sum id of an earlier run."""
 
 from __future__ import annotations
 
@@ -50,23 +55,35 @@ def _mask(app, context: Context, ciphertexts: dict[int, bytes], encoding: RingFi
     return "ok"
 
 
+BEGIN = {protocol.STAGE: protocol.STAGE_STATISTICS, sr.SUM_ID: SUM}  # the phase message that begins the sum
+
+
 def _step(step: str) -> dict:
     return {protocol.STAGE: sr.STAGE_SECURE, sr.SUM_ID: SUM, sr.STEP: step}
 
 
-def _run_to_mask(tmp_path: Path, target_scale: float, run_id: int):
+def _contexts(tmp_path: Path, target_scale: float, run_id: int, state_dir: bool = False) -> list[Context]:
+    """Three sites (site 0's targets scaled by ``target_scale``), with a ``state-dir`` each or not."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    contexts = []
+    for i in range(3):
+        path = tmp_path / f"site-{i}-{target_scale:g}.csv"
+        if not path.exists():
+            write_table(path, _rows(ROWS, i, target_scale if i == 0 else 1.0))
+        node = {"partition-id": i, "data-path": str(path)} | (
+            {"state-dir": str(tmp_path / f"state-{i}")} if state_dir else {}
+        )
+        contexts.append(Context(run_id=run_id, node_id=1000 + i, node_config=node, state=RecordDict(), run_config={}))
+    return contexts
+
+
+def _run_to_mask(tmp_path: Path, target_scale: float, run_id: int, state_dir: bool = False):
     """Three sites (site 0's targets scaled by ``target_scale``) begin the exchange's sum and share their keys;
     returns the app, the contexts and each site's routed ciphertexts (the mask step is the attacker's)."""
     job = table_job(tmp_path / "out", "dataset.num_clients=3", "rounds=1", "procedure=exact", "privacy.mode=secure")
     app = make_client_app(job, SITES)
-    contexts = []
-    tmp_path.mkdir(parents=True, exist_ok=True)
-    for i in range(3):
-        path = write_table(tmp_path / f"site-{i}-{target_scale:g}.csv", _rows(ROWS, i, target_scale if i == 0 else 1.0))
-        node = {"partition-id": i, "data-path": str(path)}
-        contexts.append(Context(run_id=run_id, node_id=1000 + i, node_config=node, state=RecordDict(), run_config={}))
-    begin = {protocol.STAGE: protocol.STAGE_STATISTICS, sr.SUM_ID: SUM}
-    replies = {c.node_id: _send(app, c, begin).content.config_records[sr.SECURE] for c in contexts}
+    contexts = _contexts(tmp_path, target_scale, run_id, state_dir)
+    replies = {c.node_id: _send(app, c, BEGIN).content.config_records[sr.SECURE] for c in contexts}
     book = {node: sr.unpack_keys(sr.payload_of(record)) for node, record in replies.items()}
     blob = sr.pack_book(book, 2)
     routed: dict[int, dict[int, bytes]] = {c.node_id: {} for c in contexts}
@@ -75,7 +92,7 @@ def _run_to_mask(tmp_path: Path, target_scale: float, run_id: int):
         shares = sr.unpack_shares(sr.payload_of(reply.content.config_records[sr.SECURE]))
         for dst, token in shares.ciphertexts.items():
             routed[dst][c.node_id] = token
-    return app, contexts, routed
+    return app, contexts, routed, blob
 
 
 def _entries() -> int:
@@ -98,7 +115,7 @@ def test_a_mask_request_of_the_servers_encoding_is_refused_alike_whatever_the_va
     CLIENT_CACHE.clear()
     answers = {}
     for scale in (1.0, 1e4):  # site 0's statistics: entries below 40e3, then far above
-        app, contexts, routed = _run_to_mask(tmp_path / attack.replace(" ", "-"), scale, run_id=int(scale))
+        app, contexts, routed, _ = _run_to_mask(tmp_path / attack.replace(" ", "-"), scale, run_id=int(scale))
         target = contexts[0]
         answers[scale] = [_mask(app, target, routed[target.node_id], enc) for enc in (ATTACKS[attack], HONEST)]
         other = contexts[1]  # the other sites take the honest encoding
@@ -111,7 +128,7 @@ def test_a_mask_request_of_the_servers_encoding_is_refused_alike_whatever_the_va
 
 def test_the_honest_encoding_goes_through_at_every_site(tmp_path, task_identity):
     CLIENT_CACHE.clear()
-    app, contexts, routed = _run_to_mask(tmp_path, 1e4, run_id=5)
+    app, contexts, routed, _ = _run_to_mask(tmp_path, 1e4, run_id=5)
     for c in contexts:
         reply = _send(app, c, _step(sr.MASK), sr.pack_mask_request(routed[c.node_id], HONEST))
         assert reply.content.array_records[sr.SECURE][sr.MASKED].numpy().size == HONEST.width(_entries())
@@ -133,3 +150,32 @@ def test_an_input_beyond_its_public_bound_is_refused_before_any_key_is_sent(task
     assert not context.state.config_records and not context.state.array_records
     reply = begin_sum(msg, context, np.array([0.5, -1.0]), {}, identity=identity, floor=2, bound=1.0)
     assert sr.SECURE in reply.config_records
+
+
+def _answer(app, context: Context, config: dict, payload: bytes | None = None) -> str:
+    try:
+        _send(app, context, config, payload)
+    except Exception as exc:  # noqa: BLE001 - as flwr: a raising ClientApp is an error reply
+        return f"{type(exc).__name__}: {exc}"
+    return "ok"
+
+
+def test_a_replayed_step_or_sum_id_stays_refused_across_a_restart_of_the_node(tmp_path, task_identity):
+    """The ledger's one record of sum ids (in the state-dir) and the sum's stage (in the node state): a replay
+    before the restart meets the stage, after it the record; an earlier run's sum id meets the record."""
+    CLIENT_CACHE.clear()
+    app, contexts, routed, book = _run_to_mask(tmp_path, 1.0, run_id=7, state_dir=True)
+    site = contexts[0]
+    assert _mask(app, site, routed[site.node_id], HONEST) == "ok"
+    stage = _answer(app, site, _step(sr.SHARE_KEYS), book)
+    assert stage.startswith("ClientError: secure sum attack/exchange, step share-keys: ") and "after stage 3" in stage
+    begun = (
+        "PolicyRefusal: refused: secure sum attack/exchange was begun before (one release per sum id, over all runs)"
+    )
+    assert _answer(app, site, BEGIN) == begun
+    for run_id in (7, 8):  # the node restarts: a fresh node state, the same state-dir; the same run, then the next
+        fresh = _contexts(tmp_path, 1.0, run_id, state_dir=True)[0]
+        assert _answer(app, fresh, BEGIN) == begun
+        lost = _answer(app, fresh, _step(sr.SHARE_KEYS), book)
+        assert lost.startswith("ClientError: secure sum attack/exchange: this site has not begun it"), lost
+    assert _mask(app, fresh, routed[site.node_id], HONEST).startswith("PolicyRefusal: secure sum attack/exchange: ")
