@@ -200,14 +200,11 @@ def secure_reply(
     max_abs: float = TrustPolicy.max_abs,
 ) -> RecordDict:
     """The secure form of a clear reply ``content`` (never sent): its vector enters the sum the message names
-    ([`begin_sum`][fedhead.clients.secure.begin_sum] as ``identity``, ``floor``); what is sent is the site's
-    keys, its partition id and its pass/fail self-checks (its own margin, whether it reached its optimum).
-
-    ``lambdas``: the run's ``(lambda_h, lambda_w)``. With ``privacy.dp_noise > 0`` the vector is clipped,
-    weight-capped and noised first ([`dp_contribution`][fedhead.federation.privacy_noise.dp_contribution];
-    ``min_sites``: the fewest sites whose sum the server may decode). ``max_abs``: the run's ``trust.max_abs``,
-    which sets the public bound of the moments' and the heads' entries.
-    """
+    ([`begin_sum`][fedhead.clients.secure.begin_sum] as ``identity``, ``floor``, its layout's bound from ``max_abs``,
+    the run's ``trust.max_abs``); what is sent is the site's keys, its partition id and its pass/fail self-checks
+    (its own margin, whether it reached its optimum). ``lambdas``: the run's ``(lambda_h, lambda_w)``; with
+    ``privacy.dp_noise > 0`` the vector is first clipped, weight-capped and noised, ``min_sites`` the fewest
+    sites whose sum the server may decode ([`dp_contribution`][fedhead.federation.privacy_noise.dp_contribution])."""
     metrics = content.metric_records.get(protocol.METRICS, MetricRecord())
     safe: dict[str, int | float] = {}
 
@@ -234,7 +231,7 @@ def secure_reply(
         vector = sr.moment_vector(_metric(metrics, protocol.NUM_EXAMPLES), mean, cov)
         safe[sr.FULLY_ACTIVE] = int(fully_active(cov, lambdas))
         safe[sr.TARGETS] = int(np.asarray(mean).size)
-        bound = sr.moment_bound(max_abs)
+        return begin(vector, sr.moment_bound(max_abs))
     elif protocol.SITE_STATS in arrays:  # a site-local table's statistics
         st = arrays[protocol.SITE_STATS]
         cov = st[protocol.Y_COV].numpy()
@@ -269,8 +266,7 @@ def secure_reply(
             None if not isinstance(test, int | float) else float(test),
             int(_metric(metrics, protocol.NUM_TEST_EXAMPLES)) if protocol.NUM_TEST_EXAMPLES in metrics else 0,
         )
-        bound = sr.MSE_BOUND
-    return begin(vector, bound)
+        return begin(vector, sr.MSE_BOUND)
 
 
 def fully_active(cov: np.ndarray, lambdas: tuple[float, float]) -> bool:

@@ -179,3 +179,18 @@ def test_a_replayed_step_or_sum_id_stays_refused_across_a_restart_of_the_node(tm
         lost = _answer(app, fresh, _step(sr.SHARE_KEYS), book)
         assert lost.startswith("ClientError: secure sum attack/exchange: this site has not begun it"), lost
     assert _mask(app, fresh, routed[site.node_id], HONEST).startswith("PolicyRefusal: secure sum attack/exchange: ")
+
+
+def test_a_sites_noise_is_not_a_function_of_the_run_config(tmp_path, task_identity):
+    """A server that knows the run config (its ``seed`` included) cannot predict a site's noise: the same site,
+    the same run config, twice, keeps two different noised vectors for its sum (the OS's entropy)."""
+    CLIENT_CACHE.clear()
+    dp = ("privacy.dp_noise=1", "privacy.dp_max_rows=60", "seed=3")
+    job = table_job(tmp_path / "out", "dataset.num_clients=3", "procedure=exact", "privacy.mode=secure", *dp)
+    app = make_client_app(job, SITES)
+    kept = []
+    for _ in range(2):
+        site = _contexts(tmp_path, 1.0, run_id=4)[0]
+        _send(app, site, BEGIN)
+        kept.append(site.state.array_records["secure-sum-state-values"]["values"].numpy())
+    assert kept[0].shape == kept[1].shape == (_entries(),) and np.all(kept[0] != kept[1])
