@@ -162,7 +162,10 @@ def _secure_step(
         bound, sites = held.get("bound"), held.get("sites")
         if not isinstance(bound, float) or not isinstance(sites, int):
             raise ClientError("the site's state lacks the sum's bound or its book")
-        encoding = sr.check_encoding(requested, bound, sites)
+        try:
+            encoding = sr.check_encoding(requested, bound, sites)
+        except SecureSumError as exc:  # the request alone, not the values, fails: said as it is, once per request
+            raise PolicyRefusal(str(exc)) from None
         values = context.state.array_records[_STATE + "-values"]["values"].numpy()
         masked = client.mask(ciphertexts, values, encoding)
         out[sr.SECURE] = ArrayRecord({sr.MASKED: Array(masked)})

@@ -111,7 +111,8 @@ ATTACKS = {
 def test_a_mask_request_of_the_servers_encoding_is_refused_alike_whatever_the_values(tmp_path, task_identity, attack):
     """Old: the site masked with any encoding whose bound its entries kept (a small site's went through, a
     large one's was refused: the magnitude's bit, one per sum), and with any number of fractional bits.
-    Now: both sites give the same one-line refusal, which ends the run; the honest encoding goes through."""
+    Now: both sites give the same one-line refusal, naming the encoding (nothing of the values), and then
+    mask with the honest encoding alike."""
     CLIENT_CACHE.clear()
     answers = {}
     for scale in (1.0, 1e4):  # site 0's statistics: entries below 40e3, then far above
@@ -121,9 +122,11 @@ def test_a_mask_request_of_the_servers_encoding_is_refused_alike_whatever_the_va
         other = contexts[1]  # the other sites take the honest encoding
         assert _mask(app, other, routed[other.node_id], HONEST) == "ok"
     assert answers[1.0] == answers[1e4], answers
-    first, again = answers[1.0]
-    assert first.startswith("PolicyRefusal: secure sum attack/exchange: ") and first == again, first
-    assert "\n" not in first
+    refusal, honest = answers[1.0]
+    assert honest == "ok", honest
+    assert refusal.startswith("PolicyRefusal: secure sum: the mask request's encoding (") and "\n" not in refusal
+    own = f"({HONEST.frac_bits} fractional bits, bound {HONEST.bound:g}, {HONEST.words} words); refused"
+    assert refusal.endswith(f"is not this sum's encoding for 3 sites {own}"), refusal
 
 
 def test_the_honest_encoding_goes_through_at_every_site(tmp_path, task_identity):
