@@ -100,6 +100,7 @@ def secure_site(job: JobConfig) -> SecureSite:
         min_sites=max(2, job.failure.required(st.num_clients)),
         sites=st.num_clients,
         job_key=job_key(job),
+        max_abs=job.trust.max_abs,
     )
 
 

@@ -2,10 +2,12 @@
 
 Per run (its scope: flwr's run id and, in a simulation serving several jobs, the job's key;
 [`run_scope`][fedhead.clients.ledger.run_scope]) a site keeps the one standardisation it accepted, the
-questions it answered once, the secure sums it began and, once it refused the run, the line it refused it
-with. Over every run it keeps its noised releases, the epsilon ledger of its policy's ``epsilon-budget``
-([`fedhead.clients.policy`][fedhead.clients.policy]), and the ids of the secure sums it took part in (a sum
-id is never used twice: [`with_used_sum_ids`][fedhead.clients.ledger.SiteLedger.with_used_sum_ids]).
+questions it answered once and, once it refused the run, the line it refused it with. Over every run it
+keeps its noised releases, the epsilon ledger of its policy's ``epsilon-budget``
+([`fedhead.clients.policy`][fedhead.clients.policy]), and the ids of the secure sums it took part in, its
+one record of them: a sum id is never begun twice, in a run or over runs
+([`begin_sum`][fedhead.clients.ledger.SiteLedger.begin_sum] refuses one,
+[`with_used_sum_ids`][fedhead.clients.ledger.SiteLedger.with_used_sum_ids] records it).
 
 The ledger lives in the node's ``state-dir`` when its node config names one
 (``<state-dir>/privacy-ledger/<site>.json``: written atomically under a file lock, so it survives a
@@ -26,6 +28,7 @@ from typing import Any, TypeVar
 
 from flwr.app import ConfigRecord, Context
 
+from fedhead.analysis.constraints import ConfigError
 from fedhead.clients.policy import PolicyRefusal, SitePolicy, release_epsilon
 from fedhead.clients.state import DATA_PATH_KEY, PARTITION_ID_KEY, STATE_DIR_KEY
 from fedhead.federation.roster import UsedSumIds
@@ -38,6 +41,11 @@ LEDGER_DIR = "privacy-ledger"
 _STATE_KEY = "fedhead-site-ledger"  # the node's context state: ConfigRecord {"ledger": JSON text}
 _USED_SUM_IDS = "used-sum-ids"  # the ledger's record of the secure sums' ids (base64 of their digests)
 T = TypeVar("T")
+
+
+def _used_sum_ids(doc: dict[str, Any]) -> UsedSumIds:
+    """The ledger's one record of the sum ids this site took part in."""
+    return UsedSumIds.from_bytes(base64.b64decode(doc.get(_USED_SUM_IDS, "")))
 
 
 def run_scope(context: Context, job_key: str = "") -> str:
@@ -166,16 +174,21 @@ class SiteLedger:
         """``use(record)`` of the sum ids this site took part in, over all its runs
         ([`UsedSumIds`][fedhead.federation.roster.UsedSumIds]); the record is written back when ``use`` returns."""
         with self.update() as doc:
-            used = UsedSumIds.from_bytes(base64.b64decode(doc.get(_USED_SUM_IDS, "")))
+            used = _used_sum_ids(doc)
             out = use(used)
             doc[_USED_SUM_IDS] = base64.b64encode(used.to_bytes()).decode("ascii")
         return out
 
     # ------------------------------------------------------------------ releases
-    def begin_sum(self, scope: str, name: str, policy: SitePolicy, *, noise: float, sites: int) -> None:
-        """Record that run ``scope`` begins the secure sum ``name`` (noise multiplier ``noise``, over ``sites``).
+    def begin_sum(
+        self, scope: str, name: str, policy: SitePolicy, *, noise: float, sites: int, set_up: bool = False
+    ) -> None:
+        """Check that run ``scope`` may begin the secure sum ``name`` (noise multiplier ``noise``, over ``sites``).
 
-        Refused: a sum begun before in the run (one release per sum), and, under the policy's
+        Refused: a sum id this site took part in before, in this run or another (one release per sum: a
+        replayed phase message or a repeated id; the id is recorded when the sum begins,
+        [`with_used_sum_ids`][fedhead.clients.ledger.SiteLedger.with_used_sum_ids], or, ``set_up``, when this
+        site set it up within the previous sum's messages, unmasked until now), and, under the policy's
         ``epsilon-budget``, a release whose epsilon would take the ledger over it (charged here, before
         anything of it is sent).
         """
@@ -185,9 +198,14 @@ class SiteLedger:
                 f"node config {STATE_DIR_KEY} (it must outlive the run)"
             )
         with self.update() as doc:
-            run = doc["runs"].setdefault(scope, {})
-            if name in run.get("sums", []):
-                raise PolicyRefusal(f"refused: secure sum {name} was already begun in this run (one release per sum)")
+            try:
+                begun = name in _used_sum_ids(doc) and not set_up
+            except ConfigError as exc:  # not a sum id
+                raise PolicyRefusal(f"refused: {exc}") from None
+            if begun:
+                raise PolicyRefusal(
+                    f"refused: secure sum {name} was begun before (one release per sum id, over all runs)"
+                )
             if policy.epsilon_budget is not None:
                 charged = [float(r["noise"]) for r in doc["releases"]] + [float(noise)]
                 if release_epsilon(charged, sites, policy.dp_delta) > policy.epsilon_budget:
@@ -196,7 +214,6 @@ class SiteLedger:
                         "would take the site over its budget"
                     )
                 doc["releases"].append({"run": scope, "sum": name, "noise": float(noise)})
-            run.setdefault("sums", []).append(name)
 
     def spent(self, sites: int, delta: float) -> float:
         """The epsilon of every release charged so far ([`release_epsilon`][fedhead.clients.policy.release_epsilon])."""

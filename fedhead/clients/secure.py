@@ -41,6 +41,7 @@ from fedhead.federation.privacy_noise import dp_contribution
 from fedhead.federation.secure_site import SecureSumClient
 from fedhead.federation.secure_sum import MIN_SITES, SecureSumError, default_threshold
 from fedhead.settings.privacy import PrivacyPolicy
+from fedhead.settings.trust import TrustPolicy
 from fedhead.ufm import fully_active_margins
 
 log = logging.getLogger(__name__)
@@ -70,6 +71,7 @@ def begin_sum(
     *,
     identity: SiteIdentity,
     floor: int,
+    bound: float,
     noised_for: int = 0,
 ) -> RecordDict:
     """Enter ``vector`` (this site's input to the sum the message names) in the sum; the reply, with
@@ -79,35 +81,45 @@ def begin_sum(
     A message that carries the sum's mask request (a sum set up within the previous sum's messages) is
     answered with the masked input at once; otherwise a fresh site of the sum keeps ``vector`` in the
     node's state and replies with its signed public keys. ``identity``: who the site is; ``floor``: the
-    smallest threshold it accepts ([`site_floor`][fedhead.clients.secure.site_floor]); ``noised_for``: the
-    fewest survivors the vector's noise was drawn for (0: not noised), below which the site will not help
-    unmask the sum. A sum id this site took part in before (in any run) is refused."""
+    smallest threshold it accepts ([`site_floor`][fedhead.clients.secure.site_floor]); ``bound``: the
+    public bound of the vector's entries (its layout's, from run constants: the sum's encoding is checked
+    against it, [`check_encoding`][fedhead.federation.secure_records.check_encoding]), which an entry
+    beyond refuses here; ``noised_for``: the fewest survivors the vector's noise was drawn for (0: not
+    noised), below which the site will not help unmask the sum. A sum id this site took part in before (in
+    any run) is refused."""
     name = sum_id(msg)
     if name is None:
         raise ClientError("a secure sum was begun by a message that names none")
     values = np.ascontiguousarray(vector, dtype=np.float64).ravel()
     if not np.all(np.isfinite(values)):
         raise ClientError(f"secure sum {name}: this site's input has non-finite entries")
+    if float(np.max(np.abs(values), initial=0.0)) > bound:
+        raise ClientError(f"secure sum {name}: this site's input exceeds the sum's public bound {bound:g}")
     request = msg.content.config_records.get(sr.SECURE)
     out = RecordDict({protocol.METRICS: MetricRecord(dict(metrics))})
+    fields = {"noised-for": int(noised_for), "bound": float(bound)}
     prepared = None if request is None else sums.take_prepared(context, name, identity)
     following = sums.advertise_next(msg, context, identity, floor)  # refused before anything is masked
     if following is not None:
         out[sr.NEXT] = following
     if prepared is not None and request is not None:  # set up in the previous sum's messages: mask now
-        client = prepared
+        record, client = prepared
         try:
-            ciphertexts, encoding = sr.unpack_mask_request(sr.payload_of(request))
+            ciphertexts, requested = sr.unpack_mask_request(sr.payload_of(request))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ClientError(f"secure sum {name}, step {sr.MASK}: {exc}") from None
+        encoding = sums.checked_encoding(requested, fields["bound"], record.get("sites"))
+        try:
             out[sr.SECURE] = ArrayRecord({sr.MASKED: Array(client.mask(ciphertexts, values, encoding))})
-        except (SecureSumError, ValueError, KeyError, TypeError) as exc:
+        except (SecureSumError, ValueError) as exc:
             raise ClientError(f"secure sum {name}, step {sr.MASK}: {exc}") from None
         finally:
-            sums.save(context, sums.CURRENT, client, noised_for)
+            sums.save(context, sums.CURRENT, client, record, fields)
         log.debug("secure sum %s: %d entries masked", name, values.size)
     else:
         client = sums.new_client(context, identity, name, floor)
         out[sr.SECURE] = ConfigRecord({sr.PAYLOAD: sr.pack(client.advertise())})
-        sums.save(context, sums.CURRENT, client, noised_for)
+        sums.save(context, sums.CURRENT, client, None, fields)
         sums.keep_input(context, values)
         log.debug("secure sum %s: %d entries kept for masking", name, values.size)
     return out
@@ -137,32 +149,12 @@ def handle_secure_step(
     except (SecureSumError, ValueError, KeyError) as exc:
         raise ClientError(f"secure sum {name}, step {step}: {exc}") from None
     finally:
-        noised = record.get("noised-for", 0)
-        sums.save(context, slot, client, noised if isinstance(noised, int) else 0)
+        sums.save(context, slot, client, record)
     if step == sr.SIGN and sr.NEXT in msg.content.config_records:
-        shares = _share_next(msg, context, identity)
+        shares = sums.share_next(msg, context, identity)
         if shares is not None:
             out[sr.NEXT] = shares
     return Message(out, reply_to=msg)
-
-
-def _share_next(msg: Message, context: Context, identity: SiteIdentity) -> ConfigRecord | None:
-    """The next sum's key shares for its key book (sent with this sum's survivor list); None, with a warning,
-    when the site holds no such sum or refuses the book (it then takes no part in that sum)."""
-    name = sums.config_name(msg, sr.NEXT_SUM)
-    record = sums.held(context, sums.NEXT)
-    if name is None or record is None or record.get("id") != name:
-        log.warning("secure sum %s: a key book for a next sum this site did not set up; not shared", name)
-        return None
-    client = sums.load(record, identity)
-    try:
-        book, threshold = sr.unpack_book(sr.payload_of(msg.content.config_records.get(sr.NEXT)))
-        return ConfigRecord({sr.PAYLOAD: sr.pack(client.share_keys(book, threshold))})
-    except (SecureSumError, ValueError, KeyError) as exc:
-        log.warning("secure sum %s: %s; this site takes no part in it", name, exc)
-        return None
-    finally:
-        sums.save(context, sums.NEXT, client)
 
 
 def _secure_step(
@@ -173,8 +165,10 @@ def _secure_step(
     if step == sr.SHARE_KEYS:
         book, threshold = sr.unpack_book(payload)
         out[sr.SECURE] = ConfigRecord({sr.PAYLOAD: sr.pack(client.share_keys(book, threshold))})
+        held["sites"] = len(book)  # the book the site checked: the sum's encoding is for this many sites
     elif step == sr.MASK:
-        ciphertexts, encoding = sr.unpack_mask_request(payload)
+        ciphertexts, requested = sr.unpack_mask_request(payload)
+        encoding = sums.checked_encoding(requested, held.get("bound"), held.get("sites"))
         masked = client.mask(ciphertexts, sums.take_input(context), encoding)  # nothing of the input is kept
         out[sr.SECURE] = ArrayRecord({sr.MASKED: Array(masked)})
     elif step == sr.SIGN:
@@ -207,19 +201,18 @@ def secure_reply(
     min_sites: int,
     identity: SiteIdentity,
     floor: int,
+    max_abs: float = TrustPolicy.max_abs,
 ) -> RecordDict:
     """The secure form of a clear reply ``content`` (never sent): its vector enters the sum the message names
-    ([`begin_sum`][fedhead.clients.secure.begin_sum] as ``identity``, ``floor``); what is sent is the site's
-    keys, its partition id and its pass/fail self-checks (its own margin, whether it reached its optimum).
-
-    ``lambdas``: the run's ``(lambda_h, lambda_w)``. With ``privacy.dp_noise > 0`` the vector is clipped,
-    weight-capped and noised first ([`dp_contribution`][fedhead.federation.privacy_noise.dp_contribution];
-    ``min_sites``: the fewest sites whose sum the server may decode).
-    """
+    ([`begin_sum`][fedhead.clients.secure.begin_sum] as ``identity``, ``floor``, its layout's bound from ``max_abs``,
+    the run's ``trust.max_abs``); what is sent is the site's keys, its partition id and its pass/fail self-checks
+    (its own margin, whether it reached its optimum). ``lambdas``: the run's ``(lambda_h, lambda_w)``; with
+    ``privacy.dp_noise > 0`` the vector is first clipped, weight-capped and noised, ``min_sites`` the fewest
+    sites whose sum the server may decode ([`dp_contribution`][fedhead.federation.privacy_noise.dp_contribution])."""
     metrics = content.metric_records.get(protocol.METRICS, MetricRecord())
     safe: dict[str, int | float] = {}
 
-    def begin(vector: np.ndarray, heads: bool = False) -> RecordDict:
+    def begin(vector: np.ndarray, bound: float, heads: bool = False) -> RecordDict:
         if privacy.dp_noise > 0:
             assert privacy.dp_max_rows is not None  # the policy refuses dp_noise without it
             vector = dp_contribution(
@@ -232,7 +225,7 @@ def secure_reply(
                 rng=np.random.default_rng(),  # the operating system's entropy: no seed the server could know
             )
         noised = min_sites if privacy.dp_noise > 0 else 0
-        return begin_sum(msg, context, vector, safe, identity=identity, floor=floor, noised_for=noised)
+        return begin_sum(msg, context, vector, safe, identity=identity, floor=floor, bound=bound, noised_for=noised)
 
     if protocol.PARTITION_ID in metrics:
         safe[protocol.PARTITION_ID] = int(_metric(metrics, protocol.PARTITION_ID))
@@ -242,6 +235,7 @@ def secure_reply(
         vector = sr.moment_vector(_metric(metrics, protocol.NUM_EXAMPLES), mean, cov)
         safe[sr.FULLY_ACTIVE] = int(fully_active(cov, lambdas))
         safe[sr.TARGETS] = int(np.asarray(mean).size)
+        return begin(vector, sr.moment_bound(max_abs))
     elif protocol.SITE_STATS in arrays:  # a site-local table's statistics
         st = arrays[protocol.SITE_STATS]
         cov = st[protocol.Y_COV].numpy()
@@ -254,7 +248,7 @@ def secure_reply(
             st[protocol.X_MEAN].numpy(),
             st[protocol.X_VAR].numpy(),
         )
-        reply = begin(vector)
+        reply = begin(vector, sr.statistics_bound())
         reply[protocol.SITE] = content.config_records[protocol.SITE]  # column names and the file's key
         return reply
     elif protocol.HEAD in arrays:  # a round's trained head
@@ -267,7 +261,7 @@ def secure_reply(
         gap = metrics.get(protocol.TRAINED_GAP)
         if isinstance(gap, int | float):
             safe[sr.LOCAL_OPTIMUM] = int(float(gap) <= _LOCAL_GAP_THRESHOLD)
-        return begin(vector, heads=True)
+        return begin(vector, sr.head_bound(max_abs), heads=True)
     else:  # an evaluation
         test = metrics.get(protocol.TEST_MSE)
         vector = sr.mse_vector(
@@ -276,7 +270,7 @@ def secure_reply(
             None if not isinstance(test, int | float) else float(test),
             int(_metric(metrics, protocol.NUM_TEST_EXAMPLES)) if protocol.NUM_TEST_EXAMPLES in metrics else 0,
         )
-    return begin(vector)
+        return begin(vector, sr.MSE_BOUND)
 
 
 def fully_active(cov: np.ndarray, lambdas: tuple[float, float]) -> bool:
@@ -299,7 +293,7 @@ def refuse_clear(msg: Message, policy: SitePolicy) -> None:
         )
 
 
-def admit(msg: Message, site: SecureSite, policy: SitePolicy, ledger: SiteLedger, scope: str) -> None:
+def admit(msg: Message, context: Context, site: SecureSite, policy: SitePolicy, ledger: SiteLedger, scope: str) -> None:
     """What a site checks of every message before it serves it: the run is not refused
     ([`SiteLedger.refusal`][fedhead.clients.ledger.SiteLedger.refusal]), it keeps the site's ``policy`` (its
     mode, its DP floor, its budget), the regime question comes once, and a phase is released once, into a sum
@@ -316,7 +310,8 @@ def admit(msg: Message, site: SecureSite, policy: SitePolicy, ledger: SiteLedger
     name = sum_id(msg)
     if name is not None and stage != sr.STAGE_SECURE:
         ledger.release_once(scope, sums.phase_of(msg))  # a phase re-issued under another sum id: refused
-        ledger.begin_sum(scope, name, policy, noise=site.privacy.dp_noise, sites=site.sites)
+        set_up = sums.is_set_up(msg, context, name)
+        ledger.begin_sum(scope, name, policy, noise=site.privacy.dp_noise, sites=site.sites, set_up=set_up)
 
 
 @dataclass(frozen=True)
@@ -325,13 +320,14 @@ class SecureSite:
     ``privacy`` (differential privacy), ``min_sites``, the fewest sites whose sum the server may decode
     (the failure policy's minimum, at least 3), ``sites``, the run's number of sites, and ``job_key``, the
     job's key where one app serves several jobs in a run
-    ([`run_scope`][fedhead.clients.ledger.run_scope])."""
+    ([`run_scope`][fedhead.clients.ledger.run_scope]); ``max_abs``, the run's ``trust.max_abs``."""
 
     lambdas: tuple[float, float]
     privacy: PrivacyPolicy = PrivacyPolicy()
     min_sites: int = MIN_SITES
     sites: int = MIN_SITES
     job_key: str = ""
+    max_abs: float = TrustPolicy.max_abs
 
 
 def secure_mod(site_of: Callable[[Message, Context], SecureSite], simulated: SimulatedSites | None = None):
@@ -351,7 +347,7 @@ def secure_mod(site_of: Callable[[Message, Context], SecureSite], simulated: Sim
         site = site_of(msg, context)
         policy, ledger = site_policy(context), SiteLedger(context)
         scope = run_scope(context, site.job_key)
-        admit(msg, site, policy, ledger, scope)
+        admit(msg, context, site, policy, ledger, scope)
         cfg = msg.content.config_records.get(protocol.CONFIG)
         name = sum_id(msg)
         identity = None if name is None else site_identity(context, simulated)
@@ -378,6 +374,7 @@ def secure_mod(site_of: Callable[[Message, Context], SecureSite], simulated: Sim
                 min_sites=site.min_sites,
                 identity=identity,
                 floor=site_floor(policy, identity),
+                max_abs=site.max_abs,
             )
         except PolicyRefusal:
             raise

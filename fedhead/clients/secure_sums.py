@@ -13,6 +13,7 @@ after the message that follows it. A sum id is new to the site whichever slot it
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MessageType
@@ -23,6 +24,7 @@ from fedhead.clients.messages import ClientError
 from fedhead.clients.policy import PolicyRefusal
 from fedhead.federation import protocol
 from fedhead.federation import secure_records as sr
+from fedhead.federation.ring_encoding import RingFixedPoint
 from fedhead.federation.secure_site import SecureSumClient
 from fedhead.federation.secure_sum import SecureSumError
 
@@ -84,11 +86,19 @@ def load(record: ConfigRecord, identity: SiteIdentity) -> SecureSumClient:
         raise ClientError(f"secure sum {record.get('id')}: {exc}") from None
 
 
-def save(context: Context, slot: str, client: SecureSumClient, noised_for: int = 0) -> ConfigRecord:
-    """Keep ``client`` in ``slot``; returns the record."""
-    record = ConfigRecord({"id": client.sum_id, "client": client.to_bytes(), "noised-for": int(noised_for)})
-    context.state[slot] = record
-    return record
+def save(
+    context: Context,
+    slot: str,
+    client: SecureSumClient,
+    record: ConfigRecord | None = None,
+    fields: Mapping[str, int | float] | None = None,
+) -> ConfigRecord:
+    """Keep ``client`` in ``slot``, with what ``record`` held and ``fields`` (the input's public bound, the
+    fewest survivors its noise was drawn for, the sites of the key book it checked); returns the record."""
+    kept = ConfigRecord(dict(record or {}))
+    kept.update({**(fields or {}), "id": client.sum_id, "client": client.to_bytes()})
+    context.state[slot] = kept
+    return kept
 
 
 def keep_input(context: Context, values: np.ndarray) -> None:
@@ -120,15 +130,22 @@ def advertise_next(msg: Message, context: Context, identity: SiteIdentity, floor
     return ConfigRecord({sr.PAYLOAD: sr.pack(keys)})
 
 
-def take_prepared(context: Context, name: str, identity: SiteIdentity) -> SecureSumClient:
-    """The site of ``name`` that the ``NEXT`` slot holds, taken out of it (the phase message of ``name``
-    carries its mask request); a ``ClientError`` when the site did not set that sum up."""
+def take_prepared(context: Context, name: str, identity: SiteIdentity) -> tuple[ConfigRecord, SecureSumClient]:
+    """The record and site of ``name`` that the ``NEXT`` slot holds, taken out of it (the phase message of
+    ``name`` carries its mask request); a ``ClientError`` when the site did not set that sum up."""
     record = held(context, NEXT)
     if record is None or record.get("id") != name:
         have = None if record is None else record.get("id")
         raise ClientError(f"secure sum {name}: a mask request for a sum this site did not set up (it holds {have})")
     del context.state[NEXT]
-    return load(record, identity)
+    return record, load(record, identity)
+
+
+def is_set_up(msg: Message, context: Context, name: str) -> bool:
+    """Whether ``msg`` carries the mask request of the sum ``name`` that this site set up (it holds it in the
+    ``NEXT`` slot: its id was recorded as used then)."""
+    record = held(context, NEXT)
+    return sr.SECURE in msg.content.config_records and record is not None and record.get("id") == name
 
 
 def slot_of(context: Context, name: str) -> str:
@@ -139,3 +156,35 @@ def slot_of(context: Context, name: str) -> str:
             return slot
     have = [r.get("id") for r in (held(context, CURRENT), held(context, NEXT)) if r is not None]
     raise ClientError(f"secure sum {name}: this site has not begun it (it holds {have or None})")
+
+
+def checked_encoding(requested: RingFixedPoint, bound: object, sites: object) -> RingFixedPoint:
+    """The sum's encoding when ``requested`` is the one of the site's ``bound`` over the ``sites`` of the key
+    book it checked; refused with one line otherwise (the request alone, not the values, fails)."""
+    if not isinstance(bound, float) or not isinstance(sites, int):
+        raise ClientError("the site's state lacks the sum's bound or its book")
+    try:
+        return sr.check_encoding(requested, bound, sites)
+    except SecureSumError as exc:  # said as it is, once per request
+        raise PolicyRefusal(str(exc)) from None
+
+
+def share_next(msg: Message, context: Context, identity: SiteIdentity) -> ConfigRecord | None:
+    """The next sum's key shares for its key book (sent with this sum's survivor list); None, with a warning,
+    when the site holds no such sum or refuses the book (it then takes no part in that sum)."""
+    name = config_name(msg, sr.NEXT_SUM)
+    record = held(context, NEXT)
+    if name is None or record is None or record.get("id") != name:
+        log.warning("secure sum %s: a key book for a next sum this site did not set up; not shared", name)
+        return None
+    client = load(record, identity)
+    try:
+        book, threshold = sr.unpack_book(sr.payload_of(msg.content.config_records.get(sr.NEXT)))
+        shares = client.share_keys(book, threshold)
+        record["sites"] = len(book)  # the book the site checked: the sum's encoding is for this many sites
+        return ConfigRecord({sr.PAYLOAD: sr.pack(shares)})
+    except (SecureSumError, ValueError, KeyError) as exc:
+        log.warning("secure sum %s: %s; this site takes no part in it", name, exc)
+        return None
+    finally:
+        save(context, NEXT, client, record)

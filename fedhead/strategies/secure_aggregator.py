@@ -68,8 +68,8 @@ class SecureAggregator(Aggregator):
         row (training), or the four weighted errors (evaluation)."""
         if phase.kind == "train":
             c, p = phase.head_shape
-            return c * p + c + 1, sr.COUNT_BOUND * phase.settings.trust.max_abs
-        return sr.MSE_LENGTH, sr.COUNT_BOUND
+            return c * p + c + 1, sr.head_bound(phase.settings.trust.max_abs)
+        return sr.MSE_LENGTH, sr.MSE_BOUND
 
     def address(self, phase: Phase, messages: list[Message]) -> list[Message]:
         """Each message names the phase's sum ``<tag>/<kind>-<round>`` and the next one (its reply then carries

@@ -48,7 +48,7 @@ from fedhead.strategies.secure import (
     parse_site_reply,
     run_secure_sum,
 )
-from fedhead.strategies.statistics import RAW_LIMIT, standardization_record
+from fedhead.strategies.statistics import standardization_record
 
 log = logging.getLogger(__name__)
 
@@ -176,7 +176,6 @@ def sum_moments(grid: Grid, sites: ExchangeSites, settings: ExchangeSettings, se
     ([`moment_vector`][fedhead.federation.secure_records.moment_vector]; a site-local table: its raw
     statistics, [`statistics_vector`][fedhead.federation.secure_records.statistics_vector])."""
     raw = settings.site_statistics is not None
-    scale = RAW_LIMIT if raw else settings.trust.max_abs
     sums = SumMessages(
         grid,
         setup.sum_id(EXCHANGE_SUM),
@@ -190,7 +189,7 @@ def sum_moments(grid: Grid, sites: ExchangeSites, settings: ExchangeSettings, se
         sums,
         {r.node: r.keys for r in sites.rows if r.keys is not None},
         length=sr.moment_length(sites.dim) + (2 * sites.features if raw else 0),
-        bound=sr.COUNT_BOUND * max(1.0, scale) ** 2,
+        bound=sr.statistics_bound() if raw else sr.moment_bound(settings.trust.max_abs),
         setup=setup,
         next_keys={r.node: r.next_keys for r in sites.rows if r.next_keys is not None},
         next_sum=setup.sum_id(FIRST_ROUND_SUM),

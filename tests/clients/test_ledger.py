@@ -1,5 +1,6 @@
 """A site's ledger (fedhead/clients/ledger.py): it survives a restart of the node, refuses a release over
-the site's epsilon budget before it is recorded, refuses a sum begun twice, and is written atomically."""
+the site's epsilon budget before it is recorded, refuses a sum id begun before (in any run, from its one
+record of them), and is written atomically."""
 
 from __future__ import annotations
 
@@ -39,7 +40,6 @@ def test_the_ledger_survives_a_restart_and_refuses_over_the_budget(tmp_path):
         "over its budget"
     )
     assert len(again.read()["releases"]) == 3  # the refused release was not recorded
-    assert "train-1" not in again.read()["runs"]["run 2"]["sums"]
     assert release_epsilon([1.0] * 4, 3, 1e-5) > budget  # a fourth at z = 1 would not fit ...
     # ... but more noise costs less: a release at z = 20 still fits
     again.begin_sum("run 2", "train-1", policy, noise=20.0, sites=3)
@@ -53,10 +53,7 @@ def test_a_budget_needs_a_state_dir(tmp_path):
     with pytest.raises(PolicyRefusal, match=r"\(f epsilon-budget=1.0\): the ledger needs the node config state-dir"):
         ledger.begin_sum("run 1", "exchange", parse_policy({"epsilon-budget": 1.0}, "f"), noise=1.0, sites=3)
     ledger.begin_sum("run 1", "exchange", parse_policy({}, "f"), noise=0.0, sites=3)
-    assert ledger.read()["runs"]["run 1"]["sums"] == ["exchange"]
-    with pytest.raises(PolicyRefusal, match=r"^refused: secure sum exchange was already begun in this run"):
-        ledger.begin_sum("run 1", "exchange", parse_policy({}, "f"), noise=0.0, sites=3)
-    ledger.begin_sum("run 2", "exchange", parse_policy({}, "f"), noise=0.0, sites=3)  # another run
+    assert ledger.read() == {"runs": {}, "releases": []}  # nothing charged, no id recorded until the sum begins
 
 
 def test_runs_are_kept_apart_and_a_refusal_stays(tmp_path):
@@ -103,3 +100,31 @@ def test_a_write_is_atomic_and_a_damaged_ledger_refuses(tmp_path, monkeypatch):
         ledger.begin_sum("run 1", "train-1", policy, noise=1.0, sites=3)
     with pytest.raises(PolicyRefusal, match="damaged"):
         ledger.refusal("run 1")
+
+
+def _take_part(ledger: SiteLedger, scope: str, name: str) -> None:
+    """What a site does for a phase message naming a sum: the ledger's check, then the sum's record of its id
+    (fedhead.clients.secure.begin_sum)."""
+    ledger.begin_sum(scope, name, parse_policy({}, "f"), noise=0.0, sites=3)
+    ledger.with_used_sum_ids(lambda used: used.add(name))
+
+
+@pytest.mark.parametrize("state_dir", [True, False])
+def test_a_sum_id_is_refused_in_its_run_and_every_other_from_one_record(tmp_path, state_dir):
+    """One record of the sum ids: a replayed phase message (the same run) and a repeated id (another run, after
+    the node restarted: a fresh context on the same state-dir) get the same refusal; the record holds
+    digests only."""
+    node = {} if state_dir else {"state-dir": ""}
+    ledger = SiteLedger(_context(tmp_path, run_id=1, **node))
+    _take_part(ledger, "run 1", "tag/exchange")
+    line = r"^refused: secure sum tag/exchange was begun before \(one release per sum id, over all runs\)$"
+    with pytest.raises(PolicyRefusal, match=line):
+        ledger.begin_sum("run 1", "tag/exchange", parse_policy({}, "f"), noise=0.0, sites=3)
+    later = SiteLedger(_context(tmp_path, run_id=2, **node)) if state_dir else ledger
+    with pytest.raises(PolicyRefusal, match=line):
+        later.begin_sum("run 2", "tag/exchange", parse_policy({}, "f"), noise=0.0, sites=3)
+    _take_part(later, "run 2", "tag/train-1")
+    doc = later.read()
+    assert set(doc) == {"runs", "releases", "used-sum-ids"} and "exchange" not in json.dumps(doc)
+    with pytest.raises(PolicyRefusal, match=r"^refused: secure sum: a sum id is 1 to 256 printable characters"):
+        later.begin_sum("run 2", "bad\nid", parse_policy({}, "f"), noise=0.0, sites=3)

@@ -5,6 +5,7 @@ aggregator, and the attacker changes its messages on the way. Each attempt is re
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import numpy as np
@@ -112,6 +113,18 @@ def test_a_mask_request_that_withholds_the_peers_shares_is_refused(task_identity
     tampered = Message(content=content, dst_node_id=12, message_type="evaluate")
     answer = _answer(sites[12], tampered)
     assert answer.startswith("PolicyRefusal") and "takes no further part in this run" in answer
+
+
+def test_a_mask_request_of_another_encoding_is_refused_naming_both(task_identity):
+    secure, sites, evaluate = _first_sum()
+    msg = _messages(secure, evaluate)[101]
+    ciphertexts, encoding = sr.unpack_mask_request(sr.payload_of(msg.content.config_records[sr.SECURE]))
+    coarse = dataclasses.replace(encoding, frac_bits=8)  # each site would round to a step of the server's choice
+    content = RecordDict(dict(msg.content.items()))
+    content[sr.SECURE] = ConfigRecord({sr.PAYLOAD: sr.pack_mask_request(ciphertexts, coarse)})
+    answer = _answer(sites[101], Message(content=content, dst_node_id=101, message_type="evaluate"))
+    assert answer.startswith("PolicyRefusal: secure sum: the mask request's encoding (8 fractional bits")
+    assert "is not this sum's encoding for 4 sites" in answer
 
 
 @pytest.mark.parametrize("which", ["this sum's", "a used one"])
