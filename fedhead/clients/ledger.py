@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 
 from flwr.app import ConfigRecord, Context
 
-from fedhead.clients.policy import PolicyRefusal, SitePolicy, release_epsilon
+from fedhead.clients.policy import PolicyRefusal, SitePolicy, release_epsilon, row_unit_noise
 from fedhead.clients.state import DATA_PATH_KEY, PARTITION_ID_KEY, STATE_DIR_KEY
 from fedhead.federation.roster import UsedSumIds
 from fedhead.results.io import write_bytes_atomic
@@ -163,32 +163,54 @@ class SiteLedger:
         return out
 
     # ------------------------------------------------------------------ releases
-    def begin_sum(self, scope: str, name: str, policy: SitePolicy, *, noise: float, sites: int) -> None:
-        """Record that run ``scope`` begins the secure sum ``name`` (noise multiplier ``noise``, over ``sites``).
+    def begin_sum(
+        self, scope: str, name: str, policy: SitePolicy, *, noise: float, sites: int, unit: str = "site"
+    ) -> None:
+        """Record that run ``scope`` begins the secure sum ``name`` (noise multiplier ``noise`` of a ``unit``-level
+        release, ``site`` or ``row``, over ``sites``).
 
         Refused: a sum begun before in the run (one release per sum), and, under the policy's
         ``epsilon-budget``, a release whose epsilon would take the ledger over it (charged here, before
-        anything of it is sent).
+        anything of it is sent, in the policy's ``dp-unit``) or that has no epsilon in that unit.
         """
         if policy.epsilon_budget is not None and self.file is None:
             raise PolicyRefusal(
                 f"refused by this site's privacy policy ({policy.named('epsilon-budget')}): the ledger needs the "
                 f"node config {STATE_DIR_KEY} (it must outlive the run)"
             )
+        if policy.epsilon_budget is not None and unit == "row" and policy.dp_unit != "row":
+            raise PolicyRefusal(
+                f"refused by this site's privacy policy ({policy.named('epsilon-budget')}): a row-level release has "
+                "no site-level epsilon (a policy with dp-unit = row budgets per row)"
+            )
         with self.update() as doc:
             run = doc["runs"].setdefault(scope, {})
             if name in run.get("sums", []):
                 raise PolicyRefusal(f"refused: secure sum {name} was already begun in this run (one release per sum)")
             if policy.epsilon_budget is not None:
-                charged = [float(r["noise"]) for r in doc["releases"]] + [float(noise)]
-                if release_epsilon(charged, sites, policy.dp_delta) > policy.epsilon_budget:
+                entry: dict[str, Any] = {"run": scope, "sum": name, "noise": float(noise)}
+                if unit != "site":  # a client-level release keeps the ledger's first format
+                    entry["unit"] = unit
+                spent = self._epsilon([*doc["releases"], entry], policy.dp_unit, sites, policy.dp_delta)
+                if spent > policy.epsilon_budget:
                     raise PolicyRefusal(
                         f"refused by this site's privacy policy ({policy.named('epsilon-budget')}): this release "
                         "would take the site over its budget"
                     )
-                doc["releases"].append({"run": scope, "sum": name, "noise": float(noise)})
+                doc["releases"].append(entry)
             run.setdefault("sums", []).append(name)
 
-    def spent(self, sites: int, delta: float) -> float:
-        """The epsilon of every release charged so far ([`release_epsilon`][fedhead.clients.policy.release_epsilon])."""
-        return release_epsilon([float(r["noise"]) for r in self.read()["releases"]], sites, delta)
+    @staticmethod
+    def _epsilon(releases: list[dict[str, Any]], unit: str, sites: int, delta: float) -> float:
+        """The epsilon of ``releases`` in ``unit`` ([`release_epsilon`][fedhead.clients.policy.release_epsilon]; a
+        ``row`` unit charges each at [`row_unit_noise`][fedhead.clients.policy.row_unit_noise], a ``site`` unit gives
+        a row-level release no finite epsilon)."""
+        if unit == "row":
+            noise = [row_unit_noise(float(r["noise"]), str(r.get("unit", "site"))) for r in releases]
+        else:
+            noise = [float(r["noise"]) if r.get("unit", "site") == "site" else 0.0 for r in releases]
+        return release_epsilon(noise, sites, delta)
+
+    def spent(self, sites: int, delta: float, unit: str = "site") -> float:
+        """The epsilon of every release charged so far, in ``unit`` (``site`` or ``row``)."""
+        return self._epsilon(self.read()["releases"], unit, sites, delta)

@@ -191,13 +191,13 @@ def secure_reply(
 
     ``lambdas``: the run's ``(lambda_h, lambda_w)``. With ``privacy.dp_noise > 0`` the vector is clipped,
     weight-capped and noised first ([`dp_contribution`][fedhead.federation.privacy_noise.dp_contribution];
-    ``min_sites``: the fewest sites whose sum the server may decode).
+    ``min_sites``: the fewest sites whose sum the server may decode; the exchange's vector: ``exchange_vector``).
     """
     metrics = content.metric_records.get(protocol.METRICS, MetricRecord())
     safe: dict[str, int | float] = {}
 
     def begin(vector: np.ndarray, heads: bool = False) -> RecordDict:
-        if privacy.dp_noise > 0:
+        if privacy.dp_noise > 0 and not (privacy.row_level and protocol.MOMENTS in content.array_records):
             assert privacy.dp_max_rows is not None  # the policy refuses dp_noise without it
             vector = dp_contribution(
                 vector,
@@ -216,7 +216,7 @@ def secure_reply(
     arrays = content.array_records
     if protocol.MOMENTS in arrays:  # the moment exchange
         mean, cov = arrays[protocol.MOMENTS][protocol.MEAN].numpy(), arrays[protocol.MOMENTS][protocol.COV].numpy()
-        vector = sr.moment_vector(_metric(metrics, protocol.NUM_EXAMPLES), mean, cov)
+        vector = exchange_vector(arrays, _metric(metrics, protocol.NUM_EXAMPLES), privacy)
         safe[sr.FULLY_ACTIVE] = int(fully_active(cov, lambdas))
         safe[sr.TARGETS] = int(np.asarray(mean).size)
     elif protocol.SITE_STATS in arrays:  # a site-local table's statistics
@@ -256,6 +256,18 @@ def secure_reply(
     return begin(vector)
 
 
+def exchange_vector(arrays: Mapping[str, ArrayRecord], count: float, privacy: PrivacyPolicy) -> np.ndarray:
+    """A site's input to the exchange's sum: ``N_m [1, mu_m, Sigma_m, mu_m mu_m^T]`` of its moment reply, or, with
+    ``privacy.dp_unit=row``, the moment step's noised row-level release
+    ([`fedhead.federation.row_privacy`][fedhead.federation.row_privacy]), which no further noise is added to."""
+    if not privacy.row_level:
+        moments = arrays[protocol.MOMENTS]
+        return sr.moment_vector(count, moments[protocol.MEAN].numpy(), moments[protocol.COV].numpy())
+    if protocol.ROW_RELEASE not in arrays:
+        raise ClientError("privacy.dp_unit=row: the moment reply carries no row-level release")
+    return arrays[protocol.ROW_RELEASE][protocol.RELEASE].numpy()
+
+
 def fully_active(cov: np.ndarray, lambdas: tuple[float, float]) -> bool:
     """This site's own margin as pass or fail (theory.md §3)."""
     return bool(fully_active_margins(np.asarray(cov, dtype=np.float64)[None], *lambdas).margins[0] > 0)
@@ -291,7 +303,9 @@ def admit(msg: Message, site: SecureSite, policy: SitePolicy, ledger: SiteLedger
         ledger.answer_once(scope, "regime")
     name = sum_id(msg)
     if name is not None and stage != sr.STAGE_SECURE:
-        ledger.begin_sum(scope, name, policy, noise=site.privacy.dp_noise, sites=site.sites)
+        row = site.privacy.row_level and stage == protocol.STAGE_MOMENTS  # the row-level exchange
+        unit = "row" if row else "site"
+        ledger.begin_sum(scope, name, policy, noise=site.privacy.dp_noise, sites=site.sites, unit=unit)
 
 
 @dataclass(frozen=True)

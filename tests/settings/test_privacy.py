@@ -27,7 +27,7 @@ def test_the_default_minimum_reaches_every_job():
         (
             "+privacy.noise=1",
             "privacy: unknown keys ['noise']; expected some of ['dp_clip', 'dp_delta', 'dp_head_clip', "
-            "'dp_max_rows', 'dp_noise', 'min_rows', 'mode', 'threshold']",
+            "'dp_max_rows', 'dp_noise', 'dp_unit', 'min_rows', 'mode', 'threshold']",
         ),
         ("privacy.mode=open", "privacy.mode must be 'clear' or 'secure', got 'open'"),
         ("privacy.threshold=1", "privacy.threshold must be an integer >= 2 or null (a majority of the sites), got 1"),
@@ -65,6 +65,11 @@ def test_the_default_minimum_reaches_every_job():
         ),
         ("privacy.mode=secure procedure=full_model", "procedure(s) ['full_model'] average the backbones in the clear"),
         ("privacy.mode=secure measure_mismatch=true", "measure_mismatch=true needs each site's objectives"),
+        ("privacy.dp_unit=rows", "privacy.dp_unit must be 'site' or 'row', got 'rows'"),
+        (
+            "privacy.mode=secure privacy.dp_unit=row",
+            "privacy.dp_unit=row needs privacy.dp_noise > 0 (the noise multiplier of the row-level exchange)",
+        ),
         (
             "privacy.mode=secure privacy.dp_noise=1 privacy.dp_max_rows=50 resume=somewhere",
             "privacy.dp_noise > 0 cannot resume: the exchange would be released again",
