@@ -17,6 +17,7 @@ its SuperNode's node config and/or a TOML (or JSON) file the node config names
     dp-noise = 1.0         # a run with privacy.dp_noise below it is refused
     epsilon-budget = 8.0   # over all runs, in a ledger under the node's state-dir
     dp-delta = 1e-6        # the delta the ledger accounts at (default 1e-5)
+    dp-unit = "row"        # the budget protects one row (default "site": a site's whole contribution)
 
 A site with no rule at all keeps the run's settings (the default; a simulation's results do not move).
 
