@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 from flwr.app import ConfigRecord, Context
 
 from fedhead.analysis.constraints import ConfigError
-from fedhead.clients.policy import PolicyRefusal, SitePolicy, release_epsilon
+from fedhead.clients.policy import PolicyRefusal, SitePolicy, release_epsilon, row_unit_noise
 from fedhead.clients.state import DATA_PATH_KEY, PARTITION_ID_KEY, STATE_DIR_KEY
 from fedhead.federation.roster import UsedSumIds
 from fedhead.results.io import write_bytes_atomic
@@ -181,21 +181,35 @@ class SiteLedger:
 
     # ------------------------------------------------------------------ releases
     def begin_sum(
-        self, scope: str, name: str, policy: SitePolicy, *, noise: float, sites: int, set_up: bool = False
+        self,
+        scope: str,
+        name: str,
+        policy: SitePolicy,
+        *,
+        noise: float,
+        sites: int,
+        unit: str = "site",
+        set_up: bool = False,
     ) -> None:
-        """Check that run ``scope`` may begin the secure sum ``name`` (noise multiplier ``noise``, over ``sites``).
+        """Check that run ``scope`` may begin the secure sum ``name`` (noise multiplier ``noise`` of a ``unit``-level
+        release, ``site`` or ``row``, over ``sites``).
 
         Refused: a sum id this site took part in before, in this run or another (one release per sum: a
         replayed phase message or a repeated id; the id is recorded when the sum begins,
         [`with_used_sum_ids`][fedhead.clients.ledger.SiteLedger.with_used_sum_ids], or, ``set_up``, when this
         site set it up within the previous sum's messages, unmasked until now), and, under the policy's
         ``epsilon-budget``, a release whose epsilon would take the ledger over it (charged here, before
-        anything of it is sent).
+        anything of it is sent, in the policy's ``dp-unit``) or that has no epsilon in that unit.
         """
         if policy.epsilon_budget is not None and self.file is None:
             raise PolicyRefusal(
                 f"refused by this site's privacy policy ({policy.named('epsilon-budget')}): the ledger needs the "
                 f"node config {STATE_DIR_KEY} (it must outlive the run)"
+            )
+        if policy.epsilon_budget is not None and unit == "row" and policy.dp_unit != "row":
+            raise PolicyRefusal(
+                f"refused by this site's privacy policy ({policy.named('epsilon-budget')}): a row-level release has "
+                "no site-level epsilon (a policy with dp-unit = row budgets per row)"
             )
         with self.update() as doc:
             try:
@@ -207,14 +221,28 @@ class SiteLedger:
                     f"refused: secure sum {name} was begun before (one release per sum id, over all runs)"
                 )
             if policy.epsilon_budget is not None:
-                charged = [float(r["noise"]) for r in doc["releases"]] + [float(noise)]
-                if release_epsilon(charged, sites, policy.dp_delta) > policy.epsilon_budget:
+                entry: dict[str, Any] = {"run": scope, "sum": name, "noise": float(noise)}
+                if unit != "site":  # a client-level release keeps the ledger's first format
+                    entry["unit"] = unit
+                spent = self._epsilon([*doc["releases"], entry], policy.dp_unit, sites, policy.dp_delta)
+                if spent > policy.epsilon_budget:
                     raise PolicyRefusal(
                         f"refused by this site's privacy policy ({policy.named('epsilon-budget')}): this release "
                         "would take the site over its budget"
                     )
-                doc["releases"].append({"run": scope, "sum": name, "noise": float(noise)})
+                doc["releases"].append(entry)
 
-    def spent(self, sites: int, delta: float) -> float:
-        """The epsilon of every release charged so far ([`release_epsilon`][fedhead.clients.policy.release_epsilon])."""
-        return release_epsilon([float(r["noise"]) for r in self.read()["releases"]], sites, delta)
+    @staticmethod
+    def _epsilon(releases: list[dict[str, Any]], unit: str, sites: int, delta: float) -> float:
+        """The epsilon of ``releases`` in ``unit`` ([`release_epsilon`][fedhead.clients.policy.release_epsilon]; a
+        ``row`` unit charges each at [`row_unit_noise`][fedhead.clients.policy.row_unit_noise], a ``site`` unit gives
+        a row-level release no finite epsilon)."""
+        if unit == "row":
+            noise = [row_unit_noise(float(r["noise"]), str(r.get("unit", "site"))) for r in releases]
+        else:
+            noise = [float(r["noise"]) if r.get("unit", "site") == "site" else 0.0 for r in releases]
+        return release_epsilon(noise, sites, delta)
+
+    def spent(self, sites: int, delta: float, unit: str = "site") -> float:
+        """The epsilon of every release charged so far, in ``unit`` (``site`` or ``row``)."""
+        return self._epsilon(self.read()["releases"], unit, sites, delta)

@@ -204,16 +204,16 @@ def secure_reply(
     max_abs: float = TrustPolicy.max_abs,
 ) -> RecordDict:
     """The secure form of a clear reply ``content`` (never sent): its vector enters the sum the message names
-    ([`begin_sum`][fedhead.clients.secure.begin_sum] as ``identity``, ``floor``, its layout's bound from ``max_abs``,
-    the run's ``trust.max_abs``); what is sent is the site's keys, its partition id and its pass/fail self-checks
-    (its own margin, whether it reached its optimum). ``lambdas``: the run's ``(lambda_h, lambda_w)``; with
-    ``privacy.dp_noise > 0`` the vector is first clipped, weight-capped and noised, ``min_sites`` the fewest
-    sites whose sum the server may decode ([`dp_contribution`][fedhead.federation.privacy_noise.dp_contribution])."""
+    ([`begin_sum`][fedhead.clients.secure.begin_sum] as ``identity``, ``floor``, the layout's bound from the
+    run's ``max_abs``; the exchange's vector: [`exchange_vector`][fedhead.clients.secure.exchange_vector]);
+    sent: the site's keys or masked input, partition id and pass/fail self-checks. ``privacy.dp_noise > 0``
+    clips, caps and noises the vector first ([`dp_contribution`][fedhead.federation.privacy_noise.dp_contribution],
+    ``min_sites``: the fewest sites whose sum the server may decode); ``lambdas``: ``(lambda_h, lambda_w)``."""
     metrics = content.metric_records.get(protocol.METRICS, MetricRecord())
     safe: dict[str, int | float] = {}
 
     def begin(vector: np.ndarray, bound: float, heads: bool = False) -> RecordDict:
-        if privacy.dp_noise > 0:
+        if privacy.dp_noise > 0 and not (privacy.row_level and protocol.MOMENTS in content.array_records):
             assert privacy.dp_max_rows is not None  # the policy refuses dp_noise without it
             vector = dp_contribution(
                 vector,
@@ -232,7 +232,7 @@ def secure_reply(
     arrays = content.array_records
     if protocol.MOMENTS in arrays:  # the moment exchange
         mean, cov = arrays[protocol.MOMENTS][protocol.MEAN].numpy(), arrays[protocol.MOMENTS][protocol.COV].numpy()
-        vector = sr.moment_vector(_metric(metrics, protocol.NUM_EXAMPLES), mean, cov)
+        vector = exchange_vector(arrays, _metric(metrics, protocol.NUM_EXAMPLES), privacy)
         safe[sr.FULLY_ACTIVE] = int(fully_active(cov, lambdas))
         safe[sr.TARGETS] = int(np.asarray(mean).size)
         return begin(vector, sr.moment_bound(max_abs))
@@ -273,6 +273,18 @@ def secure_reply(
         return begin(vector, sr.MSE_BOUND)
 
 
+def exchange_vector(arrays: Mapping[str, ArrayRecord], count: float, privacy: PrivacyPolicy) -> np.ndarray:
+    """A site's input to the exchange's sum: ``N_m [1, mu_m, Sigma_m, mu_m mu_m^T]`` of its moment reply, or, with
+    ``privacy.dp_unit=row``, the moment step's noised row-level release
+    ([`fedhead.federation.row_privacy`][fedhead.federation.row_privacy]), which no further noise is added to."""
+    if not privacy.row_level:
+        moments = arrays[protocol.MOMENTS]
+        return sr.moment_vector(count, moments[protocol.MEAN].numpy(), moments[protocol.COV].numpy())
+    if protocol.ROW_RELEASE not in arrays:
+        raise ClientError("privacy.dp_unit=row: the moment reply carries no row-level release")
+    return arrays[protocol.ROW_RELEASE][protocol.RELEASE].numpy()
+
+
 def fully_active(cov: np.ndarray, lambdas: tuple[float, float]) -> bool:
     """This site's own margin as pass or fail (theory.md §3)."""
     return bool(fully_active_margins(np.asarray(cov, dtype=np.float64)[None], *lambdas).margins[0] > 0)
@@ -311,7 +323,8 @@ def admit(msg: Message, context: Context, site: SecureSite, policy: SitePolicy, 
     if name is not None and stage != sr.STAGE_SECURE:
         ledger.release_once(scope, sums.phase_of(msg))  # a phase re-issued under another sum id: refused
         set_up = sums.is_set_up(msg, context, name)
-        ledger.begin_sum(scope, name, policy, noise=site.privacy.dp_noise, sites=site.sites, set_up=set_up)
+        unit = "row" if site.privacy.row_level and stage == protocol.STAGE_MOMENTS else "site"  # the row exchange
+        ledger.begin_sum(scope, name, policy, noise=site.privacy.dp_noise, sites=site.sites, unit=unit, set_up=set_up)
 
 
 @dataclass(frozen=True)

@@ -104,6 +104,7 @@ class HeadAveraging(Strategy):
     ) -> None:
         if lambda_h <= 0 or lambda_w <= 0:
             raise ValueError(f"lambda_h and lambda_w must be positive, got {lambda_h}, {lambda_w}")
+        self.privacy = privacy or PrivacyPolicy()
         #: what the exchange, the node wait and the failure policy read (built once)
         self.settings = ExchangeSettings(
             lambda_h=float(lambda_h),
@@ -116,11 +117,10 @@ class HeadAveraging(Strategy):
             message_config=MappingProxyType(dict(message_config or {})),
             site_statistics=site_statistics,
             trust=trust or TrustPolicy(),
+            row_level=self.privacy.row_level,
         )
         self.settings.trust.check(int(min_nodes))
-        self.privacy = privacy or PrivacyPolicy()
-        self.privacy.check_sites(int(min_nodes))
-        self.privacy.check_trust(self.settings.trust)
+        self.privacy.check_strategy(int(min_nodes), self.settings.trust, site_local=site_statistics is not None)
         #: where every sum comes from: the exchange, the heads, the errors and what they cost in privacy
         self.aggregator = make_aggregator(self.privacy, int(min_nodes), roster)
         self._grid: Grid | None = None

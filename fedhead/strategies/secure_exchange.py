@@ -31,6 +31,7 @@ from fedhead.analysis.diagnosis import pooled_diagnosis
 from fedhead.analysis.procedure import reference_name
 from fedhead.analysis.standardization import Standardization, pooled_standardization, standardized_moments
 from fedhead.federation import protocol
+from fedhead.federation import row_privacy as rp
 from fedhead.federation import secure_records as sr
 from fedhead.federation.tracking import Targets
 from fedhead.strategies.exchange import ExchangeSettings, MomentExchange, SecureSummary, screen_exchange
@@ -188,7 +189,9 @@ def sum_moments(grid: Grid, sites: ExchangeSites, settings: ExchangeSettings, se
     return run_secure_sum(
         sums,
         {r.node: r.keys for r in sites.rows if r.keys is not None},
-        length=sr.moment_length(sites.dim) + (2 * sites.features if raw else 0),
+        length=rp.release_length(sites.dim)
+        if settings.row_level
+        else sr.moment_length(sites.dim) + (2 * sites.features if raw else 0),
         bound=sr.statistics_bound() if raw else sr.moment_bound(settings.trust.max_abs),
         setup=setup,
         next_keys={r.node: r.next_keys for r in sites.rows if r.next_keys is not None},
@@ -197,10 +200,16 @@ def sum_moments(grid: Grid, sites: ExchangeSites, settings: ExchangeSettings, se
 
 
 def standardize(summed: SecureSum, sites: ExchangeSites, settings: ExchangeSettings) -> PooledExchange:
-    """Step 3: the pooled moments of the sum's survivors; for a site-local table, of its targets in the
+    """Step 3: the pooled moments of the sum's survivors (``privacy.dp_unit=row``: of their row-level releases,
+    [`pooled_moments`][fedhead.federation.row_privacy.pooled_moments]); for a site-local table, of its targets in the
     pooled standardisation ([`pooled_standardization`][fedhead.analysis.standardization.pooled_standardization])."""
     survivors = [r for r in sites.rows if r.node in summed.survivors]
     dropped = [*sites.dropped, *summed.dropped]
+    if settings.row_level:  # the row-level releases' sum (post-processing of the noised statistics)
+        if not summed.total[0] > 0:
+            raise SecureSumFailed(f"{STAGE}: the noised count of the rows is not positive (too few rows for the noise)")
+        rows = rp.pooled_moments(summed.total, sites.dim)
+        return PooledExchange(rows.count, rows.mean, rows.cov, rows.within, survivors, dropped, sites.assigned)
     if settings.site_statistics is None:
         pooled = sr.read_moments(summed.total, sites.dim)
         mean, cov, within = pooled.mean, pooled.cov, pooled.within

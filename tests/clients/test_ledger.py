@@ -128,3 +128,31 @@ def test_a_sum_id_is_refused_in_its_run_and_every_other_from_one_record(tmp_path
     assert set(doc) == {"runs", "releases", "used-sum-ids"} and "exchange" not in json.dumps(doc)
     with pytest.raises(PolicyRefusal, match=r"^refused: secure sum: a sum id is 1 to 256 printable characters"):
         later.begin_sum("run 2", "bad\nid", parse_policy({}, "f"), noise=0.0, sites=3)
+
+
+def test_a_row_budget_charges_row_releases_and_refuses_over_it(tmp_path):
+    """``dp-unit = "row"``: a row-level release is charged at its noise multiplier, a client-level one at half of
+    it (one row moves a site's term by twice the site's sensitivity); over the budget is refused in one line
+    naming the rule, and a site-unit budget refuses a row-level release (it has no site-level epsilon)."""
+    budget = release_epsilon([2.0, 1.0], 3, 1e-6) * 1.0001  # the row exchange at z = 2 and a round at z_c = 2
+    policy = parse_policy({"epsilon-budget": budget, "dp-unit": "row", "dp-delta": 1e-6}, "f")
+    assert policy.dp_unit == "row"
+    ledger = SiteLedger(_context(tmp_path))
+    ledger.begin_sum("run 1", "exchange", policy, noise=2.0, sites=3, unit="row")
+    ledger.begin_sum("run 1", "train-1", policy, noise=2.0, sites=3)
+    assert ledger.spent(3, 1e-6, unit="row") == pytest.approx(release_epsilon([2.0, 1.0], 3, 1e-6))
+    assert ledger.read()["releases"][0]["unit"] == "row" and "unit" not in ledger.read()["releases"][1]
+    with pytest.raises(PolicyRefusal) as err:
+        ledger.begin_sum("run 2", "exchange", policy, noise=2.0, sites=3, unit="row")
+    assert str(err.value) == (
+        f"refused by this site's privacy policy (f epsilon-budget={budget}): this release would take the site "
+        "over its budget"
+    )
+    assert "\n" not in str(err.value) and len(ledger.read()["releases"]) == 2  # not recorded
+    site_unit = parse_policy({"epsilon-budget": 100.0}, "g")
+    other = SiteLedger(_context(tmp_path / "other"))
+    with pytest.raises(PolicyRefusal, match=r"\(g epsilon-budget=100.0\): a row-level release has no site-level"):
+        other.begin_sum("run 1", "exchange", site_unit, noise=50.0, sites=3, unit="row")
+    assert other.read()["releases"] == []
+    with pytest.raises(PolicyRefusal, match=r"dp-unit must be site or row, got 'person'"):
+        parse_policy({"dp-unit": "person"}, "f")
