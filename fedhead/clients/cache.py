@@ -14,8 +14,9 @@ if TYPE_CHECKING:
     from flwr.app import Context
     from flwr.clientapp import ClientApp
 
-    from fedhead.data.base import ClientData, FederatedData
+    from fedhead.data.base import FederatedData
     from fedhead.data.site import Site
+    from fedhead.data.site_rows import SiteRows
     from fedhead.settings.job import JobConfig
 
 V = TypeVar("V")
@@ -42,7 +43,8 @@ class ClientCache:
     * ``moments``: (data set config, client count, partition) -> ``(y, mu_m, Sigma_m)``. Kept.
     * ``sites``: (data set config, file) -> ``Site`` (a site-local table's own file). Kept.
     * ``local_data``: (data set config, site key, partition, standardisation) -> the site's
-      standardised data. The ``LOCAL_DATA_KEPT`` newest are kept (a worker serves several sites).
+      standardised rows (numpy, [`standardized_rows`][fedhead.data.site_rows.standardized_rows]). The
+      ``LOCAL_DATA_KEPT`` newest are kept (a worker serves several sites).
     * ``backbones``: (store root, partition) -> ``(round, stored state, module)``: the module a
       CPU client trained last, reused when the store's newest state is still that one. Only the
       current store root is kept (one job at a time), and of it the ``STATES_KEPT`` partitions
@@ -67,7 +69,7 @@ class ClientCache:
         self.datasets: dict[Hashable, FederatedData] = {}
         self.moments: dict[Hashable, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         self.sites: dict[Hashable, Site] = {}
-        self.local_data: dict[Hashable, tuple[FederatedData, ClientData]] = {}
+        self.local_data: dict[Hashable, SiteRows] = {}
         self.backbones: dict[tuple[str, int], tuple[int, dict[str, Any], torch.nn.Module]] = {}
         self.stored_states: dict[tuple[str, int], StoredState] = {}
 

@@ -1,6 +1,7 @@
 """A deployed message starts a fresh ``flwr-clientapp`` process that imports ``fedhead.client_app``:
-a message that touches no model (the statistics query, a SecAgg step) imports no torch. Each
-check runs in a fresh interpreter."""
+a message that touches no model (the statistics query, a SecAgg step, a site's regime check, a
+site-local moment query) imports no torch; only training, evaluation and the mismatch query, which
+build a model, do. Each check runs in a fresh interpreter."""
 
 from __future__ import annotations
 
@@ -13,14 +14,15 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 HEAVY = ("torch", "torchvision", "tensorboard", "matplotlib")
 
-#: Three sites of a secure table job answer the secure statistics exchange (the sum begins) and its first
-#: SecAgg step (share-keys), then a clear site answers the statistics query: all through fedhead's ClientApp.
+#: Three sites of a secure table job answer the secure statistics exchange (the sum begins), its first
+#: SecAgg step (share-keys) and the regime check; then a clear site answers the statistics query and a
+#: moment query in the pooled standardisation: all through fedhead's ClientApp.
 SITES = """
 import sys
 from pathlib import Path
 
 import numpy as np
-from flwr.app import ConfigRecord, Context, Message, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
 import fedhead.client_app  # noqa: F401 - what flwr-clientapp imports first
@@ -74,8 +76,16 @@ payload = ConfigRecord({sr.PAYLOAD: sr.pack_book(book, 2)})
 for ctx in sites:
     shares = ask(secure, ctx, step, {sr.SECURE: payload})
     assert set(sr.unpack_shares(shares.config_records[sr.SECURE][sr.PAYLOAD]).ciphertexts) == set(book) - {ctx.node_id}
-clear = ask(make_client_app(job()), context(0), {protocol.STAGE: protocol.STAGE_STATISTICS})
+zeros, ones = Array(np.zeros(2)), Array(np.ones(2))
+pooled = {protocol.STANDARDIZATION: ArrayRecord({protocol.TARGET_OFFSET: zeros, protocol.TARGET_SCALE: ones,
+                                                 protocol.INPUT_OFFSET: zeros, protocol.INPUT_SCALE: ones})}
+regime = ask(secure, sites[0], {protocol.STAGE: sr.STAGE_REGIME}, pooled)
+assert regime.metric_records[protocol.METRICS][sr.FULLY_ACTIVE] in (0, 1)
+clear_app = make_client_app(job())
+clear = ask(clear_app, context(0), {protocol.STAGE: protocol.STAGE_STATISTICS})
 assert clear.array_records[protocol.SITE_STATS][protocol.Y_MEAN].numpy().shape == (2,)
+moments = ask(clear_app, context(0), {}, pooled)
+assert moments.array_records[protocol.MOMENTS][protocol.COV].numpy().shape == (2, 2)
 print(sorted({m.split(".")[0] for m in sys.modules} & set(HEAVY)))
 """
 
@@ -91,7 +101,7 @@ def _fresh(code: str, *args: str) -> str:
     return res.stdout.strip().splitlines()[-1]
 
 
-def test_a_statistics_query_and_a_secagg_step_import_no_torch(tmp_path):
+def test_the_statistics_query_a_secagg_step_the_regime_check_and_the_moment_query_import_no_torch(tmp_path):
     assert _fresh(SITES, str(tmp_path)) == "[]"
 
 
