@@ -57,7 +57,8 @@ run_config = {"overrides": overrides, "output-dir": str(work / "out")}
 
 
 def context(i):
-    node = {"partition-id": i, "data-path": str(files[i])}
+    node = {"partition-id": i, "data-path": str(files[i]), "signing-key": str(work / "keys" / f"site-{i}.key")}
+    node["roster"] = str(work / "keys" / "roster.json")
     return Context(run_id=21, node_id=100 + i, node_config=node, state=RecordDict(), run_config=run_config)
 
 
@@ -102,8 +103,14 @@ def build_fab(out: Path) -> Path:
 
 
 def write_sites(work: Path, n: int = 3, rows: int = 40) -> None:
-    """``n`` site files of the own-data kind (inputs f1, f2; targets t1, t2)."""
+    """``n`` site files of the own-data kind (inputs f1, f2; targets t1, t2), and for secure mode each site's
+    signing key ``keys/site-<i>.key`` and their roster ``keys/roster.json`` (``fedhead-keys``)."""
     import numpy as np
+
+    from fedhead.cli.keys import assemble, new_site
+
+    entries = [new_site(f"site-{i}", work / "keys")[1] for i in range(n)]
+    assemble(entries, work / "keys" / "roster.json")
 
     rng = np.random.default_rng(0)
     for i in range(n):
