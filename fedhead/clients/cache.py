@@ -4,9 +4,13 @@ what the client keeps between messages, keyed by what each entry is computed fro
 
 from __future__ import annotations
 
+import hashlib
+import pickle
 import threading
 from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING, Any, TypeVar
+
+from flwr.app import ConfigRecord
 
 if TYPE_CHECKING:
     import numpy as np
@@ -100,8 +104,7 @@ class ClientCache:
 
     def job(self, context: Context, build: Callable[[Context], JobConfig]) -> JobConfig:
         """The job of ``context``'s run config, built by ``build(context)`` once per run config."""
-        key = tuple(sorted((str(k), str(v)) for k, v in context.run_config.items()))
-        return self.remember(self.jobs, key, lambda: build(context))
+        return self.remember(self.jobs, run_config_key(context), lambda: build(context))
 
     def stored_state(self, key: tuple[str, int]) -> StoredState | None:
         """The stored state kept for ``key`` (store root, partition), now the most recently used; or None."""
@@ -163,3 +166,29 @@ class ClientCache:
 
 #: The cache of this process (the ClientApp's handlers, the backbone store).
 CLIENT_CACHE = ClientCache()
+
+
+#: The record of a node's ``context.state`` that keeps its run's job between messages
+#: ([`job_in_state`][fedhead.clients.cache.job_in_state]).
+JOB_STATE = "fedhead.job"
+
+
+def run_config_key(context: Context) -> str:
+    """A digest of ``context``'s run config (its items in any order)."""
+    items = sorted((str(k), str(v)) for k, v in context.run_config.items())
+    return hashlib.sha256(repr(items).encode()).hexdigest()
+
+
+def job_in_state(context: Context, build: Callable[[Context], JobConfig]) -> JobConfig:
+    """The job of ``context``'s run config, kept (pickled) in the node's ``context.state``, which flwr hands to
+    every message of the run at this node: a deployed message starts a fresh process, and then builds no job
+    from the run config (Hydra, imported for that, is most of a light message's own import time). Built by
+    ``build(context)`` and kept at the run's first message at the node, or when its run config changed. The
+    state is the node's own: the server neither reads nor writes it."""
+    key = run_config_key(context)
+    kept = context.state.config_records.get(JOB_STATE)
+    if kept is not None and kept.get("key") == key and isinstance(blob := kept.get("job"), bytes):
+        return pickle.loads(blob)  # written by this node's own ClientApp, below
+    job = build(context)
+    context.state[JOB_STATE] = ConfigRecord({"key": key, "job": pickle.dumps(job, protocol=pickle.HIGHEST_PROTOCOL)})
+    return job

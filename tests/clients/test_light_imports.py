@@ -111,3 +111,48 @@ def test_the_client_apps_module_imports_no_torch():
     builds models.)"""
     code = "import sys, fedhead.client_app\nprint(sorted({m.split('.')[0] for m in sys.modules} & set(HEAVY)))"
     assert _fresh(code) == "[]"
+
+
+#: One deployed run at one site, two messages in two fresh processes, the node's state carried between them as flwr
+#: carries it: the first builds the job from the run config (Hydra) and keeps it in the state; the second answers
+#: a statistics query from the kept job. argv: the folder, "first" or "second".
+TWO_MESSAGES = """
+import pickle
+import sys
+from pathlib import Path
+
+import numpy as np
+from flwr.app import ConfigRecord, Context, Message, RecordDict
+from flwr.supercore.task_identity import TaskIdentity
+
+import fedhead.client_app as ca
+from fedhead.clients.cache import JOB_STATE
+from fedhead.federation import protocol
+
+TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 5, 0, 1
+tmp, which = Path(sys.argv[1]), sys.argv[2]
+site = tmp / "site.csv"
+if which == "first":
+    rows = np.random.default_rng(0).normal(size=(40, 4))
+    site.write_text("\\n".join(["f1,f2,t1,t2", *(",".join(repr(float(v)) for v in r) for r in rows)]) + "\\n")
+overrides = "dataset=table dataset.targets=[t1,t2] model=free procedure=exact rounds=1 dataset.num_clients=3"
+run_config = {"overrides": overrides, "output-dir": str(tmp / "out")}
+state = RecordDict() if which == "first" else pickle.loads((tmp / "state.pkl").read_bytes())
+ctx = Context(run_id=5, node_id=9, node_config={"data-path": str(site)}, state=state, run_config=run_config)
+msg = Message(RecordDict({protocol.CONFIG: ConfigRecord({protocol.STAGE: protocol.STAGE_STATISTICS})}), dst_node_id=9,
+              message_type="query")
+reply = ca.app(msg, ctx)
+assert not reply.has_error(), reply.error
+(tmp / "state.pkl").write_bytes(pickle.dumps(ctx.state))
+print(ca.job_of_run(ctx).config_hash, JOB_STATE in ctx.state,
+      sorted({m.split(".")[0] for m in sys.modules} & {"hydra", "omegaconf", *HEAVY}))
+"""
+
+
+def test_a_runs_later_message_takes_its_job_from_the_nodes_state_without_hydra(tmp_path):
+    """The job built at a run's first message at a node is kept in ``context.state``: a later message (a fresh
+    process) answers from it, the same job, with neither Hydra nor OmegaConf imported."""
+    first = _fresh(TWO_MESSAGES, str(tmp_path), "first").split(" ", 2)
+    second = _fresh(TWO_MESSAGES, str(tmp_path), "second").split(" ", 2)
+    assert first[:2] == [first[0], "True"] and first[2] == "['hydra', 'omegaconf']"
+    assert second == [first[0], "True", "[]"]
