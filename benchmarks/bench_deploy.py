@@ -26,13 +26,20 @@ a SecAgg step <= 4 s, a secure round <= 1.5 x the clear round.
     python benchmarks/bench_deploy.py                               # 3 and 8 sites, everything
     python benchmarks/bench_deploy.py --sites 3 --where deployment  # one deployment, clear and secure
     python benchmarks/bench_deploy.py --keep logs/                  # keep the processes' logs
-    FLWR_LOG_LEVEL=DEBUG python benchmarks/bench_deploy.py ...      # flwr's logs with timestamps (a profile)
+    python benchmarks/bench_deploy.py --sites 3 --where deployment --profile  # where a message's time goes
+
+``--profile`` runs the deployment with flwr's DEBUG logs (``FLWR_LOG_LEVEL=DEBUG``: timestamps) and splits
+every message at every site by its SuperNode's log lines (``PIECES``): the SuperNode's pull wait (from the
+ServerApp's push of the phase, the SuperLink's log), the ``flwr-clientapp`` process's start and flwr's imports,
+the task input, the FAB's installation, fedhead (the import of ``fedhead.client_app``, the job, the handler)
+and the reply's push, the SuperNode's wait for the reply, the send. DEBUG logging itself costs CPU.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import statistics
 import sys
@@ -104,7 +111,7 @@ def read_run(out: Path, wall: float) -> Run:
     return Run([(str(k), float(s)) for k, s in res.timing.phases], wall, np.asarray(res.rounds[-1].gram))
 
 
-def deployed(files: list[Path], work: Path, modes: list[str], rounds: int) -> dict[str, Run]:
+def deployed(files: list[Path], work: Path, modes: list[str], rounds: int, env: dict | None = None) -> dict[str, Run]:
     """Each mode's job through ``flwr run .`` on one loopback federation of the site files."""
     from deploy_helpers import Processes, flwr, start_site_federation
 
@@ -115,7 +122,7 @@ def deployed(files: list[Path], work: Path, modes: list[str], rounds: int) -> di
     procs = Processes(work / "logs")
     out: dict[str, Run] = {}
     try:
-        env = start_site_federation(work, files, identities, procs)
+        env = start_site_federation(work, files, identities, procs, env)
         for mode in modes:
             overrides = " ".join(
                 [*job_overrides(mode, rounds), "dataset.files=[]", f"dataset.num_clients={len(files)}"]
@@ -135,7 +142,7 @@ def deployed(files: list[Path], work: Path, modes: list[str], rounds: int) -> di
     return out
 
 
-def simulated(files: list[Path], work: Path, modes: list[str], rounds: int) -> dict[str, Run]:
+def simulated(files: list[Path], work: Path, modes: list[str], rounds: int, _env: dict | None = None) -> dict[str, Run]:
     """Each mode's job in one Ray simulation of ``len(files)`` virtual SuperNodes, after a warm-up job."""
     from fedhead.driver.simulation import run_federations
     from fedhead.settings.config import compose_config, load_config
@@ -154,6 +161,69 @@ def simulated(files: list[Path], work: Path, modes: list[str], rounds: int) -> d
     run_federations(jobs, show_progress=False, on_job_end=lambda _i, _r: ends.append(time.perf_counter()))
     starts = [t0, *ends[:-1]]
     return {mode: read_run(work / mode, ends[k + 1] - starts[k + 1]) for k, mode in enumerate(modes)}
+
+
+#: The SuperNode's log lines (flwr 1.42, ``FLWR_LOG_LEVEL=DEBUG``) that end each piece of one message, in order.
+PIECES = (
+    ("SuperNode's pull wait", "Receiving: "),
+    ("process start", "DEBUG logs enabled"),
+    ("flwr's imports", "Start `flwr-clientapp` process"),
+    ("task input", "[flwr-clientapp] Start FAB installation."),
+    ("FAB install", "[flwr-clientapp] Start `ClientApp` Loading."),
+    ("fedhead import, job, handler, reply", "Finished task"),
+    ("SuperNode sees the reply", "Sending: "),
+    ("send to the SuperLink", "Sent successfully"),
+)
+STAMP = re.compile(r"^(?:\x1b\[[0-9;]*m)*[A-Z]+ (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})")
+
+
+def stamped(path: Path) -> list[tuple[float, str]]:
+    """``(time, line)`` of every timestamped line of a flwr log (DEBUG level)."""
+    out = []
+    for line in path.read_text(errors="replace").splitlines():
+        if m := STAMP.match(line):
+            out.append((time.mktime(time.strptime(m[1][:19], "%Y-%m-%d %H:%M:%S")) + int(m[1][20:]) / 1e3, line))
+    return out
+
+
+def message_pieces(logs: Path) -> dict[str, list[dict[str, float]]]:
+    """Per message type, one dict per message at a site: each piece's seconds (``PIECES``: from the previous
+    piece's line to its own, the first such line from the message's ``Receiving`` to the next; a line before
+    it counts from there, a missing one leaves its piece out). The pull wait counts from the ServerApp's push of
+    the phase (the SuperLink's ``Runtime.PushMessages``)."""
+    pushes = [t for t, line in stamped(logs / "superlink.log") if line.endswith("Runtime.PushMessages")]
+    out: dict[str, list[dict[str, float]]] = {}
+    for node in sorted(logs.glob("supernode*.log")):
+        lines = stamped(node)
+        starts = [i for i, (_, line) in enumerate(lines) if "Receiving: " in line] + [len(lines)]
+        for a, b in zip(starts, starts[1:]):
+            t0, head = lines[a]
+            seen = {PIECES[0][0]: t0}
+            for t, line in lines[a + 1 : b]:
+                for name, mark in PIECES[1:]:
+                    if mark in line and name not in seen:
+                        seen[name] = max(t, t0)
+            record = {PIECES[0][0]: t0 - max((p for p in pushes if p <= t0), default=t0)}
+            last = t0
+            for name, _ in PIECES[1:]:
+                if name in seen:
+                    record[name], last = seen[name] - last, seen[name]
+            out.setdefault(head.split("Receiving: ")[1].split()[0], []).append(record)
+    return out
+
+
+def profile(logs: Path) -> list[str]:
+    """Median and maximum of each piece over the messages of each type (seconds)."""
+    lines = []
+    for kind, records in message_pieces(logs).items():
+        lines.append(f"{kind} messages ({len(records)} at the sites)        median      max")
+        for name, _ in PIECES:
+            values = [r[name] for r in records if name in r]
+            if values:
+                lines.append(f"  {name:<40}{statistics.median(values):8.2f}{max(values):9.2f}")
+        whole = [sum(r.values()) for r in records]
+        lines.append(f"  {'push to the reply at the SuperLink':<40}{statistics.median(whole):8.2f}{max(whole):9.2f}")
+    return lines
 
 
 def ratio(a: float, b: float) -> str:
@@ -208,6 +278,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=1, help="training rounds per job (default 1)")
     ap.add_argument("--rows", type=int, default=100, help="rows per site file (default 100)")
     ap.add_argument("--keep", type=Path, default=None, help="copy the work folder (logs, results) here")
+    ap.add_argument("--profile", action="store_true", help="flwr's DEBUG logs; print where each message's time went")
     args = ap.parse_args(argv)
     if min(args.sites) < 3:
         ap.error("--sites: secure mode needs at least 3 sites")
@@ -216,6 +287,7 @@ def main(argv: list[str] | None = None) -> int:
     from bench_message_cost import write_sites
 
     runs: dict[int, dict[tuple[str, str], Run]] = {}
+    profiles: dict[int, list[str]] = {}
     load = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="fedhead-bench-deploy-") as tmp:
         for sites in args.sites:
@@ -226,7 +298,10 @@ def main(argv: list[str] | None = None) -> int:
             by = runs.setdefault(sites, {})
             for where in args.where:
                 run = deployed if where == "deployment" else simulated
-                by.update({(where, m): r for m, r in run(files, work / where, args.modes, args.rounds).items()})
+                env = {"FLWR_LOG_LEVEL": "DEBUG"} if args.profile else None
+                by.update({(where, m): r for m, r in run(files, work / where, args.modes, args.rounds, env).items()})
+            if args.profile and "deployment" in args.where:
+                profiles[sites] = profile(work / "deployment" / "logs")
         if args.keep is not None:
             shutil.copytree(tmp, args.keep, dirs_exist_ok=True)
     print(
@@ -236,6 +311,9 @@ def main(argv: list[str] | None = None) -> int:
     for sites, by in runs.items():
         print("\n".join(table(sites, by)))
     print("\n".join(goals(runs)))
+    for sites, lines in profiles.items():
+        print(f"where a deployed message's time went, M = {sites} sites (both modes; seconds):")
+        print("\n".join(lines))
     return 0
 
 
