@@ -55,3 +55,34 @@ def test_three_sites_deployed_and_simulated_print_the_table_and_equal_grams():
         line = next(line for line in lines if line.startswith(f"{mode} Gram, deployment vs simulation"))
         assert float(line.split(": ")[1].split()[0]) < 1e-6, line
     assert any(line.startswith("secure / clear round 1, 3 sites, deployment") for line in lines)
+
+
+def test_the_profile_splits_a_message_by_its_supernodes_log_lines(tmp_path):
+    bench = runpy.run_path(str(SCRIPT))
+
+    def log(name: str, *lines: tuple[str, str]) -> None:
+        text = [f"\x1b[92mDEBUG 2026-12-06 12:00:{sec},{ms}\x1b[0m:     {msg}" for sec, ms, msg in lines]
+        (tmp_path / name).write_text("\n".join(["INFO:     127.0.0.1:1 - POST", *text]) + "\n")
+
+    log("superlink.log", ("10", "000", "Runtime.PushMessages"), ("30", "000", "Runtime.PushMessages"))
+    log(
+        "supernode1.log",
+        ("11", "500", "[RUN 1]"),
+        ("11", "500", "Receiving: query message (ID: 1)"),
+        ("12", "000", "DEBUG logs enabled. Do not use this in production"),
+        ("14", "000", "Start `flwr-clientapp` process"),
+        ("14", "250", "[flwr-clientapp] Start FAB installation."),
+        ("14", "750", "[flwr-clientapp] Start `ClientApp` Loading."),
+        ("16", "000", "Sending: query message (ID: 2)"),  # before the task's end: counted from it
+        ("16", "100", "Finished task 7 of run 1"),
+        ("16", "600", "Sent successfully"),
+        ("31", "000", "Receiving: train message (ID: 3)"),
+        ("35", "000", "Sent successfully"),
+    )
+    pieces = bench["message_pieces"](tmp_path)
+    query = pieces["query"][0]
+    expected = [1.5, 0.5, 2.0, 0.25, 0.5, 1.35, -0.1, 0.6]
+    assert [round(query[name], 3) for name, _ in bench["PIECES"]] == expected
+    assert pieces["train"] == [{"SuperNode's pull wait": 1.0, "send to the SuperLink": 4.0}]
+    lines = bench["profile"](tmp_path)
+    assert lines[0].startswith("query messages (1 at the sites)") and "push to the reply at the SuperLink" in lines[9]
