@@ -3,7 +3,8 @@
 ``tests/driver/test_deploy_loopback.py`` and ``tests/driver/test_own_data_tutorial.py`` start
 SuperLinks, SuperNodes and shell blocks with :class:`Processes`, wait with :func:`wait` (every
 wait has a deadline) and talk to the SuperLink with :func:`flwr`; :meth:`Processes.stop` kills
-every process they started and their children.
+every process they started and their children. :func:`start_site_federation` starts a TLS federation
+of one SuperNode per site file (``tests/driver/test_deploy_secure.py``, ``benchmarks/bench_deploy.py``).
 """
 
 from __future__ import annotations
