@@ -3,7 +3,8 @@
 Every message starts a ``flwr-clientapp`` process at each site: the interpreter, flwr's own imports,
 the FAB's installation, ``import fedhead.client_app``, the job built from the run config, then the
 handler. Each piece is timed here in fresh interpreters, ``--repeat`` times (minimum and median),
-for a statistics query and a SecAgg step (share-keys) of a 3-site table job; flwr's polling delays
+for a statistics query and a SecAgg step (share-keys) of a 3-site table job, and for the statistics query
+as a later message of the run, whose job the node's state keeps (``later``); flwr's polling delays
 are read from flwr's source. What they add up to, and the deployment's phases: docs/deployment.md
 ("What a message costs").
 
@@ -27,7 +28,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 #: One message's process, as flwr-clientapp runs it; prints its timings as JSON.
 MESSAGE = r"""
-import json, sys, time
+import json, pickle, sys, time
 from pathlib import Path
 
 t0 = time.perf_counter()
@@ -47,7 +48,7 @@ from fedhead.federation import protocol
 from fedhead.federation import secure_records as sr
 
 TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 7, 0, 1
-work, secure = Path(sys.argv[2]), sys.argv[3] == "secure"
+work, secure, later = Path(sys.argv[2]), sys.argv[3] == "secure", sys.argv[3] == "later"
 files = sorted(work.glob("site*.csv"))
 overrides = (
     "dataset=table dataset.targets=[t1,t2] model=free procedure=exact rounds=1 output.tensorboard=false "
@@ -56,9 +57,10 @@ overrides = (
 run_config = {"overrides": overrides, "output-dir": str(work / "out")}
 
 
-def context(i):
-    node = {"partition-id": i, "data-path": str(files[i])}
-    return Context(run_id=21, node_id=100 + i, node_config=node, state=RecordDict(), run_config=run_config)
+def context(i, state=None):
+    node = {"partition-id": i, "data-path": str(files[i]), "signing-key": str(work / "keys" / f"site-{i}.key")}
+    node["roster"] = str(work / "keys" / "roster.json")
+    return Context(run_id=21, node_id=100 + i, node_config=node, state=state or RecordDict(), run_config=run_config)
 
 
 def ask(ctx, config, records=None):
@@ -68,13 +70,16 @@ def ask(ctx, config, records=None):
     return reply.content
 
 
-ca.job_of_run(context(0))
+kept = pickle.loads((work / "state.pkl").read_bytes()) if later else None  # the node's state: the run's job
+site0 = context(0, kept)
+ca.job_of_run(site0)
 t4 = time.perf_counter()
 job = t4 - t3
 stats, setup = {protocol.STAGE: protocol.STAGE_STATISTICS}, 0.0
 if not secure:
-    ask(context(0), stats)
+    ask(site0, stats)
     t5 = time.perf_counter()
+    (work / "state.pkl").write_bytes(pickle.dumps(site0.state))  # what the SuperNode keeps for the next message
 else:  # the other sites begin the sum here; only this site's share-keys step is timed
     sites = [context(i) for i in range(len(files))]
     begun = {c.node_id: ask(c, {**stats, sr.SUM_ID: "x"}) for c in sites}
@@ -84,7 +89,7 @@ else:  # the other sites begin the sum here; only this site's share-keys step is
     ask(sites[0], step, {sr.SECURE: ConfigRecord({sr.PAYLOAD: sr.pack_book(book, 2)})})
     t5 = time.perf_counter()
     setup, t4 = begin - t4, begin  # the sum's begins: earlier messages, not this one
-heavy = sorted({m.split(".")[0] for m in sys.modules} & {"torch", "torchvision", "tensorboard", "matplotlib"})
+heavy = sorted({m.split(".")[0] for m in sys.modules} & {"torch", "torchvision", "tensorboard", "matplotlib", "hydra"})
 times = {"flwr": t1 - t0, "fab": t2 - t1, "app": t3 - t2, "job": job, "handler": t5 - t4, "setup": setup}
 print(json.dumps({**times, "heavy": heavy}))
 """
@@ -95,6 +100,11 @@ print(json.dumps({**times, "heavy": heavy}))
 POLLS = {"SuperNode pull when idle": 3.0, "SuperExec task poll (default)": 1.0, "reply wait": 0.5}
 
 
+#: The messages timed: a statistics query (a run's first message at the site: the job is built), a SecAgg step,
+#: the statistics query again as a later message of the run (the job kept in the node's state).
+KINDS = ("clear", "secure", "later")
+
+
 def build_fab(out: Path) -> Path:
     """The FAB that ``flwr run .`` sends (``flwr build`` of this repository)."""
     subprocess.run(["flwr", "build", "--app", str(REPO)], cwd=out, check=True, capture_output=True, timeout=300)
@@ -102,8 +112,14 @@ def build_fab(out: Path) -> Path:
 
 
 def write_sites(work: Path, n: int = 3, rows: int = 40) -> None:
-    """``n`` site files of the own-data kind (inputs f1, f2; targets t1, t2)."""
+    """``n`` site files of the own-data kind (inputs f1, f2; targets t1, t2), and for secure mode each site's
+    signing key ``keys/site-<i>.key`` and their roster ``keys/roster.json`` (``fedhead-keys``)."""
     import numpy as np
+
+    from fedhead.cli.keys import assemble, new_site
+
+    entries = [new_site(f"site-{i}", work / "keys")[1] for i in range(n)]
+    assemble(entries, work / "keys" / "roster.json")
 
     rng = np.random.default_rng(0)
     for i in range(n):
@@ -146,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
         env = dict(os.environ, FLWR_HOME=str(work / "flwr-home"), OMP_NUM_THREADS="1")
         env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
         load = os.getloadavg()[0]
-        runs = {kind: [one_message(fab, work, kind, env) for _ in range(args.repeat)] for kind in ("clear", "secure")}
+        runs = {kind: [one_message(fab, work, kind, env) for _ in range(args.repeat)] for kind in KINDS}
     print(f"one message's flwr-clientapp process, {args.repeat} fresh process(es) each, load average {load:.1f}")
     print(f"{'piece':<28}" + "".join(f"{k + ' min':>13}{k + ' median':>15}" for k in runs))
     pieces = {
@@ -154,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
         "flwr's imports": "flwr",
         "FAB install": "fab",
         "import fedhead.client_app": "app",
-        "job from the run config": "job",
+        "job (run config or state)": "job",
         "handler": "handler",
         "whole process": "wall",
     }

@@ -32,8 +32,9 @@ from dataclasses import dataclass
 
 SUPERLINK_PORT = 8000  # Fleet + Control + ServerApp runtime API (flwr 1.42 default)
 SUPERNODE_RUNTIME_PORT = 9094  # ClientApp runtime API of a SuperNode (flwr 1.42 default)
-#: The environment of a SuperNode (and its SuperExec child): the SuperExec looks for a pending message every
-#: 0.2 s instead of flwr's 1 s (docs/deployment.md, "What a message costs"; benchmarks/bench_message_cost.py).
+#: The environment of a SuperNode (and its SuperExec child; in docker compose, each clientapp-K SuperExec): the
+#: SuperExec looks for a pending message every 0.2 s instead of flwr's 1 s (docs/deployment.md, "What a message
+#: costs"; benchmarks/bench_message_cost.py).
 SUPERNODE_ENV = {"FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.2"}
 
 

@@ -3,7 +3,8 @@
 ``tests/driver/test_deploy_loopback.py`` and ``tests/driver/test_own_data_tutorial.py`` start
 SuperLinks, SuperNodes and shell blocks with :class:`Processes`, wait with :func:`wait` (every
 wait has a deadline) and talk to the SuperLink with :func:`flwr`; :meth:`Processes.stop` kills
-every process they started and their children.
+every process they started and their children. :func:`start_site_federation` starts a TLS federation
+of one SuperNode per site file (``tests/driver/test_deploy_secure.py``, ``benchmarks/bench_deploy.py``).
 """
 
 from __future__ import annotations
@@ -173,3 +174,65 @@ def merged_services(repo: Path, *names: str) -> dict[str, dict]:
                 else:
                     merged[key] = value
     return services
+
+
+# ------------------------------------------------------------------ a federation of site files
+def site_federation_env(work: Path, link_port: int, ca: Path) -> dict[str, str]:
+    """The environment of a loopback federation's processes and of ``flwr``: a private ``FLWR_HOME`` whose
+    config.toml names the SuperLink ``loopback`` (TLS with ``ca``), this repository on ``PYTHONPATH``, one
+    thread each, and the SuperNodes' settings (``SUPERNODE_ENV``)."""
+    from deploy_commands import SUPERNODE_ENV, cli_connection_toml
+
+    env = dict(os.environ, FLWR_HOME=str(work / "flwr-home"), OMP_NUM_THREADS="1", **SUPERNODE_ENV)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    Path(env["FLWR_HOME"]).mkdir(parents=True, exist_ok=True)
+    (Path(env["FLWR_HOME"]) / "config.toml").write_text(
+        cli_connection_toml("loopback", f"127.0.0.1:{link_port}", str(ca))
+    )
+    return env
+
+
+def start_site_federation(
+    work: Path, files: list[Path], identities: list[tuple[str, str]], procs: Processes, env_extra: dict | None = None
+) -> dict[str, str]:
+    """One SuperLink with TLS and SuperNode authentication (certificates of ``scripts/make_certs.sh`` under
+    ``work/certs``), and one SuperNode per site file (``data-path``, ``state-dir`` ``work/node<k>``, the site's
+    ``(signing key, roster)`` of ``identities``; ClientApps in subprocess isolation), started by ``procs`` and
+    online. Returns the environment for ``flwr`` (connection ``loopback``); ``env_extra`` is added to it."""
+    from deploy_commands import ServerTls, free_ports, superlink_command, supernode_command
+
+    n = len(files)
+    certs = work / "certs"
+    subprocess.run(
+        ["bash", str(REPO / "scripts/make_certs.sh"), str(certs), str(n)], check=True, capture_output=True, timeout=120
+    )
+    link_port, *node_ports = free_ports(1 + n)
+    env = {**site_federation_env(work, link_port, certs / "ca.crt"), **(env_extra or {})}
+    tls = ServerTls(ca=str(certs / "ca.crt"), cert=str(certs / "superlink.crt"), key=str(certs / "superlink.key"))
+    link = superlink_command(
+        host="127.0.0.1", port=link_port, tls=tls, supernode_auth=True, database=str(work / "link.db")
+    )
+    procs.start("superlink", link, env)
+    wait("the SuperLink (TLS Control API)", lambda: online(env) >= 0, procs)
+    for k in range(1, n + 1):
+        res = flwr(
+            ["supernode", "register", str(certs / f"supernode-{k}.auth.pub"), "loopback", "--format", "json"], env
+        )
+        if res.returncode != 0 or not json.loads(res.stdout)["success"]:
+            raise RuntimeError(f"flwr supernode register failed: {res.stdout}{res.stderr}")
+    for k, (port, path, identity) in enumerate(zip(node_ports, files, identities, strict=True), start=1):
+        node = supernode_command(
+            superlink=f"127.0.0.1:{link_port}",
+            host="127.0.0.1",
+            port=port,
+            partition_id=None,
+            num_partitions=None,
+            state_dir=str(work / f"node{k}"),
+            root_ca=str(certs / "ca.crt"),
+            auth_key=str(certs / f"supernode-{k}.auth"),
+            data_path=str(path),
+            identity=identity,
+        )
+        procs.start(f"supernode{k}", node, env)
+    wait(f"{n} authenticated SuperNodes online", lambda: online(env) == n, procs)
+    return env

@@ -25,8 +25,9 @@ from flwr.clientapp import ClientApp
 from fedhead.clients.cache import CLIENT_CACHE
 from fedhead.clients.identity import SimulatedSites
 from fedhead.clients.messages import ClientError, round_of
+from fedhead.clients.moments import moment_reply
 from fedhead.clients.secure import SecureSite, fully_active, secure_mod, sum_id
-from fedhead.clients.site import handle_statistics, local_data
+from fedhead.clients.site import handle_statistics, local_data, local_targets
 from fedhead.clients.state import (
     client_moments,
     is_free,
@@ -50,15 +51,13 @@ log = logging.getLogger(__name__)
 
 
 # -------------------------------------------------------------------------------- handlers
-def setup(
-    job: JobConfig, msg: Message, context: Context, *, threads: bool = True
-) -> tuple[int, FederatedData, ClientData]:
-    """The opening of the handlers below: ``(partition id, data set, client data)`` of the message's
-    client ([`local_data`][fedhead.clients.site.local_data]: a site below its row minimum refuses
-    here). ``threads``: first limit torch's threads to the client's CPU share (the handlers
-    that train or evaluate a model)."""
-    if threads:
-        limit_threads(job)
+def setup(job: JobConfig, msg: Message, context: Context) -> tuple[int, FederatedData, ClientData]:
+    """The opening of the handlers that touch a model: torch's threads limited to the client's CPU share,
+    then ``(partition id, data set, client data)`` of the message's client
+    ([`local_data`][fedhead.clients.site.local_data]: a site below its row minimum refuses here). The
+    moment query and the regime check read only the targets
+    ([`local_targets`][fedhead.clients.site.local_targets], no torch)."""
+    limit_threads(job)
     pid = partition_of(context, job, msg)
     data, cd = local_data(job, context, msg, pid)
     return pid, data, cd
@@ -76,10 +75,8 @@ def handle_query(job: JobConfig, msg: Message, context: Context) -> Message:
         return handle_mismatch(job, msg, context)
     if stage == protocol.STAGE_STATISTICS:
         return handle_statistics(job, msg, context)
-    from fedhead.clients.step import moment_reply
-
-    pid, _, cd = setup(job, msg, context, threads=False)
-    y, mu, sigma = client_moments(job, pid, cd)
+    pid = partition_of(context, job, msg)
+    y, mu, sigma = client_moments(job, pid, local_targets(job, context, msg, pid))
     content = moment_reply(y, pid, moments=(mu, sigma))
     if job.privacy.row_level and sum_id(msg) is not None:
         content[protocol.ROW_RELEASE] = row_release(y, job.privacy, secure_site(job))
@@ -106,8 +103,8 @@ def row_release(y: np.ndarray, privacy: PrivacyPolicy, site: SecureSite) -> Arra
 def handle_regime(job: JobConfig, msg: Message, context: Context) -> Message:
     """Secure mode, a site-local table: this site's own margin, pass or fail, for its targets in the
     pooled standardisation the message carries (nothing else is sent)."""
-    pid, _, cd = setup(job, msg, context, threads=False)
-    _, _, sigma = client_moments(job, pid, cd)
+    pid = partition_of(context, job, msg)
+    _, _, sigma = client_moments(job, pid, local_targets(job, context, msg, pid))
     passed = fully_active(sigma, (job.settings.lambda_h, job.settings.lambda_w))
     metrics: dict[str, MetricRecordValues] = {protocol.PARTITION_ID: pid, FULLY_ACTIVE: int(passed)}
     return Message(RecordDict({protocol.METRICS: MetricRecord(metrics)}), reply_to=msg)
@@ -187,7 +184,7 @@ def handle_train(job: JobConfig, msg: Message, context: Context) -> Message:
 
     pid, data, cd = setup(job, msg, context)
     rnd = round_of(msg)
-    _, mu, sigma = client_moments(job, pid, cd)
+    _, mu, sigma = client_moments(job, pid, cd.y_train.detach().cpu().numpy())
     backbone = None
     if not job.procedure.exact:
         backbone = load_backbone(job, context, pid, data, cd, required=False, expected_round=rnd - 1)

@@ -4,9 +4,13 @@ what the client keeps between messages, keyed by what each entry is computed fro
 
 from __future__ import annotations
 
+import hashlib
+import pickle
 import threading
 from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING, Any, TypeVar
+
+from flwr.app import ConfigRecord
 
 if TYPE_CHECKING:
     import numpy as np
@@ -14,8 +18,9 @@ if TYPE_CHECKING:
     from flwr.app import Context
     from flwr.clientapp import ClientApp
 
-    from fedhead.data.base import ClientData, FederatedData
+    from fedhead.data.base import FederatedData
     from fedhead.data.site import Site
+    from fedhead.data.site_rows import SiteRows
     from fedhead.settings.job import JobConfig
 
 V = TypeVar("V")
@@ -42,7 +47,8 @@ class ClientCache:
     * ``moments``: (data set config, client count, partition) -> ``(y, mu_m, Sigma_m)``. Kept.
     * ``sites``: (data set config, file) -> ``Site`` (a site-local table's own file). Kept.
     * ``local_data``: (data set config, site key, partition, standardisation) -> the site's
-      standardised data. The ``LOCAL_DATA_KEPT`` newest are kept (a worker serves several sites).
+      standardised rows (numpy, [`standardized_rows`][fedhead.data.site_rows.standardized_rows]). The
+      ``LOCAL_DATA_KEPT`` newest are kept (a worker serves several sites).
     * ``backbones``: (store root, partition) -> ``(round, stored state, module)``: the module a
       CPU client trained last, reused when the store's newest state is still that one. Only the
       current store root is kept (one job at a time), and of it the ``STATES_KEPT`` partitions
@@ -67,7 +73,7 @@ class ClientCache:
         self.datasets: dict[Hashable, FederatedData] = {}
         self.moments: dict[Hashable, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         self.sites: dict[Hashable, Site] = {}
-        self.local_data: dict[Hashable, tuple[FederatedData, ClientData]] = {}
+        self.local_data: dict[Hashable, SiteRows] = {}
         self.backbones: dict[tuple[str, int], tuple[int, dict[str, Any], torch.nn.Module]] = {}
         self.stored_states: dict[tuple[str, int], StoredState] = {}
 
@@ -98,8 +104,7 @@ class ClientCache:
 
     def job(self, context: Context, build: Callable[[Context], JobConfig]) -> JobConfig:
         """The job of ``context``'s run config, built by ``build(context)`` once per run config."""
-        key = tuple(sorted((str(k), str(v)) for k, v in context.run_config.items()))
-        return self.remember(self.jobs, key, lambda: build(context))
+        return self.remember(self.jobs, run_config_key(context), lambda: build(context))
 
     def stored_state(self, key: tuple[str, int]) -> StoredState | None:
         """The stored state kept for ``key`` (store root, partition), now the most recently used; or None."""
@@ -161,3 +166,29 @@ class ClientCache:
 
 #: The cache of this process (the ClientApp's handlers, the backbone store).
 CLIENT_CACHE = ClientCache()
+
+
+#: The record of a node's ``context.state`` that keeps its run's job between messages
+#: ([`job_in_state`][fedhead.clients.cache.job_in_state]).
+JOB_STATE = "fedhead.job"
+
+
+def run_config_key(context: Context) -> str:
+    """A digest of ``context``'s run config (its items in any order)."""
+    items = sorted((str(k), str(v)) for k, v in context.run_config.items())
+    return hashlib.sha256(repr(items).encode()).hexdigest()
+
+
+def job_in_state(context: Context, build: Callable[[Context], JobConfig]) -> JobConfig:
+    """The job of ``context``'s run config, kept (pickled) in the node's ``context.state``, which flwr hands to
+    every message of the run at this node: a deployed message starts a fresh process, and then builds no job
+    from the run config (Hydra, imported for that, is most of a light message's own import time). Built by
+    ``build(context)`` and kept at the run's first message at the node, or when its run config changed. The
+    state is the node's own: the server neither reads nor writes it."""
+    key = run_config_key(context)
+    kept = context.state.config_records.get(JOB_STATE)
+    if kept is not None and kept.get("key") == key and isinstance(blob := kept.get("job"), bytes):
+        return pickle.loads(blob)  # written by this node's own ClientApp, below
+    job = build(context)
+    context.state[JOB_STATE] = ConfigRecord({"key": key, "job": pickle.dumps(job, protocol=pickle.HIGHEST_PROTOCOL)})
+    return job

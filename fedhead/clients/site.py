@@ -20,6 +20,7 @@ from fedhead.clients.policy import site_policy
 from fedhead.clients.state import DATA_PATH_KEY, PARTITION_ID_KEY, client_data, job_key, partition_of
 from fedhead.data import site as data_site
 from fedhead.data import site_range as data_site_range
+from fedhead.data import site_rows as data_site_rows
 from fedhead.data.base import ClientData, FederatedData
 from fedhead.data.table_config import TableConfig
 from fedhead.data.table_files import TableError
@@ -130,8 +131,9 @@ def accept_standardization(job: JobConfig, context: Context, site: data_site.Sit
 
 def local_data(job: JobConfig, context: Context, msg: Message, pid: int) -> tuple[FederatedData, ClientData]:
     """The client's data: its own file standardised with the message's statistics (site-local
-    tables), else partition ``pid`` of the loaded data set. Every handler starts here: a site
-    below its [`row_minimum`][fedhead.clients.site.row_minimum] refuses before anything of its
+    tables, [`site_rows`][fedhead.clients.site.site_rows] as tensors), else partition ``pid`` of the
+    loaded data set. Every handler starts here or at [`local_targets`][fedhead.clients.site.local_targets]:
+    a site below its [`row_minimum`][fedhead.clients.site.row_minimum] refuses before anything of its
     rows is computed."""
     if not site_local(job):
         data, cd = client_data(job, pid)
@@ -140,30 +142,49 @@ def local_data(job: JobConfig, context: Context, msg: Message, pid: int) -> tupl
         except TableError as exc:
             raise site_data_error(exc, f"node {context.node_id}") from None
         return data, cd
+    site, st, rows = site_rows(job, context, msg, pid)
+    cd = data_site_rows.client_data(rows)
+    data = FederatedData(
+        name=job.dataset.name,
+        clients=[cd],
+        input_shape=tuple(int(s) for s in cd.x_train.shape[1:]),
+        target_names=site.target_names,
+        is_image=site.is_image,
+        target_offset=st.target_offset,
+        target_scale=st.target_scale,
+        source=site.label,
+    )
+    return data, cd
+
+
+def local_targets(job: JobConfig, context: Context, msg: Message, pid: int) -> np.ndarray:
+    """The client's standardised training targets ``(N_m, C)`` float32, as its tensors hold them, with
+    [`local_data`][fedhead.clients.site.local_data]'s checks; a site-local table's without torch."""
+    if not site_local(job):
+        return local_data(job, context, msg, pid)[1].y_train.detach().cpu().numpy()
+    return site_rows(job, context, msg, pid)[2][1]
+
+
+def site_rows(
+    job: JobConfig, context: Context, msg: Message, pid: int
+) -> tuple[data_site.Site, Standardization, data_site_rows.SiteRows]:
+    """A site-local client's file, the message's standardisation (accepted:
+    [`accept_standardization`][fedhead.clients.site.accept_standardization]) and its rows standardised with
+    it (numpy, kept in the process's cache)."""
     site = own_site(job, context)
     st = standardization_of(msg, job, f"node {context.node_id}")
     accept_standardization(job, context, site, st)
     key = (repr(job.dataset), site.key, pid, *(a.tobytes() for a in (st.target_offset, st.target_scale)))
     key += (st.input_offset.tobytes(), st.input_scale.tobytes())
 
-    def standardize() -> tuple[FederatedData, ClientData]:
+    def standardize() -> data_site_rows.SiteRows:
         try:
-            cd = data_site.client_data(site, st)
+            return data_site_rows.standardized_rows(site, st)
         except TableError as exc:  # a column that overflows once standardised: named, no value
             raise site_data_error(exc, f"node {context.node_id}") from None
-        data = FederatedData(
-            name=job.dataset.name,
-            clients=[cd],
-            input_shape=tuple(int(s) for s in cd.x_train.shape[1:]),
-            target_names=site.target_names,
-            is_image=site.is_image,
-            target_offset=st.target_offset,
-            target_scale=st.target_scale,
-            source=site.label,
-        )
-        return data, cd
 
-    return CLIENT_CACHE.remember(CLIENT_CACHE.local_data, key, standardize, keep=CLIENT_CACHE.LOCAL_DATA_KEPT)
+    rows = CLIENT_CACHE.remember(CLIENT_CACHE.local_data, key, standardize, keep=CLIENT_CACHE.LOCAL_DATA_KEPT)
+    return site, st, rows
 
 
 def handle_statistics(job: JobConfig, msg: Message, context: Context) -> Message:

@@ -75,15 +75,15 @@ def client_data(job: JobConfig, pid: int) -> tuple[FederatedData, ClientData]:
     return data, data.clients[pid]
 
 
-def client_moments(job: JobConfig, pid: int, cd: ClientData) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``(y (N_m, C) float64, mu_m (C,), Sigma_m (C, C))`` of the client's training targets,
-    computed once per process and partition."""
+def client_moments(job: JobConfig, pid: int, y_train: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(y (N_m, C) float64, mu_m (C,), Sigma_m (C, C))`` of the client's training targets ``y_train``
+    (float32, as its tensors hold them), computed once per process and partition."""
     key = (repr(job.dataset), job.settings.num_clients, pid)
 
     def compute() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         from fedhead.train.client_math import target_moments
 
-        y64 = cd.y_train.detach().cpu().numpy().astype(np.float64)
+        y64 = np.asarray(y_train).astype(np.float64)
         return (y64, *target_moments(y64))
 
     return CLIENT_CACHE.remember(CLIENT_CACHE.moments, key, compute)

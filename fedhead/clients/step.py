@@ -15,6 +15,7 @@ from flwr.app import Array, ArrayRecord, MetricRecord, MetricRecordValues, Recor
 from torch import nn
 
 from fedhead.clients.messages import ClientError, TrainingMessage, apply_shared_state, broadcast_head, shared_state
+from fedhead.clients.moments import Moments, moment_reply, target_moments_of
 from fedhead.federation import protocol
 from fedhead.results.rounds import ClientMetric
 from fedhead.settings.procedure import ProcedureConfig
@@ -27,54 +28,11 @@ from fedhead.train import (
     head_distances,
     round_seed,
     select_device,
-    target_moments,
     train_local,
 )
 from fedhead.train.align import align
 
 __all__ = ["evaluate_step", "moment_reply", "train_step"]
-
-#: ``(mu_m (C,), Sigma_m (C, C))`` of a client's training targets
-# ([`fedhead.train.target_moments`][fedhead.train.target_moments]).
-Moments = tuple[np.ndarray, np.ndarray]
-
-
-def _moments(y: torch.Tensor | np.ndarray, moments: Moments | None) -> Moments:
-    if moments is not None:
-        return moments
-    y64 = y.detach().cpu().numpy() if isinstance(y, torch.Tensor) else np.asarray(y)
-    return target_moments(y64.astype(np.float64))
-
-
-def moment_reply(y: torch.Tensor | np.ndarray, partition_id: int, *, moments: Moments | None = None) -> RecordDict:
-    """The reply content of the moment query: ``(N_m, mu_m, Sigma_m)`` of the training targets.
-
-    Parameters
-    ----------
-    y : Tensor or ndarray (N_m, C)
-        The client's training targets (only these O(C^2) numbers leave it).
-    partition_id : int
-        The client's number ``0..M-1`` (distinct per client, the same in every reply).
-    moments : (ndarray (C,), ndarray (C, C)), optional
-        ``(mu_m, Sigma_m)`` already computed from ``y``
-        ([`fedhead.train.target_moments`][fedhead.train.target_moments]).
-
-    Returns
-    -------
-    RecordDict
-        ``moments`` ArrayRecord (``mean``, ``cov``) and ``metrics`` (``num-examples``, ``partition-id``).
-    """
-    mu, sigma = _moments(y, moments)
-    return RecordDict(
-        {
-            protocol.MOMENTS: ArrayRecord(
-                {protocol.MEAN: Array(np.asarray(mu)), protocol.COV: Array(np.asarray(sigma))}
-            ),
-            protocol.METRICS: MetricRecord(
-                {protocol.NUM_EXAMPLES: int(y.shape[0]), protocol.PARTITION_ID: int(partition_id)}
-            ),
-        }
-    )
 
 
 def _check_problem(procedure: ProcedureConfig, problem: LocalProblem) -> None:
@@ -141,7 +99,7 @@ def train_step(
     pid = int(partition_id)
     _check_problem(procedure, problem)
     sent = TrainingMessage.read(content, problem.gamma, pid)
-    mu, sigma = _moments(y, moments)
+    mu, sigma = target_moments_of(y, moments)
     metrics: dict[str, MetricRecordValues] = {
         ClientMetric.NUM_EXAMPLES.name: int(y.shape[0]),
         ClientMetric.PARTITION_ID.name: pid,

@@ -6,7 +6,7 @@ In a run where every client reads only its own file
 SuperNode's ``data-path``), the client reads its file with [`read_site`][fedhead.data.site.read_site], reports
 [`site_statistics`][fedhead.data.site.site_statistics] (raw target moments, per-feature count/mean/variance, its column
 signature: no rows), and standardises locally with the federation's pooled offsets and scales
-([`client_data`][fedhead.data.site.client_data],
+([`standardized_rows`][fedhead.data.site_rows.standardized_rows],
 [`fedhead.analysis.standardization.Standardization`][fedhead.analysis.standardization.Standardization]).
 """
 
@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fedhead.analysis.standardization import Standardization, float32_overflow, nonfinite_columns
-from fedhead.data.base import ClientData, RawDataset
+from fedhead.analysis.standardization import float32_overflow, nonfinite_columns
+from fedhead.data.base import RawDataset
 from fedhead.data.pipeline import resize_images
 from fedhead.data.table_config import TableConfig
 from fedhead.data.table_files import (
@@ -228,44 +228,6 @@ def refuse_overflow(
         f"{label}: {what} column {name} overflows when standardised ((value - offset) / scale beyond "
         "float32); check the column's values"
     )
-
-
-def client_data(site: Site, st: Standardization) -> ClientData:
-    """The client's tensors, standardised locally with the federation's ``st`` (float32 targets;
-    tabular inputs float32, images as stored)."""
-    import torch  # here only: a site's statistics need none (see fedhead.data.base)
-
-    def targets(y):
-        with np.errstate(over="ignore", invalid="ignore"):  # an overflow is refused below, naming the column
-            return torch.from_numpy(np.ascontiguousarray((y - st.target_offset) / st.target_scale, dtype=np.float32))
-
-    def inputs(x):
-        if site.is_image:
-            return torch.from_numpy(np.ascontiguousarray(x if x.dtype == np.uint8 else x.astype(np.float32)))
-        pooled = st.input_mode == "pooled" and st.input_offset.size
-        if pooled and st.input_offset.shape != (x.shape[1],):
-            n = st.input_offset.size
-            raise TableError(f"{site.label}: {x.shape[1]} inputs but the federation standardises {n}")
-        with np.errstate(over="ignore", invalid="ignore"):  # an overflow is refused below, naming the column
-            if pooled:
-                x = (x - st.input_offset) / st.input_scale
-            return torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))
-
-    if not site.is_image and st.input_mode == "site":
-        x, xt = standardize_pooled(site.x, site.x_test)  # this site's own mean and std
-        site = Site(**{**site.__dict__, "x": x, "x_test": xt})
-    cd = ClientData(x_train=inputs(site.x), y_train=targets(site.y))
-    if site.y_test is not None:
-        cd.x_test, cd.y_test = inputs(site.x_test), targets(site.y_test)
-    labels = [site.label]
-    for t in (cd.y_train, cd.y_test):
-        if t is not None:
-            refuse_overflow(t.numpy(), site.target_names, labels, None, "target")
-    if not site.is_image:
-        for t in (cd.x_train, cd.x_test):
-            if t is not None:
-                refuse_overflow(t.numpy(), site.features, labels, None, "input")
-    return cd
 
 
 # --------------------------------------------------------------------------- row helpers

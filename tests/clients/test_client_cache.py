@@ -7,9 +7,10 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import torch
+from flwr.app import Context, RecordDict
 
 import fedhead.clients.step as step_module
-from fedhead.clients.cache import CLIENT_CACHE, ClientCache
+from fedhead.clients.cache import CLIENT_CACHE, ClientCache, job_in_state
 from fedhead.clients.store import BackboneStore
 from fedhead.data.config import DatasetConfig
 
@@ -107,3 +108,19 @@ def test_library_steps_do_not_import_the_process_state():
 def test_every_data_set_declares_site_local_and_files():
     plain = DatasetConfig(name="plain")
     assert plain.site_local() is False and plain.files == ()
+
+
+def test_the_job_kept_in_the_nodes_state_is_built_once_per_run_config():
+    built = []
+
+    def build(context):
+        built.append(dict(context.run_config))
+        return {"job": len(built)}
+
+    state = RecordDict()
+    first = Context(run_id=1, node_id=2, node_config={}, state=state, run_config={"overrides": "rounds=2"})
+    assert job_in_state(first, build) == {"job": 1}
+    later = Context(run_id=1, node_id=2, node_config={}, state=state, run_config={"overrides": "rounds=2"})
+    assert job_in_state(later, build) == {"job": 1} and len(built) == 1  # from the state, not built again
+    changed = Context(run_id=1, node_id=2, node_config={}, state=state, run_config={"overrides": "rounds=3"})
+    assert job_in_state(changed, build) == {"job": 2} and len(built) == 2

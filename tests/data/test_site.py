@@ -7,6 +7,7 @@ import pytest
 
 from fedhead.analysis.standardization import pooled_standardization
 from fedhead.data import site as data_site
+from fedhead.data import site_rows
 from fedhead.data.registry import load_federated
 from fedhead.data.table_config import TableConfig, TableError
 
@@ -29,7 +30,7 @@ def _federated_by_sites(cfg: TableConfig):
         target_mode=cfg.standardize_targets,
         input_mode=cfg.standardize_inputs,
     )
-    return sites, [data_site.client_data(s, st) for s in sites]
+    return sites, [site_rows.client_data(site_rows.standardized_rows(s, st)) for s in sites]
 
 
 @pytest.mark.parametrize("targets, inputs", [("pooled", "pooled"), ("none", "site"), ("pooled", "none")])
@@ -177,5 +178,5 @@ def test_a_test_row_that_overflows_standardisation_is_refused_by_its_site(tmp_pa
         [data_site.site_statistics(site)["x_var"]],
     )
     with pytest.raises(TableError, match=r"^big.csv: input column 'f1' overflows when standardised") as info:
-        data_site.client_data(site, st)
+        site_rows.standardized_rows(site, st)
     assert "1e" not in str(info.value)

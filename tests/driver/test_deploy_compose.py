@@ -27,6 +27,7 @@ import pytest
 import yaml
 from deploy_commands import (
     SUPERLINK_PORT,
+    SUPERNODE_ENV,
     SUPERNODE_RUNTIME_PORT,
     ServerTls,
     superexec_command,
@@ -193,6 +194,15 @@ def test_compose_commands_match_tested_deployment(insecure, state):
     assert sorted(services) == sorted(expected)
     for name, cmd in expected.items():
         assert _full(services[name]) == cmd, name
+
+
+@pytest.mark.parametrize("files", SECURE_SETS + INSECURE_SETS, ids=lambda f: "+".join(f))
+def test_every_clientapp_superexec_has_the_supernodes_settings(files):
+    """Each site's SuperExec (its clientapp-K container) polls for messages as the loopback SuperNodes' do."""
+    services = merged_services(REPO, *files)
+    for k in range(1, N_NODES + 1):
+        env = services[f"clientapp-{k}"].get("environment") or {}
+        assert {key: env.get(key) for key in SUPERNODE_ENV} == SUPERNODE_ENV, k
 
 
 def test_base_file_has_no_insecure_flag():

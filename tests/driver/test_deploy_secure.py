@@ -22,8 +22,6 @@ process per site.
 
 from __future__ import annotations
 
-import json
-import os
 import shutil
 import subprocess
 import sys
@@ -33,15 +31,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from app_helpers import InProcessGrid, pooled_g_cen
-from deploy_commands import (
-    SUPERNODE_ENV,
-    ServerTls,
-    cli_connection_toml,
-    free_ports,
-    superlink_command,
-    supernode_command,
-)
-from deploy_helpers import REPO, Processes, flwr, online, wait
+from deploy_helpers import REPO, Processes, flwr, start_site_federation
 
 from fedhead.cli.keys import assemble, new_site
 from fedhead.clients import make_client_app
@@ -88,7 +78,6 @@ def site_federation(tmp_path):
     for tool in ("openssl", "ssh-keygen", "flwr", "flower-superlink", "flower-supernode"):
         if shutil.which(tool) is None:
             pytest.skip(f"{tool} not on PATH")
-    n = len(SITES)
     sites = tmp_path / "sites"
     subprocess.run(
         [sys.executable, str(REPO / "examples/own-data/make_sites.py"), "--rows", str(ROWS), "--out", str(sites)],
@@ -97,61 +86,14 @@ def site_federation(tmp_path):
         timeout=60,
     )
     files = [sites / f"site_{s}.csv" for s in SITES]
-    certs = tmp_path / "certs"
-    subprocess.run(
-        ["bash", str(REPO / "scripts/make_certs.sh"), str(certs), str(n)], check=True, capture_output=True, timeout=60
-    )
     entries = [new_site(f"site-{s}", tmp_path / "keys") for s in SITES]  # each site's own, in deployment
     roster = tmp_path / "keys" / "roster.json"
     assemble([entry for _, entry in entries], roster)
-    link_port, *node_ports = free_ports(1 + n)
-    env = dict(
-        os.environ,
-        FLWR_HOME=str(tmp_path / "flwr-home"),
-        OMP_NUM_THREADS="1",
-        **SUPERNODE_ENV,
-        PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
-    )
-    Path(env["FLWR_HOME"]).mkdir()
-    (Path(env["FLWR_HOME"]) / "config.toml").write_text(
-        cli_connection_toml("loopback", f"127.0.0.1:{link_port}", str(certs / "ca.crt"))
-    )
     logs = tmp_path / "logs"
     logs.mkdir()
     procs = Processes(logs)
     try:
-        tls = ServerTls(ca=str(certs / "ca.crt"), cert=str(certs / "superlink.crt"), key=str(certs / "superlink.key"))
-        procs.start(
-            "superlink",
-            superlink_command(
-                host="127.0.0.1", port=link_port, tls=tls, supernode_auth=True, database=str(tmp_path / "link.db")
-            ),
-            env,
-        )
-        wait("the SuperLink (TLS Control API)", lambda: online(env) >= 0, procs)
-        for k in range(1, n + 1):
-            res = flwr(
-                ["supernode", "register", str(certs / f"supernode-{k}.auth.pub"), "loopback", "--format", "json"], env
-            )
-            assert res.returncode == 0 and json.loads(res.stdout)["success"], res.stdout + res.stderr
-        for k, (port, path) in enumerate(zip(node_ports, files, strict=True), start=1):
-            procs.start(
-                f"supernode{k}",
-                supernode_command(
-                    superlink=f"127.0.0.1:{link_port}",
-                    host="127.0.0.1",
-                    port=port,
-                    partition_id=None,
-                    num_partitions=None,
-                    state_dir=str(tmp_path / f"node{k}"),
-                    root_ca=str(certs / "ca.crt"),
-                    auth_key=str(certs / f"supernode-{k}.auth"),
-                    data_path=str(path),
-                    identity=(str(entries[k - 1][0]), str(roster)),
-                ),
-                env,
-            )
-        wait(f"{n} authenticated SuperNodes online", lambda: online(env) == n, procs)
+        env = start_site_federation(tmp_path, files, [(str(key), str(roster)) for key, _ in entries], procs)
         yield tmp_path, files, env, procs, roster
     finally:
         procs.stop()

@@ -130,7 +130,7 @@ def _site_vectors(job) -> list[np.ndarray]:
     out = []
     for pid in range(job.settings.num_clients):
         _, cd = client_data(job, pid)
-        y, mu, sigma = client_moments(job, pid, cd)
+        y, mu, sigma = client_moments(job, pid, cd.y_train.numpy())
         out.append(sr.moment_vector(y.shape[0], mu, sigma))
     return out
 
