@@ -41,7 +41,7 @@ from deploy_commands import (
     superlink_command,
     supernode_command,
 )
-from deploy_helpers import REPO, Processes, flwr, online, wait
+from deploy_helpers import REPO, Processes, flwr, online, run_status, wait
 
 from fedhead.cli.keys import assemble, new_site
 from fedhead.clients import make_client_app
@@ -182,6 +182,7 @@ def test_secure_mode_in_a_site_local_tls_deployment(site_federation, task_identi
     run_s = time.monotonic() - t0
     (work / "logs" / "flwr-run.log").write_text(run.stdout + run.stderr)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert run_status(run.stdout, env) == "finished:completed", procs.tail("superlink")
 
     secure = schema.read(out / "proximal" / "results.json")
     assert secure.status == "completed", (out / "proximal" / "run.log").read_text()[-3000:]
