@@ -23,9 +23,8 @@ def relative(a, b) -> float:
     return float(np.linalg.norm(a - b) / np.linalg.norm(b))
 
 
-def compare(deployed_path: str, reference_path: str, tol: float) -> tuple[bool, str]:
-    """(agree, one line saying how) for the two results files."""
-    deployed, reference = schema.read(deployed_path), schema.read(reference_path)
+def compare(deployed: schema.Results, reference: schema.Results, tol: float) -> tuple[bool, str]:
+    """(agree, one line saying how) for a deployed run's results and the in-process run's."""
     mode = tuple((r.privacy or {}).get("mode", "clear") for r in (deployed, reference))
     rounds = [r.round for r in deployed.rounds], [r.round for r in reference.rounds]
     if deployed.status != "completed" or reference.status != "completed":
@@ -45,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("reference")
     parser.add_argument("--tol", type=float, default=1e-9, help="relative tolerance (default 1e-9)")
     args = parser.parse_args(argv)
-    ok, line = compare(args.deployed, args.reference, args.tol)
+    ok, line = compare(schema.read(args.deployed), schema.read(args.reference), args.tol)
     print(f"same results: {line} -> {'OK' if ok else 'DIFFERENT'}", flush=True)
     return 0 if ok else 1
 

@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import pytest
+from deploy_commands import finished_status
 
 REPO = Path(__file__).resolve().parents[1]
 START_LIMIT_S = 90  # SuperLink answering, SuperNodes online
@@ -151,22 +152,14 @@ def online(env: dict[str, str], connection: str = "loopback") -> int:
 
 
 def run_status(output: str, env: dict[str, str], connection: str = "loopback", limit: float = 60) -> str:
-    """The status the SuperLink records for the run that ``flwr run`` started (``output``: its output,
-    which names the run id): ``finished:completed``, ``finished:failed``, ``finished:stopped``.
-
-    ``flwr run --stream`` exits 0 when the ServerApp fails, so a deployment's outcome is this status
-    (and the run's results.json), never ``flwr run``'s exit code. Polls ``flwr ls`` until the run has
-    finished, at most ``limit`` s."""
-    found = re.search(r"Successfully started run (\d+)", output) or re.search(r'"run-id": "(\d+)"', output)
-    if found is None:
+    """The status the SuperLink records for the run that ``flwr run`` started (``output``: its output),
+    by ``deploy_commands.finished_status``; fails when ``output`` names no run."""
+    status = finished_status(
+        output, lambda run_id: flwr(["ls", connection, "--run-id", run_id, "--format", "json"], env), limit
+    )
+    if status is None:
         pytest.fail(f"flwr run started no run:\n{output[-3000:]}")
-    deadline = time.monotonic() + limit
-    while True:
-        res = flwr(["ls", connection, "--run-id", found[1], "--format", "json"], env)
-        status = json.loads(res.stdout)["runs"][0]["status"] if res.returncode == 0 else ""
-        if status.startswith("finished") or time.monotonic() > deadline:
-            return status or f"unknown ({res.stdout[-500:]}{res.stderr[-500:]})"
-        time.sleep(1)
+    return status
 
 
 # ------------------------------------------------------------------ docker compose files
