@@ -166,9 +166,16 @@ listed=$(IFS=,; echo "${FILES_IN[*]}")
 job() {  # name extra-overrides
   local name=$1 extra=$2 t0=$SECONDS run_id status
   log "$name job: flwr run (limit ${RUN_LIMIT}s)"
+  local rc=0
   timeout "$RUN_LIMIT" flwr run . docker --stream --run-config \
       "overrides=\"$JOB dataset.files=[] dataset.num_clients=$SITES $extra\" output-dir=\"/data/outputs/$name\" roster=\"/keys/roster.json\"" \
-      > "$WORK/$name.log" 2>&1 || { tail -40 "$WORK/$name.log"; log "$name job: flwr run failed"; return 1; }
+      > "$WORK/$name.log" 2>&1 || rc=$?
+  if (( rc != 0 )); then
+    tail -40 "$WORK/$name.log"
+    (( rc == 124 )) && log "$name job: flwr run still running after RUN_LIMIT=${RUN_LIMIT}s" \
+                    || log "$name job: flwr run exited with $rc"
+    return 1
+  fi
   local wall=$((SECONDS - t0))
   run_id=$(grep -o 'Successfully started run [0-9]*' "$WORK/$name.log" | awk '{print $4}')
   [[ -n $run_id ]] || { tail -40 "$WORK/$name.log"; log "$name job: no run started"; return 1; }
