@@ -7,7 +7,7 @@ ServerApp and ClientApp containers with TLS and SuperNode authentication, runs a
 1-round job with ``flwr run``, checks that each run finished as completed and that its results.json
 equals the same job run in process (``fedhead-run``), then tears everything down.
 
-    pytest -m slow tests/driver/test_docker_check.py
+    pytest -m slow -s tests/driver/test_docker_check.py      # -s: the script's steps and their times
 """
 
 import os
@@ -47,3 +47,5 @@ def test_docker_compose_federation():
     assert len(verdicts) == 2 and all(v.endswith("-> OK") for v in verdicts), res.stdout[-4000:]
     assert "privacy clear" in verdicts[0] and "privacy secure" in verdicts[1], verdicts
     assert "docker check passed" in res.stdout
+    steps = [line for line in res.stdout.splitlines() if line.startswith(("[docker_check", "same results", "  "))]
+    print("\n".join(steps))
