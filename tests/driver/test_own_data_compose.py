@@ -114,12 +114,12 @@ def test_node_config_needs_a_partition_or_a_data_path():
         node_config(None, None, None, "/my data/a.csv")
 
 
-@pytest.mark.skipif(shutil.which("docker-compose") is None, reason="docker-compose not installed")
-def test_docker_compose_config_validates_three_sites(tmp_path):
-    (tmp_path / "with-sites.yml").write_text(render(3))
+def _compose_config(files: list[str], **env_vars: str) -> dict:
+    """``docker-compose -f ... config`` of ``files`` (in the repository), parsed."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+    env.update(env_vars)
     res = subprocess.run(
-        ["docker-compose", "-f", "docker-compose.yml", "-f", str(tmp_path / "with-sites.yml"), "config"],
+        ["docker-compose", *(a for f in files for a in ("-f", f)), "config"],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -127,7 +127,13 @@ def test_docker_compose_config_validates_three_sites(tmp_path):
         env=env,
     )
     assert res.returncode == 0, res.stderr
-    config = yaml.safe_load(res.stdout)
+    return yaml.safe_load(res.stdout)
+
+
+@pytest.mark.skipif(shutil.which("docker-compose") is None, reason="docker-compose not installed")
+def test_docker_compose_config_validates_three_sites(tmp_path):
+    (tmp_path / "with-sites.yml").write_text(render(3))
+    config = _compose_config(["docker-compose.yml", str(tmp_path / "with-sites.yml")])
     assert sorted(s for s in config["services"] if s.startswith(("supernode-", "clientapp-"))) == [
         f"{s}-{k}" for s in ("clientapp", "supernode") for k in (1, 2, 3)
     ]
@@ -136,18 +142,7 @@ def test_docker_compose_config_validates_three_sites(tmp_path):
 
 @pytest.mark.skipif(shutil.which("docker-compose") is None, reason="docker-compose not installed")
 def test_docker_compose_config_validates_the_overlay():
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
-    env.update(FEDHEAD_SITES="/srv/sites")
-    res = subprocess.run(
-        ["docker-compose", *(a for f in FILES for a in ("-f", f)), "config"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=env,
-    )
-    assert res.returncode == 0, res.stderr
-    services = yaml.safe_load(res.stdout)["services"]
+    services = _compose_config(list(FILES), FEDHEAD_SITES="/srv/sites")["services"]
     one, two = str(services["clientapp-1"]["volumes"]), str(services["clientapp-2"]["volumes"])
     assert "/srv/sites/site-1:/data/site:ro" in one and "/srv/sites/site-1" not in two
     assert "/srv/sites/site-2:/data/site:ro" in two and "/srv/sites/site-2" not in one
