@@ -27,7 +27,12 @@ and one SuperExec secret per runtime API (SuperLink, each SuperNode).
 
 from __future__ import annotations
 
+import json
+import re
 import socket
+import subprocess
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 SUPERLINK_PORT = 8000  # Fleet + Control + ServerApp runtime API (flwr 1.42 default)
@@ -164,6 +169,28 @@ def cli_connection_toml(name: str, address: str, root_ca: str | None) -> str:
     lines = ["[superlink]", f'default = "{name}"', "", f"[superlink.{name}]", f'address = "{address}"']
     lines += [f'root-certificates = "{root_ca}"'] if root_ca is not None else ["insecure = true"]
     return "\n".join(lines) + "\n"
+
+
+def finished_status(
+    output: str, ls: Callable[[str], subprocess.CompletedProcess], limit: float = 60, poll: float = 1.0
+) -> str | None:
+    """The status the SuperLink records for the run that ``flwr run`` started: ``finished:completed``,
+    ``finished:failed``, ``finished:stopped`` (or the last one seen after ``limit`` s); None when
+    ``output`` (``flwr run``'s, streamed or ``--format json``) names no run.
+
+    ``flwr run --stream`` exits 0 when the ServerApp fails, so a deployment's outcome is this status
+    (and the run's results.json), never ``flwr run``'s exit code. ``ls(run_id)`` runs ``flwr ls
+    <connection> --run-id <run_id> --format json``; it is polled until the run has finished."""
+    found = re.search(r"Successfully started run (\d+)", output) or re.search(r'"run-id": "(\d+)"', output)
+    if found is None:
+        return None
+    deadline = time.monotonic() + limit
+    while True:
+        res = ls(found[1])
+        status = json.loads(res.stdout)["runs"][0]["status"] if res.returncode == 0 else ""
+        if status.startswith("finished") or time.monotonic() > deadline:
+            return status or f"unknown ({res.stdout[-300:]}{res.stderr[-300:]})"
+        time.sleep(poll)
 
 
 def _isolation(isolation: str) -> str:

@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import pytest
+from deploy_commands import finished_status
 
 REPO = Path(__file__).resolve().parents[1]
 START_LIMIT_S = 90  # SuperLink answering, SuperNodes online
@@ -149,6 +150,17 @@ def online(env: dict[str, str], connection: str = "loopback") -> int:
     if res.returncode != 0:
         return -1
     return sum(n["status"] == "online" for n in json.loads(res.stdout)["nodes"])
+
+
+def run_status(output: str, env: dict[str, str], connection: str = "loopback", limit: float = 60) -> str:
+    """The status the SuperLink records for the run that ``flwr run`` started (``output``: its output),
+    by ``deploy_commands.finished_status``; fails when ``output`` names no run."""
+    status = finished_status(
+        output, lambda run_id: flwr(["ls", connection, "--run-id", run_id, "--format", "json"], env), limit
+    )
+    if status is None:
+        pytest.fail(f"flwr run started no run:\n{output[-3000:]}")
+    return status
 
 
 # ------------------------------------------------------------------ docker compose files

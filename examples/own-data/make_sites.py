@@ -4,7 +4,10 @@ Each site measures the same five inputs ``f1..f5`` and two targets ``t1, t2``; t
 in their input distribution and in how the targets depend on the inputs (a shared nonlinear map
 plus a site-specific linear part), so their target covariances differ, as real sites' do.
 
-    python make_sites.py [--rows 300] [--out .]
+    python make_sites.py [--rows 300] [--out .] [--sites 3]
+
+``--sites N`` writes N files (``site_a.csv`` ... in letter order; the first three are the same
+for every N).
 """
 
 from __future__ import annotations
@@ -30,9 +33,11 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=300, help="rows per site (default 300)")
     parser.add_argument("--out", type=Path, default=Path("."), help="folder for the CSV files")
+    parser.add_argument("--sites", type=int, default=3, choices=range(1, 27), metavar="N", help="sites (default 3)")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    for i, name in enumerate(("site_a", "site_b", "site_c")):
+    for i in range(args.sites):
+        name = f"site_{chr(ord('a') + i)}"
         path = args.out / f"{name}.csv"
         with path.open("w", newline="") as fh:
             writer = csv.writer(fh)

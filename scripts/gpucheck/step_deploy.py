@@ -30,6 +30,7 @@ sys.path.insert(0, str(REPO / "tests"))  # the command lines the deployment test
 from deploy_commands import (
     ServerTls,
     cli_connection_toml,
+    finished_status,
     free_ports,
     superlink_command,
     supernode_command,
@@ -230,7 +231,11 @@ def run_federation(result: dict, work: Path, logs: Path, env: dict[str, str], li
     res_path = out / "proximal" / "results.json"
     if res_path.is_file():
         result["results"] = summarize_results(res_path)
-    ok = run.returncode == 0 and result.get("results", {}).get("status") == "completed"
+    # the run's own status: `flwr run --stream` exits 0 when the ServerApp fails
+    ls = lambda run_id: flwr(["ls", "gpucheck", "--run-id", run_id, "--format", "json"], env)  # noqa: E731
+    result["run_status"] = finished_status(run.stdout, ls)
+    ok = run.returncode == 0 and result["run_status"] == "finished:completed"
+    ok = ok and result.get("results", {}).get("status") == "completed"
     result["ok"] = ok
     if not ok:
         result["error"] = (run.stdout[-2000:] + run.stderr[-2000:]) or procs.tail("superlink")

@@ -28,7 +28,7 @@ from deploy_commands import (
     superlink_command,
     supernode_command,
 )
-from deploy_helpers import REPO, Processes, flwr, online, wait
+from deploy_helpers import REPO, Processes, flwr, online, run_status, wait
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -124,6 +124,7 @@ def test_loopback_deployment_tls_auth(loopback):
         pytest.fail(f"flwr run took over {RUN_LIMIT_S}s:\n{(err.stdout or b'')[-3000:]!r}\n{procs.tail('superlink')}")
     (work / "logs" / "flwr-run.log").write_text(run.stdout + run.stderr)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert run_status(run.stdout, env) == "finished:completed"
 
     results = json.loads((out / "proximal" / "results.json").read_text())
     assert results["status"] == "completed"
@@ -187,6 +188,7 @@ def test_loopback_deployment_stopped_and_resumed(loopback):
         "ResumeError: cannot resume" in other.stdout + other.stderr
         or "cannot resume" in (out / "proximal" / "run.log").read_text()
     ), other.stdout[-3000:]
+    assert run_status(other.stdout, env) == "finished:failed"  # whatever `flwr run --stream` exited with
 
     resumed = flwr(
         ["run", ".", "loopback", "--stream", "--run-config", f'overrides="{overrides}" output-dir="{out}" resume=true'],
@@ -195,6 +197,7 @@ def test_loopback_deployment_stopped_and_resumed(loopback):
     )
     (work / "logs" / "flwr-resume.log").write_text(resumed.stdout + resumed.stderr)
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    assert run_status(resumed.stdout, env) == "finished:completed"
     results = json.loads((out / "proximal" / "results.json").read_text())
     assert results["status"] == "completed" and results["resumed_after_round"] == 1
     assert [r["round"] for r in results["rounds"]] == [0, 1, 2]

@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from app_helpers import InProcessGrid, pooled_g_cen
-from deploy_helpers import REPO, Processes, flwr, start_site_federation
+from deploy_helpers import REPO, Processes, flwr, run_status, start_site_federation
 
 from fedhead.cli.keys import assemble, new_site
 from fedhead.clients import make_client_app
@@ -124,6 +124,7 @@ def test_secure_mode_in_a_site_local_tls_deployment(site_federation, task_identi
     run_s = time.monotonic() - t0
     (work / "logs" / "flwr-run.log").write_text(run.stdout + run.stderr)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert run_status(run.stdout, env) == "finished:completed", procs.tail("superlink")
 
     secure = schema.read(out / "proximal" / "results.json")
     assert secure.status == "completed", (out / "proximal" / "run.log").read_text()[-3000:]

@@ -1,11 +1,13 @@
 """The docker compose federation end to end (``scripts/docker_check.sh``), marked ``slow``.
 
-Skipped where no docker daemon answers or docker-compose / flwr are missing. The script builds
-the images if needed (the first build takes many minutes), brings up SuperLink, 2 SuperNodes,
-ServerApp and ClientApp containers with TLS and SuperNode authentication, runs a 1-round job
-and checks its results.json, then tears everything down.
+Skipped where no docker daemon answers or docker-compose / flwr are missing. The script builds the
+image from a clean clone of HEAD (the first build takes many minutes), brings up SuperLink, 3
+SuperNodes (each with one of the own-data tutorial's files, its signing key and the roster),
+ServerApp and ClientApp containers with TLS and SuperNode authentication, runs a clear and a secure
+1-round job with ``flwr run``, checks that each run finished as completed and that its results.json
+equals the same job run in process (``fedhead-run``), then tears everything down.
 
-    pytest -m slow tests/driver/test_docker_check.py
+    pytest -m slow -s tests/driver/test_docker_check.py      # -s: the script's steps and their times
 """
 
 import os
@@ -29,16 +31,21 @@ def _docker_answers() -> bool:
 
 
 @pytest.mark.skipif(
-    shutil.which("docker-compose") is None or shutil.which("flwr") is None,
-    reason="docker-compose or flwr not installed",
+    shutil.which("docker-compose") is None or shutil.which("flwr") is None or shutil.which("git") is None,
+    reason="docker-compose, flwr or git not installed",
 )
 def test_docker_compose_federation():
     if not _docker_answers():
-        pytest.skip("no docker daemon")
+        pytest.skip("no docker daemon answers (`docker info`; docs/deployment.md, section 3.1 starts one)")
     # the script's pip and docker-compose must not see the test session's Python variables
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
     res = subprocess.run(
         ["bash", str(REPO / "scripts/docker_check.sh")], cwd=REPO, capture_output=True, text=True, timeout=3800, env=env
     )
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
-    assert "-> OK" in res.stdout and "docker check passed" in res.stdout
+    verdicts = [line for line in res.stdout.splitlines() if line.startswith("same results:")]
+    assert len(verdicts) == 2 and all(v.endswith("-> OK") for v in verdicts), res.stdout[-4000:]
+    assert "privacy clear" in verdicts[0] and "privacy secure" in verdicts[1], verdicts
+    assert "docker check passed" in res.stdout
+    steps = [line for line in res.stdout.splitlines() if line.startswith(("[docker_check", "same results", "  "))]
+    print("\n".join(steps))

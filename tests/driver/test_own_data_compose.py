@@ -1,13 +1,16 @@
-"""with-own-data.yml (each SuperNode reads only its own site's file) against tests/deploy_commands.py.
+"""with-own-data.yml (each SuperNode reads only its own site's file, key and roster) against tests/deploy_commands.py.
 
-No docker needed: the merged commands equal ``supernode_command`` (``tests/deploy_commands.py``) with
-``data_path`` and no partition, parse with flwr 1.42's parsers (the node config too), and each
-site's folder is mounted read-only into its own clientapp container and nowhere else.
-``docker-compose config`` validates the files where docker-compose is installed.
+No docker needed: with-own-data.yml is ``scripts/compose_sites.py 2``'s output; the merged commands
+equal ``supernode_command`` (``tests/deploy_commands.py``) with ``data_path``, the signing key and the
+roster, and no partition, parse with flwr 1.42's parsers (the node config too), and each site's
+folder and signing key are mounted read-only into its own clientapp container and nowhere else, the
+roster into the clientapps and the serverapp. ``docker-compose config`` validates the files (also
+with 3 sites) where docker-compose is installed.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -19,6 +22,18 @@ from deploy_commands import SUPERLINK_PORT, SUPERNODE_RUNTIME_PORT, ServerTls, n
 from deploy_helpers import merged_services, mount_target
 
 REPO = Path(__file__).resolve().parents[2]
+
+
+def _load_compose_sites():
+    spec = importlib.util.spec_from_file_location("compose_sites", REPO / "scripts" / "compose_sites.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+compose_sites = _load_compose_sites()
+render, KEY_PATH, ROSTER_PATH = compose_sites.render, compose_sites.KEY_PATH, compose_sites.ROSTER_PATH
 FILES = ("docker-compose.yml", "with-own-data.yml")
 DATA_PATH = "/data/site/site.csv"
 
@@ -38,6 +53,7 @@ def _expected_supernode(k: int) -> list[str]:
         runtime_tls=ServerTls(ca, f"/certs/supernode-{k}.crt", f"/certs/supernode-{k}.key"),
         superexec_secret=f"/certs/supernode-{k}.superexec.secret",
         data_path=DATA_PATH,
+        identity=(KEY_PATH, ROSTER_PATH),
     )
 
 
@@ -50,15 +66,40 @@ def test_supernodes_name_their_file_and_parse_with_flwr():
         cmd = list(services[f"supernode-{k}"]["entrypoint"]) + list(services[f"supernode-{k}"]["command"])
         assert cmd == _expected_supernode(k)
         args = _parse_args_run_supernode().parse_args(cmd[1:])
-        assert parse_config_args([args.node_config]) == {"data-path": DATA_PATH, "state-dir": "/data/state"}
+        assert parse_config_args([args.node_config]) == {
+            "data-path": DATA_PATH,
+            "state-dir": "/data/state",
+            "signing-key": KEY_PATH,
+            "roster": ROSTER_PATH,
+        }
+
+
+def test_the_overlay_is_the_generators_output_for_two_sites():
+    assert (REPO / "with-own-data.yml").read_text() == render(2)
+    with pytest.raises(ValueError, match="at least one site"):
+        render(0)
+
+
+def _mounted_at(services: dict[str, dict], target: str) -> dict[str, list[str]]:
+    """Service -> its mounts at ``target`` (services without one left out)."""
+    mounts = {
+        name: [v for v in spec.get("volumes", []) if mount_target(v) == target] for name, spec in services.items()
+    }
+    return {name: v for name, v in mounts.items() if v}
+
+
+def test_each_site_key_is_mounted_into_its_own_clientapp_the_roster_also_into_the_serverapp():
+    services = merged_services(REPO, *FILES)
+    assert _mounted_at(services, KEY_PATH) == {
+        f"clientapp-{k}": [f"${{FEDHEAD_KEYS:-./keys}}/site-{k}.key:{KEY_PATH}:ro"] for k in (1, 2)
+    }
+    roster = [f"${{FEDHEAD_KEYS:-./keys}}/roster.json:{ROSTER_PATH}:ro"]
+    assert _mounted_at(services, ROSTER_PATH) == {name: roster for name in ("serverapp", "clientapp-1", "clientapp-2")}
 
 
 def test_each_site_is_mounted_read_only_into_its_own_clientapp_only():
     services = merged_services(REPO, *FILES)
-    sites = {
-        name: [v for v in spec.get("volumes", []) if mount_target(v) == "/data/site"] for name, spec in services.items()
-    }
-    assert {n: v for n, v in sites.items() if v} == {
+    assert _mounted_at(services, "/data/site") == {
         f"clientapp-{k}": [f"${{FEDHEAD_SITES:-./sites}}/site-{k}:/data/site:ro"] for k in (1, 2)
     }
     assert all(f"client-{k}:/data" in services[f"clientapp-{k}"]["volumes"] for k in (1, 2))  # private state kept
@@ -73,12 +114,12 @@ def test_node_config_needs_a_partition_or_a_data_path():
         node_config(None, None, None, "/my data/a.csv")
 
 
-@pytest.mark.skipif(shutil.which("docker-compose") is None, reason="docker-compose not installed")
-def test_docker_compose_config_validates_the_overlay():
+def _compose_config(files: list[str], **env_vars: str) -> dict:
+    """``docker-compose -f ... config`` of ``files`` (in the repository), parsed."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
-    env.update(FEDHEAD_SITES="/srv/sites")
+    env.update(env_vars)
     res = subprocess.run(
-        ["docker-compose", *(a for f in FILES for a in ("-f", f)), "config"],
+        ["docker-compose", *(a for f in files for a in ("-f", f)), "config"],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -86,7 +127,22 @@ def test_docker_compose_config_validates_the_overlay():
         env=env,
     )
     assert res.returncode == 0, res.stderr
-    services = yaml.safe_load(res.stdout)["services"]
+    return yaml.safe_load(res.stdout)
+
+
+@pytest.mark.skipif(shutil.which("docker-compose") is None, reason="docker-compose not installed")
+def test_docker_compose_config_validates_three_sites(tmp_path):
+    (tmp_path / "with-sites.yml").write_text(render(3))
+    config = _compose_config(["docker-compose.yml", str(tmp_path / "with-sites.yml")])
+    assert sorted(s for s in config["services"] if s.startswith(("supernode-", "clientapp-"))) == [
+        f"{s}-{k}" for s in ("clientapp", "supernode") for k in (1, 2, 3)
+    ]
+    assert sorted(config["volumes"]) == ["client-1", "client-2", "client-3", "results"]
+
+
+@pytest.mark.skipif(shutil.which("docker-compose") is None, reason="docker-compose not installed")
+def test_docker_compose_config_validates_the_overlay():
+    services = _compose_config(list(FILES), FEDHEAD_SITES="/srv/sites")["services"]
     one, two = str(services["clientapp-1"]["volumes"]), str(services["clientapp-2"]["volumes"])
     assert "/srv/sites/site-1:/data/site:ro" in one and "/srv/sites/site-1" not in two
     assert "/srv/sites/site-2:/data/site:ro" in two and "/srv/sites/site-2" not in one

@@ -69,5 +69,5 @@ def test_no_active_debian_source_prints_nothing_and_succeeds(apt, files):
 
 def test_docker_check_takes_the_mirror_from_this_script():
     text = (SCRIPT.parent / "docker_check.sh").read_text()
-    assert '"$REPO/scripts/debian_mirror.sh"' in text
+    assert '"$SRC/scripts/debian_mirror.sh"' in text
     assert "/etc/apt/sources.list /etc/apt" not in text
