@@ -26,9 +26,10 @@ from typing import Any, TypeVar
 
 from flwr.app import ConfigRecord, Context
 
-from fedhead.clients.policy import PolicyRefusal, SitePolicy, release_epsilon
+from fedhead.clients.policy import PolicyRefusal, SitePolicy, ledger_epsilon
 from fedhead.clients.state import DATA_PATH_KEY, PARTITION_ID_KEY, STATE_DIR_KEY
 from fedhead.federation.roster import UsedSumIds
+from fedhead.federation.run_privacy import TrainingRelease
 from fedhead.results.io import write_bytes_atomic
 
 log = logging.getLogger(__name__)
@@ -170,25 +171,55 @@ class SiteLedger:
         ``epsilon-budget``, a release whose epsilon would take the ledger over it (charged here, before
         anything of it is sent).
         """
-        if policy.epsilon_budget is not None and self.file is None:
-            raise PolicyRefusal(
-                f"refused by this site's privacy policy ({policy.named('epsilon-budget')}): the ledger needs the "
-                f"node config {STATE_DIR_KEY} (it must outlive the run)"
-            )
+        if policy.epsilon_budget is not None:
+            self._need_file(policy)
         with self.update() as doc:
             run = doc["runs"].setdefault(scope, {})
             if name in run.get("sums", []):
                 raise PolicyRefusal(f"refused: secure sum {name} was already begun in this run (one release per sum)")
             if policy.epsilon_budget is not None:
-                charged = [float(r["noise"]) for r in doc["releases"]] + [float(noise)]
-                if release_epsilon(charged, sites, policy.dp_delta) > policy.epsilon_budget:
-                    raise PolicyRefusal(
-                        f"refused by this site's privacy policy ({policy.named('epsilon-budget')}): this release "
-                        "would take the site over its budget"
-                    )
-                doc["releases"].append({"run": scope, "sum": name, "noise": float(noise)})
+                _charge(doc, policy, sites, {"run": scope, "sum": name, "noise": float(noise)}, "release")
             run.setdefault("sums", []).append(name)
 
+    def charge_training(self, scope: str, round_: int, policy: SitePolicy, training: TrainingRelease) -> None:
+        """Charge round ``round_``'s DP-SGD (``training``) of run ``scope`` under the policy's ``epsilon-budget``,
+        before training: refused when it would take the ledger over the budget, or when the round was charged
+        before (one training per round). Nothing to do without a budget."""
+        if policy.epsilon_budget is None:
+            return
+        self._need_file(policy)
+        record = {
+            "run": scope,
+            "sum": f"training round {int(round_)}",
+            "noise": training.noise_multiplier,
+            "sample_rate": training.sample_rate,
+            "steps": training.steps,
+        }
+        with self.update() as doc:
+            if any(r.get("run") == scope and r.get("sum") == record["sum"] for r in doc["releases"]):
+                raise PolicyRefusal(f"refused: {record['sum']} was already trained in this run (one per round)")
+            _charge(doc, policy, 1, record, "training round")
+
+    def _need_file(self, policy: SitePolicy) -> None:
+        if self.file is None:
+            raise PolicyRefusal(
+                f"refused by this site's privacy policy ({policy.named('epsilon-budget')}): the ledger needs the "
+                f"node config {STATE_DIR_KEY} (it must outlive the run)"
+            )
+
     def spent(self, sites: int, delta: float) -> float:
-        """The epsilon of every release charged so far ([`release_epsilon`][fedhead.clients.policy.release_epsilon])."""
-        return release_epsilon([float(r["noise"]) for r in self.read()["releases"]], sites, delta)
+        """The epsilon of every release charged so far ([`ledger_epsilon`][fedhead.clients.policy.ledger_epsilon])."""
+        return ledger_epsilon(self.read()["releases"], sites, delta)
+
+
+def _charge(doc: dict[str, Any], policy: SitePolicy, sites: int, record: dict[str, Any], what: str) -> None:
+    """Append ``record`` to the ledger ``doc``'s releases, or refuse it when the ledger would go over the
+    policy's ``epsilon-budget`` ([`ledger_epsilon`][fedhead.clients.policy.ledger_epsilon])."""
+    budget = policy.epsilon_budget
+    assert budget is not None
+    if ledger_epsilon([*doc["releases"], record], sites, policy.dp_delta) > budget:
+        raise PolicyRefusal(
+            f"refused by this site's privacy policy ({policy.named('epsilon-budget')}): this {what} would take "
+            "the site over its budget"
+        )
+    doc["releases"].append(record)

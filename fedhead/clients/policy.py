@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import math
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,9 +26,24 @@ from flwr.app import Context
 
 from fedhead.clients.messages import ClientError
 from fedhead.federation.privacy_noise import privacy_spent
+from fedhead.federation.run_privacy import (
+    TrainingRelease,
+    client_release_in_rows,
+    release_event,
+    run_accountant,
+    training_event,
+)
 from fedhead.settings.privacy import DEFAULT_MIN_ROWS, NODE_MIN_ROWS_KEY, NODE_PRIVACY_MODE_KEY, PrivacyPolicy
 
-__all__ = ["POLICY_FILE_KEY", "RULES", "PolicyRefusal", "SitePolicy", "release_epsilon", "site_policy"]
+__all__ = [
+    "POLICY_FILE_KEY",
+    "RULES",
+    "PolicyRefusal",
+    "SitePolicy",
+    "ledger_epsilon",
+    "release_epsilon",
+    "site_policy",
+]
 
 #: The node config key naming the site's policy file.
 POLICY_FILE_KEY = "privacy-policy"
@@ -176,6 +191,21 @@ def release_epsilon(noise: list[float], sites: int, delta: float) -> float:
     for z in noise:
         counts[float(z)] = counts.get(float(z), 0) + 1
     return sum(privacy_spent(z, k, max(1, int(sites)), delta).epsilon for z, k in sorted(counts.items()))
+
+
+def ledger_epsilon(records: Sequence[Mapping[str, Any]], sites: int, delta: float) -> float:
+    """The epsilon of a ledger's ``records`` (each ``{"noise": z}``, a training round also ``sample_rate`` and
+    ``steps``): without a training round, [`release_epsilon`][fedhead.clients.policy.release_epsilon] (the site
+    unit); with one, the row unit, every record composed by one accountant
+    ([`run_epsilon`][fedhead.federation.run_privacy.run_epsilon]; a client-level release counts at ``z / 2``)."""
+    trained = [r for r in records if "steps" in r]
+    if not trained:
+        return release_epsilon([float(r["noise"]) for r in records], sites, delta)
+    noise = [client_release_in_rows(float(r["noise"])) for r in records if "steps" not in r]
+    events = [
+        training_event(TrainingRelease(float(r["noise"]), float(r["sample_rate"]), int(r["steps"]))) for r in trained
+    ]
+    return float(run_accountant([*map(release_event, noise), *events]).get_epsilon(delta))
 
 
 # ------------------------------------------------------------------------------------ parsing

@@ -103,3 +103,29 @@ def test_a_write_is_atomic_and_a_damaged_ledger_refuses(tmp_path, monkeypatch):
         ledger.begin_sum("run 1", "train-1", policy, noise=1.0, sites=3)
     with pytest.raises(PolicyRefusal, match="damaged"):
         ledger.refusal("run 1")
+
+
+def test_a_training_round_over_the_budget_is_refused_in_the_row_unit(tmp_path):
+    from fedhead.federation.run_privacy import TrainingRelease, run_epsilon
+
+    training = TrainingRelease(noise_multiplier=1.0, sample_rate=0.1, steps=20)
+    # the exchange (client-level z = 4, z / 2 = 2 in the row unit) and two rounds fit, a third does not
+    budget = run_epsilon([2.0], (), training, 2, 1e-5) * 1.0001
+    assert run_epsilon([2.0], (), training, 3, 1e-5) > budget
+    policy = parse_policy({"epsilon-budget": budget}, "f")
+    ledger = SiteLedger(_context(tmp_path))
+    ledger.begin_sum("run 1", "exchange", policy, noise=4.0, sites=3)
+    ledger.charge_training("run 1", 1, policy, training)
+    ledger.charge_training("run 1", 2, policy, training)
+    assert ledger.spent(3, 1e-5) == pytest.approx(run_epsilon([2.0], (), training, 2, 1e-5), rel=1e-12)
+    with pytest.raises(PolicyRefusal) as err:
+        ledger.charge_training("run 1", 3, policy, training)
+    assert str(err.value) == (
+        f"refused by this site's privacy policy (f epsilon-budget={budget}): this training round would take the "
+        "site over its budget"
+    )
+    assert len(ledger.read()["releases"]) == 3  # the refused round was not recorded
+    with pytest.raises(PolicyRefusal, match=r"^refused: training round 2 was already trained in this run"):
+        ledger.charge_training("run 1", 2, policy, TrainingRelease(1.0, 0.1, 1))
+    ledger.charge_training("run 1", 3, parse_policy({}, "f"), training)  # no budget: nothing charged
+    assert len(ledger.read()["releases"]) == 3
