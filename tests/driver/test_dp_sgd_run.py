@@ -18,32 +18,30 @@ from fedhead.federation.run_privacy import TrainingRelease, run_epsilon
 from fedhead.results import schema
 from fedhead.settings.config import compose_config, load_config
 
+#: A tiny DP-SGD run: 3 sites, 2 rounds of 2 epochs of 5 Poisson-sampled steps (q = 0.2).
+_RUN = (
+    "model=resmlp_small",
+    "model.width=16",
+    "model.depth=1",
+    "model.feature_dim=8",
+    "procedure=proximal",
+    "rounds=2",
+    "local_epochs=2",
+    "local_tol=null",
+    "num_clients=3",
+    "dataset.n_train=240",
+    "train.dp_noise=1.2",
+    "train.dp_sample_rate=0.2",
+    "train.optimal_bias=false",
+    "train.solve_last_layer=false",
+    "train.finish_features=false",
+    "privacy.dp_delta=1e-4",
+)
+
 
 def test_each_round_reports_the_accountants_epsilon(tmp_path: Path, task_identity, caplog):
-    cfg = load_config(
-        compose_config(
-            [
-                "model=resmlp_small",
-                "model.width=16",
-                "model.depth=1",
-                "model.feature_dim=8",
-                "procedure=proximal",
-                "rounds=2",
-                "local_epochs=2",
-                "local_tol=null",
-                "num_clients=3",
-                "dataset.n_train=240",
-                f"dataset.cache_dir={tmp_path / 'cache'}",
-                "train.dp_noise=1.2",
-                "train.dp_sample_rate=0.2",
-                "train.optimal_bias=false",
-                "train.solve_last_layer=false",
-                "train.finish_features=false",
-                "privacy.dp_delta=1e-4",
-            ]
-        )
-    )
-    job = cfg.jobs(tmp_path / "out")[0]
+    overrides = [*_RUN, f"dataset.cache_dir={tmp_path / 'cache'}"]
+    job = load_config(compose_config(overrides)).jobs(tmp_path / "out")[0]
     prepare_data(job)
     recorder = RunRecorder(job, show_progress=False)
     with caplog.at_level(logging.INFO, logger=console.name):
