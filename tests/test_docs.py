@@ -1,7 +1,7 @@
 """The docs: architecture.md names only what exists, every docstring link has a target, every
 relative link of the README, benchmarks/README.md and the guides reaches a file and heading in the
-repository, and the strict MkDocs build fails on a stale reference (a small site built with the
-project's settings)."""
+repository, the strict MkDocs build fails on a stale reference (a small site built with the
+project's settings), and every privacy claim of privacy.md names a test that exists."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from docs_helpers import PAGES, anchors, relative_links
+from docs_helpers import EVIDENCE, PAGES, anchors, claims_without_evidence, relative_links, sections
 
 ROOT = Path(__file__).resolve().parents[1]
 ARCHITECTURE = ROOT / "docs" / "architecture.md"
@@ -162,3 +162,46 @@ def test_every_package_is_in_the_api_reference():
     rendered = set(re.findall(r"^::: (fedhead[\w.]*)", pages, flags=re.M))
     packages = {f"fedhead.{p.parent.name}" for p in (ROOT / "fedhead").glob("*/__init__.py")} - {"fedhead.conf"}
     assert packages <= rendered, sorted(packages - rendered)
+
+
+PRIVACY = ROOT / "docs" / "privacy.md"
+
+
+def _defined_tests() -> dict[str, set[str]]:
+    """``{path under the repository: the test functions it defines}`` of tests/."""
+    out = {}
+    for path in (ROOT / "tests").rglob("*.py"):
+        out[path.relative_to(ROOT).as_posix()] = set(re.findall(r"^def (test_\w+)\(", path.read_text(), flags=re.M))
+    return out
+
+
+def test_every_test_and_benchmark_privacy_md_names_exists():
+    defined = _defined_tests()
+    every = set().union(*defined.values())
+    found = list(EVIDENCE.finditer(PRIVACY.read_text(encoding="utf-8")))
+    assert len(found) > 40
+    for ref in found:
+        if ref["bare"]:
+            assert ref["bare"] in every, ref[0]
+        elif ref["test"]:
+            assert ref["test"] in defined.get(ref["file"], set()), ref[0]
+        else:
+            assert (ROOT / ref["file"]).is_file(), ref[0]
+
+
+def test_every_privacy_claim_of_sections_2_to_8_names_its_test():
+    """Section 1 names its tests claim by claim; sections 2-8 do too: a paragraph or list item that says what
+    the server learns, what a site refuses or reveals, and so on, names a test or, for a measurement, its
+    benchmark (section 9, row-level DP, has its own rules)."""
+    parts = sections(PRIVACY)
+    assert sorted(parts) == list(range(1, 10))
+    bare = [b for n in range(2, 9) for b in claims_without_evidence(parts[n])]
+    assert not bare, "privacy claims without a test:\n" + "\n".join(b[:120] for b in bare)
+
+
+def test_the_claim_rule_sees_a_claim_without_its_test():
+    text = (
+        "Intro.\n\n* the server learns only the sum.\n* the server learns only the sum (`test_the_sum_only`).\n"
+        "* it says `nothing leaves the site` (a quoted message).\n\n| a table that never names a test |\n"
+    )
+    assert claims_without_evidence(text) == ["* the server learns only the sum."]

@@ -14,11 +14,12 @@ from __future__ import annotations
 import hashlib
 import logging
 import pickle
+import random
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
-from flwr.app import Context, Message, MetricRecord, MetricRecordValues, RecordDict
+from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, MetricRecordValues, RecordDict
 from flwr.clientapp import ClientApp
 
 from fedhead.clients.cache import CLIENT_CACHE
@@ -26,7 +27,7 @@ from fedhead.clients.identity import SimulatedSites
 from fedhead.clients.ledger import SiteLedger, run_scope
 from fedhead.clients.messages import ClientError, round_of
 from fedhead.clients.policy import site_policy
-from fedhead.clients.secure import SecureSite, fully_active, secure_mod
+from fedhead.clients.secure import SecureSite, fully_active, secure_mod, sum_id
 from fedhead.clients.site import handle_statistics, local_data
 from fedhead.clients.state import (
     client_moments,
@@ -43,6 +44,7 @@ from fedhead.federation import protocol
 from fedhead.federation.run_privacy import round_training
 from fedhead.federation.secure_records import FULLY_ACTIVE, STAGE_REGIME
 from fedhead.settings.job import JobConfig
+from fedhead.settings.privacy import PrivacyPolicy
 
 if TYPE_CHECKING:
     from fedhead.data.base import ClientData, FederatedData
@@ -81,7 +83,27 @@ def handle_query(job: JobConfig, msg: Message, context: Context) -> Message:
 
     pid, _, cd = setup(job, msg, context, threads=False)
     y, mu, sigma = client_moments(job, pid, cd)
-    return Message(moment_reply(y, pid, moments=(mu, sigma)), reply_to=msg)
+    content = moment_reply(y, pid, moments=(mu, sigma))
+    if job.privacy.row_level and sum_id(msg) is not None:
+        content[protocol.ROW_RELEASE] = row_release(y, job.privacy, secure_site(job))
+    return Message(content, reply_to=msg)
+
+
+def row_release(y: np.ndarray, privacy: PrivacyPolicy, site: SecureSite) -> ArrayRecord:
+    """``privacy.dp_unit=row``: the site's row-clipped statistics with its share of the discrete Gaussian noise
+    ([`site_release`][fedhead.federation.row_privacy.site_release]), which the secure reply sends into the sum in
+    place of its moments; drawn from the operating system's entropy (no seed the server could know)."""
+    from fedhead.federation.row_privacy import site_release
+
+    values = site_release(
+        y,
+        clip=privacy.dp_clip,
+        noise_multiplier=privacy.dp_noise,
+        min_sites=site.min_sites,
+        sites=site.sites,
+        rng=random.SystemRandom(),
+    )
+    return ArrayRecord({protocol.RELEASE: Array(values)})
 
 
 def handle_regime(job: JobConfig, msg: Message, context: Context) -> Message:
@@ -103,6 +125,7 @@ def secure_site(job: JobConfig) -> SecureSite:
         min_sites=max(2, job.failure.required(st.num_clients)),
         sites=st.num_clients,
         job_key=job_key(job),
+        max_abs=job.trust.max_abs,
     )
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import math
 import tomllib
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,13 +26,7 @@ from flwr.app import Context
 
 from fedhead.clients.messages import ClientError
 from fedhead.federation.privacy_noise import privacy_spent
-from fedhead.federation.run_privacy import (
-    TrainingRelease,
-    client_release_in_rows,
-    release_event,
-    run_accountant,
-    training_event,
-)
+from fedhead.federation.run_privacy import client_release_in_rows
 from fedhead.settings.privacy import DEFAULT_MIN_ROWS, NODE_MIN_ROWS_KEY, NODE_PRIVACY_MODE_KEY, PrivacyPolicy
 
 __all__ = [
@@ -40,15 +34,15 @@ __all__ = [
     "RULES",
     "PolicyRefusal",
     "SitePolicy",
-    "ledger_epsilon",
     "release_epsilon",
+    "row_unit_noise",
     "site_policy",
 ]
 
 #: The node config key naming the site's policy file.
 POLICY_FILE_KEY = "privacy-policy"
 #: The rules of a policy, as a policy file spells them (the node config spells ``mode`` ``privacy-mode``).
-RULES = ("mode", "min-rows", "min-survivors", "dp-noise", "epsilon-budget", "dp-delta")
+RULES = ("mode", "min-rows", "min-survivors", "dp-noise", "epsilon-budget", "dp-delta", "dp-unit")
 #: The node config key of each rule.
 NODE_KEYS = {rule: NODE_PRIVACY_MODE_KEY if rule == "mode" else rule for rule in RULES}
 assert NODE_KEYS["min-rows"] == NODE_MIN_ROWS_KEY
@@ -75,6 +69,7 @@ _CHECKS = {
     "dp-noise": (_number(lambda v: v >= 0), "must be a finite number >= 0"),
     "epsilon-budget": (_number(lambda v: v > 0), "must be a finite number > 0"),
     "dp-delta": (_number(lambda v: 0 < v < 1), "must be a number in (0, 1)"),
+    "dp-unit": (lambda v: v in ("site", "row"), "must be site or row"),
 }
 
 
@@ -108,6 +103,11 @@ class SitePolicy:
         sent; one that would go over the budget is refused.
     dp_delta : float
         The ``delta`` at which the site's ledger accounts epsilon (not the run's ``privacy.dp_delta``).
+    dp_unit : {"site", "row"}
+        What the ``epsilon-budget`` protects (default ``site``): the site's whole contribution, or one row of
+        it. A row-level release (``privacy.dp_unit=row``) has no site-level epsilon and is refused under a
+        ``site`` budget; under a ``row`` budget a client-level release of noise multiplier ``z`` is charged as
+        one of ``z / 2`` ([`row_unit_noise`][fedhead.clients.policy.row_unit_noise]).
     sources : dict
         Where each rule was set (``node config`` or the policy file's path), for the refusals.
     """
@@ -118,6 +118,7 @@ class SitePolicy:
     dp_noise: float = 0.0
     epsilon_budget: float | None = None
     dp_delta: float = DEFAULT_DELTA
+    dp_unit: str = "site"
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
 
     @property
@@ -193,19 +194,11 @@ def release_epsilon(noise: list[float], sites: int, delta: float) -> float:
     return sum(privacy_spent(z, k, max(1, int(sites)), delta).epsilon for z, k in sorted(counts.items()))
 
 
-def ledger_epsilon(records: Sequence[Mapping[str, Any]], sites: int, delta: float) -> float:
-    """The epsilon of a ledger's ``records`` (each ``{"noise": z}``, a training round also ``sample_rate`` and
-    ``steps``): without a training round, [`release_epsilon`][fedhead.clients.policy.release_epsilon] (the site
-    unit); with one, the row unit, every record composed by one accountant
-    ([`run_epsilon`][fedhead.federation.run_privacy.run_epsilon]; a client-level release counts at ``z / 2``)."""
-    trained = [r for r in records if "steps" in r]
-    if not trained:
-        return release_epsilon([float(r["noise"]) for r in records], sites, delta)
-    noise = [client_release_in_rows(float(r["noise"])) for r in records if "steps" not in r]
-    events = [
-        training_event(TrainingRelease(float(r["noise"]), float(r["sample_rate"]), int(r["steps"]))) for r in trained
-    ]
-    return float(run_accountant([*map(release_event, noise), *events]).get_epsilon(delta))
+def row_unit_noise(noise: float, unit: str) -> float:
+    """The noise multiplier of a release of ``unit`` (``site`` or ``row``) in the row unit: ``z`` for a row-level
+    release, ``z / 2`` for a client-level one (one row moves a site's clipped, capped term by at most twice the
+    site's sensitivity ``K Delta``; [`fedhead.federation.row_privacy`][fedhead.federation.row_privacy])."""
+    return float(noise) if unit == "row" else client_release_in_rows(noise)
 
 
 # ------------------------------------------------------------------------------------ parsing
@@ -241,6 +234,7 @@ def parse_policy(rules: Mapping[str, object], source: str, node: Mapping[str, ob
         dp_noise=float(merged.get("dp-noise", 0.0)),
         epsilon_budget=None if budget is None else float(budget),
         dp_delta=float(merged.get("dp-delta", DEFAULT_DELTA)),
+        dp_unit=str(merged.get("dp-unit", "site")),
         sources=sources,
     )
 

@@ -3,9 +3,11 @@
 ([`secure_mod`][fedhead.clients.secure.secure_mod]) that any ClientApp built on fedhead's client steps adds.
 
 A phase message that names a sum (``config["secure-sum"]``) makes its handler compute the site's
-vector as usual, then [`begin_sum`][fedhead.clients.secure.begin_sum] keeps that vector and a fresh
-[`SecureSumClient`][fedhead.federation.secure_site.SecureSumClient] in the node's own state and replies
-with its signed public keys only. The four later steps (``stage="secure-sum"`` queries) run in
+vector as usual, then [`begin_sum`][fedhead.clients.secure.begin_sum] enters it in the sum: masked at
+once when the message carries the sum's mask request (a sum set up within the previous sum's messages,
+[`fedhead.clients.secure_sums`][fedhead.clients.secure_sums]), else kept with a fresh
+[`SecureSumClient`][fedhead.federation.secure_site.SecureSumClient] in the node's own state while the
+reply carries the site's signed public keys. The later steps (``stage="secure-sum"`` queries) run in
 [`handle_secure_step`][fedhead.clients.secure.handle_secure_step]. The vector never leaves the site
 but masked; nothing here is logged but sizes. The site signs as its roster identity
 ([`fedhead.clients.identity`][fedhead.clients.identity]) and never takes part twice in a sum of one id
@@ -27,6 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 
+from fedhead.clients import secure_sums as sums
 from fedhead.clients.identity import SimulatedSites, SiteIdentity, site_identity
 from fedhead.clients.ledger import SiteLedger, run_scope
 from fedhead.clients.messages import ClientError
@@ -38,20 +41,18 @@ from fedhead.federation.privacy_noise import dp_contribution
 from fedhead.federation.secure_site import SecureSumClient
 from fedhead.federation.secure_sum import MIN_SITES, SecureSumError, default_threshold
 from fedhead.settings.privacy import PrivacyPolicy
+from fedhead.settings.trust import TrustPolicy
 from fedhead.ufm import fully_active_margins
 
 log = logging.getLogger(__name__)
 
 #: What a run refused at a step whose failure could depend on the site's values is told (nothing else).
 _NO_FURTHER_PART = "this site's input could not enter the sum; it takes no further part in this run"
-_STATE = "secure-sum-state"  # the node's state: ConfigRecord (sum id, client) and ArrayRecord (vector)
 
 
 def sum_id(msg: Message) -> str | None:
     """The secure sum a phase message starts (None: clear mode)."""
-    cfg = msg.content.config_records.get(protocol.CONFIG)
-    value = None if cfg is None else cfg.get(sr.SUM_ID)
-    return value if isinstance(value, str) and value else None
+    return sums.config_name(msg, sr.SUM_ID)
 
 
 def site_floor(policy: SitePolicy, identity: SiteIdentity) -> int:
@@ -70,73 +71,89 @@ def begin_sum(
     *,
     identity: SiteIdentity,
     floor: int,
+    bound: float,
     noised_for: int = 0,
 ) -> RecordDict:
-    """Keep ``vector`` (this site's input to the sum the message names) and a fresh site of the sum in
-    the node's state; the reply: the site's signed public keys and ``metrics`` (which must reveal no row).
-    ``identity``: who the site is; ``floor``: the smallest threshold it accepts
-    ([`site_floor`][fedhead.clients.secure.site_floor]); ``noised_for``: the fewest survivors the vector's
-    noise was drawn for (0: not noised), below which the site will not help unmask the sum. A sum id this
-    site took part in before (in any run) is refused."""
+    """Enter ``vector`` (this site's input to the sum the message names) in the sum; the reply, with
+    ``metrics`` (which must reveal no row) and the next sum's signed keys when the message names one
+    ([`advertise_next`][fedhead.clients.secure_sums.advertise_next]).
+
+    A message that carries the sum's mask request (a sum set up within the previous sum's messages) is
+    answered with the masked input at once; otherwise a fresh site of the sum keeps ``vector`` in the
+    node's state and replies with its signed public keys. ``identity``: who the site is; ``floor``: the
+    smallest threshold it accepts ([`site_floor`][fedhead.clients.secure.site_floor]); ``bound``: the
+    public bound of the vector's entries (its layout's, from run constants: the sum's encoding is checked
+    against it, [`check_encoding`][fedhead.federation.secure_records.check_encoding]), which an entry
+    beyond refuses here; ``noised_for``: the fewest survivors the vector's noise was drawn for (0: not
+    noised), below which the site will not help unmask the sum. A sum id this site took part in before (in
+    any run) is refused."""
     name = sum_id(msg)
     if name is None:
         raise ClientError("a secure sum was begun by a message that names none")
     values = np.ascontiguousarray(vector, dtype=np.float64).ravel()
     if not np.all(np.isfinite(values)):
         raise ClientError(f"secure sum {name}: this site's input has non-finite entries")
-    try:
-        client = SiteLedger(context).with_used_sum_ids(
-            lambda used: SecureSumClient(
-                int(context.node_id),
-                identity.name,
-                sum_id=name,
-                roster=identity.roster,
-                signing_key=identity.key,
-                used=used,
-                min_survivors=floor,
-            )
-        )
-    except SecureSumError as exc:  # a sum id used before: a replayed or repeated sum
-        raise PolicyRefusal(f"secure sum {name}: {exc}") from None
-    keys = client.advertise()
-    context.state[_STATE] = ConfigRecord({"id": name, "client": client.to_bytes(), "noised-for": int(noised_for)})
-    context.state[_STATE + "-values"] = ArrayRecord({"values": Array(values)})
-    log.debug("secure sum %s: %d entries kept for masking", name, values.size)
-    return RecordDict(
-        {sr.SECURE: ConfigRecord({sr.PAYLOAD: sr.pack(keys)}), protocol.METRICS: MetricRecord(dict(metrics))}
-    )
+    if float(np.max(np.abs(values), initial=0.0)) > bound:
+        raise ClientError(f"secure sum {name}: this site's input exceeds the sum's public bound {bound:g}")
+    request = msg.content.config_records.get(sr.SECURE)
+    out = RecordDict({protocol.METRICS: MetricRecord(dict(metrics))})
+    fields = {"noised-for": int(noised_for), "bound": float(bound)}
+    prepared = None if request is None else sums.take_prepared(context, name, identity)
+    following = sums.advertise_next(msg, context, identity, floor)  # refused before anything is masked
+    if following is not None:
+        out[sr.NEXT] = following
+    if prepared is not None and request is not None:  # set up in the previous sum's messages: mask now
+        record, client = prepared
+        try:
+            ciphertexts, requested = sr.unpack_mask_request(sr.payload_of(request))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ClientError(f"secure sum {name}, step {sr.MASK}: {exc}") from None
+        encoding = sums.checked_encoding(requested, fields["bound"], record.get("sites"))
+        try:
+            out[sr.SECURE] = ArrayRecord({sr.MASKED: Array(client.mask(ciphertexts, values, encoding))})
+        except (SecureSumError, ValueError) as exc:
+            raise ClientError(f"secure sum {name}, step {sr.MASK}: {exc}") from None
+        finally:
+            sums.save(context, sums.CURRENT, client, record, fields)
+        log.debug("secure sum %s: %d entries masked", name, values.size)
+    else:
+        client = sums.new_client(context, identity, name, floor)
+        out[sr.SECURE] = ConfigRecord({sr.PAYLOAD: sr.pack(client.advertise())})
+        sums.save(context, sums.CURRENT, client, None, fields)
+        sums.keep_input(context, values)
+        log.debug("secure sum %s: %d entries kept for masking", name, values.size)
+    return out
 
 
 def handle_secure_step(
     msg: Message, context: Context, identity: SiteIdentity, policy: SitePolicy | None = None
 ) -> Message:
-    """One later step of the sum this node began: ``share-keys``, ``mask`` (its masked input), ``sign`` (the
-    survivor list) or ``reveal`` (refused over fewer survivors than the site's ``policy`` allows,
+    """One later step of a sum this node holds: ``share-keys``, ``mask`` (its masked input), ``sign`` (the
+    survivor list; with the next sum's key book, also that sum's key shares) or ``reveal`` (refused over
+    fewer survivors than the site's ``policy`` allows,
     [`SitePolicy.check_reveal`][fedhead.clients.policy.SitePolicy.check_reveal]). The site's state is kept
     after a refused step too: a refusal ends its part in the sum."""
     cfg = msg.content.config_records.get(protocol.CONFIG)
     name = sum_id(msg)
     step = None if cfg is None else cfg.get(sr.STEP)
-    held = context.state.config_records.get(_STATE)
-    if held is None or name is None or held.get("id") != name:
-        raise ClientError(
-            f"secure sum {name}: this site has not begun it (it holds {None if held is None else held.get('id')})"
-        )
-    blob = held.get("client")
-    if not isinstance(blob, bytes):
-        raise ClientError(f"secure sum {name}: the site's state is damaged")
-    try:
-        client = SecureSumClient.from_bytes(blob, identity.roster, identity.key)
-    except (SecureSumError, ValueError) as exc:
-        raise ClientError(f"secure sum {name}, step {step}: {exc}") from None
+    if name is None:
+        raise ClientError("a secure step that names no sum")
+    policy = policy or SitePolicy()
+    slot = sums.slot_of(context, name)
+    record = sums.held(context, slot)
+    assert record is not None
+    client = sums.load(record, identity)
     try:
         payload = sr.payload_of(msg.content.config_records.get(sr.SECURE))
-        out = _secure_step(client, step, payload, context, held, policy or SitePolicy())
+        out = _secure_step(client, step, payload, context, record, policy)
     except (SecureSumError, ValueError, KeyError) as exc:
         raise ClientError(f"secure sum {name}, step {step}: {exc}") from None
     finally:
-        held["client"] = client.to_bytes()
-        context.state[_STATE] = held
+        sums.save(context, slot, client, record)
+    if step == sr.SIGN and sr.NEXT in msg.content.config_records:
+        shares = sums.share_next(msg, context, identity)
+        if shares is not None:
+            out[sr.NEXT] = shares
     return Message(out, reply_to=msg)
 
 
@@ -148,12 +165,12 @@ def _secure_step(
     if step == sr.SHARE_KEYS:
         book, threshold = sr.unpack_book(payload)
         out[sr.SECURE] = ConfigRecord({sr.PAYLOAD: sr.pack(client.share_keys(book, threshold))})
+        held["sites"] = len(book)  # the book the site checked: the sum's encoding is for this many sites
     elif step == sr.MASK:
-        ciphertexts, encoding = sr.unpack_mask_request(payload)
-        values = context.state.array_records[_STATE + "-values"]["values"].numpy()
-        masked = client.mask(ciphertexts, values, encoding)
+        ciphertexts, requested = sr.unpack_mask_request(payload)
+        encoding = sums.checked_encoding(requested, held.get("bound"), held.get("sites"))
+        masked = client.mask(ciphertexts, sums.take_input(context), encoding)  # nothing of the input is kept
         out[sr.SECURE] = ArrayRecord({sr.MASKED: Array(masked)})
-        del context.state[_STATE + "-values"]  # the input is masked: nothing of it is kept
     elif step == sr.SIGN:
         signature = client.sign_survivors(sr.unpack_unmasking(payload))
         out[sr.SECURE] = ConfigRecord({sr.PAYLOAD: sr.pack_signature(signature)})
@@ -184,20 +201,19 @@ def secure_reply(
     min_sites: int,
     identity: SiteIdentity,
     floor: int,
+    max_abs: float = TrustPolicy.max_abs,
 ) -> RecordDict:
     """The secure form of a clear reply ``content`` (never sent): its vector enters the sum the message names
-    ([`begin_sum`][fedhead.clients.secure.begin_sum] as ``identity``, ``floor``); what is sent is the site's
-    keys, its partition id and its pass/fail self-checks (its own margin, whether it reached its optimum).
-
-    ``lambdas``: the run's ``(lambda_h, lambda_w)``. With ``privacy.dp_noise > 0`` the vector is clipped,
-    weight-capped and noised first ([`dp_contribution`][fedhead.federation.privacy_noise.dp_contribution];
-    ``min_sites``: the fewest sites whose sum the server may decode).
-    """
+    ([`begin_sum`][fedhead.clients.secure.begin_sum] as ``identity``, ``floor``, the layout's bound from the
+    run's ``max_abs``; the exchange's vector: [`exchange_vector`][fedhead.clients.secure.exchange_vector]);
+    sent: the site's keys or masked input, partition id and pass/fail self-checks. ``privacy.dp_noise > 0``
+    clips, caps and noises the vector first ([`dp_contribution`][fedhead.federation.privacy_noise.dp_contribution],
+    ``min_sites``: the fewest sites whose sum the server may decode); ``lambdas``: ``(lambda_h, lambda_w)``."""
     metrics = content.metric_records.get(protocol.METRICS, MetricRecord())
     safe: dict[str, int | float] = {}
 
-    def begin(vector: np.ndarray, heads: bool = False) -> RecordDict:
-        if privacy.dp_noise > 0:
+    def begin(vector: np.ndarray, bound: float, heads: bool = False) -> RecordDict:
+        if privacy.dp_noise > 0 and not (privacy.row_level and protocol.MOMENTS in content.array_records):
             assert privacy.dp_max_rows is not None  # the policy refuses dp_noise without it
             vector = dp_contribution(
                 vector,
@@ -209,16 +225,17 @@ def secure_reply(
                 rng=np.random.default_rng(),  # the operating system's entropy: no seed the server could know
             )
         noised = min_sites if privacy.dp_noise > 0 else 0
-        return begin_sum(msg, context, vector, safe, identity=identity, floor=floor, noised_for=noised)
+        return begin_sum(msg, context, vector, safe, identity=identity, floor=floor, bound=bound, noised_for=noised)
 
     if protocol.PARTITION_ID in metrics:
         safe[protocol.PARTITION_ID] = int(_metric(metrics, protocol.PARTITION_ID))
     arrays = content.array_records
     if protocol.MOMENTS in arrays:  # the moment exchange
         mean, cov = arrays[protocol.MOMENTS][protocol.MEAN].numpy(), arrays[protocol.MOMENTS][protocol.COV].numpy()
-        vector = sr.moment_vector(_metric(metrics, protocol.NUM_EXAMPLES), mean, cov)
+        vector = exchange_vector(arrays, _metric(metrics, protocol.NUM_EXAMPLES), privacy)
         safe[sr.FULLY_ACTIVE] = int(fully_active(cov, lambdas))
         safe[sr.TARGETS] = int(np.asarray(mean).size)
+        return begin(vector, sr.moment_bound(max_abs))
     elif protocol.SITE_STATS in arrays:  # a site-local table's statistics
         st = arrays[protocol.SITE_STATS]
         cov = st[protocol.Y_COV].numpy()
@@ -231,7 +248,7 @@ def secure_reply(
             st[protocol.X_MEAN].numpy(),
             st[protocol.X_VAR].numpy(),
         )
-        reply = begin(vector)
+        reply = begin(vector, sr.statistics_bound())
         reply[protocol.SITE] = content.config_records[protocol.SITE]  # column names and the file's key
         return reply
     elif protocol.HEAD in arrays:  # a round's trained head
@@ -244,7 +261,7 @@ def secure_reply(
         gap = metrics.get(protocol.TRAINED_GAP)
         if isinstance(gap, int | float):
             safe[sr.LOCAL_OPTIMUM] = int(float(gap) <= _LOCAL_GAP_THRESHOLD)
-        return begin(vector, heads=True)
+        return begin(vector, sr.head_bound(max_abs), heads=True)
     else:  # an evaluation
         test = metrics.get(protocol.TEST_MSE)
         vector = sr.mse_vector(
@@ -253,7 +270,19 @@ def secure_reply(
             None if not isinstance(test, int | float) else float(test),
             int(_metric(metrics, protocol.NUM_TEST_EXAMPLES)) if protocol.NUM_TEST_EXAMPLES in metrics else 0,
         )
-    return begin(vector)
+        return begin(vector, sr.MSE_BOUND)
+
+
+def exchange_vector(arrays: Mapping[str, ArrayRecord], count: float, privacy: PrivacyPolicy) -> np.ndarray:
+    """A site's input to the exchange's sum: ``N_m [1, mu_m, Sigma_m, mu_m mu_m^T]`` of its moment reply, or, with
+    ``privacy.dp_unit=row``, the moment step's noised row-level release
+    ([`fedhead.federation.row_privacy`][fedhead.federation.row_privacy]), which no further noise is added to."""
+    if not privacy.row_level:
+        moments = arrays[protocol.MOMENTS]
+        return sr.moment_vector(count, moments[protocol.MEAN].numpy(), moments[protocol.COV].numpy())
+    if protocol.ROW_RELEASE not in arrays:
+        raise ClientError("privacy.dp_unit=row: the moment reply carries no row-level release")
+    return arrays[protocol.ROW_RELEASE][protocol.RELEASE].numpy()
 
 
 def fully_active(cov: np.ndarray, lambdas: tuple[float, float]) -> bool:
@@ -276,10 +305,11 @@ def refuse_clear(msg: Message, policy: SitePolicy) -> None:
         )
 
 
-def admit(msg: Message, site: SecureSite, policy: SitePolicy, ledger: SiteLedger, scope: str) -> None:
+def admit(msg: Message, context: Context, site: SecureSite, policy: SitePolicy, ledger: SiteLedger, scope: str) -> None:
     """What a site checks of every message before it serves it: the run is not refused
     ([`SiteLedger.refusal`][fedhead.clients.ledger.SiteLedger.refusal]), it keeps the site's ``policy`` (its
-    mode, its DP floor, its budget), the regime question comes once, and a sum is begun once (and charged)."""
+    mode, its DP floor, its budget), the regime question comes once, and a phase is released once, into a sum
+    begun once (and charged)."""
     refused = ledger.refusal(scope)
     if refused is not None:
         raise PolicyRefusal(refused)
@@ -291,7 +321,10 @@ def admit(msg: Message, site: SecureSite, policy: SitePolicy, ledger: SiteLedger
         ledger.answer_once(scope, "regime")
     name = sum_id(msg)
     if name is not None and stage != sr.STAGE_SECURE:
-        ledger.begin_sum(scope, name, policy, noise=site.privacy.dp_noise, sites=site.sites)
+        ledger.release_once(scope, sums.phase_of(msg))  # a phase re-issued under another sum id: refused
+        set_up = sums.is_set_up(msg, context, name)
+        unit = "row" if site.privacy.row_level and stage == protocol.STAGE_MOMENTS else "site"  # the row exchange
+        ledger.begin_sum(scope, name, policy, noise=site.privacy.dp_noise, sites=site.sites, unit=unit, set_up=set_up)
 
 
 @dataclass(frozen=True)
@@ -300,13 +333,14 @@ class SecureSite:
     ``privacy`` (differential privacy), ``min_sites``, the fewest sites whose sum the server may decode
     (the failure policy's minimum, at least 3), ``sites``, the run's number of sites, and ``job_key``, the
     job's key where one app serves several jobs in a run
-    ([`run_scope`][fedhead.clients.ledger.run_scope])."""
+    ([`run_scope`][fedhead.clients.ledger.run_scope]); ``max_abs``, the run's ``trust.max_abs``."""
 
     lambdas: tuple[float, float]
     privacy: PrivacyPolicy = PrivacyPolicy()
     min_sites: int = MIN_SITES
     sites: int = MIN_SITES
     job_key: str = ""
+    max_abs: float = TrustPolicy.max_abs
 
 
 def secure_mod(site_of: Callable[[Message, Context], SecureSite], simulated: SimulatedSites | None = None):
@@ -326,7 +360,7 @@ def secure_mod(site_of: Callable[[Message, Context], SecureSite], simulated: Sim
         site = site_of(msg, context)
         policy, ledger = site_policy(context), SiteLedger(context)
         scope = run_scope(context, site.job_key)
-        admit(msg, site, policy, ledger, scope)
+        admit(msg, context, site, policy, ledger, scope)
         cfg = msg.content.config_records.get(protocol.CONFIG)
         name = sum_id(msg)
         identity = None if name is None else site_identity(context, simulated)
@@ -353,6 +387,7 @@ def secure_mod(site_of: Callable[[Message, Context], SecureSite], simulated: Sim
                 min_sites=site.min_sites,
                 identity=identity,
                 floor=site_floor(policy, identity),
+                max_abs=site.max_abs,
             )
         except PolicyRefusal:
             raise

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from fedhead.federation import run_privacy
+from fedhead.federation.row_privacy import exchange_event
 from fedhead.federation.run_privacy import TrainingRelease, client_release_in_rows, run_epsilon
 from fedhead.settings.config import JobConfig
 
@@ -31,15 +32,16 @@ def round_training(job: JobConfig) -> TrainingRelease | None:
 
 
 def exchange_in_rows(job: JobConfig, releases: float | None) -> tuple[Sequence[float] | None, Sequence[float]]:
-    """The exchange's and the later releases' noise multipliers in the row unit, from the noised
-    releases counted so far (``releases``, the exchange included; None: none noised). ``(None, ())``
-    where the exchange was exact: clear or secure mode without noise (the row-level exchange plugs in
-    here with its [`effective_noise`][fedhead.federation.row_privacy.effective_noise])."""
+    """The exchange's and the later releases' noise multipliers in the row unit, from the noised releases
+    counted so far (``releases``, the exchange included; None: none noised): a row-level exchange
+    (``privacy.dp_unit=row``) at ``z``, a client-level one at ``z / 2``, every later (client-level) sum at
+    ``z / 2``. ``(None, ())`` where the exchange was exact: clear or secure mode without noise."""
     z = job.privacy.dp_noise
     if z <= 0 or not releases:
         return None, ()
     per_release = client_release_in_rows(z)
-    return [per_release], [per_release] * (int(releases) - 1)
+    exchange = exchange_event(z)[0] if job.privacy.row_level else per_release
+    return [exchange], [per_release] * (int(releases) - 1)
 
 
 def row_epsilons(job: JobConfig, rounds: int, releases: float | None) -> dict[str, float]:

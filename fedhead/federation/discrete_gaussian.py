@@ -16,12 +16,22 @@ follow the distribution exactly, with no floating-point bias:
 
 The sum of ``n`` independent ``N_Z(0, s^2)`` is not exactly ``N_Z(0, n s^2)``. Kairouz, Liu and
 Steinke 2021 ("The Distributed Discrete Gaussian Mechanism for Federated Learning with Secure
-Aggregation") bound the gap: the two are within ``tau = 10 sum_{k=1}^{n-1} exp(-2 pi^2 s^2 k / (k + 1))``
-of each other (their bound is stated for ``s >= 1/2``); a mechanism whose noise is such a sum is then
-as private as the ``N_Z(0, n s^2)`` one up to that ``tau`` (added per coordinate to the divergence).
-[`sum_gap`][fedhead.federation.discrete_gaussian.sum_gap] computes it;
-[`fedhead.federation.row_privacy`][fedhead.federation.row_privacy] refuses a setting where it exceeds
-``MAX_SUM_GAP`` (with its grid, ``s`` is thousands of steps at least and ``tau`` underflows to 0).
+Aggregation", Proposition 14, Eq. 17; the same formula in their ``distributed_dp`` accounting
+code) bound the gap for ``s >= 1/2``, ``s^2`` each summand's variance in grid steps: with
+
+    tau = 10 sum_{k=1}^{n-1} exp(-2 pi^2 s^2 k / (k + 1)),
+
+the sum ``Z`` of ``n`` such vectors of ``L`` entries and a shift ``D`` on the grid (an integer vector,
+L2 norm ``D_2``) satisfy, at every Renyi order ``alpha >= 1``,
+
+    D_alpha(Z + D || Z) <= min( alpha D_2^2 / (2 n s^2) + tau L,  alpha / 2 (D_2 / sqrt(n s^2) + tau sqrt(L))^2 ).
+
+The first term is the continuous Gaussian mechanism's Renyi divergence at noise variance ``n s^2``
+plus ``tau L``: a mechanism whose noise is such a sum is accounted as that Gaussian mechanism, its
+epsilon raised by at most ``tau L`` (an RDP bound raised by a constant raises the converted epsilon
+by that constant). [`sum_gap`][fedhead.federation.discrete_gaussian.sum_gap] computes ``tau``;
+[`fedhead.federation.row_privacy`][fedhead.federation.row_privacy] refuses a setting where ``tau L``
+exceeds ``MAX_SUM_GAP`` (with its grid, ``s`` is thousands of steps at least and ``tau`` underflows to 0).
 """
 
 from __future__ import annotations
@@ -34,7 +44,8 @@ from fedhead.analysis.constraints import ConfigError
 
 __all__ = ["MAX_SUM_GAP", "bernoulli_exp", "discrete_gaussian", "discrete_gaussians", "discrete_laplace", "sum_gap"]
 
-#: The largest [`sum_gap`][fedhead.federation.discrete_gaussian.sum_gap] a release may carry.
+#: The largest ``tau L`` ([`sum_gap`][fedhead.federation.discrete_gaussian.sum_gap] times the entries) a release
+#: may carry: the most its epsilon may exceed the accounted Gaussian mechanism's.
 MAX_SUM_GAP = 1e-12
 
 
@@ -101,8 +112,9 @@ def discrete_gaussians(rng: random.Random, variance: Fraction, count: int) -> li
 
 
 def sum_gap(variance: float, terms: int) -> float:
-    """Kairouz-Liu-Steinke's ``tau``: how far a sum of ``terms`` independent ``N_Z(0, variance)`` may be
-    from ``N_Z(0, terms variance)`` (see the module docstring); 0 for one term.
+    """Kairouz-Liu-Steinke's ``tau`` of a sum of ``terms`` independent ``N_Z(0, variance)``: ``tau L`` bounds how
+    much its Renyi divergence (and epsilon) may exceed the Gaussian mechanism's of variance ``terms variance``
+    on ``L`` entries (see the module docstring); 0 for one term.
 
     Raises
     ------

@@ -57,6 +57,7 @@ HEAD = "head"
 BACKBONE = "backbone"
 SIGMA_CEN = "sigma_cen"
 MOMENTS = "moments"
+ROW_RELEASE = "row_release"  # privacy.dp_unit=row: the moment step's noised row-level release (never sent as is)
 CHECKS = "checks"
 CONFIG = "config"
 METRICS = "metrics"
@@ -70,6 +71,7 @@ WEIGHT = "weight"  # in HEAD: W (C, P)
 BIAS = "bias"  # in HEAD: b (C,)
 MEAN = "mean"  # in MOMENTS: mu_m (C,)
 COV = "cov"  # in MOMENTS: Sigma_m (C, C)
+RELEASE = "release"  # in ROW_RELEASE: the site's share of the secure sum (1 + C + C (C + 1),)
 SIGMA_CEN_ARRAY = "sigma_cen"  # in SIGMA_CEN: Sigma_cen (C, C)
 TRAINED_GRAM = "trained_gram"  # in CHECKS: W^ W^^T before alignment (C, C)
 OWN_WEIGHT = "own_weight"  # in MISMATCH: the client's trained head W~_m (C, P)

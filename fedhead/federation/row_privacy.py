@@ -9,14 +9,18 @@ per target declared before any row is seen), to the L2 norm ``C``, a public cons
 
 **Release.** Site ``m`` releases its sufficient statistics
 ([`row_statistics`][fedhead.federation.row_privacy.row_statistics]), summed over the sites by the
-secure sum::
+secure sum (``S_m = sum_i clip(y_i)``)::
 
-    s_m = [ N_m,  sum_i clip(y_i),  svec(sum_i clip(y_i) clip(y_i)^T) ]    (1 + d + d (d + 1) / 2 entries)
+    s_m = [ N_m,  S_m,  svec(sum_i clip(y_i) clip(y_i)^T),  svec(S_m S_m^T / N_m) ]    (1 + d + d (d + 1) entries)
 
 ``svec`` is the upper triangle with the off-diagonal entries times ``sqrt(2)``, so ``||svec(A)||_2 =
-||A||_F``. Adding or removing one row changes the three blocks by at most ``1``, ``C`` and
-``||y y^T||_F = ||y||^2 <= C^2`` in L2 (their sensitivities; Dwork, Talwar, Thakurta and Zhang 2014,
-"Analyze Gauss": the second moments of rows of bounded norm released with Gaussian noise).
+||A||_F``. Adding or removing one row ``y`` changes the first three blocks by at most ``1``, ``C`` and
+``||y y^T||_F = ||y||^2 <= C^2`` in L2 (Dwork, Talwar, Thakurta and Zhang 2014, "Analyze Gauss": the
+second moments of rows of bounded norm released with Gaussian noise). The fourth, the site's between-
+means term (what the pooled within-site covariance ``Sigma_within`` needs), changes by
+``y y^T - N_m / (N_m + 1) (y - mu_m)(y - mu_m)^T``: a difference of two PSD matrices of Frobenius norms
+``<= C^2`` and ``<= 4 C^2`` (``||mu_m|| <= C``), so by at most ``sqrt(17) C^2`` (``||A - B||_F^2 <=
+||A||_F^2 + ||B||_F^2`` for PSD ``A, B``).
 
 **One Gaussian mechanism.** Block ``k`` (sensitivity ``D_k``) is scaled by ``w_k / D_k`` with
 ``sum_k w_k^2 = 1`` (``w_k^2``: ``BLOCK_SHARES``), so the scaled concatenation has L2 sensitivity 1,
@@ -25,7 +29,7 @@ and Gaussian noise of standard deviation ``z`` on it is the Gaussian mechanism o
 statistics' own units block ``k``'s entries carry noise of standard deviation ``z D_k / w_k``
 ([`noise_scales`][fedhead.federation.row_privacy.noise_scales]). The count and the sums take 5 % of
 ``rho`` each: with the pooled mean near 0 in standardised units, the covariance's error comes from the
-second moments, which take the rest.
+second moments, which take 88 %; the between-means term (only ``Sigma_within`` reads it) the last 4 %.
 
 **Noise in shares on the secure sum's grid.** Each site rounds its statistics to the grid ``2^-g``
 (``g = GRID_BITS``, at most the ring's fractional bits, so a grid value is encoded exactly by
@@ -35,17 +39,27 @@ times a discrete Gaussian of variance ``(z D_k / w_k)^2 2^(2g) / m_min``
 [`fedhead.federation.discrete_gaussian`][fedhead.federation.discrete_gaussian]). Any ``m >= m_min``
 honest sites' noise then sums to at least the full variance; a single site's share hides nothing on
 its own. The discrete Gaussian is as private as the continuous one of the same variance for the same
-L2 sensitivity (Canonne, Kamath and Steinke 2020), and the sum of the shares is within Kairouz, Liu
-and Steinke's ``tau`` of one discrete Gaussian (checked to be below ``MAX_SUM_GAP``). Rounding moves
+L2 sensitivity (Canonne, Kamath and Steinke 2020), and the Renyi divergence of the sum of the shares
+exceeds that one's by at most ``tau L`` at every order (Kairouz, Liu and Steinke 2021,
+[`fedhead.federation.discrete_gaussian`][fedhead.federation.discrete_gaussian]; ``L`` entries), so the
+epsilon of the accountant's Gaussian mechanism grows by at most ``tau L``, which
+[`site_share`][fedhead.federation.row_privacy.site_share] refuses above ``MAX_SUM_GAP``. Rounding moves
 each entry by at most ``2^-(g+1)``, so the sensitivity of the rounded statistics grows by at most
-``||2^-g / scale||_2`` over the entries: [`effective_noise`][fedhead.federation.row_privacy.effective_noise]
-accounts the mechanism at ``z / (1 + that)``.
+``||2^-g / scale||_2`` over the entries: the sites draw noise of multiplier ``z (1 + that)``
+([`drawn_noise`][fedhead.federation.row_privacy.drawn_noise]), so the release is accounted at exactly ``z``
+(``privacy.dp_noise``), whatever the targets' number.
 
-**Standardisation.** The clip's units are public (declared in the config). The exchange's pooled
-standardisation and ``G_cen`` follow from the released statistics alone (post-processing: no further
-epsilon): [`pooled_moments`][fedhead.federation.row_privacy.pooled_moments].
+**Standardisation.** The clip's units are public: the targets' units as the site holds them (a built-in
+data set's standardisation is part of the data set's definition; none is derived from this release, and
+a site-local table, whose standardisation the server derives from the pooled private statistics, is
+refused with the row unit). The pooled mean, covariance, ``Sigma_within`` and ``G_cen`` follow from the
+released statistics alone (post-processing: no further epsilon):
+[`pooled_moments`][fedhead.federation.row_privacy.pooled_moments].
 
-**Accounting.** [`row_privacy_spent`][fedhead.federation.row_privacy.row_privacy_spent] composes, with
+**Accounting.** [`exchange_event`][fedhead.federation.row_privacy.exchange_event] is what the exchange
+is for an accountant: one Gaussian release of noise multiplier ``z`` on L2 sensitivity 1 in the scaled
+units, under add-or-remove-one neighbouring of rows.
+[`row_privacy_spent`][fedhead.federation.row_privacy.row_privacy_spent] composes, with
 flwr's ``RdpAccountant``, the exchange (noise multiplier ``z``) and every later client-level release
 (noise multiplier ``z_c`` on sensitivity ``K Delta`` per site,
 [`fedhead.federation.privacy_noise`][fedhead.federation.privacy_noise]): one row moves a site's
@@ -72,7 +86,8 @@ __all__ = [
     "GRID_BITS",
     "PooledRows",
     "clip_rows",
-    "effective_noise",
+    "drawn_noise",
+    "exchange_event",
     "noise_for_row_epsilon",
     "noise_scales",
     "pooled_moments",
@@ -80,24 +95,29 @@ __all__ = [
     "row_privacy_spent",
     "row_statistics",
     "sensitivities",
+    "site_release",
     "site_share",
     "svec",
     "unsvec",
 ]
 
-#: ``w_k^2``, the share of the release's ``rho`` of the count, the sums and the second moments.
-BLOCK_SHARES = (0.05, 0.05, 0.90)
+#: ``w_k^2``, the share of the release's ``rho`` of the count, the sums, the second moments and the between-means term.
+BLOCK_SHARES = (0.04, 0.04, 0.88, 0.04)
+#: The L2 sensitivity of the between-means block per ``C^2`` (see the module docstring).
+BETWEEN_SENSITIVITY = math.sqrt(17.0)
 #: ``g``: the noise grid is ``2^-g``; a share's entries must stay below ``2^(52 - g)`` in magnitude.
 GRID_BITS = 16
 _EXACT = 2.0**52  # below it, every multiple of 2^-g with g <= GRID_BITS is a float64 exactly
 
 
 class PooledRows(NamedTuple):
-    """The pooled count, mean ``(d,)`` and covariance ``(d, d)`` (population, symmetric) of a summed release."""
+    """The pooled count, mean ``(d,)``, covariance ``(d, d)`` and within-site covariance ``(d, d)``
+    (population, symmetric) of a summed release."""
 
     count: float
     mean: np.ndarray
     cov: np.ndarray
+    within: np.ndarray
 
 
 def svec(a: np.ndarray) -> np.ndarray:
@@ -118,8 +138,8 @@ def unsvec(v: np.ndarray, dim: int) -> np.ndarray:
 
 
 def release_length(dim: int) -> int:
-    """Entries of a release of ``d = dim`` targets: ``1 + d + d (d + 1) / 2``."""
-    return 1 + dim + dim * (dim + 1) // 2
+    """Entries of a release of ``d = dim`` targets: ``1 + d + d (d + 1)``."""
+    return 1 + dim + dim * (dim + 1)
 
 
 def clip_rows(y: np.ndarray, clip: float) -> np.ndarray:
@@ -134,37 +154,60 @@ def clip_rows(y: np.ndarray, clip: float) -> np.ndarray:
 
 
 def row_statistics(y: np.ndarray, clip: float) -> np.ndarray:
-    """A site's release before noise: ``[N_m, sum clip(y), svec(sum clip(y) clip(y)^T)]`` of its rows ``y (N, d)``."""
+    """A site's release before noise: ``[N_m, S_m, svec(sum clip(y) clip(y)^T), svec(S_m S_m^T / N_m)]`` of its
+    rows ``y (N, d)`` (``S_m = sum clip(y)``; the last block 0 without rows)."""
     rows = clip_rows(y, clip)
-    return np.concatenate([[float(rows.shape[0])], rows.sum(axis=0), svec(rows.T @ rows)])
+    total = rows.sum(axis=0)
+    between = np.outer(total, total) / max(rows.shape[0], 1)
+    return np.concatenate([[float(rows.shape[0])], total, svec(rows.T @ rows), svec(between)])
 
 
-def sensitivities(clip: float) -> tuple[float, float, float]:
-    """``(1, C, C^2)``: the L2 change of the count, the sums and the svec'd second moments by one row."""
+def sensitivities(clip: float) -> tuple[float, float, float, float]:
+    """``(1, C, C^2, sqrt(17) C^2)``: the L2 change of each block of a release by one row added or removed."""
     c = _positive("clip", clip)
-    return 1.0, c, c * c
+    return 1.0, c, c * c, BETWEEN_SENSITIVITY * c * c
 
 
 def noise_scales(dim: int, clip: float) -> np.ndarray:
     """``(L,)`` ``D_k / w_k`` of each entry's block: its noise is ``z`` times this in the statistics' units."""
-    sizes = (1, dim, dim * (dim + 1) // 2)
+    sizes = (1, dim, dim * (dim + 1) // 2, dim * (dim + 1) // 2)
     return np.concatenate(
         [np.full(n, d / math.sqrt(w)) for n, d, w in zip(sizes, sensitivities(clip), BLOCK_SHARES, strict=True)]
     )
 
 
-def effective_noise(noise_multiplier: float, dim: int, clip: float, grid_bits: int = GRID_BITS) -> float:
-    """The noise multiplier the release is accounted at: ``z / (1 + ||2^-g / scale||_2)`` (the grid's rounding)."""
+def drawn_noise(noise_multiplier: float, dim: int, clip: float, grid_bits: int = GRID_BITS) -> float:
+    """The noise multiplier the sites draw for an accounted ``z``: ``z (1 + ||2^-g / scale||_2)`` (the grid's
+    rounding raises the scaled sensitivity from 1 to at most ``1 + ||2^-g / scale||_2``)."""
     rounding = float(np.linalg.norm(2.0**-grid_bits / noise_scales(dim, clip)))
-    return _non_negative("noise_multiplier", noise_multiplier) / (1.0 + rounding)
+    return _non_negative("noise_multiplier", noise_multiplier) * (1.0 + rounding)
 
 
-def noise_for_row_epsilon(epsilon: float, dim: int, clip: float, rows: int, delta: float) -> float:
-    """The noise multiplier ``z`` a site draws so that the exchange alone spends at most ``epsilon`` per row:
-    [`noise_for_epsilon`][fedhead.federation.privacy_noise.noise_for_epsilon] of one release over ``rows``,
-    raised by the grid's rounding ([`effective_noise`][fedhead.federation.row_privacy.effective_noise])."""
-    accounted = noise_for_epsilon(epsilon, 1, rows, delta)
-    return accounted * accounted / effective_noise(accounted, dim, clip)
+def exchange_event(noise_multiplier: float) -> tuple[float, int]:
+    """The row-level exchange for an accountant: ``(z, 1)``, one Gaussian mechanism of noise multiplier ``z``
+    (``privacy.dp_noise``) on L2 sensitivity 1 under add-or-remove-one rows (an event of
+    [`gaussian_accountant`][fedhead.federation.privacy_noise.gaussian_accountant]; the sites' draw covers the
+    grid's rounding, [`drawn_noise`][fedhead.federation.row_privacy.drawn_noise])."""
+    return _positive("noise_multiplier", noise_multiplier), 1
+
+
+def noise_for_row_epsilon(epsilon: float, rows: int, delta: float) -> float:
+    """The accounted noise multiplier ``z`` of an exchange that alone spends at most ``epsilon`` per row:
+    [`noise_for_epsilon`][fedhead.federation.privacy_noise.noise_for_epsilon] of one release over ``rows``."""
+    return noise_for_epsilon(epsilon, 1, rows, delta)
+
+
+def site_release(
+    y: np.ndarray, *, clip: float, noise_multiplier: float, min_sites: int, sites: int, rng: random.Random
+) -> np.ndarray:
+    """What a site's rows ``y (N, d)`` send into the exchange's secure sum under ``privacy.dp_unit=row``:
+    [`site_share`][fedhead.federation.row_privacy.site_share] of their
+    [`row_statistics`][fedhead.federation.row_privacy.row_statistics], accounted at ``z = noise_multiplier``."""
+    rows = np.asarray(y, dtype=np.float64)
+    dim = int(rows.shape[1]) if rows.ndim == 2 else 0
+    z = drawn_noise(noise_multiplier, max(dim, 1), clip)
+    stats = row_statistics(rows, clip)
+    return site_share(stats, dim, clip=clip, noise_multiplier=z, min_sites=min_sites, rng=rng, sites=sites)
 
 
 def site_share(
@@ -175,6 +218,7 @@ def site_share(
     noise_multiplier: float,
     min_sites: int,
     rng: random.Random,
+    sites: int | None = None,
     grid_bits: int = GRID_BITS,
 ) -> np.ndarray:
     """What a site sends into the secure sum: its statistics on the grid ``2^-g`` plus its noise share.
@@ -186,11 +230,20 @@ def site_share(
     dim : int
         ``d``, the targets.
     clip, noise_multiplier, min_sites
-        ``C``, ``z`` and ``m_min`` (the fewest honest sites whose sum is released).
+        ``C``, ``z`` (the multiplier drawn: [`drawn_noise`][fedhead.federation.row_privacy.drawn_noise] of the
+        accounted one) and ``m_min`` (the fewest honest sites whose sum is released).
     rng : random.Random
         The site's generator: ``random.SystemRandom()`` in a run (no seed the server could know).
+    sites : int, optional
+        The most shares that may be summed (the run's sites; default ``m_min``): the sum's ``tau``
+        ([`sum_gap`][fedhead.federation.discrete_gaussian.sum_gap]) grows with it.
     grid_bits : int
         ``g`` (``GRID_BITS``).
+
+    Raises
+    ------
+    ConfigError
+        When ``tau L`` exceeds ``MAX_SUM_GAP`` (shares too narrow for the grid) or a value leaves the grid's range.
 
     Returns
     -------
@@ -204,12 +257,13 @@ def site_share(
     if not isinstance(min_sites, int) or min_sites < 1:
         raise ConfigError(f"row-level privacy: min_sites must be an integer >= 1, got {min_sites!r}")
     z = _non_negative("noise_multiplier", noise_multiplier)
+    summed = max(min_sites, int(sites or min_sites))
     step = 2.0**grid_bits
     grid = np.round(values * step)
     shares = []
     for scale in noise_scales(dim, clip):
         variance = Fraction(z * float(scale) * step) ** 2 / min_sites
-        if variance and sum_gap(float(variance), min_sites) > MAX_SUM_GAP:
+        if variance and sum_gap(float(variance), summed) * values.size > MAX_SUM_GAP:
             raise ConfigError(f"row-level privacy: the noise share (variance {float(variance):.3g} steps) is too small")
         shares.extend(discrete_gaussians(rng, variance, 1))
     total = grid + np.array(shares, dtype=np.float64)
@@ -219,7 +273,9 @@ def site_share(
 
 
 def pooled_moments(total: np.ndarray, dim: int) -> PooledRows:
-    """The pooled count, mean and covariance of a summed release (post-processing: no further epsilon).
+    """The pooled count, mean, covariance and within-site covariance of a summed release (post-processing: no
+    further epsilon): ``cov = sum clip(y) clip(y)^T / N - mean mean^T``, ``within = (sum clip(y) clip(y)^T -
+    sum_m S_m S_m^T / N_m) / N``.
 
     Raises
     ------
@@ -231,8 +287,11 @@ def pooled_moments(total: np.ndarray, dim: int) -> PooledRows:
     if not count > 0:
         raise ConfigError("row-level privacy: the noised count of the rows is not positive")
     mean = t[1 : 1 + dim] / count
-    cov = unsvec(t[1 + dim :], dim) / count - np.outer(mean, mean)
-    return PooledRows(count, mean, 0.5 * (cov + cov.T))
+    half = dim * (dim + 1) // 2
+    second = unsvec(t[1 + dim : 1 + dim + half], dim) / count
+    cov = second - np.outer(mean, mean)
+    within = second - unsvec(t[1 + dim + half :], dim) / count
+    return PooledRows(count, mean, 0.5 * (cov + cov.T), within)
 
 
 def row_privacy_spent(exchange_noise: float, later_noise: Sequence[float], rows: int, delta: float) -> float:
@@ -241,8 +300,7 @@ def row_privacy_spent(exchange_noise: float, later_noise: Sequence[float], rows:
     Parameters
     ----------
     exchange_noise : float
-        The exchange's accounted noise multiplier
-        ([`effective_noise`][fedhead.federation.row_privacy.effective_noise]; 0: no exchange accounted).
+        The exchange's accounted noise multiplier (``privacy.dp_noise``; 0: no exchange accounted).
     later_noise : sequence of float
         ``z_c > 0`` of each later client-level release: accounted as Gaussian mechanisms of ``z_c / 2``.
     rows : int

@@ -10,7 +10,7 @@ Neighbouring datasets differ by one row of one site (add or remove). The events:
 * **A release** ([`release_event`][fedhead.federation.run_privacy.release_event]): one Gaussian
   mechanism, every row in it (no amplification), of noise multiplier ``z`` relative to the release's
   sensitivity to one row. The row-level exchange's ``z`` is
-  [`fedhead.federation.row_privacy.effective_noise`][fedhead.federation.row_privacy.effective_noise];
+  [`fedhead.federation.row_privacy.exchange_event`][fedhead.federation.row_privacy.exchange_event];
   a client-level release of noise multiplier ``z_c`` counts at ``z_c / 2``
   ([`client_release_in_rows`][fedhead.federation.run_privacy.client_release_in_rows]): one row moves
   a site's clipped, capped term by at most ``2 K Delta``.
@@ -121,7 +121,7 @@ def run_epsilon(
     ----------
     exchange : sequence of float or None
         The exchange's releases, each a noise multiplier in the row unit (the row-level exchange's
-        [`effective_noise`][fedhead.federation.row_privacy.effective_noise], or a client-level one's
+        [`exchange_event`][fedhead.federation.row_privacy.exchange_event], or a client-level one's
         [`client_release_in_rows`][fedhead.federation.run_privacy.client_release_in_rows]); None: the
         exchange was exact (``inf``).
     releases : sequence of float

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from fedhead.federation.ring_encoding import RingFixedPoint
-from fedhead.federation.secure_sum import KeyShares, PublicKeys, RevealedShares, Unmasking
+from fedhead.federation.secure_sum import KeyShares, PublicKeys, RevealedShares, SecureSumError, Unmasking
 
 if TYPE_CHECKING:
     from flwr.app import ConfigRecord
@@ -34,6 +34,10 @@ STAGE_SECURE = "secure-sum"  # config stage of the three later steps (query mess
 STAGE_REGIME = "regime"  # config stage: a site-local table's own margin, once the pooled standardisation is known
 STEP = "secure-step"
 SHARE_KEYS, MASK, SIGN, REVEAL = "share-keys", "mask", "sign", "reveal"
+#: config: the run's next sum, set up within this one's messages (its keys come with a masked input, its key
+#: shares with a survivor-list signature), so that its phase message carries its mask request at once.
+NEXT_SUM = "secure-next-sum"
+NEXT = "secure-next"  # ConfigRecord (payload) of the next sum's keys, key book or key shares
 LOCAL_OPTIMUM = "at-local-optimum"  # train reply metric (secure mode): 1 when the site reached its optimum
 FULLY_ACTIVE = "fully-active"  # exchange reply metric (secure mode): 1 when the site's own margin is positive
 TARGETS, FEATURES = "targets", "features"  # exchange reply metrics (secure mode): C, and F of a site-local table
@@ -43,6 +47,9 @@ TARGETS, FEATURES = "targets", "features"  # exchange reply metrics (secure mode
 FRAC_BITS = 96
 #: The largest count a site may report (2^53: exact in float64) times this bounds every weighted entry.
 COUNT_BOUND = 2.0**53
+#: The largest raw mean or standard deviation a statistics reply may carry: pooling squares
+#: ``N_m (sigma^2 + mu^2)`` of larger values can overflow float64.
+RAW_LIMIT = 1e100
 
 
 def encoding_for(bound: float, sites: int) -> RingFixedPoint:
@@ -50,6 +57,50 @@ def encoding_for(bound: float, sites: int) -> RingFixedPoint:
     words as ``M bound 2^FRAC_BITS`` needs, the most fractional bits that fit (at least ``FRAC_BITS``)."""
     bits = math.log2(max(int(sites), 1) * float(bound)) + FRAC_BITS + 2
     return RingFixedPoint.for_sites(float(bound), int(sites), words=max(1, math.ceil(bits / 64)))
+
+
+def check_encoding(requested: RingFixedPoint, bound: float, sites: int) -> RingFixedPoint:
+    """The encoding a site masks with: [`encoding_for`][fedhead.federation.secure_records.encoding_for] of
+    its vector's public ``bound`` and the ``sites`` of the key book it checked, when the server's mask request
+    names exactly that one; else ``SecureSumError`` (one line, nothing of the site's values). A server that
+    chose the encoding could ask, sum after sum, whether a site's entries exceed a bound of its choice, or
+    make each site round to a step of its choice."""
+    own = encoding_for(bound, sites)
+    if requested != own:
+        raise SecureSumError(
+            f"secure sum: the mask request's encoding ({_ring(requested)}) is not this sum's encoding for "
+            f"{sites} sites ({_ring(own)}); refused"
+        )
+    return own
+
+
+def _ring(encoding: RingFixedPoint) -> str:
+    return f"{encoding.frac_bits} fractional bits, bound {encoding.bound:g}, {encoding.words} words"
+
+
+# ------------------------------------------------------------------------------------ bounds
+# The public bound of each layout's entries, from run constants alone (never from a site's values): the
+# server encodes each sum for it and every site checks that it did
+# ([`check_encoding`][fedhead.federation.secure_records.check_encoding]).
+def moment_bound(max_abs: float) -> float:
+    """Entries of a [`moment_vector`][fedhead.federation.secure_records.moment_vector] whose means and standard
+    deviations are at most ``max_abs`` (``trust.max_abs``): ``COUNT_BOUND max(1, max_abs)^2``."""
+    return COUNT_BOUND * max(1.0, float(max_abs)) ** 2
+
+
+def statistics_bound() -> float:
+    """Entries of a [`statistics_vector`][fedhead.federation.secure_records.statistics_vector] of raw values at
+    most ``RAW_LIMIT``."""
+    return moment_bound(RAW_LIMIT)
+
+
+def head_bound(max_abs: float) -> float:
+    """Entries of a [`head_vector`][fedhead.federation.secure_records.head_vector] of a head within ``max_abs``."""
+    return COUNT_BOUND * float(max_abs)
+
+
+#: Entries of an [`mse_vector`][fedhead.federation.secure_records.mse_vector].
+MSE_BOUND = COUNT_BOUND
 
 
 # ------------------------------------------------------------------------------------ layouts

@@ -48,11 +48,14 @@ class SecureSumServer:
     ----------
     sites : iterable of int
         The sampled sites (at least 3, distinct ids).
-    length : int
-        ``L``, the number of float64 entries every site sums.
-    encoding : RingFixedPoint
+    length : int or None
+        ``L``, the number of float64 entries every site sums (None: fixed later, before stage 3, by
+        [`fix_input`][fedhead.federation.secure_server.SecureSumServer.fix_input]: a sum set up before its
+        input is known).
+    encoding : RingFixedPoint or None
         Must keep sums over ``len(sites)`` inputs exact
-        ([`RingFixedPoint.for_sites`][fedhead.federation.ring_encoding.RingFixedPoint.for_sites] picks one).
+        ([`RingFixedPoint.for_sites`][fedhead.federation.ring_encoding.RingFixedPoint.for_sites] picks one);
+        None with ``length``.
     sum_id : str
         The sum's id (unique per run: a site takes part in a sum of one id once).
     roster : Roster
@@ -65,8 +68,8 @@ class SecureSumServer:
     def __init__(
         self,
         sites: Iterable[int],
-        length: int,
-        encoding: RingFixedPoint,
+        length: int | None,
+        encoding: RingFixedPoint | None,
         *,
         sum_id: str,
         roster: Roster,
@@ -79,19 +82,33 @@ class SecureSumServer:
                 f"secure sum: needs at least {MIN_SITES} sites, got {m} (with two, each site learns the other's "
                 "input from the sum and its own)"
             )
-        self.length = _check_length(length)
-        if not isinstance(encoding, RingFixedPoint):
-            raise ConfigError(f"secure sum: encoding must be a RingFixedPoint, got {type(encoding).__name__}")
-        encoding.check_sites(m)
-        self.encoding = encoding
-        self.width = encoding.width(self.length)  # uint64 words of each masked input
+        self._stage, self.length, self.width = 0, 0, 0
+        self.encoding: RingFixedPoint | None = None
+        if length is not None or encoding is not None:
+            self.fix_input(length, encoding)
         self.threshold = check_threshold(default_threshold(m) if threshold is None else threshold, m)
         self.sum_id, self.roster = check_sum_id(sum_id), roster
-        self._stage = 0
         self._book: dict[int, PublicKeys] = {}
         self._digests: dict[int, bytes] = {}
-        self._sum = np.zeros(self.width, dtype=np.uint64)
+        self._sum = np.zeros(0, dtype=np.uint64)
         self._unmasking = Unmasking((), ())
+
+    def fix_input(self, length: int | None, encoding: RingFixedPoint | None) -> None:
+        """Fix ``L`` and the encoding of a sum set up without them, before its masked inputs (stage 3)."""
+        if self._stage >= 3 or self.length:
+            raise SecureSumError("secure sum: the input's length and encoding are fixed once, before stage 3")
+        length = _check_length(0 if length is None else length)
+        if not isinstance(encoding, RingFixedPoint):
+            raise ConfigError(f"secure sum: encoding must be a RingFixedPoint, got {type(encoding).__name__}")
+        encoding.check_sites(len(self.sites))
+        self.length, self.encoding = length, encoding
+        self.width = encoding.width(length)  # uint64 words of each masked input
+
+    @property
+    def _ring(self) -> RingFixedPoint:
+        if self.encoding is None:
+            raise SecureSumError("secure sum: the input's length and encoding were never fixed")
+        return self.encoding
 
     def _enter(self, stage: int, name: str) -> None:
         if self._stage != stage - 1:
@@ -151,6 +168,7 @@ class SecureSumServer:
 
     def collect_masked(self, masked: Mapping[int, np.ndarray]) -> Unmasking:
         """Stage 3: the masked inputs ``{site: y_u}``; sums them and returns the list each survivor signs."""
+        ring = self._ring
         self._enter(3, "collect masked inputs")
         total = np.zeros(self.width, dtype=np.uint64)
         for site, y in masked.items():
@@ -162,7 +180,7 @@ class SecureSumServer:
                     site,
                     f"secure sum: the masked input must be uint64 ({self.width},), got {arr.dtype} {arr.shape}",
                 )
-            total = ring_add(total, arr, self.encoding.words)
+            total = ring_add(total, arr, ring.words)
         survivors = tuple(sorted(masked))
         self._enough(len(survivors), "survived")
         self._sum = total
@@ -211,7 +229,8 @@ class SecureSumServer:
         """The sum over the survivors, from ``t`` helpers' shares of each mask."""
         alive, gone = self._unmasking.survivors, self._unmasking.dropped
         helpers = sorted(revealed)[: self.threshold]
-        total, k = self._sum.copy(), self.encoding.words
+        ring = self._ring
+        total, k = self._sum.copy(), ring.words
         for site in alive:
             seed = self._combine([revealed[h].seed_shares[site] for h in helpers], site, "mask seed")
             if _seed_digest(seed, self.sum_id) != self._digests[site]:
@@ -233,7 +252,7 @@ class SecureSumServer:
             for peer in alive:
                 pair = _pair_mask(key, self._book[peer].mask, self.sum_id, self.width)
                 total = ring_sub(total, pair, k) if site > peer else ring_add(total, pair, k)
-        return SecureSumResult(self.encoding.decode(total), total, alive, gone)
+        return SecureSumResult(ring.decode(total), total, alive, gone)
 
     @staticmethod
     def _combine(shares: Sequence[bytes], site: int, what: str) -> bytes:

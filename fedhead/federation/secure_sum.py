@@ -94,7 +94,9 @@ colluding sites learns only the sum; ``t`` sites hold enough shares to unmask an
 Costs, ``n`` sites, ``L`` entries: per site, 2 key pairs, ``n - 1`` ECDH and Fernet encryptions of
 a 312-byte ciphertext, ``n`` ChaCha20 streams of ``k L`` words, two Ed25519 signatures and up to
 ``n`` verifications; ``y_u`` is ``8 k L`` bytes. At the server, one Shamir combine and one stream per
-survivor, one combine, ECDH and stream per dropped site and survivor. Five round trips; total
+survivor, one combine, ECDH and stream per dropped site and survivor. Five round trips (three when
+stages 1-2 travel with the previous sum's messages,
+[`fedhead.strategies.secure_pipeline`][fedhead.strategies.secure_pipeline]); total
 traffic grows as ``n^2`` (key shares, signatures) plus ``8 k L n`` (masked inputs).
 """
 

@@ -17,6 +17,7 @@ its SuperNode's node config and/or a TOML (or JSON) file the node config names
     dp-noise = 1.0         # a run with privacy.dp_noise below it is refused
     epsilon-budget = 8.0   # over all runs, in a ledger under the node's state-dir
     dp-delta = 1e-6        # the delta the ledger accounts at (default 1e-5)
+    dp-unit = "row"        # the budget protects one row (default "site": a site's whole contribution)
 
 A site with no rule at all keeps the run's settings (the default; a simulation's results do not move).
 
@@ -40,12 +41,14 @@ from dataclasses import dataclass
 from fedhead.analysis.constraints import ConfigError, Field, Together, check, integer, number, one_of, optional
 from fedhead.settings.trust import TrustPolicy
 
-__all__ = ["DEFAULT_MIN_ROWS", "MIN_SECURE_SITES", "MODES", "NODE_MIN_ROWS_KEY", "PrivacyPolicy"]
+__all__ = ["DEFAULT_MIN_ROWS", "DP_UNITS", "MIN_SECURE_SITES", "MODES", "NODE_MIN_ROWS_KEY", "PrivacyPolicy"]
 
 #: The default of ``privacy.min_rows`` (see [`PrivacyPolicy`][fedhead.settings.privacy.PrivacyPolicy]).
 DEFAULT_MIN_ROWS = 10
 #: The values of ``privacy.mode``: ``clear`` sends each site's values, ``secure`` only their sums.
 MODES = ("clear", "secure")
+#: The values of ``privacy.dp_unit``: what one differentially private release protects (a site, or one row of one site).
+DP_UNITS = ("site", "row")
 #: The fewest sites of ``privacy.mode=secure`` (the secure sum's own minimum).
 MIN_SECURE_SITES = 3
 
@@ -59,6 +62,12 @@ _PRIVACY_RULES = (
     Field("dp_head_clip", optional(number(0, low_open=True)), "must be a finite number > 0 or null (dp_clip)"),
     Field("dp_max_rows", optional(integer(1)), "must be an integer >= 1 or null"),
     Field("dp_delta", number(0, 1, low_open=True, high_open=True), "must be a number in (0, 1)"),
+    Field("dp_unit", one_of(DP_UNITS), "must be 'site' or 'row'"),
+    Together(
+        lambda p: p.dp_unit == "site" or p.dp_noise > 0,
+        "privacy.dp_unit=row needs privacy.dp_noise > 0 (the noise multiplier of the row-level exchange), got "
+        "privacy.dp_noise={dp_noise}",
+    ),
     Together(
         lambda p: p.threshold is None or p.mode == "secure",
         "privacy.threshold={threshold} needs privacy.mode=secure (it is the secure sum's threshold), got "
@@ -128,6 +137,15 @@ class PrivacyPolicy:
         ``dp_noise > 0``.
     dp_delta : float
         The ``delta`` at which the spent ``epsilon`` is reported (default 1e-5).
+    dp_unit : {"site", "row"}
+        What the one-time moment exchange protects. ``site`` (default): a site's whole contribution
+        (client-level, as above). ``row``: one row of one site
+        ([`fedhead.federation.row_privacy`][fedhead.federation.row_privacy]): each site clips every
+        target row to the L2 norm ``dp_clip`` (``C``, in the targets' public standardised units), releases
+        its count, sums and second moments with its share of discrete Gaussian noise of multiplier
+        ``dp_noise`` calibrated to one row, and the server reads the pooled statistics. The rounds keep
+        their client-level noise (``dp_noise``, ``dp_head_clip``, ``dp_max_rows``). Needs ``dp_noise > 0``;
+        a site-local table (its standardisation derived from the private statistics) is refused.
     """
 
     min_rows: int = DEFAULT_MIN_ROWS
@@ -138,6 +156,7 @@ class PrivacyPolicy:
     dp_head_clip: float | None = None
     dp_max_rows: int | None = None
     dp_delta: float = 1e-5
+    dp_unit: str = "site"
 
     def __post_init__(self) -> None:
         check(self, _PRIVACY_RULES, prefix="privacy.", error=ConfigError)
@@ -149,6 +168,11 @@ class PrivacyPolicy:
     def clip_of(self, heads: bool) -> float:
         """``Delta`` of a release: ``dp_head_clip`` (else ``dp_clip``) for a round's heads, ``dp_clip`` otherwise."""
         return self.dp_clip if not heads or self.dp_head_clip is None else self.dp_head_clip
+
+    @property
+    def row_level(self) -> bool:
+        """Whether the exchange is differentially private for one row (``dp_unit=row``)."""
+        return self.dp_unit == "row"
 
     @property
     def secure(self) -> bool:
@@ -176,6 +200,23 @@ class PrivacyPolicy:
                     f"(a majority of the sites, so that no two groups of sites can reveal both shares of one "
                     f"site), got {self.threshold!r}"
                 )
+
+    def check_strategy(self, num_clients: int, trust: TrustPolicy, *, site_local: bool) -> None:
+        """A strategy's checks: [`check_sites`][fedhead.settings.privacy.PrivacyPolicy.check_sites],
+        [`check_trust`][fedhead.settings.privacy.PrivacyPolicy.check_trust] and
+        [`check_units`][fedhead.settings.privacy.PrivacyPolicy.check_units] (``site_local``: a site-local table)."""
+        self.check_sites(num_clients)
+        self.check_trust(trust)
+        self.check_units(site_local)
+
+    def check_units(self, site_local: bool) -> None:
+        """Refuse ``dp_unit=row`` for a site-local table (``site_local``): the row clip needs the targets in public
+        units before any row is seen, and such a table's standardisation is derived from the sites' statistics."""
+        if self.row_level and site_local:
+            raise ConfigError(
+                "privacy.dp_unit=row needs the targets in public units before any row is seen; a site-local "
+                "table's standardisation is derived from the sites' statistics (use privacy.dp_unit=site)"
+            )
 
     def check_trust(self, trust: TrustPolicy) -> None:
         """Refuse, in secure mode, the trust keys that need a site's own values (the server sees only sums):

@@ -2,8 +2,8 @@
 
 [`HeadAveraging`][fedhead.strategies.HeadAveraging] gets every sum it needs through one aggregator,
 chosen once from ``privacy.mode`` ([`make_aggregator`][fedhead.strategies.privacy_modes.make_aggregator]):
-the one-time exchange, each round's heads, each evaluation's errors, the regime check, the name of a
-phase's sum and the privacy spent. In clear mode
+the one-time exchange, each round's heads, each evaluation's errors, the regime check, what a phase's
+messages carry for its sum and the privacy spent. In clear mode
 ([`ClearAggregator`][fedhead.strategies.clear.ClearAggregator]) the sites' values reach the server
 one by one; in secure mode ([`SecureAggregator`][fedhead.strategies.secure_aggregator.SecureAggregator])
 only their sums; differential privacy wraps the secure one
@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
 import numpy as np
-from flwr.app import ConfigRecord, Message
+from flwr.app import Message
 from flwr.serverapp import Grid
 
 from fedhead.federation import aggregation as agg
@@ -74,6 +74,9 @@ class Phase:
         The head ``(W_t, b_t)`` the phase's clients trained from.
     checks : ReplyChecks
         A variant's own checks of the training replies seen one by one.
+    next_sum : str or None
+        The phase that comes after this one (``<kind>-<round>``; None: the last), so that a secure sum can
+        set up the next one within its own messages.
     """
 
     kind: str
@@ -85,6 +88,7 @@ class Phase:
     head_shape: tuple[int, int] = (0, 0)
     broadcast: tuple[np.ndarray, np.ndarray] | None = None
     checks: ReplyChecks = field(default_factory=NoChecks)
+    next_sum: str | None = None
 
     @property
     def stage(self) -> str:
@@ -105,6 +109,16 @@ class Phase:
             sent=self.sent,
             timeout=self.settings.timeouts.round,
         )
+
+
+def next_phase(kind: str, server_round: int, evaluate: bool, num_rounds: int | None) -> str | None:
+    """The phase after ``kind`` of round ``server_round`` (``<kind>-<round>``; None after the last), when each
+    round ``evaluate``s after training and the run has ``num_rounds`` (None: not known)."""
+    if kind == "train" and evaluate:
+        return f"evaluate-{server_round}"
+    if num_rounds is not None and server_round >= num_rounds:
+        return None
+    return f"train-{server_round + 1}"
 
 
 @dataclass(frozen=True)
@@ -152,8 +166,9 @@ class Aggregator(ABC):
         """Refuse to train outside the fully active regime unless ``allow_outside_regime`` (then warn once)."""
 
     @abstractmethod
-    def name_sum(self, kind: str, config: ConfigRecord) -> None:
-        """Name in a phase's ``config`` the sum its replies enter (nothing when there is none)."""
+    def address(self, phase: Phase, messages: list[Message]) -> list[Message]:
+        """A phase's ``messages`` as they are sent: each names the sum its reply enters and carries what the
+        sum needs of that site (the messages as they are when there is no sum)."""
 
     @abstractmethod
     def aggregate_train(self, phase: Phase, replies: Iterable[Message]) -> HeadSum:

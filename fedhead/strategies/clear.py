@@ -9,7 +9,7 @@ import logging
 from collections.abc import Iterable, Sequence
 
 import numpy as np
-from flwr.app import ConfigRecord, Message
+from flwr.app import Message
 from flwr.serverapp import Grid
 
 from fedhead.analysis.consistency import gram_errors
@@ -99,8 +99,9 @@ class ClearAggregator(Aggregator):
         """[`enforce_regime`][fedhead.strategies.exchange.enforce_regime] on the sites' own moments."""
         enforce_regime(exchange, settings.lambda_h, settings.lambda_w, allow_outside_regime)
 
-    def name_sum(self, kind: str, config: ConfigRecord) -> None:
-        """Nothing: a clear phase enters no sum."""
+    def address(self, phase: Phase, messages: list[Message]) -> list[Message]:
+        """The messages as they are: a clear phase enters no sum."""
+        return messages
 
     def aggregate_train(self, phase: Phase, replies: Iterable[Message]) -> HeadSum:
         """The heads averaged by ``N_m / N`` over the valid replies (each update clipped when

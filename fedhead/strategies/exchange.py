@@ -73,6 +73,9 @@ class ExchangeSettings:
         ([`fedhead.strategies.statistics`][fedhead.strategies.statistics]) replaces the moment query.
     trust : TrustPolicy
         What a reply may claim ([`fedhead.settings.trust.TrustPolicy`][fedhead.settings.trust.TrustPolicy]).
+    row_level : bool
+        ``privacy.dp_unit=row``: the secure exchange sums the sites' row-level releases
+        ([`fedhead.federation.row_privacy`][fedhead.federation.row_privacy]) instead of their moments.
     """
 
     lambda_h: float
@@ -85,6 +88,7 @@ class ExchangeSettings:
     message_config: Mapping[str, ConfigValue]
     site_statistics: tuple[str, str] | None = None
     trust: TrustPolicy = TrustPolicy()
+    row_level: bool = False
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from fedhead.federation.tracking import RoundRecord
 from fedhead.settings.limits import FailurePolicy, Timeouts
 from fedhead.settings.privacy import PrivacyPolicy
 from fedhead.settings.trust import TrustPolicy
-from fedhead.strategies.aggregator import HeadSum, Phase
+from fedhead.strategies.aggregator import HeadSum, Phase, next_phase
 from fedhead.strategies.exchange import ConfigValue, ExchangeSettings, MomentExchange, collect_moments, wait_for_nodes
 from fedhead.strategies.observer import NullObserver, RunObserver
 from fedhead.strategies.phases import train_content
@@ -104,6 +104,7 @@ class HeadAveraging(Strategy):
     ) -> None:
         if lambda_h <= 0 or lambda_w <= 0:
             raise ValueError(f"lambda_h and lambda_w must be positive, got {lambda_h}, {lambda_w}")
+        self.privacy = privacy or PrivacyPolicy()
         #: what the exchange, the node wait and the failure policy read (built once)
         self.settings = ExchangeSettings(
             lambda_h=float(lambda_h),
@@ -116,11 +117,10 @@ class HeadAveraging(Strategy):
             message_config=MappingProxyType(dict(message_config or {})),
             site_statistics=site_statistics,
             trust=trust or TrustPolicy(),
+            row_level=self.privacy.row_level,
         )
         self.settings.trust.check(int(min_nodes))
-        self.privacy = privacy or PrivacyPolicy()
-        self.privacy.check_sites(int(min_nodes))
-        self.privacy.check_trust(self.settings.trust)
+        self.privacy.check_strategy(int(min_nodes), self.settings.trust, site_local=site_statistics is not None)
         #: where every sum comes from: the exchange, the heads, the errors and what they cost in privacy
         self.aggregator = make_aggregator(self.privacy, int(min_nodes), roster)
         self._grid: Grid | None = None
@@ -237,9 +237,9 @@ class HeadAveraging(Strategy):
         if self.settings.gamma > 0:  # correcting clients receive Sigma_cen
             sigma_cen = self._exchanged("the corrected procedure's training").moments.sigma_cen
         config = self._phase_config(server_round, config)
-        self.aggregator.name_sum("train", config)
         content = train_content(head_arrays, config, sigma_cen)
-        return self._phase_messages(grid, "train", MessageType.TRAIN, content, arrays)
+        messages = self._phase_messages(grid, "train", MessageType.TRAIN, content, arrays)
+        return self.aggregator.address(self._phase("train", self.rounds.round(server_round), keep=True), messages)
 
     def _phase_config(self, server_round: int, config: ConfigRecord) -> ConfigRecord:
         """A phase's config record: the run's round number and
@@ -260,19 +260,19 @@ class HeadAveraging(Strategy):
     def _extend_train_content(self, content: RecordDict, arrays: ArrayRecord) -> None:
         """Hook for subclasses that broadcast more than the head."""
 
-    def _phase(self, kind: str, server_round: int) -> Phase:
-        """The phase ``kind`` of the run's round ``server_round`` as the aggregator sees it (the nodes it was
-        sent to are forgotten here)."""
+    def _phase(self, kind: str, server_round: int, keep: bool = False) -> Phase:
+        """The phase ``kind`` of the run's round ``server_round`` for the aggregator (its nodes kept if ``keep``)."""
         return Phase(
             kind=kind,
             server_round=server_round,
             exchange=self._exchanged("aggregation"),
             settings=self.settings,
-            sent=self._sent.pop(kind, None),
+            sent=self._sent.get(kind) if keep else self._sent.pop(kind, None),
             grid=self._grid,
             head_shape=self.rounds.head_shape,
             broadcast=self._broadcast,
             checks=self,
+            next_sum=next_phase(kind, server_round, self.evaluate_mse, self.num_rounds),
         )
 
     def check_reply(self, msg: Message, weight: np.ndarray) -> None:
@@ -326,9 +326,9 @@ class HeadAveraging(Strategy):
         if self.num_rounds is not None and config[protocol.SERVER_ROUND] == self.num_rounds:
             config[protocol.FINAL_ROUND] = True  # the final shared head: each client saves its model
         self._grid = grid
-        self.aggregator.name_sum("evaluate", config)
         content = RecordDict({protocol.HEAD: head, protocol.CONFIG: config})
-        return self._phase_messages(grid, "evaluate", MessageType.EVALUATE, content, arrays)
+        messages = self._phase_messages(grid, "evaluate", MessageType.EVALUATE, content, arrays)
+        return self.aggregator.address(self._phase("evaluate", self.rounds.round(server_round), keep=True), messages)
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
         if not self.evaluate_mse:

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from flwr.app import ConfigRecord, Message
+from flwr.app import Message
 from flwr.serverapp import Grid
 
 from fedhead.analysis.constraints import ConfigError
 from fedhead.federation.privacy_noise import privacy_spent
 from fedhead.federation.roster import Roster
+from fedhead.federation.row_privacy import exchange_event, row_privacy_spent
 from fedhead.settings.privacy import PrivacyPolicy
 from fedhead.strategies.aggregator import Aggregator, HeadSum, MseSum, Phase
 from fedhead.strategies.clear import ClearAggregator
@@ -38,29 +39,36 @@ class DifferentialPrivacy(Aggregator):
         The population ``M`` of the accounting.
     delta : float
         The ``delta`` at which ``epsilon`` is reported.
+    row_level : bool
+        ``privacy.dp_unit=row``: epsilon is one row's, the exchange a row-level release and every later sum a
+        client-level one ([`row_privacy_spent`][fedhead.federation.row_privacy.row_privacy_spent]).
     """
 
-    def __init__(self, inner: SecureAggregator, *, noise_multiplier: float, sites: int, delta: float) -> None:
+    def __init__(
+        self, inner: SecureAggregator, *, noise_multiplier: float, sites: int, delta: float, row_level: bool = False
+    ) -> None:
         self.inner = inner
         self.noise_multiplier = float(noise_multiplier)
         self.sites = int(sites)
         self.delta = float(delta)
+        self.row_level = bool(row_level)
+        self.rows = 1  # the exchange's pooled count (row_level: the accounting's population, recorded)
         self.releases = 0  # the secure sums decoded so far: differential privacy composes them
 
     def exchange(self, settings: ExchangeSettings, grid: Grid, node_ids: Sequence[int]) -> MomentExchange:
         """The secure exchange of the pooled moments made PSD; its sum is the first release."""
         pooled = self.inner.pool(settings, grid, node_ids).nearest_psd()
         exchange = pooled_exchange(pooled, settings)
-        self.releases = 1
+        self.releases, self.rows = 1, max(1, round(pooled.count))
         return exchange
 
     def check_regime(self, exchange: MomentExchange, settings: ExchangeSettings, allow_outside_regime: bool) -> None:
         """The secure aggregator's check."""
         self.inner.check_regime(exchange, settings, allow_outside_regime)
 
-    def name_sum(self, kind: str, config: ConfigRecord) -> None:
-        """The secure aggregator's sum name."""
-        self.inner.name_sum(kind, config)
+    def address(self, phase: Phase, messages: list[Message]) -> list[Message]:
+        """The secure aggregator's messages."""
+        return self.inner.address(phase, messages)
 
     def aggregate_train(self, phase: Phase, replies: Iterable[Message]) -> HeadSum:
         """The secure aggregator's head, one release more."""
@@ -78,6 +86,11 @@ class DifferentialPrivacy(Aggregator):
         """The releases so far and their ``epsilon`` at ``delta`` (empty before the first)."""
         if not self.releases:
             return {}
+        if self.row_level:
+            z, _ = exchange_event(self.noise_multiplier)
+            later = [self.noise_multiplier] * (self.releases - 1)
+            epsilon = row_privacy_spent(z, later, self.rows, self.delta)
+            return {DP_RELEASES: float(self.releases), DP_EPSILON: float(epsilon)}
         spent = privacy_spent(self.noise_multiplier, self.releases, self.sites, self.delta)
         return {DP_RELEASES: float(self.releases), DP_EPSILON: float(spent.epsilon)}
 
@@ -95,4 +108,6 @@ def make_aggregator(privacy: PrivacyPolicy, sites: int, roster: Roster | None = 
     secure = SecureAggregator(SumSetup(roster, privacy.threshold))
     if privacy.dp_noise <= 0:
         return secure
-    return DifferentialPrivacy(secure, noise_multiplier=privacy.dp_noise, sites=sites, delta=privacy.dp_delta)
+    return DifferentialPrivacy(
+        secure, noise_multiplier=privacy.dp_noise, sites=sites, delta=privacy.dp_delta, row_level=privacy.row_level
+    )

@@ -3,7 +3,9 @@
 statistics or head, only their sums over the surviving sites.
 
 [`run_secure_sum`][fedhead.strategies.secure.run_secure_sum] drives stages 2-5 over the grid after a
-phase message (stage 1: the sites reply with their public keys); the one-time exchange of pooled
+phase message (stage 1: the sites reply with their public keys), and
+[`finish_sum`][fedhead.strategies.secure.finish_sum] stages 3-5 of a sum set up within the previous sum's
+messages ([`fedhead.strategies.secure_pipeline`][fedhead.strategies.secure_pipeline]); the one-time exchange of pooled
 moments is [`secure_exchange`][fedhead.strategies.secure_exchange.secure_exchange], each round's sums
 [`SecureAggregator`][fedhead.strategies.secure_aggregator.SecureAggregator]. What needs per-site values
 (``G_star``, the gap terms, per-site margins, local gaps, ``delta``) is absent, with
@@ -14,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import secrets
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -22,16 +24,25 @@ import numpy as np
 from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 from flwr.serverapp import Grid
 
+from fedhead.analysis.constraints import ConfigError
 from fedhead.analysis.regime import OutsideRegimeError
 from fedhead.federation import aggregation as agg
 from fedhead.federation import protocol
 from fedhead.federation import secure_records as sr
 from fedhead.federation.roster import Roster
 from fedhead.federation.secure_server import SecureSumServer
-from fedhead.federation.secure_sum import MIN_SITES, PublicKeys, SecureSumError, default_threshold
+from fedhead.federation.secure_sum import (
+    MIN_SITES,
+    KeyShares,
+    PublicKeys,
+    SecureSumError,
+    Unmasking,
+    default_threshold,
+)
 from fedhead.strategies.exchange import ConfigValue, MomentExchange
 from fedhead.strategies.failures import Dropped, TooFewReplies, screen
 from fedhead.strategies.replies import FederationError, metrics_of
+from fedhead.strategies.secure_pipeline import NextBook, SumPipeline, next_book, prepare
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -77,17 +88,22 @@ def enforce_reported_regime(exchange: MomentExchange, allow_outside_regime: bool
 
 #: The secure sum of the one-time exchange (a phase's sum is ``<kind>-<round>``).
 EXCHANGE_SUM = "exchange"
+#: The sum the exchange's messages set up: the first round's (after a resume, the next sum starts with its keys).
+FIRST_ROUND_SUM = "train-1"
 
 
 @dataclass(frozen=True)
 class SumSetup:
     """What every secure sum of a run shares: the federation's ``roster``, the Shamir ``threshold`` (None: a
     majority of the sites and of the roster) and ``tag``, fresh for every strategy, so that each sum's id
-    ``<tag>/<name>`` is new to every site (a site takes part in a sum of one id once, over all its runs)."""
+    ``<tag>/<name>`` is new to every site (a site takes part in a sum of one id once, over all its runs); its
+    ``pipeline`` holds the next sum, set up within the messages of the one before
+    ([`fedhead.strategies.secure_pipeline`][fedhead.strategies.secure_pipeline])."""
 
     roster: Roster
     threshold: int | None = None
     tag: str = field(default_factory=lambda: secrets.token_hex(8))
+    pipeline: SumPipeline = field(default_factory=SumPipeline, compare=False)
 
     def sum_id(self, name: str) -> str:
         """The id of the run's sum ``name`` (``exchange``, ``train-3``)."""
@@ -107,13 +123,17 @@ class SecureSumFailed(FederationError):
 
 @dataclass(frozen=True)
 class SiteReply:
-    """What a site's first reply of a secure sum carries: its keys and its pass/fail self-checks."""
+    """What a site's phase reply of a secure sum carries: its keys (a sum that starts with its own key
+    messages) or its masked input (a sum set up ahead), its pass/fail self-checks and its keys for the next
+    sum (None: it takes no part in it)."""
 
     node: int
     partition: int | None
-    keys: PublicKeys
+    keys: PublicKeys | None
     metrics: Mapping[str, float]
     site: Mapping[str, object] | None = None  # a site-local table's columns and key
+    masked: np.ndarray | None = None
+    next_keys: PublicKeys | None = None
 
 
 @dataclass(frozen=True)
@@ -126,119 +146,218 @@ class SecureSum:
 
 
 def parse_site_reply(msg: Message) -> SiteReply:
-    """The keys and metrics of a secure phase reply;
+    """The keys (or masked input), next keys and metrics of a secure phase reply;
     [`fedhead.federation.aggregation.ReplyError`][fedhead.federation.aggregation.ReplyError] otherwise."""
     node = protocol.node_of(msg)
-    try:
-        keys = sr.unpack_keys(sr.payload_of(msg.content.config_records.get(sr.SECURE)))
-    except (ValueError, KeyError, TypeError) as exc:
-        raise agg.ReplyError(node, f"secure reply without valid public keys ({exc})") from None
+    keys, masked = None, None
+    if sr.SECURE in msg.content.array_records:
+        masked = _masked(msg)
+    else:
+        try:
+            keys = sr.unpack_keys(sr.payload_of(msg.content.config_records.get(sr.SECURE)))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise agg.ReplyError(node, f"secure reply without valid public keys or masked input ({exc})") from None
+    following = None
+    if sr.NEXT in msg.content.config_records:
+        try:
+            following = sr.unpack_keys(sr.payload_of(msg.content.config_records[sr.NEXT]))
+        except (ValueError, KeyError, TypeError):
+            log.info("node %d: its keys for the next secure sum do not parse; it takes no part in it", node)
     metrics = metrics_of(msg)
     values = {k: float(v) for k, v in metrics.items() if isinstance(v, int | float) and not isinstance(v, bool)}
     pid = values.get(protocol.PARTITION_ID)
     site = msg.content.config_records.get(protocol.SITE)
-    return SiteReply(node, None if pid is None else int(pid), keys, values, None if site is None else dict(site))
+    part = None if pid is None else int(pid)
+    return SiteReply(node, part, keys, values, None if site is None else dict(site), masked, following)
 
 
 def stage_messages(
-    payloads: Mapping[int, bytes], sum_name: str, step: str, message_config: Mapping[str, ConfigValue]
+    payloads: Mapping[int, bytes],
+    sum_name: str,
+    step: str,
+    message_config: Mapping[str, ConfigValue],
+    following: tuple[str, Mapping[int, bytes]] | None = None,
 ) -> list[Message]:
-    """One ``query`` per site carrying ``step``'s payload of the sum ``sum_name``."""
+    """One ``query`` per site carrying ``step``'s payload of the sum ``sum_name``; ``following``: the next
+    sum's id and a payload for some of the sites (its key book, with the survivor list)."""
     out = []
     for node, payload in payloads.items():
         cfg = ConfigRecord({**message_config, protocol.STAGE: sr.STAGE_SECURE, sr.SUM_ID: sum_name, sr.STEP: step})
         content = RecordDict({protocol.CONFIG: cfg, sr.SECURE: ConfigRecord({sr.PAYLOAD: payload})})
+        if following is not None and node in following[1]:
+            cfg[sr.NEXT_SUM] = following[0]
+            content[sr.NEXT] = ConfigRecord({sr.PAYLOAD: following[1][node]})
         out.append(Message(content=content, dst_node_id=int(node), message_type=MessageType.QUERY))
     return out
 
 
+@dataclass(frozen=True)
+class SumMessages:
+    """Where the later steps of the secure sum ``sum_id`` (``name`` in messages to people) go and how their
+    replies are screened: the ``grid``, the ``timeout`` of each step, the entries of every message
+    (``message_config``), the sites' ``partitions`` and the failure policy's ``required`` minimum."""
+
+    grid: Grid
+    sum_id: str
+    name: str
+    timeout: float
+    required: int
+    message_config: Mapping[str, ConfigValue] = field(default_factory=dict)
+    partitions: Mapping[int, int] | None = None
+
+    def send(self, messages: list[Message]) -> list[Message]:
+        """The replies to ``messages`` (one step)."""
+        return list(self.grid.send_and_receive(messages, timeout=self.timeout))
+
+    def screen(
+        self, step: str, replies: list[Message], parse: Callable[[Message], T], needed: int, nodes: Sequence[int]
+    ) -> tuple[dict[int, T], list[Dropped]]:
+        """The valid replies of ``step`` from ``nodes`` by node, and the sites dropped
+        ([`screen`][fedhead.strategies.failures.screen]: fewer than ``needed`` end the run)."""
+        kept, lost = screen(
+            [m for m in replies if protocol.node_of(m) in set(nodes)],
+            parse,
+            stage=f"secure sum of {self.name} ({step})",
+            required=needed,
+            expected_nodes=list(nodes),
+            timeout=self.timeout,
+            partitions=self.partitions,
+        )
+        return {protocol.node_of(m): v for m, v in kept}, lost
+
+    def ask(
+        self, step: str, payloads: Mapping[int, bytes], parse: Callable[[Message], T], needed: int
+    ) -> tuple[dict[int, T], list[Dropped]]:
+        """``step`` sent to the sites of ``payloads``; their screened replies."""
+        replies = self.send(stage_messages(payloads, self.sum_id, step, self.message_config))
+        return self.screen(step, replies, parse, needed, list(payloads))
+
+
 def run_secure_sum(
-    grid: Grid,
+    sums: SumMessages,
     sites: Mapping[int, PublicKeys],
     *,
-    sum_id: str,
-    name: str,
     length: int,
     bound: float,
-    required: int,
-    timeout: float,
     setup: SumSetup,
-    message_config: Mapping[str, ConfigValue] | None = None,
-    partitions: Mapping[int, int] | None = None,
+    next_keys: Mapping[int, PublicKeys] | None = None,
+    next_sum: str | None = None,
 ) -> SecureSum:
-    """Stages 2-5 of the secure sum ``sum_id`` (``name`` in messages to people) of the ``sites`` that advertised
-    their keys (stage 1), among the members of ``setup.roster``.
+    """Stages 2-5 of a sum that starts with its own key messages: the ``sites`` that advertised their keys
+    in their phase reply (stage 1), among the members of ``setup.roster``; their ``next_keys`` for the run's
+    ``next_sum`` (its id) set it up within this sum's messages
+    ([`fedhead.strategies.secure_pipeline`][fedhead.strategies.secure_pipeline]).
 
     ``length`` entries per site, each at most ``bound`` in magnitude
     ([`encoding_for`][fedhead.federation.secure_records.encoding_for]); ``setup.threshold`` of the Shamir
     shares (None: a majority of the sites and of the roster, the least a site accepts unless its policy says
-    otherwise); ``required``: the failure policy's minimum of sites in the sum. A site whose
+    otherwise); ``sums.required``: the failure policy's minimum of sites in the sum. A site whose
     reply fails or is invalid before it sent its masked input leaves the sum (a ``Dropped``); a site
     that fails to help unmask is only missing. Fewer than the threshold (or ``required``) left end the
     run with one line ([`SecureSumFailed`][fedhead.strategies.secure.SecureSumFailed] or
     [`TooFewReplies`][fedhead.strategies.failures.TooFewReplies]).
     """
-    config = dict(message_config or {})
-    server = _server(sites, length, bound, sum_id, name, setup)
-    encoding = server.encoding
-    dropped: list[Dropped] = []
-
-    def ask(
-        step: str, payloads: Mapping[int, bytes], parse: Callable[[Message], T], needed: int
-    ) -> tuple[dict[int, T], list[Dropped]]:
-        replies = grid.send_and_receive(stage_messages(payloads, sum_id, step, config), timeout=timeout)
-        kept, lost = screen(
-            replies,
-            parse,
-            stage=f"secure sum of {name} ({step})",
-            required=needed,
-            expected_nodes=list(payloads),
-            timeout=timeout,
-            partitions=partitions,
-        )
-        return {protocol.node_of(m): v for m, v in kept}, lost
-
+    server = _server(sites, sums.sum_id, sums.name, setup)
     try:
+        server.fix_input(length, sr.encoding_for(bound, len(sites)))
         book = server.collect_keys(dict(sites))
         blob = sr.pack_book(book, server.threshold)
-        shares, lost = ask(sr.SHARE_KEYS, dict.fromkeys(book, blob), _parser(sr.unpack_shares), required)
-        dropped += lost
+        shares, dropped = sums.ask(sr.SHARE_KEYS, dict.fromkeys(book, blob), _parser(sr.unpack_shares), sums.required)
         routed = server.route_shares(shares)
+        encoding = server.encoding
+        assert encoding is not None
         requests = {node: sr.pack_mask_request(routed[node], encoding) for node in routed}
-        masked, lost = ask(sr.MASK, requests, _masked, required)
-        dropped += lost
+        masked, lost = sums.ask(sr.MASK, requests, _masked, sums.required)
+    except TooFewReplies:
+        raise
+    except (SecureSumError, agg.ReplyError, ConfigError) as exc:
+        raise SecureSumFailed(f"secure sum of {sums.name}: {exc} (privacy.threshold={server.threshold})") from None
+    return finish_sum(sums, server, masked, [*dropped, *lost], setup, next_keys=next_keys, next_sum=next_sum)
+
+
+def finish_sum(
+    sums: SumMessages,
+    server: SecureSumServer,
+    masked: Mapping[int, np.ndarray],
+    dropped: Sequence[Dropped],
+    setup: SumSetup,
+    *,
+    next_keys: Mapping[int, PublicKeys] | None = None,
+    next_sum: str | None = None,
+) -> SecureSum:
+    """Stages 3-5 from the sites' ``masked`` inputs: the survivor list to sign (with the next sum's key
+    book for the sites that advertised keys for it), the reveal, the sum; the next sum, when its sites
+    shared their keys with their signatures, is left ready in ``setup.pipeline``."""
+    following = next_book(next_sum, next_keys or {}, setup.roster, setup.threshold_of)
+    try:
         unmasking = server.collect_masked(masked)
-        signatures, _ = ask(
-            sr.SIGN, dict.fromkeys(unmasking.survivors, sr.pack(unmasking)), _parser(sr.unpack_signature), 0
-        )
+        signatures, shares = _sign(sums, unmasking, following)
         request = server.collect_signatures(signatures)
-        revealed, lost = ask(
+        revealed, lost = sums.ask(
             sr.REVEAL, dict.fromkeys(request.signatures, sr.pack(request)), _parser(sr.unpack_revealed), 0
         )
         for d in lost:  # its input is in the sum; only its shares are missing
-            log.info("secure sum of %s: %s did not help unmask (%s)", name, f"node {d.node}", d.reason)
+            log.info("secure sum of %s: %s did not help unmask (%s)", sums.name, f"node {d.node}", d.reason)
         result = server.unmask(revealed)
     except TooFewReplies:
         raise
     except (SecureSumError, agg.ReplyError) as exc:
-        raise SecureSumFailed(f"secure sum of {name}: {exc} (privacy.threshold={server.threshold})") from None
+        raise SecureSumFailed(f"secure sum of {sums.name}: {exc} (privacy.threshold={server.threshold})") from None
+    setup.pipeline.announce(next_sum, None if following is None else prepare(following, shares, setup.roster))
     return SecureSum(result.total, result.survivors, tuple(dropped))
 
 
-def _server(
-    sites: Mapping[int, PublicKeys], length: int, bound: float, sum_id: str, name: str, setup: SumSetup
-) -> SecureSumServer:
-    """The server's side of the sum over ``sites`` (at least 3), with the encoding of ``bound``."""
+def _sign(
+    sums: SumMessages, unmasking: Unmasking, following: NextBook | None
+) -> tuple[dict[int, bytes], dict[int, KeyShares]]:
+    """Stage 4, with the next sum's stage 2: each survivor signs the list (and shares its keys for the next
+    sum); a site in the next sum's book that is not a survivor shares its keys in the same message phase.
+    The survivors' signatures and the next sum's key shares."""
+    survivors = list(unmasking.survivors)
+    book: dict[int, bytes] = {}
+    if following is not None:
+        book = dict.fromkeys(following.book, sr.pack_book(following.book, following.server.threshold))
+    ahead = None if following is None else (following.sum_id, book)
+    messages = stage_messages(
+        dict.fromkeys(survivors, sr.pack(unmasking)), sums.sum_id, sr.SIGN, sums.message_config, ahead
+    )
+    joining = [n for n in book if n not in unmasking.survivors]
+    if following is not None and joining:
+        payloads = {n: book[n] for n in joining}
+        messages += stage_messages(payloads, following.sum_id, sr.SHARE_KEYS, sums.message_config)
+    replies = sums.send(messages)
+    signed, _ = sums.screen(sr.SIGN, replies, _signed, 0, survivors)
+    shares = {n: s for n, (_, s) in signed.items() if s is not None}
+    if joining:
+        joined, _ = sums.screen(sr.SHARE_KEYS, replies, _parser(sr.unpack_shares), 0, joining)
+        shares.update(joined)
+    return {n: sig for n, (sig, _) in signed.items()}, shares
+
+
+def _signed(msg: Message) -> tuple[bytes, KeyShares | None]:
+    """A survivor's signature of the list and, when it sent them, its key shares for the next sum."""
+    signature = _parser(sr.unpack_signature)(msg)
+    record = msg.content.config_records.get(sr.NEXT)
+    if record is None:
+        return signature, None
+    try:
+        return signature, sr.unpack_shares(sr.payload_of(record))
+    except (ValueError, KeyError, TypeError):
+        log.info("node %d: its key shares for the next secure sum do not parse", protocol.node_of(msg))
+        return signature, None
+
+
+def _server(sites: Mapping[int, PublicKeys], sum_id: str, name: str, setup: SumSetup) -> SecureSumServer:
+    """The server's side of the sum over ``sites`` (at least 3)."""
     if len(sites) < MIN_SITES:
         raise SecureSumFailed(
             f"secure sum of {name}: {len(sites)} sites left, secure mode needs at least {MIN_SITES} (with two, "
             "each learns the other's input from the sum and its own)"
         )
-    encoding = sr.encoding_for(bound, len(sites))
     t = setup.threshold_of(len(sites))
     try:
-        return SecureSumServer(sorted(sites), length, encoding, sum_id=sum_id, roster=setup.roster, threshold=t)
-    except Exception as exc:  # noqa: BLE001 - a threshold or encoding refused for this many sites
+        return SecureSumServer(sorted(sites), None, None, sum_id=sum_id, roster=setup.roster, threshold=t)
+    except Exception as exc:  # noqa: BLE001 - a threshold refused for this many sites
         raise SecureSumFailed(f"secure sum of {name}: {exc}") from None
 
 

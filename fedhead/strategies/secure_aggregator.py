@@ -10,7 +10,7 @@ import logging
 from collections.abc import Iterable, Sequence
 
 import numpy as np
-from flwr.app import ConfigRecord, Message
+from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.serverapp import Grid
 
 from fedhead.federation import protocol
@@ -26,8 +26,10 @@ from fedhead.strategies.secure import (
     SecureSum,
     SecureSumFailed,
     SiteReply,
+    SumMessages,
     SumSetup,
     enforce_reported_regime,
+    finish_sum,
     parse_site_reply,
     run_secure_sum,
 )
@@ -56,40 +58,84 @@ class SecureAggregator(Aggregator):
         ([`enforce_reported_regime`][fedhead.strategies.secure.enforce_reported_regime])."""
         enforce_reported_regime(exchange, allow_outside_regime)
 
-    def name_sum(self, kind: str, config: ConfigRecord) -> None:
-        """The phase's sum ``<tag>/<kind>-<round>``: the clients then reply with their keys."""
-        config[sr.SUM_ID] = self.setup.sum_id(f"{kind}-{config[protocol.SERVER_ROUND]}")
+    def _sum_id(self, phase: Phase) -> str:
+        """The id of the phase's sum: ``<tag>/<kind>-<round>`` (``+`` when it was announced and not set up)."""
+        return self.setup.pipeline.sum_id(self.setup.sum_id(f"{phase.kind}-{phase.server_round}"))
 
-    def phase_sum(
-        self, phase: Phase, replies: Iterable[Message], length: int, bound: float
-    ) -> tuple[SecureSum, list[SiteReply], list[Dropped]]:
-        """A phase's secure sum of ``length`` entries each at most ``bound`` per row: its replies (each site's
-        keys) screened, then stages 2-5; the sum, the first replies of the sites in it and the dropped sites."""
+    @staticmethod
+    def _input(phase: Phase) -> tuple[int, float]:
+        """``(length, bound)`` of a phase's sum: ``N_m [W_m, b_m, 1]`` of entries at most ``trust.max_abs`` per
+        row (training), or the four weighted errors (evaluation)."""
+        if phase.kind == "train":
+            c, p = phase.head_shape
+            return c * p + c + 1, sr.head_bound(phase.settings.trust.max_abs)
+        return sr.MSE_LENGTH, sr.MSE_BOUND
+
+    def address(self, phase: Phase, messages: list[Message]) -> list[Message]:
+        """Each message names the phase's sum ``<tag>/<kind>-<round>`` and the next one (its reply then carries
+        the site's keys for it); when the sum was set up within the previous sum's messages, each of its
+        sites' messages carries its mask request (its routed key shares and the encoding), and the reply is
+        the masked input ([`fedhead.strategies.secure_pipeline`][fedhead.strategies.secure_pipeline])."""
+        name = self._sum_id(phase)
+        following = None if phase.next_sum is None else self.setup.sum_id(phase.next_sum)
+        prepared = self.setup.pipeline.peek(name)
+        if prepared is not None and not prepared.server.length:
+            length, bound = self._input(phase)
+            prepared.server.fix_input(length, sr.encoding_for(bound, len(prepared.server.sites)))
+        out = []
+        for msg in messages:
+            node = int(msg.metadata.dst_node_id)
+            content = RecordDict(dict(msg.content.items()))
+            config = ConfigRecord(dict(content.config_records.get(protocol.CONFIG, ConfigRecord())))
+            config[sr.SUM_ID] = name
+            if following is not None:
+                config[sr.NEXT_SUM] = following
+            content[protocol.CONFIG] = config
+            if prepared is not None and node in prepared.routed and prepared.server.encoding is not None:
+                request = sr.pack_mask_request(prepared.routed[node], prepared.server.encoding)
+                content[sr.SECURE] = ConfigRecord({sr.PAYLOAD: request})
+            out.append(Message(content=content, dst_node_id=node, message_type=msg.metadata.message_type))
+        return out
+
+    def phase_sum(self, phase: Phase, replies: Iterable[Message]) -> tuple[SecureSum, list[SiteReply], list[Dropped]]:
+        """A phase's secure sum: its replies screened, then the rest of the sum (stages 3-5 when it was set up
+        ahead, else 2-5); the sum, the first replies of the sites in it and the dropped sites."""
         kept, dropped = phase.screen(replies, lambda msg: (partition_of(msg), parse_site_reply(msg)))
         sites = [r for _, (_, r) in kept]
         assert phase.grid is not None
-        exchange = phase.exchange
-        summed = run_secure_sum(
+        name = self._sum_id(phase)
+        sums = SumMessages(
             phase.grid,
-            {r.node: r.keys for r in sites},
-            sum_id=self.setup.sum_id(f"{phase.kind}-{phase.server_round}"),
-            name=f"{phase.kind} round {phase.server_round}",
-            length=length,
-            bound=sr.COUNT_BOUND * bound,
-            required=phase.settings.required,
-            timeout=phase.settings.timeouts.round,
-            setup=self.setup,
-            message_config=phase.settings.message_config,
-            partitions=dict(zip(exchange.node_ids, exchange.partition_ids)),
+            name,
+            f"{phase.kind} round {phase.server_round}",
+            phase.settings.timeouts.round,
+            phase.settings.required,
+            phase.settings.message_config,
+            dict(zip(phase.exchange.node_ids, phase.exchange.partition_ids)),
         )
+        following = None if phase.next_sum is None else self.setup.sum_id(phase.next_sum)
+        next_keys = {r.node: r.next_keys for r in sites if r.next_keys is not None}
+        prepared = self.setup.pipeline.take(name)
+        if prepared is None:
+            length, bound = self._input(phase)
+            keys = {r.node: r.keys for r in sites if r.keys is not None}
+            summed = run_secure_sum(
+                sums, keys, length=length, bound=bound, setup=self.setup, next_keys=next_keys, next_sum=following
+            )
+        else:
+            masked = {r.node: r.masked for r in sites if r.masked is not None and r.node in prepared.routed}
+            late = [r for r in sites if r.node not in masked]
+            for r in late:  # it missed the sum's set-up: it takes part from the next sum on
+                reason = "it was not in the sum set up in the previous sum's messages; it takes part from the next"
+                dropped.append(Dropped(phase.stage, r.node, "missing", reason, r.partition))
+            summed = finish_sum(sums, prepared.server, masked, [], self.setup, next_keys=next_keys, next_sum=following)
         in_sum = [r for r in sites if r.node in summed.survivors]
         return summed, in_sum, [*dropped, *summed.dropped]
 
     def aggregate_train(self, phase: Phase, replies: Iterable[Message]) -> HeadSum:
         """The round's average head from the secure sum of ``N_m [W_m, b_m, 1]``; per-site values are absent."""
-        c, p = phase.head_shape
         max_abs = phase.settings.trust.max_abs
-        summed, sites, dropped = self.phase_sum(phase, replies, c * p + c + 1, max_abs)
+        summed, sites, dropped = self.phase_sum(phase, replies)
         weight, bias, count = sr.read_head(summed.total, phase.head_shape)
         where = f"training round {phase.server_round}"
         if not count > 0:
@@ -124,7 +170,7 @@ class SecureAggregator(Aggregator):
 
     def aggregate_evaluate(self, phase: Phase, replies: Iterable[Message]) -> MseSum:
         """The train and test MSE from the secure sum of each site's errors times its counts."""
-        summed, _, dropped = self.phase_sum(phase, replies, sr.MSE_LENGTH, 1.0)
+        summed, _, dropped = self.phase_sum(phase, replies)
         if not summed.total[1] > 0:
             raise SecureSumFailed(
                 f"evaluation round {phase.server_round}: the secure sum's count of rows is {summed.total[1]:.3g}, "

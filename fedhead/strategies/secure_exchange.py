@@ -31,6 +31,7 @@ from fedhead.analysis.diagnosis import pooled_diagnosis
 from fedhead.analysis.procedure import reference_name
 from fedhead.analysis.standardization import Standardization, pooled_standardization, standardized_moments
 from fedhead.federation import protocol
+from fedhead.federation import row_privacy as rp
 from fedhead.federation import secure_records as sr
 from fedhead.federation.tracking import Targets
 from fedhead.strategies.exchange import ExchangeSettings, MomentExchange, SecureSummary, screen_exchange
@@ -39,14 +40,16 @@ from fedhead.strategies.replies import FederationError
 from fedhead.strategies.secure import (
     ABSENT_REASON,
     EXCHANGE_SUM,
+    FIRST_ROUND_SUM,
     SecureSum,
     SecureSumFailed,
     SiteReply,
+    SumMessages,
     SumSetup,
     parse_site_reply,
     run_secure_sum,
 )
-from fedhead.strategies.statistics import RAW_LIMIT, standardization_record
+from fedhead.strategies.statistics import standardization_record
 
 log = logging.getLogger(__name__)
 
@@ -89,9 +92,15 @@ class PooledExchange:
 
 
 def exchange_messages(node_ids: Sequence[int], settings: ExchangeSettings, setup: SumSetup) -> list[Message]:
-    """The first message of the secure exchange: the moment (or statistics) query naming the sum."""
+    """The first message of the secure exchange: the moment (or statistics) query naming the sum and the first
+    round's, which the exchange's messages set up."""
     stage = protocol.STAGE_STATISTICS if settings.site_statistics is not None else protocol.STAGE_MOMENTS
-    cfg = {protocol.STAGE: stage, **settings.message_config, sr.SUM_ID: setup.sum_id(EXCHANGE_SUM)}
+    cfg = {
+        protocol.STAGE: stage,
+        **settings.message_config,
+        sr.SUM_ID: setup.sum_id(EXCHANGE_SUM),
+        sr.NEXT_SUM: setup.sum_id(FIRST_ROUND_SUM),
+    }
     return [
         Message(
             content=RecordDict({protocol.CONFIG: ConfigRecord(cfg)}), dst_node_id=int(n), message_type=MessageType.QUERY
@@ -168,27 +177,39 @@ def sum_moments(grid: Grid, sites: ExchangeSites, settings: ExchangeSettings, se
     ([`moment_vector`][fedhead.federation.secure_records.moment_vector]; a site-local table: its raw
     statistics, [`statistics_vector`][fedhead.federation.secure_records.statistics_vector])."""
     raw = settings.site_statistics is not None
-    scale = RAW_LIMIT if raw else settings.trust.max_abs
-    return run_secure_sum(
+    sums = SumMessages(
         grid,
-        {r.node: r.keys for r in sites.rows},
-        sum_id=setup.sum_id(EXCHANGE_SUM),
-        name="the exchange",
-        length=sr.moment_length(sites.dim) + (2 * sites.features if raw else 0),
-        bound=sr.COUNT_BOUND * max(1.0, scale) ** 2,
-        required=settings.required,
-        timeout=settings.timeouts.exchange,
+        setup.sum_id(EXCHANGE_SUM),
+        "the exchange",
+        settings.timeouts.exchange,
+        settings.required,
+        settings.message_config,
+        {r.node: int(r.partition or 0) for r in sites.rows},
+    )
+    return run_secure_sum(
+        sums,
+        {r.node: r.keys for r in sites.rows if r.keys is not None},
+        length=rp.release_length(sites.dim)
+        if settings.row_level
+        else sr.moment_length(sites.dim) + (2 * sites.features if raw else 0),
+        bound=sr.statistics_bound() if raw else sr.moment_bound(settings.trust.max_abs),
         setup=setup,
-        message_config=settings.message_config,
-        partitions={r.node: int(r.partition or 0) for r in sites.rows},
+        next_keys={r.node: r.next_keys for r in sites.rows if r.next_keys is not None},
+        next_sum=setup.sum_id(FIRST_ROUND_SUM),
     )
 
 
 def standardize(summed: SecureSum, sites: ExchangeSites, settings: ExchangeSettings) -> PooledExchange:
-    """Step 3: the pooled moments of the sum's survivors; for a site-local table, of its targets in the
+    """Step 3: the pooled moments of the sum's survivors (``privacy.dp_unit=row``: of their row-level releases,
+    [`pooled_moments`][fedhead.federation.row_privacy.pooled_moments]); for a site-local table, of its targets in the
     pooled standardisation ([`pooled_standardization`][fedhead.analysis.standardization.pooled_standardization])."""
     survivors = [r for r in sites.rows if r.node in summed.survivors]
     dropped = [*sites.dropped, *summed.dropped]
+    if settings.row_level:  # the row-level releases' sum (post-processing of the noised statistics)
+        if not summed.total[0] > 0:
+            raise SecureSumFailed(f"{STAGE}: the noised count of the rows is not positive (too few rows for the noise)")
+        rows = rp.pooled_moments(summed.total, sites.dim)
+        return PooledExchange(rows.count, rows.mean, rows.cov, rows.within, survivors, dropped, sites.assigned)
     if settings.site_statistics is None:
         pooled = sr.read_moments(summed.total, sites.dim)
         mean, cov, within = pooled.mean, pooled.cov, pooled.within

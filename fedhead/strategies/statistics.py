@@ -20,6 +20,7 @@ from flwr.serverapp import Grid
 from fedhead.analysis.standardization import Standardization, pooled_standardization, standardized_moments
 from fedhead.federation import aggregation as agg
 from fedhead.federation import protocol
+from fedhead.federation.secure_records import RAW_LIMIT
 from fedhead.strategies.exchange import (
     ConfigValue,
     ExchangeSettings,
@@ -34,9 +35,6 @@ from fedhead.strategies.replies import metrics_of, partition_of
 log = logging.getLogger(__name__)
 
 STAGE = "statistics exchange"
-#: The largest raw mean or standard deviation a statistics reply may carry: pooling squares
-#: ``N_m (sigma^2 + mu^2)`` of larger values can overflow float64.
-RAW_LIMIT = 1e100
 
 
 @dataclasses.dataclass(frozen=True)

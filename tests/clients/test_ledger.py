@@ -1,5 +1,6 @@
 """A site's ledger (fedhead/clients/ledger.py): it survives a restart of the node, refuses a release over
-the site's epsilon budget before it is recorded, refuses a sum begun twice, and is written atomically."""
+the site's epsilon budget before it is recorded, refuses a sum id begun before (in any run, from its one
+record of them), and is written atomically."""
 
 from __future__ import annotations
 
@@ -39,7 +40,6 @@ def test_the_ledger_survives_a_restart_and_refuses_over_the_budget(tmp_path):
         "over its budget"
     )
     assert len(again.read()["releases"]) == 3  # the refused release was not recorded
-    assert "train-1" not in again.read()["runs"]["run 2"]["sums"]
     assert release_epsilon([1.0] * 4, 3, 1e-5) > budget  # a fourth at z = 1 would not fit ...
     # ... but more noise costs less: a release at z = 20 still fits
     again.begin_sum("run 2", "train-1", policy, noise=20.0, sites=3)
@@ -53,10 +53,7 @@ def test_a_budget_needs_a_state_dir(tmp_path):
     with pytest.raises(PolicyRefusal, match=r"\(f epsilon-budget=1.0\): the ledger needs the node config state-dir"):
         ledger.begin_sum("run 1", "exchange", parse_policy({"epsilon-budget": 1.0}, "f"), noise=1.0, sites=3)
     ledger.begin_sum("run 1", "exchange", parse_policy({}, "f"), noise=0.0, sites=3)
-    assert ledger.read()["runs"]["run 1"]["sums"] == ["exchange"]
-    with pytest.raises(PolicyRefusal, match=r"^refused: secure sum exchange was already begun in this run"):
-        ledger.begin_sum("run 1", "exchange", parse_policy({}, "f"), noise=0.0, sites=3)
-    ledger.begin_sum("run 2", "exchange", parse_policy({}, "f"), noise=0.0, sites=3)  # another run
+    assert ledger.read() == {"runs": {}, "releases": []}  # nothing charged, no id recorded until the sum begins
 
 
 def test_runs_are_kept_apart_and_a_refusal_stays(tmp_path):
@@ -105,19 +102,78 @@ def test_a_write_is_atomic_and_a_damaged_ledger_refuses(tmp_path, monkeypatch):
         ledger.refusal("run 1")
 
 
+def _take_part(ledger: SiteLedger, scope: str, name: str) -> None:
+    """What a site does for a phase message naming a sum: the ledger's check, then the sum's record of its id
+    (fedhead.clients.secure.begin_sum)."""
+    ledger.begin_sum(scope, name, parse_policy({}, "f"), noise=0.0, sites=3)
+    ledger.with_used_sum_ids(lambda used: used.add(name))
+
+
+@pytest.mark.parametrize("state_dir", [True, False])
+def test_a_sum_id_is_refused_in_its_run_and_every_other_from_one_record(tmp_path, state_dir):
+    """One record of the sum ids: a replayed phase message (the same run) and a repeated id (another run, after
+    the node restarted: a fresh context on the same state-dir) get the same refusal; the record holds
+    digests only."""
+    node = {} if state_dir else {"state-dir": ""}
+    ledger = SiteLedger(_context(tmp_path, run_id=1, **node))
+    _take_part(ledger, "run 1", "tag/exchange")
+    line = r"^refused: secure sum tag/exchange was begun before \(one release per sum id, over all runs\)$"
+    with pytest.raises(PolicyRefusal, match=line):
+        ledger.begin_sum("run 1", "tag/exchange", parse_policy({}, "f"), noise=0.0, sites=3)
+    later = SiteLedger(_context(tmp_path, run_id=2, **node)) if state_dir else ledger
+    with pytest.raises(PolicyRefusal, match=line):
+        later.begin_sum("run 2", "tag/exchange", parse_policy({}, "f"), noise=0.0, sites=3)
+    _take_part(later, "run 2", "tag/train-1")
+    doc = later.read()
+    assert set(doc) == {"runs", "releases", "used-sum-ids"} and "exchange" not in json.dumps(doc)
+    with pytest.raises(PolicyRefusal, match=r"^refused: secure sum: a sum id is 1 to 256 printable characters"):
+        later.begin_sum("run 2", "bad\nid", parse_policy({}, "f"), noise=0.0, sites=3)
+
+
+def test_a_row_budget_charges_row_releases_and_refuses_over_it(tmp_path):
+    """``dp-unit = "row"``: a row-level release is charged at its noise multiplier, a client-level one at half of
+    it (one row moves a site's term by twice the site's sensitivity); over the budget is refused in one line
+    naming the rule, and a site-unit budget refuses a row-level release (it has no site-level epsilon)."""
+    budget = release_epsilon([2.0, 1.0], 3, 1e-6) * 1.0001  # the row exchange at z = 2 and a round at z_c = 2
+    policy = parse_policy({"epsilon-budget": budget, "dp-unit": "row", "dp-delta": 1e-6}, "f")
+    assert policy.dp_unit == "row"
+    ledger = SiteLedger(_context(tmp_path))
+    ledger.begin_sum("run 1", "exchange", policy, noise=2.0, sites=3, unit="row")
+    ledger.begin_sum("run 1", "train-1", policy, noise=2.0, sites=3)
+    assert ledger.spent(3, 1e-6, unit="row") == pytest.approx(release_epsilon([2.0, 1.0], 3, 1e-6))
+    assert ledger.read()["releases"][0]["unit"] == "row" and "unit" not in ledger.read()["releases"][1]
+    with pytest.raises(PolicyRefusal) as err:
+        ledger.begin_sum("run 2", "exchange", policy, noise=2.0, sites=3, unit="row")
+    assert str(err.value) == (
+        f"refused by this site's privacy policy (f epsilon-budget={budget}): this release would take the site "
+        "over its budget"
+    )
+    assert "\n" not in str(err.value) and len(ledger.read()["releases"]) == 2  # not recorded
+    site_unit = parse_policy({"epsilon-budget": 100.0}, "g")
+    other = SiteLedger(_context(tmp_path / "other"))
+    with pytest.raises(PolicyRefusal, match=r"\(g epsilon-budget=100.0\): a row-level release has no site-level"):
+        other.begin_sum("run 1", "exchange", site_unit, noise=50.0, sites=3, unit="row")
+    assert other.read()["releases"] == []
+    with pytest.raises(PolicyRefusal, match=r"dp-unit must be site or row, got 'person'"):
+        parse_policy({"dp-unit": "person"}, "f")
+
+
 def test_a_training_round_over_the_budget_is_refused_in_the_row_unit(tmp_path):
+    """A round's DP-SGD is charged before training, composed with the releases by one accountant; over the
+    budget, a round trained twice and a site-unit budget are refused in one line naming the rule."""
     from fedhead.federation.run_privacy import TrainingRelease, run_epsilon
 
     training = TrainingRelease(noise_multiplier=1.0, sample_rate=0.1, steps=20)
     # the exchange (client-level z = 4, z / 2 = 2 in the row unit) and two rounds fit, a third does not
     budget = run_epsilon([2.0], (), training, 2, 1e-5) * 1.0001
     assert run_epsilon([2.0], (), training, 3, 1e-5) > budget
-    policy = parse_policy({"epsilon-budget": budget}, "f")
+    policy = parse_policy({"epsilon-budget": budget, "dp-unit": "row"}, "f")
     ledger = SiteLedger(_context(tmp_path))
     ledger.begin_sum("run 1", "exchange", policy, noise=4.0, sites=3)
     ledger.charge_training("run 1", 1, policy, training)
     ledger.charge_training("run 1", 2, policy, training)
-    assert ledger.spent(3, 1e-5) == pytest.approx(run_epsilon([2.0], (), training, 2, 1e-5), rel=1e-12)
+    spent = run_epsilon([2.0], (), training, 2, 1e-5)
+    assert ledger.spent(3, 1e-5, unit="row") == pytest.approx(spent, rel=1e-12)
     with pytest.raises(PolicyRefusal) as err:
         ledger.charge_training("run 1", 3, policy, training)
     assert str(err.value) == (
@@ -129,3 +185,6 @@ def test_a_training_round_over_the_budget_is_refused_in_the_row_unit(tmp_path):
         ledger.charge_training("run 1", 2, policy, TrainingRelease(1.0, 0.1, 1))
     ledger.charge_training("run 1", 3, parse_policy({}, "f"), training)  # no budget: nothing charged
     assert len(ledger.read()["releases"]) == 3
+    site_unit = parse_policy({"epsilon-budget": 100.0}, "g")
+    with pytest.raises(PolicyRefusal, match=r"\(g epsilon-budget=100.0\): a training round has no site-level"):
+        SiteLedger(_context(tmp_path / "other")).charge_training("run 1", 1, site_unit, training)

@@ -212,7 +212,7 @@ def test_a_run_with_weaker_dp_than_the_sites_floor_is_refused(tmp_path, task_ide
 
 
 def test_a_replayed_phase_message_gets_no_fresh_release(tmp_path, task_identity, twin_sites):
-    """The same sum twice in a run is refused (a second noised release of the same values would average
+    """The same phase twice in a run is refused (a second noised release of the same values would average
     the noise away), also after the node restarted (its ledger is in its state-dir); a sum id used in an
     earlier run is refused too (every signature and mask of a sum binds its id)."""
     job = _job(tmp_path, "procedure=exact", "privacy.mode=secure", "privacy.dp_max_rows=60", "privacy.dp_noise=1")
@@ -220,15 +220,15 @@ def test_a_replayed_phase_message_gets_no_fresh_release(tmp_path, task_identity,
     state = {"state-dir": str(tmp_path / "state")}
     first = _ask(app, _node(twin_sites[0], **state), _secure_exchange())
     assert first.startswith("ok"), first
-    again = "PolicyRefusal: refused: secure sum exchange was already begun in this run (one release per sum)"
+    again = "PolicyRefusal: refused: this site releases the exchange once per run, into one secure sum"
     assert _ask(app, _node(twin_sites[0], **state), _secure_exchange()) == again  # a restarted node
     context = _node(twin_sites[0])  # in a simulation (no state-dir): the run's context state
     assert _ask(app, context, _secure_exchange()).startswith("ok")
     assert [_ask(app, context, _secure_exchange()) for _ in range(5)] == [again] * 5
     another_run = _node(twin_sites[0], run_id=99, **state)
     assert _ask(app, another_run, _secure_exchange("tag-2/exchange")).startswith("ok")  # another run, its own sum id
-    used = "PolicyRefusal: secure sum exchange: secure sum: site 1000 already took part in a sum with id 'exchange'"
-    assert _ask(app, _node(twin_sites[0], run_id=98, **state), _secure_exchange()) == f"{used}; refused"
+    begun = "PolicyRefusal: refused: secure sum exchange was begun before (one release per sum id, over all runs)"
+    assert _ask(app, _node(twin_sites[0], run_id=98, **state), _secure_exchange()) == begun  # the record of ids
 
 
 def test_a_release_over_the_sites_budget_is_refused_before_anything_is_sent(tmp_path, task_identity, twin_sites):

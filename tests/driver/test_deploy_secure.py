@@ -6,16 +6,16 @@ SuperNode per site naming only its file (``data-path``) and its ``state-dir``, C
 subprocess isolation, ``flwr run .`` with ``privacy.mode=secure`` among the run config's
 ``overrides``. Each site has its signing key from ``fedhead-keys new-site`` and the roster from
 ``fedhead-keys roster`` in its node config (``signing-key``, ``roster``); the server the roster in the
-run config (``roster``). Every secure sum then crosses the SuperLink as five ``query``/phase messages per
-site, and the site's SecAgg state lives in the node's ``context.state`` between them (each message
-starts another ``flwr-clientapp`` process). The clear reference is the same job run in process
-(``InProcessGrid``, real ClientApps, each reading its own file; the tutorial's deployment and
-simulation agree bit for bit in clear mode).
+run config (``roster``). The exchange's secure sum crosses the SuperLink as five ``query``/phase messages
+per site; each round's as three (its training message, the survivor list, the reveal: its keys and key
+shares came with the previous sum's messages), and the site's SecAgg state lives in the node's
+``context.state`` between them (each message starts another ``flwr-clientapp`` process). The clear
+reference is the same job run in process (``InProcessGrid``, real ClientApps, each reading its own
+file; the tutorial's deployment and simulation agree bit for bit in clear mode).
 
-Eleven message phases (the statistics query, its four SecAgg steps and the sites' own regime check;
-the round's training and its four steps; no evaluation), each starting one ``flwr-clientapp``
-process per site (with nine phases, before the consistency round: 2 min 28 s and 2 min 48 s on 2 cores
-shared with other work; the same job in clear mode: two phases, 1 min 1 s).
+Twelve message phases (the statistics query, its four SecAgg steps and the sites' own regime check;
+each of two rounds' training and its two steps; no evaluation), each starting one ``flwr-clientapp``
+process per site.
 
     pytest -m slow tests/driver/test_deploy_secure.py
 """
@@ -58,7 +58,7 @@ RUN_LIMIT_S = 600
 #: the tutorial's job, one round, trained to the local optimum (local_tol: the Grams' tolerance)
 LOCAL_TOL = 1e-5
 JOB = (
-    "dataset=table dataset.targets=[t1,t2] model=free procedure=proximal rounds=1 local_epochs=2000 "
+    "dataset=table dataset.targets=[t1,t2] model=free procedure=proximal rounds=2 local_epochs=2000 "
     f"local_tol={LOCAL_TOL} resources.evaluate_mse=false output.tensorboard=false output.figures=false"
 )
 
@@ -189,10 +189,11 @@ def test_secure_mode_in_a_site_local_tls_deployment(site_federation, task_identi
     assert secure.privacy["mode"] == "secure" and secure.privacy["sites"] == len(files)
     assert secure.moments["covs"] is None and secure.moments["counts"] is None
     assert secure.targets["g_star"] is None
-    assert [r.round for r in secure.rounds] == [0, 1]
-    assert secure.rounds[1].extra.get("secure_sites") == len(files)
-    # the SecAgg steps crossed the SuperLink: statistics + 4 steps + the regime check, training + 4 steps
-    assert [kind for kind, _ in secure.timing.phases] == ["query"] * 6 + ["train"] + ["query"] * 4
+    assert [r.round for r in secure.rounds] == [0, 1, 2]
+    assert all(r.extra.get("secure_sites") == len(files) for r in secure.rounds[1:])
+    # the SecAgg steps crossed the SuperLink: statistics + 4 steps + the regime check, then each round in
+    # three message phases: training + the survivor list + the reveal
+    assert [kind for kind, _ in secure.timing.phases] == ["query"] * 6 + ["train", "query", "query"] * 2
 
     clear = _clear_in_process(files, work / "clear")
     assert clear.targets["g_star"] is not None  # clear mode

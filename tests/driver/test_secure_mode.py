@@ -140,7 +140,7 @@ def test_no_received_array_decodes_to_a_site_or_a_partial_sum(tmp_path, task_ide
     _, grid = _run(job)
     sites = _site_vectors(job)
     m = len(sites)
-    encoding = sr.encoding_for(sr.COUNT_BOUND * job.trust.max_abs**2, m)
+    encoding = sr.encoding_for(sr.moment_bound(job.trust.max_abs), m)
     masked = [
         r.content.array_records[sr.SECURE][sr.MASKED].numpy()
         for r in grid.replies

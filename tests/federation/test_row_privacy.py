@@ -54,22 +54,36 @@ def test_svec_is_an_isometry():
     a = a + a.T
     assert np.linalg.norm(rp.svec(a)) == pytest.approx(np.linalg.norm(a))
     np.testing.assert_array_equal(rp.unsvec(rp.svec(a), 4), a)
-    assert rp.release_length(4) == rp.svec(a).size + 5
+    assert rp.release_length(4) == 2 * rp.svec(a).size + 5
 
 
-def test_one_row_moves_the_scaled_release_by_at_most_one():
+def _blocks(release: np.ndarray, dim: int) -> list[np.ndarray]:
+    half = dim * (dim + 1) // 2
+    return np.split(release, [1, 1 + dim, 1 + dim + half])
+
+
+def test_one_row_moves_each_block_by_at_most_its_sensitivity():
+    """Adding or removing one row (clipped or not) moves each block of a site's release by at most the stated
+    sensitivity, so the scaled release moves by at most 1 (the Gaussian mechanism's sensitivity)."""
     rng = np.random.default_rng(3)
     clip, dim = 2.0, 3
-    y = rng.normal(size=(50, dim)) * 3
-    base = rp.row_statistics(y, clip)
+    assert rp.sensitivities(clip) == (1.0, 2.0, 4.0, math.sqrt(17) * 4.0)
     scales = rp.noise_scales(dim, clip)
-    for extra in (np.array([[10.0, 0, 0]]), np.array([[0.1, 0.2, 0.0]])):
-        moved = (rp.row_statistics(np.vstack([y, extra]), clip) - base) / scales
-        norm = min(1.0, float(np.linalg.norm(extra)) / clip)  # a clipped row moves it by exactly 1
-        expected = math.sqrt(sum(w * norm ** (2 * k) for k, w in enumerate(rp.BLOCK_SHARES)))
-        assert np.linalg.norm(moved) == pytest.approx(expected)
+    worst = np.zeros(4)
+    for trial in range(300):
+        n = int(rng.integers(1, 40))
+        y = rng.normal(size=(n, dim)) * rng.choice([0.3, 3.0]) + rng.normal(size=dim) * rng.choice([0.0, 5.0])
+        extra = rng.normal(size=(1, dim)) * rng.choice([0.1, 1.0, 10.0])
+        if trial == 0:  # the worst case of the between-means block: the row opposite the site's clipped mean
+            y, extra = np.tile([[clip, 0.0, 0.0]], (n, 1)), np.array([[-clip, 0.0, 0.0]])
+        base, moved = rp.row_statistics(y, clip), rp.row_statistics(np.vstack([y, extra]), clip)
+        change = [float(np.linalg.norm(a - b)) for a, b in zip(_blocks(moved, dim), _blocks(base, dim), strict=True)]
+        worst = np.maximum(worst, np.array(change) / np.array(rp.sensitivities(clip)))
+        assert np.linalg.norm((moved - base) / scales) <= 1.0 + 1e-12
+    assert np.all(worst <= 1.0 + 1e-12)
+    assert worst[:3] == pytest.approx(1.0, abs=1e-9)  # count, sums and second moments: a clipped row is the bound
+    assert worst[3] > 0.6  # the between-means block: 3 C^2 of the sqrt(17) C^2 bound is reached
     assert np.linalg.norm(rp.clip_rows(y, clip), axis=1).max() <= clip * (1 + 1e-12)
-    assert rp.sensitivities(clip) == (1.0, 2.0, 4.0)
 
 
 def test_shares_sum_to_the_target_variance_on_the_grid():
@@ -97,8 +111,10 @@ def test_accountant_matches_dp_accounting():
     acc.compose(dp_accounting.GaussianDpEvent(z))
     acc.compose(dp_accounting.GaussianDpEvent(2.5), 2)
     assert ours == pytest.approx(acc.get_epsilon(1e-6), rel=1e-9)
-    zr = rp.noise_for_row_epsilon(1.0, 4, 3.0, 30000, 1e-6)
-    assert rp.row_privacy_spent(rp.effective_noise(zr, 4, 3.0), [], 30000, 1e-6) <= 1.0
+    zr = rp.noise_for_row_epsilon(1.0, 30000, 1e-6)
+    assert rp.row_privacy_spent(rp.exchange_event(zr)[0], [], 30000, 1e-6) <= 1.0
+    assert rp.exchange_event(zr) == (zr, 1)
+    assert rp.drawn_noise(zr, 4, 3.0) > zr  # the sites draw more, for the grid's rounding
     assert rp.row_privacy_spent(0.0, [], 10, 1e-6) == 0.0
 
 
@@ -107,17 +123,19 @@ def test_three_sites_pooled_covariance_within_the_predicted_error():
     dim, clip, rows = 4, 6.0, 3000
     sites = [gen.normal(size=(rows, dim)) @ np.diag([1.0, 0.8, 0.6, 0.4]) + 0.2 * m for m in range(3)]
     true = np.cov(np.vstack(sites).T, bias=True)
-    z = rp.noise_for_row_epsilon(1.0, dim, clip, 3 * rows, 1e-6)
-    shares = [
-        rp.site_share(rp.row_statistics(y, clip), dim, clip=clip, noise_multiplier=z, min_sites=3, rng=rng)
-        for y in sites
-    ]
+    within = sum(np.cov(y.T, bias=True) for y in sites) / 3
+    z = rp.noise_for_row_epsilon(1.0, 3 * rows, 1e-6)
+    shares = [rp.site_release(y, clip=clip, noise_multiplier=z, min_sites=3, sites=3, rng=rng) for y in sites]
     total = np.sum(shares, axis=0)
     pooled = rp.pooled_moments(total, dim)
-    second = z * rp.noise_scales(dim, clip)[-1] / (3 * rows)  # the second moments' noise per svec entry
-    predicted = second * math.sqrt(dim * (dim + 1) / 2)  # RMS Frobenius error of the covariance
+    scales = rp.noise_scales(dim, clip)
+    half = dim * (dim + 1) // 2
+    second = rp.drawn_noise(z, dim, clip) * scales[1 + dim] / (3 * rows)  # the second moments' noise per entry
+    predicted = second * math.sqrt(half)  # RMS Frobenius error of the covariance
     assert np.linalg.norm(pooled.cov - true) < 4 * predicted
-    assert pooled.count == pytest.approx(3 * rows, abs=6 * z * rp.noise_scales(dim, clip)[0])
+    between = rp.drawn_noise(z, dim, clip) * scales[-1] / (3 * rows)
+    assert np.linalg.norm(pooled.within - within) < 4 * math.hypot(second, between) * math.sqrt(half)
+    assert pooled.count == pytest.approx(3 * rows, abs=6 * z * scales[0])
 
 
 def test_refusals():

@@ -151,3 +151,24 @@ def test_a_stored_site_refuses_damage_another_roster_or_key():
         SecureSumClient.from_bytes(blob, other, key)
     with pytest.raises(ConfigError, match="the signing key of site 'site-0' is not its key in the roster"):
         SecureSumClient.from_bytes(blob, fed.roster, fed.keys["site-1"])
+
+
+def test_a_site_takes_only_the_encoding_of_its_bound_and_book():
+    own = sr.encoding_for(sr.head_bound(1e6), 5)
+    assert sr.check_encoding(own, sr.head_bound(1e6), 5) == own
+    for other in (
+        sr.encoding_for(sr.head_bound(1e6), 4),  # another book size
+        sr.encoding_for(1.0, 5),  # a bound the server chose
+        RingFixedPoint(own.frac_bits - 1, own.bound, own.words),  # coarser rounding
+        RingFixedPoint(own.frac_bits, own.bound, own.words + 1),
+    ):
+        with pytest.raises(SecureSumError, match=r"^secure sum: the mask request's encoding \(.*\) is not this sum's"):
+            sr.check_encoding(other, sr.head_bound(1e6), 5)
+
+
+def test_the_layout_bounds_are_the_server_bounds_of_before():
+    """Known values: the head and MSE sums kept ``COUNT_BOUND`` times ``trust.max_abs`` and 1, the exchange
+    ``COUNT_BOUND max(1, scale)^2`` (the raw statistics: ``scale = 1e100``)."""
+    assert sr.head_bound(1e6) == 2.0**53 * 1e6 and sr.MSE_BOUND == 2.0**53
+    assert sr.moment_bound(0.5) == 2.0**53 and sr.moment_bound(1e6) == 2.0**53 * 1e12
+    assert sr.statistics_bound() == 2.0**53 * 1e200

@@ -15,7 +15,7 @@ import pytest
 from flwr.common.secure_aggregation.crypto.symmetric_encryption import encrypt, generate_shared_key
 from flwr.common.secure_aggregation.secaggplus_utils import share_keys_plaintext_concat
 from flwr.supercore.primitives.asymmetric import bytes_to_public_key
-from secure_helpers import IDS, SUM, Federation, Run, ring_sum
+from secure_helpers import IDS, SUM, Federation, Given, Run, ring_sum
 
 from fedhead.analysis.constraints import ConfigError
 from fedhead.federation import secure_records as sr
@@ -51,15 +51,6 @@ def test_secure_sum_equals_the_plain_sum(m):
     exact = np.array([math.fsum(x[j] for x in xs) for j in range(40)])
     bound = m * 2.0 ** -(run.enc.frac_bits + 1) + np.spacing(np.abs(exact))
     assert np.all(np.abs(result.total - exact) <= bound)
-
-
-class Given(Run):
-    """A secure sum of given inputs ``{site: vector}`` under ``encoding``."""
-
-    def __init__(self, xs: dict[int, np.ndarray], encoding: RingFixedPoint):
-        self.fed = Federation(sorted(xs))
-        self.sites, self.enc, self.xs = self.fed.sites, encoding, xs
-        self.start(next(iter(xs.values())).size, None)
 
 
 @pytest.mark.parametrize("encoding", ["production", "one word"])

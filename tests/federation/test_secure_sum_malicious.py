@@ -7,12 +7,15 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+import numpy as np
 import pytest
 from malicious_server import Attacker, assert_nothing_decodes, attempt
-from secure_helpers import IDS, Federation, ring_sum
+from secure_helpers import IDS, Federation, Given, ring_sum
 
+from fedhead.federation import secure_records as sr
+from fedhead.federation.ring_encoding import RingFixedPoint
 from fedhead.federation.roster import new_signing_key, sign_advertisement
-from fedhead.federation.secure_sum import PublicKeys, Unmasking
+from fedhead.federation.secure_sum import PublicKeys, SecureSumError, Unmasking
 
 
 def _start(a: Attacker, full_mask: Iterable[int] = ()) -> None:
@@ -215,3 +218,24 @@ def test_a_threshold_below_the_floor_is_refused():
     assert line == f"secure sum: the threshold 2 is below site {u}'s floor of 3"
     assert u not in a.ciphertexts
     assert_nothing_decodes(a)
+
+
+def test_a_coarse_encoding_of_the_servers_choosing_shows_more_than_the_sum():
+    """What choosing the encoding gave a server (the mask request carries it): at 0 fractional bits each site
+    rounds its own entries, so the unmasked words count the sites on each side of half a step, and two input
+    sets of one sum unmask to different words. In the encoding of the sum's bound they unmask alike; a site
+    takes no other (``secure_records.check_encoding``, and at the ClientApp
+    tests/clients/test_secure_step_attacks.py)."""
+    first = {s: np.array([0.75, -0.75, 0.25]) for s in IDS[:3]}
+    moved = {
+        IDS[0]: np.array([1.0, -1.0, 0.5]),
+        IDS[1]: np.array([0.5, -0.5, 0.25]),
+        IDS[2]: np.array([0.75, -0.75, 0.0]),
+    }
+    np.testing.assert_array_equal(sum(first.values()), sum(moved.values()))  # dyadic: the same sum exactly
+    coarse, own = RingFixedPoint(0, 1.0, 1), sr.encoding_for(1.0, 3)
+    assert not np.array_equal(Given(first, coarse).run().encoded, Given(moved, coarse).run().encoded)
+    np.testing.assert_array_equal(Given(first, own).run().encoded, Given(moved, own).run().encoded)
+    for server_choice in (coarse, RingFixedPoint(own.frac_bits, 0.5, own.words)):
+        with pytest.raises(SecureSumError, match="^secure sum: the mask request's encoding"):
+            sr.check_encoding(server_choice, 1.0, 3)

@@ -27,7 +27,7 @@ def test_the_default_minimum_reaches_every_job():
         (
             "+privacy.noise=1",
             "privacy: unknown keys ['noise']; expected some of ['dp_clip', 'dp_delta', 'dp_head_clip', "
-            "'dp_max_rows', 'dp_noise', 'min_rows', 'mode', 'threshold']",
+            "'dp_max_rows', 'dp_noise', 'dp_unit', 'min_rows', 'mode', 'threshold']",
         ),
         ("privacy.mode=open", "privacy.mode must be 'clear' or 'secure', got 'open'"),
         ("privacy.threshold=1", "privacy.threshold must be an integer >= 2 or null (a majority of the sites), got 1"),
@@ -65,6 +65,11 @@ def test_the_default_minimum_reaches_every_job():
         ),
         ("privacy.mode=secure procedure=full_model", "procedure(s) ['full_model'] average the backbones in the clear"),
         ("privacy.mode=secure measure_mismatch=true", "measure_mismatch=true needs each site's objectives"),
+        ("privacy.dp_unit=rows", "privacy.dp_unit must be 'site' or 'row', got 'rows'"),
+        (
+            "privacy.mode=secure privacy.dp_unit=row",
+            "privacy.dp_unit=row needs privacy.dp_noise > 0 (the noise multiplier of the row-level exchange)",
+        ),
         (
             "privacy.mode=secure privacy.dp_noise=1 privacy.dp_max_rows=50 resume=somewhere",
             "privacy.dp_noise > 0 cannot resume: the exchange would be released again",
@@ -123,3 +128,15 @@ def test_the_threshold_range_is_the_secure_sums(sites):
             with pytest.raises(ConfigError, match="privacy.threshold must be an integer in"):
                 policy.check_sites(sites)
     check_threshold(PrivacyPolicy(mode="secure").threshold_for(sites), sites)
+
+
+def test_the_row_unit_refuses_a_site_local_table():
+    """``dp_unit=row`` clips rows in public units: a site-local table, whose standardisation comes from the sites'
+    statistics, is refused in one line; the default unit and built-in data sets are not."""
+    row = PrivacyPolicy(mode="secure", dp_noise=4.5, dp_max_rows=100, dp_unit="row")
+    assert row.row_level and not PrivacyPolicy().row_level
+    with pytest.raises(ConfigError, match=r"^privacy.dp_unit=row needs the targets in public units") as err:
+        row.check_units(site_local=True)
+    assert "\n" not in str(err.value)
+    row.check_units(site_local=False)
+    PrivacyPolicy(mode="secure", dp_noise=4.5, dp_max_rows=100).check_units(site_local=True)

@@ -98,12 +98,14 @@ def _sites(counts, mse=lambda pid: (float(pid + 1), None)) -> dict:
     return {n: _clear_site(pid, weights[pid], biases[pid], counts[pid], mse(pid)) for pid, n in enumerate(NODES)}
 
 
-def _replies(handlers: dict, kind: str, aggregator) -> list[Message]:
-    """Each site's reply to the phase message of round 1 (in secure mode: its keys)."""
+def _replies(handlers: dict, kind: str, aggregator, phase: Phase | None = None) -> list[Message]:
+    """Each site's reply to the phase message of round 1, as the aggregator addresses it (in secure mode: its
+    keys, or its masked input when the sum was set up within the previous sum's messages)."""
     config = ConfigRecord({protocol.SERVER_ROUND: 1})
-    aggregator.name_sum(kind, config)
     content = RecordDict({protocol.HEAD: protocol.head_record(np.eye(C, P), np.zeros(C)), protocol.CONFIG: config})
-    return [handlers[n](instruction(n, kind, content)) for n in reversed(NODES)]
+    phase = phase or _phase(kind, _settings())
+    messages = aggregator.address(phase, [instruction(n, kind, content) for n in reversed(NODES)])
+    return [handlers[int(m.metadata.dst_node_id)](m) for m in messages]
 
 
 # ------------------------------------------------------------------ clear mode
@@ -159,10 +161,10 @@ def test_clear_errors_are_weighted_by_the_counts(task_identity):
     assert mse.test == pytest.approx(0.75, rel=1e-15)  # 5 test rows each: the plain mean of 0, 0.5, 1, 1.5
 
 
-def test_clear_phases_name_no_sum_and_account_no_privacy():
-    config = ConfigRecord({protocol.SERVER_ROUND: 2})
-    ClearAggregator().name_sum("train", config)
-    assert dict(config) == {protocol.SERVER_ROUND: 2} and ClearAggregator().privacy_spent() == {}
+def test_clear_phases_name_no_sum_and_account_no_privacy(task_identity):
+    messages = [instruction(NODES[0], "train", RecordDict({protocol.CONFIG: ConfigRecord({protocol.SERVER_ROUND: 2})}))]
+    phase = _phase("train", _settings())
+    assert ClearAggregator().address(phase, messages) is messages and ClearAggregator().privacy_spent() == {}
 
 
 # ------------------------------------------------------------------ secure mode
@@ -174,7 +176,7 @@ def test_secure_heads_and_errors_are_the_clear_sums(task_identity):
     secure = SecureAggregator(SumSetup(ROSTER))
     grid = FakeGrid(handlers)
     train = Phase("train", 1, phase.exchange, settings, sent=NODES, grid=grid, head_shape=(C, P))
-    summed = secure.aggregate_train(train, _replies(handlers, "train", secure))
+    summed = secure.aggregate_train(train, _replies(handlers, "train", secure, train))
     clear = ClearAggregator().aggregate_train(phase, _replies(_sites(counts), "train", ClearAggregator()))
     np.testing.assert_allclose(summed.weight, clear.weight, rtol=0, atol=1e-14)
     np.testing.assert_allclose(summed.bias, clear.bias, rtol=0, atol=1e-14)
@@ -182,16 +184,56 @@ def test_secure_heads_and_errors_are_the_clear_sums(task_identity):
     # trained_gap 0.01 (pid + 1): only partition 0 reports its local optimum (gap <= 1e-2)
     assert summed.extra == {SITES_AT_OPTIMUM: 1.0, SITES_SUMMED: 4.0}
     evaluate = Phase("evaluate", 1, phase.exchange, settings, sent=NODES, grid=grid)
-    mse = secure.aggregate_evaluate(evaluate, _replies(handlers, "evaluate", secure))
+    mse = secure.aggregate_evaluate(evaluate, _replies(handlers, "evaluate", secure, evaluate))
     n = np.asarray(counts, dtype=np.float64)
     assert mse.train == pytest.approx(float(n @ [1, 2, 3, 4] / n.sum()), rel=1e-14) and mse.test is None
 
 
-def test_secure_phases_name_their_sum_and_account_no_privacy():
-    config = ConfigRecord({protocol.SERVER_ROUND: 3})
+def _steps(grid: FakeGrid) -> list[str]:
+    """The secure steps the grid carried, one per message phase (its messages' ``secure-step``, or the phase)."""
+    steps = []
+    for m in grid.sent:
+        cfg = m.content.config_records.get(protocol.CONFIG, ConfigRecord())
+        steps.append(str(cfg.get(sr.STEP, m.metadata.message_type)))
+    return [s for i, s in enumerate(steps) if i == 0 or steps[i - 1] != s]
+
+
+def test_a_sum_set_up_within_the_previous_sums_messages_takes_three_message_phases(task_identity):
+    settings = _settings()
+    phase = _phase("train", settings)
+    counts = [int(c) for c in phase.exchange.moments.counts]
+    handlers = behind_secure_mod(_sites(counts))
+    secure, grid = SecureAggregator(SumSetup(ROSTER)), FakeGrid(handlers)
+    train = Phase("train", 1, phase.exchange, settings, sent=NODES, grid=grid, head_shape=(C, P), next_sum="evaluate-1")
+    first = _replies(handlers, "train", secure, train)
+    assert all(sr.NEXT in r.content.config_records for r in first)  # each site's keys for the next sum
+    summed = secure.aggregate_train(train, first)
+    assert _steps(grid) == [sr.SHARE_KEYS, sr.MASK, sr.SIGN, sr.REVEAL]  # the first sum: its own key messages
+    prepared = secure.setup.pipeline.prepared
+    assert prepared is not None and prepared.sum_id == secure.setup.sum_id("evaluate-1")
+    assert sorted(prepared.routed) == sorted(NODES)
+    grid.sent.clear()
+    evaluate = Phase("evaluate", 1, phase.exchange, settings, sent=NODES, grid=grid)
+    replies = _replies(handlers, "evaluate", secure, evaluate)
+    assert all(sr.SECURE in r.content.array_records for r in replies)  # the phase reply is the masked input
+    mse = secure.aggregate_evaluate(evaluate, replies)
+    assert _steps(grid) == [sr.SIGN, sr.REVEAL]  # with the phase message: three message phases
+    n = np.asarray(counts, dtype=np.float64)
+    assert mse.train == pytest.approx(float(n @ [1, 2, 3, 4] / n.sum()), rel=1e-14) and not mse.dropped
+    clear = ClearAggregator().aggregate_train(phase, _replies(_sites(counts), "train", ClearAggregator()))
+    np.testing.assert_allclose(summed.weight, clear.weight, rtol=0, atol=1e-14)
+    assert secure.setup.pipeline.prepared is None  # the last sum sets nothing up
+
+
+def test_secure_phases_name_their_sum_and_the_next_and_account_no_privacy(task_identity):
     secure = SecureAggregator(SumSetup(ROSTER))
-    secure.name_sum("evaluate", config)
+    phase = dataclasses.replace(_phase("evaluate", _settings()), server_round=3, next_sum="train-4")
+    content = RecordDict({protocol.CONFIG: ConfigRecord({protocol.SERVER_ROUND: 3})})
+    (msg,) = secure.address(phase, [instruction(NODES[0], "evaluate", content)])
+    config = msg.content.config_records[protocol.CONFIG]
     assert config[sr.SUM_ID] == f"{secure.setup.tag}/evaluate-3" and secure.privacy_spent() == {}
+    assert config[sr.NEXT_SUM] == f"{secure.setup.tag}/train-4" and sr.SECURE not in msg.content.config_records
+    assert sr.SUM_ID not in content.config_records[protocol.CONFIG]  # the phase's own content is not changed
     other = SecureAggregator(SumSetup(ROSTER)).setup.sum_id("evaluate-3")
     assert other != config[sr.SUM_ID]  # every strategy's sums have ids of their own
 
@@ -268,9 +310,9 @@ def test_differential_privacy_makes_the_covariances_psd_and_accounts_each_releas
     assert dp.aggregate_train(phase, []) is heads and dp.aggregate_evaluate(phase, []).train == 0.5
     spent = dp.privacy_spent()
     assert spent == {"dp_releases": 3.0, "dp_epsilon": privacy_spent(0.7, 3, 4, 1e-5).epsilon}
-    config = ConfigRecord({protocol.SERVER_ROUND: 1})
-    dp.name_sum("train", config)
-    assert config[sr.SUM_ID] == dp.inner.setup.sum_id("train-1")  # the secure aggregator's
+    content = RecordDict({protocol.CONFIG: ConfigRecord({protocol.SERVER_ROUND: 1})})
+    (msg,) = dp.address(phase, [Message(content=content, dst_node_id=NODES[0], message_type="train")])
+    assert msg.content.config_records[protocol.CONFIG][sr.SUM_ID] == dp.inner.setup.sum_id("train-1")
 
 
 def _site_rows():

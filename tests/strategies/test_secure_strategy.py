@@ -7,9 +7,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from app_helpers import FakeGrid, Lying, NumpyClient, Recorder, simulated_sites, targets_with_moments, train_lie
-from flwr.app import Context, RecordDict
+from flwr.app import ConfigRecord, Context, RecordDict
 
 from fedhead.clients import SecureSite, secure_mod
+from fedhead.federation import protocol
+from fedhead.federation import secure_records as sr
 from fedhead.federation.progress_grid import ProgressGrid
 from fedhead.settings.limits import Timeouts
 from fedhead.settings.privacy import PrivacyPolicy
@@ -44,22 +46,71 @@ def behind_secure_mod(handlers: dict) -> dict:
     return {node: wrap(pid, node, h) for pid, (node, h) in enumerate(handlers.items())}
 
 
-def _run(handlers, privacy=None, rounds=2):
+def _run(handlers, privacy=None, rounds=2, fake: FakeGrid | None = None, min_clients: int | None = None):
     obs = Recorder()
     strategy = HeadAveraging(
         lambda_h=LH,
         lambda_w=LW,
         min_nodes=len(NODES),
+        min_clients=min_clients,
         gamma=1.0,
         observer=obs,
         timeouts=FAST,
         privacy=privacy,
         roster=simulated_sites(len(NODES)).roster,
     )
-    grid = ProgressGrid(FakeGrid(handlers), show=False, poll=0.005)
+    grid = ProgressGrid(fake or FakeGrid(handlers), show=False, poll=0.005)
     grid.timeouts = FAST
     strategy.run(grid, (np.eye(3, 5), np.zeros(3)), rounds)
     return strategy, obs
+
+
+def _phases(grid: FakeGrid) -> list[str]:
+    """The message phases the grid carried: each batch's message type, or its secure step."""
+    names = []
+    for m in grid.sent:
+        cfg = m.content.config_records.get(protocol.CONFIG, ConfigRecord())
+        name = str(cfg.get(sr.STEP, m.metadata.message_type))
+        if not names or names[-1] != name:
+            names.append(name)
+    return names
+
+
+def test_a_secure_round_takes_three_message_phases_after_the_first_sum(task_identity):
+    grid = FakeGrid(behind_secure_mod(_clients()))
+    clear, clear_obs = _run(_clients(), rounds=3)
+    secure, secure_obs = _run({}, privacy=SECURE, rounds=3, fake=grid)
+    step = [sr.SIGN, sr.REVEAL]
+    exchange = ["query", sr.SHARE_KEYS, sr.MASK, *step]  # the first sum starts with its own key messages
+    assert _phases(grid) == [*exchange, *(["train", *step, "evaluate", *step] * 3)]
+    for a, b in zip(clear_obs.records, secure_obs.records, strict=True):
+        np.testing.assert_allclose(b.gram, a.gram, rtol=1e-12, atol=1e-14)
+    assert secure.aggregator.setup.pipeline.prepared is None  # the last evaluation sets nothing up
+
+
+class _FailsOnce:
+    """A site whose ``kind`` message of round ``server_round`` fails (a transient fault)."""
+
+    def __init__(self, client, kind: str, server_round: int):
+        self.client, self.kind, self.server_round = client, kind, server_round
+
+    def __call__(self, msg):
+        cfg = msg.content.config_records.get(protocol.CONFIG, ConfigRecord())
+        if msg.metadata.message_type == self.kind and cfg.get(protocol.SERVER_ROUND) == self.server_round:
+            raise RuntimeError("a transient fault")
+        return self.client(msg)
+
+
+def test_a_site_that_missed_a_sums_set_up_takes_part_again_from_the_next(task_identity):
+    handlers = _clients()
+    handlers[57] = _FailsOnce(handlers[57], "train", 2)
+    secure, obs = _run(behind_secure_mod(handlers), privacy=SECURE, rounds=3, min_clients=3)
+    sites = {(r.round, "train"): r.extra.get("secure_sites") for r in obs.records if r.round}
+    assert sites == {(1, "train"): 4, (2, "train"): 3, (3, "train"): 4}
+    round2 = next(r for r in obs.records if r.round == 2)
+    late = [d for d in round2.dropped if d["node"] == 57]
+    assert [d["stage"] for d in late] == ["training", "evaluation"]  # the fault, then the sum set up without it
+    assert "takes part from the next" in late[1]["reason"]
 
 
 def test_secure_strategy_reaches_the_clear_runs_sums_from_hand_made_replies(task_identity):
@@ -83,3 +134,34 @@ def test_a_site_beyond_the_bounds_fails_the_secure_sum_as_a_whole(task_identity)
     handlers[57] = Lying(handlers[57], "train", train_lie(head=lambda w: w * 1e9))
     with pytest.raises(SecureSumFailed, match=r"beyond trust.max_abs.*cannot tell which"):
         _run(behind_secure_mod(handlers), privacy=SECURE)
+
+
+def _keeps_its_next_shares(handler, sum_name: str):
+    """A site that signs the survivor list of ``sum_name`` but sends no key shares for the sum after it."""
+
+    def handle(msg):
+        reply = handler(msg)
+        cfg = msg.content.config_records.get(protocol.CONFIG, ConfigRecord())
+        if cfg.get(sr.STEP) == sr.SIGN and str(cfg.get(sr.SUM_ID, "")).endswith(sum_name):
+            del reply.content[sr.NEXT]
+        return reply
+
+    return handle
+
+
+def test_a_next_sum_too_few_sites_set_up_runs_under_a_fresh_id(task_identity):
+    sites = behind_secure_mod(_clients())
+    for node in (57, 33):  # 2 of 4 share keys for evaluate-2: fewer than t = 3
+        sites[node] = _keeps_its_next_shares(sites[node], "/train-2")
+    grid = FakeGrid(sites)
+    clear, clear_obs = _run(_clients(), rounds=3)
+    secure, secure_obs = _run({}, privacy=SECURE, rounds=3, fake=grid)
+    ids = [str(m.content.config_records[protocol.CONFIG].get(sr.SUM_ID)) for m in grid.sent]
+    tag = secure.aggregator.setup.tag
+    assert f"{tag}/evaluate-2+" in ids and f"{tag}/evaluate-2" not in ids  # its id was taken by the set-up
+    step = [sr.SIGN, sr.REVEAL]
+    round2 = ["train", *step, "evaluate", sr.SHARE_KEYS, sr.MASK, *step]  # the evaluation starts with its keys
+    assert _phases(grid)[5:] == [*(["train", *step, "evaluate", *step]), *round2, "train", *step, "evaluate", *step]
+    for a, b in zip(clear_obs.records, secure_obs.records, strict=True):
+        np.testing.assert_allclose(b.gram, a.gram, rtol=1e-12, atol=1e-14)
+        assert b.train_mse == pytest.approx(a.train_mse, rel=1e-14) if a.round else True
