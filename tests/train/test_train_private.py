@@ -19,7 +19,7 @@ from fedhead.federation.run_privacy import (
     run_epsilon,
     training_event,
 )
-from fedhead.models.backbones import ResMLP
+from fedhead.models.backbones import FreeFeatureBackbone, ResMLP
 from fedhead.train import LocalProblem, TrainConfig, train_local
 from fedhead.train.batch_step import StepRecipe
 from fedhead.train.config import TrainInputError
@@ -132,6 +132,17 @@ def test_dp_refuses_the_correction_and_centring():
     for problem in (LocalProblem(epochs=1, gamma=1.0), LocalProblem(epochs=1, center_targets=True)):
         with pytest.raises(TrainInputError, match=r"refuses gamma > 0 and centred targets"):
             train_local(backbone, head, x, y, cfg, problem, sigma_cen=np.eye(2), device="cpu")
+
+
+def test_dp_refuses_free_features_and_batchnorm():
+    cfg = TrainConfig(dp_noise=1.0, **PRIVATE)
+    x, y = _data(12)
+    free = FreeFeatureBackbone(n_samples=12, feature_dim=4)
+    with pytest.raises(TrainInputError, match=r"cannot train free features \(one per row\)"):
+        train_local(free, nn.Linear(4, 2), torch.arange(12), y, cfg, LocalProblem(epochs=1), device="cpu")
+    batchnorm = nn.Sequential(nn.Linear(3, 8), nn.BatchNorm1d(8), nn.Linear(8, 4))
+    with pytest.raises(NotImplementedError, match=r"trainable layer with buffers"):  # Opacus's own refusal
+        train_local(batchnorm, nn.Linear(4, 2), x, y, cfg, LocalProblem(epochs=1), device="cpu")
 
 
 def test_dp_off_moves_nothing():
