@@ -24,8 +24,10 @@ from flwr.clientapp import ClientApp
 
 from fedhead.clients.cache import CLIENT_CACHE
 from fedhead.clients.identity import SimulatedSites
+from fedhead.clients.ledger import SiteLedger, run_scope
 from fedhead.clients.messages import ClientError, round_of
 from fedhead.clients.moments import moment_reply
+from fedhead.clients.policy import site_policy
 from fedhead.clients.secure import SecureSite, fully_active, secure_mod, sum_id
 from fedhead.clients.site import handle_statistics, local_data, local_targets
 from fedhead.clients.state import (
@@ -40,6 +42,7 @@ from fedhead.clients.state import (
     train_inputs,
 )
 from fedhead.federation import protocol
+from fedhead.federation.run_privacy import round_training
 from fedhead.federation.secure_records import FULLY_ACTIVE, STAGE_REGIME
 from fedhead.settings.job import JobConfig
 from fedhead.settings.privacy import PrivacyPolicy
@@ -184,6 +187,7 @@ def handle_train(job: JobConfig, msg: Message, context: Context) -> Message:
 
     pid, data, cd = setup(job, msg, context)
     rnd = round_of(msg)
+    charge_training(job, context, rnd)
     _, mu, sigma = client_moments(job, pid, cd.y_train.detach().cpu().numpy())
     backbone = None
     if not job.procedure.exact:
@@ -205,6 +209,15 @@ def handle_train(job: JobConfig, msg: Message, context: Context) -> Message:
         save_backbone(job, context, pid, rnd, backbone)
     record_ray_node(job)
     return Message(content, reply_to=msg)
+
+
+def charge_training(job: JobConfig, context: Context, rnd: int) -> None:
+    """Charge round ``rnd``'s DP-SGD (``train.dp_noise > 0``) to the site's epsilon ledger before it trains
+    ([`SiteLedger.charge_training`][fedhead.clients.ledger.SiteLedger.charge_training]): a round over the
+    site's ``epsilon-budget`` is refused, with one line naming the rule."""
+    training = None if job.procedure.exact else round_training(job.train, job.settings.local_epochs)
+    if training is not None:
+        SiteLedger(context).charge_training(run_scope(context, job_key(job)), rnd, site_policy(context), training)
 
 
 def handle_evaluate(job: JobConfig, msg: Message, context: Context) -> Message:

@@ -22,6 +22,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import math
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -32,6 +33,7 @@ from fedhead.analysis.constraints import ConfigError
 from fedhead.clients.policy import PolicyRefusal, SitePolicy, release_epsilon, row_unit_noise
 from fedhead.clients.state import DATA_PATH_KEY, PARTITION_ID_KEY, STATE_DIR_KEY
 from fedhead.federation.roster import UsedSumIds
+from fedhead.federation.run_privacy import TrainingRelease, release_event, run_accountant, training_event
 from fedhead.results.io import write_bytes_atomic
 
 log = logging.getLogger(__name__)
@@ -232,11 +234,49 @@ class SiteLedger:
                     )
                 doc["releases"].append(entry)
 
+    def charge_training(self, scope: str, round_: int, policy: SitePolicy, training: TrainingRelease) -> None:
+        """Charge round ``round_``'s DP-SGD (``training``) of run ``scope`` under the policy's ``epsilon-budget``,
+        before training. Refused: a round that would take the ledger over the budget, a round charged before
+        (one training per round), and a site-unit budget (DP-SGD protects rows: it has no site-level epsilon).
+        Nothing to do without a budget."""
+        if policy.epsilon_budget is None:
+            return
+        if self.file is None or policy.dp_unit != "row":
+            need = f"the ledger needs the node config {STATE_DIR_KEY} (it must outlive the run)"
+            rows = "a training round has no site-level epsilon (a policy with dp-unit = row budgets per row)"
+            raise PolicyRefusal(
+                f"refused by this site's privacy policy ({policy.named('epsilon-budget')}): "
+                + (need if self.file is None else rows)
+            )
+        name = f"training round {int(round_)}"
+        record = {"run": scope, "sum": name, "unit": "row", "noise": training.noise_multiplier}
+        record.update(sample_rate=training.sample_rate, steps=training.steps)
+        with self.update() as doc:
+            if any(r.get("run") == scope and r.get("sum") == name for r in doc["releases"]):
+                raise PolicyRefusal(f"refused: {name} was already trained in this run (one per round)")
+            if self._epsilon([*doc["releases"], record], "row", 1, policy.dp_delta) > policy.epsilon_budget:
+                raise PolicyRefusal(
+                    f"refused by this site's privacy policy ({policy.named('epsilon-budget')}): this training round "
+                    "would take the site over its budget"
+                )
+            doc["releases"].append(record)
+
     @staticmethod
     def _epsilon(releases: list[dict[str, Any]], unit: str, sites: int, delta: float) -> float:
         """The epsilon of ``releases`` in ``unit`` ([`release_epsilon`][fedhead.clients.policy.release_epsilon]; a
         ``row`` unit charges each at [`row_unit_noise`][fedhead.clients.policy.row_unit_noise], a ``site`` unit gives
-        a row-level release no finite epsilon)."""
+        a row-level release no finite epsilon). With a training round (``steps``: only in a ``row`` unit) every
+        record is composed by one accountant ([`run_accountant`][fedhead.federation.run_privacy.run_accountant])."""
+        trained = [r for r in releases if "steps" in r]
+        if trained:
+            if unit != "row":
+                return math.inf
+            noise = [
+                row_unit_noise(float(r["noise"]), str(r.get("unit", "site"))) for r in releases if "steps" not in r
+            ]
+            rounds = [TrainingRelease(float(r["noise"]), float(r["sample_rate"]), int(r["steps"])) for r in trained]
+            events = [*map(release_event, noise), *map(training_event, rounds)]
+            return float(run_accountant(events).get_epsilon(delta))
         if unit == "row":
             noise = [row_unit_noise(float(r["noise"]), str(r.get("unit", "site"))) for r in releases]
         else:

@@ -26,6 +26,7 @@ from flwr.app import Context
 
 from fedhead.clients.messages import ClientError
 from fedhead.federation.privacy_noise import privacy_spent
+from fedhead.federation.run_privacy import client_release_in_rows
 from fedhead.settings.privacy import DEFAULT_MIN_ROWS, NODE_MIN_ROWS_KEY, NODE_PRIVACY_MODE_KEY, PrivacyPolicy
 
 __all__ = [
@@ -197,7 +198,7 @@ def row_unit_noise(noise: float, unit: str) -> float:
     """The noise multiplier of a release of ``unit`` (``site`` or ``row``) in the row unit: ``z`` for a row-level
     release, ``z / 2`` for a client-level one (one row moves a site's clipped, capped term by at most twice the
     site's sensitivity ``K Delta``; [`fedhead.federation.row_privacy`][fedhead.federation.row_privacy])."""
-    return float(noise) if unit == "row" else float(noise) / 2.0
+    return float(noise) if unit == "row" else client_release_in_rows(noise)
 
 
 # ------------------------------------------------------------------------------------ parsing

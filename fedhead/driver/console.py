@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from fedhead.driver.privacy import DP_SGD_EPSILON, ROW_EPSILON
 from fedhead.federation.local_fit import LOCAL_GAP_THRESHOLD
 from fedhead.results.rounds import RoundRecord
 from fedhead.results.schema import Results
@@ -55,6 +56,11 @@ def round_line(job: JobConfig, record: RoundRecord) -> str:
         parts.append(f"{sites_at_optimum(record)} sites at their local optimum")
     if record.extra.get(DP_EPSILON) is not None:
         parts.append(f"(epsilon so far {record.extra[DP_EPSILON]:.3g})")
+    if record.extra.get(ROW_EPSILON) is not None:
+        parts.append(
+            f"(row-level epsilon so far {record.extra[ROW_EPSILON]:.3g}, DP-SGD alone "
+            f"{fmt(record.extra.get(DP_SGD_EPSILON), '.3g')})"
+        )
     return " ".join(parts)
 
 

@@ -28,6 +28,7 @@ from fedhead.driver.console import diagnosis_lines, final_summary, fmt, local_ga
 from fedhead.driver.figures import write_run_figures
 from fedhead.driver.local_summary import local_optimality, local_steps
 from fedhead.driver.logs import LOCAL_GAP, console
+from fedhead.driver.privacy import dp_sgd_settings, row_epsilons
 from fedhead.driver.tensorboard import TensorBoardLogger
 from fedhead.federation.local_fit import LOCAL_GAP_THRESHOLD
 from fedhead.federation.tracking import Targets
@@ -205,6 +206,8 @@ class RunRecorder:
                 "releases": int(releases),
                 "epsilon": float(epsilon),
             }
+        if self.job.train.private:  # per-example DP: the run's epsilon in the row unit, one accountant
+            self._record_row_privacy(record)
         if t >= 1:
             self.round_times.append(time.perf_counter())
         if self.tb is not None:
@@ -224,6 +227,15 @@ class RunRecorder:
         if self._bar is not None and t >= 1:
             self._bar.update(1)
             self._bar.set_postfix(e_star=fmt(record.e_f_star, ".3g"), e_cen=fmt(record.e_f_cen, ".3g"))
+
+    def _record_row_privacy(self, record: RoundRecord) -> None:
+        """``row_epsilon`` and ``dp_sgd_epsilon`` of the round ([`row_epsilons`][fedhead.driver.privacy.row_epsilons])
+        and ``privacy.dp_sgd`` of results.json."""
+        spent = row_epsilons(self.job, record.round, record.extra.get(DP_RELEASES))
+        record.extra.update(spent)
+        section = self.results.privacy if isinstance(self.results.privacy, dict) else {}
+        section["dp_sgd"] = {**dp_sgd_settings(self.job), **spent}
+        self.results.privacy = section
 
     def finish(self, status: str, *, timing: Timing | None = None, error: str | None = None) -> Results:
         if self._bar is not None:

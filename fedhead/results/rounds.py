@@ -247,6 +247,14 @@ class RoundRecord:
 #: Per-round entries a strategy adds through [`RoundRecord.extra`][fedhead.results.rounds.RoundRecord.extra].
 ROUND_EXTRA_KEYS: tuple[Key, ...] = (
     Key(
+        "row_epsilon",
+        "float",
+        "with per-example DP in local training (`train.dp_noise > 0`): the run's epsilon after round t at "
+        "`privacy.dp_delta`, one row of one site the unit: the exchange, every noised release and every round's "
+        "DP-SGD steps composed by one RDP accountant (dp-accounting); 1e308 (infinite) after an exact exchange",
+    ),
+    Key("dp_sgd_epsilon", "float", "the same for the DP-SGD steps alone (rounds 1..t)"),
+    Key(
         "alignment_gram_error",
         "float",
         "aligned procedures: the largest relative change of a client's Gram through alignment (verified ≤ 1e-6)",

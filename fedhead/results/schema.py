@@ -163,10 +163,12 @@ class Results:
     privacy: dict[str, Any] = field(
         default=ABSENT,
         metadata=key(
-            "only with `privacy.mode=secure`: `mode`, `sites` (in the exchange's secure sum), `absent` (the "
+            "with `privacy.mode=secure`: `mode`, `sites` (in the exchange's secure sum), `absent` (the "
             "per-site quantities this file holds as `null`: the server saw only sums) and `reason`; with "
             "differential privacy also `dp`: `noise_multiplier, clip, head_clip, max_rows, delta, releases, epsilon` "
-            "(Flower's RDP accountant, client-level, after every release so far)",
+            "(Flower's RDP accountant, client-level, after every release so far); with per-example DP in local "
+            "training (`train.dp_noise > 0`, in either mode) `dp_sgd`: `noise_multiplier, clip, sample_rate, "
+            "steps_per_round, delta, accountant, row_epsilon, dp_sgd_epsilon` (after the latest round)",
             "object",
         ),
     )

@@ -42,6 +42,17 @@ _RULES = (
     ),
     Field("check_every", integer(0), "must be an integer >= 0 (0: about 50 checks per call)"),
     Field("eval_batch_size", integer(1), "must be an integer >= 1"),
+    Field("dp_noise", number(0), "must be a finite number >= 0 (0: no per-example differential privacy)"),
+    Field("dp_clip", number(0, low_open=True), "must be a finite number > 0"),
+    Field("dp_sample_rate", number(0, 1, low_open=True), "must be a number in (0, 1]"),
+    Together(
+        lambda c: (
+            c.dp_noise == 0
+            or not (c.optimal_bias or c.solve_last_layer or c.finish_features or c.local_tol is not None)
+        ),
+        "TrainConfig.dp_noise={dp_noise} (per-example DP-SGD) needs optimal_bias, solve_last_layer and "
+        "finish_features false and local_tol null: each reads the site's rows outside the private steps",
+    ),
 )
 
 
@@ -133,6 +144,17 @@ class TrainConfig:
         Chunk size of the full-data evaluation after training.
     progress : bool
         Show a progress bar over epochs (a terminal only; see `fedhead.progress`).
+    dp_noise : float
+        The noise multiplier ``sigma`` of per-example differential privacy in local training
+        (DP-SGD through Opacus, [`fedhead.train.private_step`][fedhead.train.private_step]); 0 (the
+        default): off, and nothing of training changes. Needs ``optimal_bias``, ``solve_last_layer``
+        and ``finish_features`` false and ``local_tol`` null.
+    dp_clip : float
+        ``C``: every per-example gradient is clipped to this L2 norm (over all trained tensors).
+    dp_sample_rate : float
+        ``q``: Poisson sampling, each row joins each step's batch with probability ``q``; an epoch is
+        ``int(1 / q)`` steps ([`dp_steps_per_epoch`][fedhead.train.config.TrainConfig.dp_steps_per_epoch]).
+        Public, like ``sigma`` and ``C``: the accountant needs nothing of a site's rows.
     """
 
     batch_size: int = 256
@@ -157,6 +179,9 @@ class TrainConfig:
     check_every: int = 0
     eval_batch_size: int = 1024
     progress: bool = False
+    dp_noise: float = 0.0
+    dp_clip: float = 1.0
+    dp_sample_rate: float = 0.05
 
     def __post_init__(self) -> None:
         if not isinstance(self.betas, (str, bytes)):  # Hydra passes a list
@@ -166,3 +191,13 @@ class TrainConfig:
     def validate(self) -> None:
         """Raise [`TrainInputError`][fedhead.train.config.TrainInputError] naming the first bad field."""
         check(self, _RULES, prefix="TrainConfig.", error=TrainInputError)
+
+    @property
+    def private(self) -> bool:
+        """Whether local training is per-example differentially private (``dp_noise > 0``)."""
+        return self.dp_noise > 0
+
+    @property
+    def dp_steps_per_epoch(self) -> int:
+        """The Poisson-sampled steps of one DP-SGD epoch, ``int(1 / q)`` (Opacus's sampler's default)."""
+        return int(1 / self.dp_sample_rate)

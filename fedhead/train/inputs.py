@@ -85,7 +85,21 @@ def check_arguments(cfg: TrainConfig, problem: LocalProblem, seed: int) -> int:
     if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool) or seed < 0:
         raise TrainInputError(f"train_local: seed must be a non-negative integer, got {seed!r}")
     cfg.validate()
+    if cfg.private and (problem.gamma > 0 or problem.center_targets):
+        raise TrainInputError(
+            "train_local: per-example DP (TrainConfig.dp_noise > 0) refuses gamma > 0 and centred targets: the "
+            "correction and the centring read the site's own covariance and mean outside the private steps"
+        )
     return int(seed)
+
+
+def check_private_backbone(cfg: TrainConfig, backbone: nn.Module) -> None:
+    """Refuse per-example DP for the free-feature backbone: its features are one row each (no DP-SGD
+    can train them); its head follows from the statistics in closed form."""
+    if cfg.private and isinstance(backbone, FreeFeatureBackbone):
+        raise TrainInputError(
+            "train_local: per-example DP (TrainConfig.dp_noise > 0) cannot train free features (one per row)"
+        )
 
 
 def check_every(cfg: TrainConfig, epochs: int) -> int:

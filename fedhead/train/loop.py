@@ -23,6 +23,7 @@ from fedhead.train.config import TrainConfig, TrainDivergedError
 from fedhead.train.finishing import Fit, LocalMetrics, LocalResult, ObjectiveTerms, evaluate_fit, relative
 from fedhead.train.inputs import check_every
 from fedhead.train.last_layer import solve_output_layer
+from fedhead.train.private_step import PrivateStep, poisson_batches, private_generator
 from fedhead.train.problem import LocalProblem
 from fedhead.train.resmlp_step import ResMLPStep
 from fedhead.train.steps import StepLoss, compiled_forward_loss, cosine_schedule, forward_loss, place_for_training
@@ -45,7 +46,9 @@ class TrainLoop:
     non-finite gradient. Optional ``torch.compile`` of the forward + loss, one compiled function
     per process. On the CPU a ResMLP backbone's step is written out (``cfg.fast_step``,
     [`WrittenOutStep`][fedhead.train.batch_step.WrittenOutStep]: no autograd, buffers kept from step
-    to step, AdamW's fused kernel called directly), with the same results.
+    to step, AdamW's fused kernel called directly), with the same results. Under per-example
+    differential privacy (``cfg.dp_noise > 0``) every step is a
+    [`PrivateStep`][fedhead.train.private_step.PrivateStep] on a Poisson sample of the rows.
     """
 
     def __init__(
@@ -83,7 +86,7 @@ class TrainLoop:
         )
         self.bsz = min(cfg.batch_size, n)
         self.step = self._build_step()
-        self.gen = torch.Generator().manual_seed(int(seed))
+        self.gen = private_generator() if cfg.private else torch.Generator().manual_seed(int(seed))
         self.center: torch.Tensor | None = None  # the previous epoch's mean feature (minibatches)
         self.l_star = float(optimal_loss(terms.sigma, problem.lambda_h, problem.lambda_w))
         self.trained_l_star = (
@@ -99,7 +102,7 @@ class TrainLoop:
         """The written-out ResMLP step where it applies (CPU, eager, float inputs, ``cfg.fast_step``),
         else the autograd step, with the call's learning rates and head-only terms."""
         cfg, dev, terms, optimal = self.cfg, self.dev, self.terms, self.cfg.optimal_bias
-        steps_per_epoch = math.ceil(self.n / self.bsz)
+        steps_per_epoch = cfg.dp_steps_per_epoch if cfg.private else math.ceil(self.n / self.bsz)
         recipe = StepRecipe(
             problem=self.problem,
             broadcast=self.broadcast,
@@ -109,6 +112,16 @@ class TrainLoop:
             betas=cfg.betas,
             eps=cfg.eps,
         )
+        if cfg.private:
+            return PrivateStep(
+                self.backbone,
+                self.head,
+                recipe,
+                noise_multiplier=cfg.dp_noise,
+                max_grad_norm=cfg.dp_clip,
+                expected_batch_size=round(cfg.dp_sample_rate * self.n),
+                generator=private_generator(),
+            )
         # the bias held at its optimum (a constant of each step: no gradient) or trained
         step_bias = self.bias.detach() if optimal else self.bias
         trained = list(self.backbone.parameters()) + [self.weight] + ([] if optimal else [self.bias])
@@ -164,6 +177,11 @@ class TrainLoop:
         return xb.contiguous(memory_format=torch.channels_last) if self.channels_last else xb
 
     def _batches(self):
+        if self.cfg.private:  # Poisson samples, drawn from the operating system's entropy
+            for idx in poisson_batches(self.n, self.cfg.dp_sample_rate, self.cfg.dp_steps_per_epoch, self.gen):
+                idx = idx.to(self.dev, non_blocking=True)
+                yield self._prepare(self.x.index_select(0, idx)), self.y.index_select(0, idx)
+            return
         if self.bsz >= self.n:
             yield self._prepare(self.x), self.y
             return

@@ -12,7 +12,7 @@ from torch import nn
 
 from fedhead.train.config import TrainConfig
 from fedhead.train.finishing import LocalResult, objective_terms
-from fedhead.train.inputs import check_arguments, check_inputs
+from fedhead.train.inputs import check_arguments, check_inputs, check_private_backbone
 from fedhead.train.loop import TrainLoop
 from fedhead.train.problem import LocalProblem
 from fedhead.train.steps import select_device
@@ -93,6 +93,7 @@ def train_local(
     """
     seed = check_arguments(cfg, problem, seed)
     check_inputs(backbone, head, x, y)
+    check_private_backbone(cfg, backbone)
     terms = objective_terms(y, problem, head.in_features, broadcast_weight, sigma_cen, sigma_m)
     dev = select_device(device)
     loop = TrainLoop(backbone, head, x, y, cfg, problem, terms, dev, seed)

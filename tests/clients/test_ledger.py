@@ -156,3 +156,35 @@ def test_a_row_budget_charges_row_releases_and_refuses_over_it(tmp_path):
     assert other.read()["releases"] == []
     with pytest.raises(PolicyRefusal, match=r"dp-unit must be site or row, got 'person'"):
         parse_policy({"dp-unit": "person"}, "f")
+
+
+def test_a_training_round_over_the_budget_is_refused_in_the_row_unit(tmp_path):
+    """A round's DP-SGD is charged before training, composed with the releases by one accountant; over the
+    budget, a round trained twice and a site-unit budget are refused in one line naming the rule."""
+    from fedhead.federation.run_privacy import TrainingRelease, run_epsilon
+
+    training = TrainingRelease(noise_multiplier=1.0, sample_rate=0.1, steps=20)
+    # the exchange (client-level z = 4, z / 2 = 2 in the row unit) and two rounds fit, a third does not
+    budget = run_epsilon([2.0], (), training, 2, 1e-5) * 1.0001
+    assert run_epsilon([2.0], (), training, 3, 1e-5) > budget
+    policy = parse_policy({"epsilon-budget": budget, "dp-unit": "row"}, "f")
+    ledger = SiteLedger(_context(tmp_path))
+    ledger.begin_sum("run 1", "exchange", policy, noise=4.0, sites=3)
+    ledger.charge_training("run 1", 1, policy, training)
+    ledger.charge_training("run 1", 2, policy, training)
+    spent = run_epsilon([2.0], (), training, 2, 1e-5)
+    assert ledger.spent(3, 1e-5, unit="row") == pytest.approx(spent, rel=1e-12)
+    with pytest.raises(PolicyRefusal) as err:
+        ledger.charge_training("run 1", 3, policy, training)
+    assert str(err.value) == (
+        f"refused by this site's privacy policy (f epsilon-budget={budget}): this training round would take the "
+        "site over its budget"
+    )
+    assert len(ledger.read()["releases"]) == 3  # the refused round was not recorded
+    with pytest.raises(PolicyRefusal, match=r"^refused: training round 2 was already trained in this run"):
+        ledger.charge_training("run 1", 2, policy, TrainingRelease(1.0, 0.1, 1))
+    ledger.charge_training("run 1", 3, parse_policy({}, "f"), training)  # no budget: nothing charged
+    assert len(ledger.read()["releases"]) == 3
+    site_unit = parse_policy({"epsilon-budget": 100.0}, "g")
+    with pytest.raises(PolicyRefusal, match=r"\(g epsilon-budget=100.0\): a training round has no site-level"):
+        SiteLedger(_context(tmp_path / "other")).charge_training("run 1", 1, site_unit, training)
