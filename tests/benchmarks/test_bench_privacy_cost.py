@@ -11,10 +11,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "bench_privacy_cost.py"
 
 
+@pytest.mark.slow  # the benchmark's whole quick run; its refusal of a missing file stays in the default suite
 def test_quick_writes_points_and_figure(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     out = subprocess.run(

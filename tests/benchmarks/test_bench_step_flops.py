@@ -69,6 +69,7 @@ def test_quick_run_prints_one_row_and_writes_json(tmp_path):
     assert r["before_gflops"] > 0 and r["after_gflops"] > 0 and r["after_of_gemms"] > 0
 
 
+@pytest.mark.slow  # the two-process variant of the quick run above
 def test_two_one_thread_processes_give_one_row_of_both(tmp_path):
     """The ``2 x 1`` row: two processes stepping at once, each pair of each process in the medians."""
     table, data = _run(tmp_path, "--threads", "1", "--steps", "5", "--repeats", "1", "--processes", "2")

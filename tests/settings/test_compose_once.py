@@ -8,6 +8,7 @@ import sys
 from types import SimpleNamespace
 
 import pytest
+from flwr.app import RecordDict
 from hydra._internal.config_loader_impl import ConfigLoaderImpl
 from hydra.core.global_hydra import GlobalHydra
 
@@ -80,7 +81,8 @@ def test_a_deployment_job_is_composed_once_per_process_and_run_config(compositio
     from fedhead.clients.cache import CLIENT_CACHE
 
     CLIENT_CACHE.clear()
-    context = SimpleNamespace(run_config={"overrides": "diagnose_only=true seed=917", "output-dir": str(tmp_path)})
+    run_config = {"overrides": "diagnose_only=true seed=917", "output-dir": str(tmp_path)}
+    context = SimpleNamespace(run_config=run_config, state=RecordDict())
     first = job_of_run(context)
     again = job_of_run(context)
     assert again is first and first.settings.seed == 917
