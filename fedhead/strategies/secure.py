@@ -214,8 +214,9 @@ class SumMessages:
     ) -> tuple[dict[int, T], list[Dropped]]:
         """The valid replies of ``step`` from ``nodes`` by node, and the sites dropped
         ([`screen`][fedhead.strategies.failures.screen]: fewer than ``needed`` end the run)."""
+        wanted = set(nodes)
         kept, lost = screen(
-            [m for m in replies if protocol.node_of(m) in set(nodes)],
+            [m for m in replies if protocol.node_of(m) in wanted],
             parse,
             stage=f"secure sum of {self.name} ({step})",
             required=needed,

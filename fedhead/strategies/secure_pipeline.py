@@ -110,17 +110,19 @@ def next_book(
 def prepare(book: NextBook, shares: Mapping[int, KeyShares], roster: Roster) -> PreparedSum | None:
     """The next sum ready for its phase message: the key shares of the sites that sent valid ones routed
     (a site whose shares fail the server's checks is left out); None when too few remain."""
-    remaining = dict(shares)
-    threshold = book.server.threshold
-    while len(remaining) >= threshold:
-        server = SecureSumServer(book.server.sites, None, None, sum_id=book.sum_id, roster=roster, threshold=threshold)
+    remaining, server = dict(shares), book.server
+    while len(remaining) >= server.threshold:
         try:
-            server.collect_keys(book.book)
             return PreparedSum(book.sum_id, server, server.route_shares(remaining))
         except ReplyError as exc:
             log.info("secure sum %s: key shares of node %s left out (%s)", book.sum_id, exc.node_id, exc)
             remaining.pop(int(exc.node_id), None)
         except (SecureSumError, ConfigError):
             break
+        # the failed routing used up this server's stage 2: the same book on a fresh one
+        server = SecureSumServer(
+            server.sites, None, None, sum_id=book.sum_id, roster=roster, threshold=server.threshold
+        )
+        server.collect_keys(book.book)
     log.info("secure sum %s: too few sites shared their keys ahead; it starts with its own keys", book.sum_id)
     return None
