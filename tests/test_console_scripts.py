@@ -193,7 +193,8 @@ def test_every_console_script_runs_from_the_editable_install_outside_the_reposit
 def test_the_fab_carries_the_flower_facing_packages_and_the_config_tree(fab):
     names = zipfile.ZipFile(fab).namelist()
     assert len(names) == len(set(names)), "a file twice in the FAB"
-    assert _source_files() <= _package_files(names)
+    assert _package_files(names) == _source_files()
+    assert {n for n in names if not n.startswith(("fedhead/", ".info/"))} == {"pyproject.toml"}, "docs, tests..."
     for required in ("fedhead/strategies/__init__.py", "fedhead/clients/__init__.py", "fedhead/conf/config.yaml"):
         assert required in names
     tops = {n.split("/")[0] for n in names}

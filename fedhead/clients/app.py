@@ -29,7 +29,7 @@ from fedhead.clients.messages import ClientError, round_of
 from fedhead.clients.moments import moment_reply
 from fedhead.clients.policy import site_policy
 from fedhead.clients.secure import SecureSite, fully_active, secure_mod, sum_id
-from fedhead.clients.site import handle_statistics, local_data, local_targets
+from fedhead.clients.site import handle_statistics, local_data, local_targets, own_site
 from fedhead.clients.state import (
     client_moments,
     is_free,
@@ -77,7 +77,10 @@ def handle_query(job: JobConfig, msg: Message, context: Context) -> Message:
     if stage == protocol.STAGE_MISMATCH:
         return handle_mismatch(job, msg, context)
     if stage == protocol.STAGE_STATISTICS:
-        return handle_statistics(job, msg, context)
+        reply = handle_statistics(job, msg, context)
+        if job.privacy.row_level and sum_id(msg) is not None:  # a table in its files' (public) units
+            reply.content[protocol.ROW_RELEASE] = row_release(own_site(job, context).y, job.privacy, secure_site(job))
+        return reply
     pid = partition_of(context, job, msg)
     y, mu, sigma = client_moments(job, pid, local_targets(job, context, msg, pid))
     content = moment_reply(y, pid, moments=(mu, sigma))
@@ -123,6 +126,7 @@ def secure_site(job: JobConfig) -> SecureSite:
         sites=st.num_clients,
         job_key=job_key(job),
         max_abs=job.trust.max_abs,
+        dp_sgd_heads=job.dp_sgd_heads,
     )
 
 

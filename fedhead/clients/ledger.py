@@ -192,6 +192,7 @@ class SiteLedger:
         sites: int,
         unit: str = "site",
         set_up: bool = False,
+        charged: bool = True,
     ) -> None:
         """Check that run ``scope`` may begin the secure sum ``name`` (noise multiplier ``noise`` of a ``unit``-level
         release, ``site`` or ``row``, over ``sites``).
@@ -201,7 +202,9 @@ class SiteLedger:
         [`with_used_sum_ids`][fedhead.clients.ledger.SiteLedger.with_used_sum_ids], or, ``set_up``, when this
         site set it up within the previous sum's messages, unmasked until now), and, under the policy's
         ``epsilon-budget``, a release whose epsilon would take the ledger over it (charged here, before
-        anything of it is sent, in the policy's ``dp-unit``) or that has no epsilon in that unit.
+        anything of it is sent, in the policy's ``dp-unit``) or that has no epsilon in that unit. ``charged=False``:
+        a release whose epsilon is already charged (a head trained with DP-SGD, charged with its round's training by
+        [`charge_training`][fedhead.clients.ledger.SiteLedger.charge_training]); only its sum id is recorded.
         """
         if policy.epsilon_budget is not None and self.file is None:
             raise PolicyRefusal(
@@ -222,7 +225,7 @@ class SiteLedger:
                 raise PolicyRefusal(
                     f"refused: secure sum {name} was begun before (one release per sum id, over all runs)"
                 )
-            if policy.epsilon_budget is not None:
+            if policy.epsilon_budget is not None and charged:
                 entry: dict[str, Any] = {"run": scope, "sum": name, "noise": float(noise)}
                 if unit != "site":  # a client-level release keeps the ledger's first format
                     entry["unit"] = unit

@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MessageType, MetricRecord, RecordDict
 
 from fedhead.clients import secure_sums as sums
 from fedhead.clients.identity import SimulatedSites, SiteIdentity, site_identity
@@ -202,18 +202,23 @@ def secure_reply(
     identity: SiteIdentity,
     floor: int,
     max_abs: float = TrustPolicy.max_abs,
+    dp_sgd_heads: bool = False,
 ) -> RecordDict:
     """The secure form of a clear reply ``content`` (never sent): its vector enters the sum the message names
     ([`begin_sum`][fedhead.clients.secure.begin_sum] as ``identity``, ``floor``, the layout's bound from the
     run's ``max_abs``; the exchange's vector: [`exchange_vector`][fedhead.clients.secure.exchange_vector]);
     sent: the site's keys or masked input, partition id and pass/fail self-checks. ``privacy.dp_noise > 0``
     clips, caps and noises the vector first ([`dp_contribution`][fedhead.federation.privacy_noise.dp_contribution],
-    ``min_sites``: the fewest sites whose sum the server may decode); ``lambdas``: ``(lambda_h, lambda_w)``."""
+    ``min_sites``: the fewest sites whose sum the server may decode), except a row-level exchange (noised in the
+    handler) and, ``dp_sgd_heads``, a head trained with DP-SGD, which enters as ``K [vec W_m, b_m, 1]`` with the
+    public ``K = privacy.dp_max_rows`` (no row count); ``lambdas``: ``(lambda_h, lambda_w)``."""
     metrics = content.metric_records.get(protocol.METRICS, MetricRecord())
     safe: dict[str, int | float] = {}
 
+    row_exchange = privacy.row_level and protocol.ROW_RELEASE in content.array_records
+
     def begin(vector: np.ndarray, bound: float, heads: bool = False) -> RecordDict:
-        if privacy.dp_noise > 0 and not (privacy.row_level and protocol.MOMENTS in content.array_records):
+        if privacy.dp_noise > 0 and not row_exchange and not (heads and dp_sgd_heads):
             assert privacy.dp_max_rows is not None  # the policy refuses dp_noise without it
             vector = dp_contribution(
                 vector,
@@ -241,6 +246,10 @@ def secure_reply(
         cov = st[protocol.Y_COV].numpy()
         safe[sr.TARGETS] = int(cov.shape[0])
         safe[sr.FEATURES] = int(st[protocol.X_MEAN].numpy().size)
+        if privacy.row_level:  # its files' units: the raw targets' row-level release (inputs stay raw)
+            reply = begin(exchange_vector(arrays, 0.0, privacy), sr.moment_bound(max_abs))
+            reply[protocol.SITE] = content.config_records[protocol.SITE]
+            return reply
         vector = sr.statistics_vector(
             _metric(metrics, protocol.NUM_EXAMPLES),
             st[protocol.Y_MEAN].numpy(),
@@ -253,7 +262,11 @@ def secure_reply(
         return reply
     elif protocol.HEAD in arrays:  # a round's trained head
         weight, bias = protocol.read_head(arrays[protocol.HEAD])
-        vector = sr.head_vector(_metric(metrics, protocol.NUM_EXAMPLES), weight, bias)
+        count = _metric(metrics, protocol.NUM_EXAMPLES)
+        if dp_sgd_heads:  # the public weight: one row moves no count
+            assert privacy.dp_max_rows is not None  # the policy refuses dp_noise without it
+            count = float(privacy.dp_max_rows)
+        vector = sr.head_vector(count, weight, bias)
         cfg = msg.content.config_records.get(protocol.CONFIG)
         rnd = None if cfg is None else cfg.get(protocol.SERVER_ROUND)
         if isinstance(rnd, int):
@@ -323,8 +336,14 @@ def admit(msg: Message, context: Context, site: SecureSite, policy: SitePolicy, 
     if name is not None and stage != sr.STAGE_SECURE:
         ledger.release_once(scope, sums.phase_of(msg))  # a phase re-issued under another sum id: refused
         set_up = sums.is_set_up(msg, context, name)
-        unit = "row" if site.privacy.row_level and stage == protocol.STAGE_MOMENTS else "site"  # the row exchange
-        ledger.begin_sum(scope, name, policy, noise=site.privacy.dp_noise, sites=site.sites, unit=unit, set_up=set_up)
+        exchange = stage in (protocol.STAGE_MOMENTS, protocol.STAGE_STATISTICS)
+        unit = "row" if site.privacy.row_level and exchange else "site"  # the row exchange
+        # a DP-SGD head is charged with its round's training (SiteLedger.charge_training), not again here
+        dp_sgd_head = site.dp_sgd_heads and msg.metadata.message_type == MessageType.TRAIN
+        noise = 0.0 if dp_sgd_head else site.privacy.dp_noise
+        ledger.begin_sum(
+            scope, name, policy, noise=noise, sites=site.sites, unit=unit, set_up=set_up, charged=not dp_sgd_head
+        )
 
 
 @dataclass(frozen=True)
@@ -341,6 +360,8 @@ class SecureSite:
     sites: int = MIN_SITES
     job_key: str = ""
     max_abs: float = TrustPolicy.max_abs
+    #: the heads are DP-SGD outputs for one row ([`JobConfig.dp_sgd_heads`][fedhead.settings.job.JobConfig.dp_sgd_heads])
+    dp_sgd_heads: bool = False
 
 
 def secure_mod(site_of: Callable[[Message, Context], SecureSite], simulated: SimulatedSites | None = None):
@@ -388,6 +409,7 @@ def secure_mod(site_of: Callable[[Message, Context], SecureSite], simulated: Sim
                 identity=identity,
                 floor=site_floor(policy, identity),
                 max_abs=site.max_abs,
+                dp_sgd_heads=site.dp_sgd_heads,
             )
         except PolicyRefusal:
             raise

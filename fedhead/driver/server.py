@@ -87,6 +87,7 @@ def make_job_strategy(
         trust=job.trust,
         privacy=job.privacy,
         roster=roster,
+        dp_sgd_heads=job.dp_sgd_heads,
     )
 
 

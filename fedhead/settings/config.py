@@ -261,14 +261,17 @@ def load_config(cfg: DictConfig) -> FedheadConfig:
     privacy.check_sites(settings.num_clients)
     privacy.check_trust(trust)
     _check_secure(privacy, procedures, settings, resume=cfg.get("resume") not in (None, ""))
+    train = build_section(cfg.train, "train", TrainConfig)
+    resources = build_section(cfg.resources, "resources", ResourcesConfig)
+    _check_dp_sgd_evaluation(privacy, train.dp_noise, resources.evaluate_mse, procedures)
     return FedheadConfig(
         settings=settings,
         dataset=dataset,
         model=model,
-        train=build_section(cfg.train, "train", TrainConfig),
+        train=train,
         procedures=procedures,
         experiment=experiment,
-        resources=build_section(cfg.resources, "resources", ResourcesConfig),
+        resources=resources,
         output=build_section(cfg.output, "output", OutputConfig),
         resolved=freeze(plain_mapping(cfg, "the composed config")),
         timeouts=build_section(cfg.get("timeouts") or {}, "timeouts", Timeouts, Timeouts),
@@ -277,6 +280,18 @@ def load_config(cfg: DictConfig) -> FedheadConfig:
         privacy=privacy,
         resume=None if cfg.get("resume") in (None, "") else str(cfg.get("resume")),
     )
+
+
+def _check_dp_sgd_evaluation(privacy: PrivacyPolicy, dp_sgd_noise: float, evaluate_mse: bool, procedures) -> None:
+    """Refuse evaluations in a row-level run whose heads are DP-SGD outputs: each evaluation's errors are a
+    client-level release, whose noise at a row-level noise multiplier overwhelms the sum (the run would fail after
+    its first round's training) and whose epsilon adds to the run's."""
+    if privacy.row_level and dp_sgd_noise > 0 and evaluate_mse and any(not p.exact for p in procedures):
+        raise ConfigError(
+            "privacy.dp_unit=row with train.dp_noise > 0: each evaluation's errors would be a client-level release, "
+            "whose noise overwhelms it at this noise multiplier; set resources.evaluate_mse=false (the test rows' "
+            "errors are then not released)"
+        )
 
 
 def _check_secure(privacy: PrivacyPolicy, procedures, settings: RunSettings, *, resume: bool) -> None:

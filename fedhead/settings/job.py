@@ -225,6 +225,13 @@ class JobConfig:
     def name(self) -> str:
         return self.procedure.name
 
+    @property
+    def dp_sgd_heads(self) -> bool:
+        """Whether the rounds' heads are released as DP-SGD outputs for one row (``privacy.dp_unit=row``,
+        ``train.dp_noise > 0``, a procedure that trains): their secure sums then carry no further noise and no
+        site's row count, each head weighted by the public ``privacy.dp_max_rows`` (docs/privacy.md §10)."""
+        return self.privacy.row_level and self.train.dp_noise > 0 and not self.procedure.exact
+
     def local_problem(self) -> LocalProblem:
         """The trainer's [`fedhead.train.LocalProblem`][fedhead.train.LocalProblem], from where each term is stored: the
         procedure (``rho``, ``gamma``, centring) and the top-level settings (``local_epochs``,

@@ -144,8 +144,10 @@ class PrivacyPolicy:
         target row to the L2 norm ``dp_clip`` (``C``, in the targets' public standardised units), releases
         its count, sums and second moments with its share of discrete Gaussian noise of multiplier
         ``dp_noise`` calibrated to one row, and the server reads the pooled statistics. The rounds keep
-        their client-level noise (``dp_noise``, ``dp_head_clip``, ``dp_max_rows``). Needs ``dp_noise > 0``;
-        a site-local table (its standardisation derived from the private statistics) is refused.
+        their client-level noise (``dp_noise``, ``dp_head_clip``, ``dp_max_rows``), except heads trained with
+        DP-SGD (``train.dp_noise > 0``), which are summed without noise, each weighted by ``dp_max_rows``.
+        Needs ``dp_noise > 0``; a site-local table is refused unless it keeps its files' units
+        ([`check_units`][fedhead.settings.privacy.PrivacyPolicy.check_units]).
     """
 
     min_rows: int = DEFAULT_MIN_ROWS
@@ -201,21 +203,26 @@ class PrivacyPolicy:
                     f"site), got {self.threshold!r}"
                 )
 
-    def check_strategy(self, num_clients: int, trust: TrustPolicy, *, site_local: bool) -> None:
+    def check_strategy(self, num_clients: int, trust: TrustPolicy, *, site_units: tuple[str, str] | None) -> None:
         """A strategy's checks: [`check_sites`][fedhead.settings.privacy.PrivacyPolicy.check_sites],
         [`check_trust`][fedhead.settings.privacy.PrivacyPolicy.check_trust] and
-        [`check_units`][fedhead.settings.privacy.PrivacyPolicy.check_units] (``site_local``: a site-local table)."""
+        [`check_units`][fedhead.settings.privacy.PrivacyPolicy.check_units] (``site_units``: a site-local table's
+        standardisation modes, of its targets and inputs)."""
         self.check_sites(num_clients)
         self.check_trust(trust)
-        self.check_units(site_local)
+        self.check_units(site_units)
 
-    def check_units(self, site_local: bool) -> None:
-        """Refuse ``dp_unit=row`` for a site-local table (``site_local``): the row clip needs the targets in public
-        units before any row is seen, and such a table's standardisation is derived from the sites' statistics."""
-        if self.row_level and site_local:
+    def check_units(self, site_units: tuple[str, str] | None) -> None:
+        """Refuse ``dp_unit=row`` for a site-local table whose standardisation (``site_units``: the modes of its
+        targets and inputs) is derived from the sites' statistics: the row clip needs the targets in public units
+        before any row is seen. A table kept in the units its files hold (``none``, ``none``) is accepted: those
+        units are declared with the run, and its row-level exchange releases the raw targets' statistics."""
+        if self.row_level and site_units is not None and tuple(site_units) != ("none", "none"):
             raise ConfigError(
                 "privacy.dp_unit=row needs the targets in public units before any row is seen; a site-local "
-                "table's standardisation is derived from the sites' statistics (use privacy.dp_unit=site)"
+                "table's standardisation is derived from the sites' statistics (use privacy.dp_unit=site, or "
+                "keep the files' units: dataset.standardize_targets=none dataset.standardize_inputs=none, with "
+                "privacy.dp_clip in those units)"
             )
 
     def check_trust(self, trust: TrustPolicy) -> None:

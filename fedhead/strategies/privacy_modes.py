@@ -42,16 +42,28 @@ class DifferentialPrivacy(Aggregator):
     row_level : bool
         ``privacy.dp_unit=row``: epsilon is one row's, the exchange a row-level release and every later sum a
         client-level one ([`row_privacy_spent`][fedhead.federation.row_privacy.row_privacy_spent]).
+    dp_sgd_heads : bool
+        The heads are DP-SGD outputs for one row
+        ([`JobConfig.dp_sgd_heads`][fedhead.settings.job.JobConfig.dp_sgd_heads]): the sites send them un-noised, so
+        a head sum is no release of its own (the run's accountant charges the training).
     """
 
     def __init__(
-        self, inner: SecureAggregator, *, noise_multiplier: float, sites: int, delta: float, row_level: bool = False
+        self,
+        inner: SecureAggregator,
+        *,
+        noise_multiplier: float,
+        sites: int,
+        delta: float,
+        row_level: bool = False,
+        dp_sgd_heads: bool = False,
     ) -> None:
         self.inner = inner
         self.noise_multiplier = float(noise_multiplier)
         self.sites = int(sites)
         self.delta = float(delta)
         self.row_level = bool(row_level)
+        self.dp_sgd_heads = bool(dp_sgd_heads)
         self.rows = 1  # the exchange's pooled count (row_level: the accounting's population, recorded)
         self.releases = 0  # the secure sums decoded so far: differential privacy composes them
 
@@ -71,9 +83,9 @@ class DifferentialPrivacy(Aggregator):
         return self.inner.address(phase, messages)
 
     def aggregate_train(self, phase: Phase, replies: Iterable[Message]) -> HeadSum:
-        """The secure aggregator's head, one release more."""
+        """The secure aggregator's head, one release more (none for DP-SGD heads)."""
         summed = self.inner.aggregate_train(phase, replies)
-        self.releases += 1
+        self.releases += 0 if self.dp_sgd_heads else 1
         return summed
 
     def aggregate_evaluate(self, phase: Phase, replies: Iterable[Message]) -> MseSum:
@@ -95,9 +107,12 @@ class DifferentialPrivacy(Aggregator):
         return {DP_RELEASES: float(self.releases), DP_EPSILON: float(spent.epsilon)}
 
 
-def make_aggregator(privacy: PrivacyPolicy, sites: int, roster: Roster | None = None) -> Aggregator:
+def make_aggregator(
+    privacy: PrivacyPolicy, sites: int, roster: Roster | None = None, *, dp_sgd_heads: bool = False
+) -> Aggregator:
     """The aggregator of ``privacy.mode`` for ``sites`` sites: clear, secure (among the members of ``roster``,
-    which secure mode needs), or secure wrapped in differential privacy when ``privacy.dp_noise > 0``."""
+    which secure mode needs), or secure wrapped in differential privacy when ``privacy.dp_noise > 0``
+    (``dp_sgd_heads``: the heads are DP-SGD outputs, summed without noise)."""
     if not privacy.secure:
         return ClearAggregator()
     if roster is None:
@@ -109,5 +124,10 @@ def make_aggregator(privacy: PrivacyPolicy, sites: int, roster: Roster | None = 
     if privacy.dp_noise <= 0:
         return secure
     return DifferentialPrivacy(
-        secure, noise_multiplier=privacy.dp_noise, sites=sites, delta=privacy.dp_delta, row_level=privacy.row_level
+        secure,
+        noise_multiplier=privacy.dp_noise,
+        sites=sites,
+        delta=privacy.dp_delta,
+        row_level=privacy.row_level,
+        dp_sgd_heads=dp_sgd_heads and privacy.row_level,
     )

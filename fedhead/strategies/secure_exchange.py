@@ -192,7 +192,7 @@ def sum_moments(grid: Grid, sites: ExchangeSites, settings: ExchangeSettings, se
         length=rp.release_length(sites.dim)
         if settings.row_level
         else sr.moment_length(sites.dim) + (2 * sites.features if raw else 0),
-        bound=sr.statistics_bound() if raw else sr.moment_bound(settings.trust.max_abs),
+        bound=sr.statistics_bound() if raw and not settings.row_level else sr.moment_bound(settings.trust.max_abs),
         setup=setup,
         next_keys={r.node: r.next_keys for r in sites.rows if r.next_keys is not None},
         next_sum=setup.sum_id(FIRST_ROUND_SUM),
@@ -209,7 +209,15 @@ def standardize(summed: SecureSum, sites: ExchangeSites, settings: ExchangeSetti
         if not summed.total[0] > 0:
             raise SecureSumFailed(f"{STAGE}: the noised count of the rows is not positive (too few rows for the noise)")
         rows = rp.pooled_moments(summed.total, sites.dim)
-        return PooledExchange(rows.count, rows.mean, rows.cov, rows.within, survivors, dropped, sites.assigned)
+        if settings.site_statistics is None:
+            return PooledExchange(rows.count, rows.mean, rows.cov, rows.within, survivors, dropped, sites.assigned)
+        # a site-local table in its files' units (PrivacyPolicy.check_units): nothing standardised, no input released
+        target_mode, input_mode = settings.site_statistics
+        st = pooled_standardization([1], [rows.mean], [rows.cov], target_mode=target_mode, input_mode=input_mode)
+        record = _standardization_record(survivors, st, [], [])
+        return PooledExchange(
+            rows.count, rows.mean, rows.cov, rows.within, survivors, dropped, sites.assigned, st, record
+        )
     if settings.site_statistics is None:
         pooled = sr.read_moments(summed.total, sites.dim)
         mean, cov, within = pooled.mean, pooled.cov, pooled.within
@@ -228,16 +236,21 @@ def standardize(summed: SecureSum, sites: ExchangeSites, settings: ExchangeSetti
     off, sc = st.target_offset, st.target_scale
     (mean,), (cov,) = standardized_moments([pooled.mean], [pooled.cov], off, sc)
     _, (within,) = standardized_moments([pooled.mean], [pooled.within], off, sc)
-    record = {
-        "site_keys": [[f"partition {r.partition}", str((r.site or {}).get(protocol.SITE_KEY, ""))] for r in survivors],
-        "target_names": [],
-        "target_offset": np.asarray(off, dtype=np.float64).tolist(),
-        "target_scale": np.asarray(sc, dtype=np.float64).tolist(),
-        "input_mean": [np.asarray(x_mean).tolist()],
-        "input_var": [np.asarray(x_var).tolist()],
-    }
+    record = _standardization_record(survivors, st, [np.asarray(x_mean).tolist()], [np.asarray(x_var).tolist()])
     count = float(pooled.count)
     return PooledExchange(count, mean, cov, within, survivors, dropped, sites.assigned, st, record)
+
+
+def _standardization_record(survivors: Sequence[SiteReply], st: Standardization, input_mean: list, input_var: list):
+    """The run's record of a site-local table's standardisation (what a resume must find again)."""
+    return {
+        "site_keys": [[f"partition {r.partition}", str((r.site or {}).get(protocol.SITE_KEY, ""))] for r in survivors],
+        "target_names": [],
+        "target_offset": np.asarray(st.target_offset, dtype=np.float64).tolist(),
+        "target_scale": np.asarray(st.target_scale, dtype=np.float64).tolist(),
+        "input_mean": input_mean,
+        "input_var": input_var,
+    }
 
 
 def reported_regime(

@@ -130,13 +130,16 @@ def test_the_threshold_range_is_the_secure_sums(sites):
     check_threshold(PrivacyPolicy(mode="secure").threshold_for(sites), sites)
 
 
-def test_the_row_unit_refuses_a_site_local_table():
-    """``dp_unit=row`` clips rows in public units: a site-local table, whose standardisation comes from the sites'
-    statistics, is refused in one line; the default unit and built-in data sets are not."""
+def test_the_row_unit_refuses_a_site_local_table_in_units_derived_from_the_sites():
+    """``dp_unit=row`` clips rows in public units: a site-local table whose standardisation comes from the sites'
+    statistics is refused in one line; one kept in its files' units, the default unit and built-in data sets are
+    not."""
     row = PrivacyPolicy(mode="secure", dp_noise=4.5, dp_max_rows=100, dp_unit="row")
     assert row.row_level and not PrivacyPolicy().row_level
-    with pytest.raises(ConfigError, match=r"^privacy.dp_unit=row needs the targets in public units") as err:
-        row.check_units(site_local=True)
-    assert "\n" not in str(err.value)
-    row.check_units(site_local=False)
-    PrivacyPolicy(mode="secure", dp_noise=4.5, dp_max_rows=100).check_units(site_local=True)
+    for derived in [("pooled", "pooled"), ("none", "pooled"), ("pooled", "none"), ("none", "site")]:
+        with pytest.raises(ConfigError, match=r"^privacy.dp_unit=row needs the targets in public units") as err:
+            row.check_units(derived)
+        assert "\n" not in str(err.value)
+    row.check_units(("none", "none"))
+    row.check_units(None)
+    PrivacyPolicy(mode="secure", dp_noise=4.5, dp_max_rows=100).check_units(("pooled", "pooled"))
