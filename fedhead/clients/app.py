@@ -52,6 +52,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+#: the node state's record of the site's own row-level exchange release (its correction reads it under DP-SGD)
+OWN_RELEASE = "fedhead.own-row-release"
+
 
 # -------------------------------------------------------------------------------- handlers
 def setup(job: JobConfig, msg: Message, context: Context) -> tuple[int, FederatedData, ClientData]:
@@ -78,15 +81,44 @@ def handle_query(job: JobConfig, msg: Message, context: Context) -> Message:
         return handle_mismatch(job, msg, context)
     if stage == protocol.STAGE_STATISTICS:
         reply = handle_statistics(job, msg, context)
-        if job.privacy.row_level and sum_id(msg) is not None:  # a table in its files' (public) units
-            reply.content[protocol.ROW_RELEASE] = row_release(own_site(job, context).y, job.privacy, secure_site(job))
+        add_row_release(job, msg, context, reply.content, own_site(job, context).y)  # its files' (public) units
         return reply
     pid = partition_of(context, job, msg)
     y, mu, sigma = client_moments(job, pid, local_targets(job, context, msg, pid))
     content = moment_reply(y, pid, moments=(mu, sigma))
-    if job.privacy.row_level and sum_id(msg) is not None:
-        content[protocol.ROW_RELEASE] = row_release(y, job.privacy, secure_site(job))
+    add_row_release(job, msg, context, content, y)
     return Message(content, reply_to=msg)
+
+
+def add_row_release(job: JobConfig, msg: Message, context: Context, content: RecordDict, y: np.ndarray) -> None:
+    """``privacy.dp_unit=row``, a message that names a sum: the site's row-level release of its targets ``y``
+    ([`row_release`][fedhead.clients.app.row_release]) into ``content``; kept in the node's state when the site's
+    correction will read its ``Sigma_m`` from it
+    ([`JobConfig.reads_own_release`][fedhead.settings.job.JobConfig.reads_own_release])."""
+    if not (job.privacy.row_level and sum_id(msg) is not None):
+        return
+    record = row_release(y, job.privacy, secure_site(job))
+    content[protocol.ROW_RELEASE] = record
+    if job.reads_own_release:
+        context.state[OWN_RELEASE] = ArrayRecord({protocol.RELEASE: Array(record[protocol.RELEASE].numpy())})
+
+
+def released_moments(job: JobConfig, context: Context, dim: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """``(mu_m, Sigma_m)`` of the site's targets from its own row-level exchange release, which the exact rule and
+    the correction under DP-SGD read (None when they read none,
+    [`JobConfig.reads_own_release`][fedhead.settings.job.JobConfig.reads_own_release]); post-processing of that
+    release, no row read."""
+    if not job.reads_own_release:
+        return None
+    from fedhead.federation.row_privacy import pooled_moments
+
+    if OWN_RELEASE not in context.state:
+        raise ClientError("this run's heads read the site's own exchange release, which this node does not hold")
+    try:
+        own = pooled_moments(context.state[OWN_RELEASE][protocol.RELEASE].numpy(), dim)
+    except ValueError as exc:  # a noised count that is not positive: too few rows for the noise
+        raise ClientError(f"the site's own exchange release: {exc}") from None
+    return own.mean, own.cov
 
 
 def row_release(y: np.ndarray, privacy: PrivacyPolicy, site: SecureSite) -> ArrayRecord:
@@ -122,11 +154,12 @@ def secure_site(job: JobConfig) -> SecureSite:
     return SecureSite(
         lambdas=(st.lambda_h, st.lambda_w),
         privacy=job.privacy,
-        min_sites=max(2, job.failure.required(st.num_clients)),
+        min_sites=job.min_summed_sites,
         sites=st.num_clients,
         job_key=job_key(job),
         max_abs=job.trust.max_abs,
-        dp_sgd_heads=job.dp_sgd_heads,
+        private_heads=job.private_heads,
+        exchange_noise=job.exchange_row_noise,
     )
 
 
@@ -192,7 +225,10 @@ def handle_train(job: JobConfig, msg: Message, context: Context) -> Message:
     pid, data, cd = setup(job, msg, context)
     rnd = round_of(msg)
     charge_training(job, context, rnd)
-    _, mu, sigma = client_moments(job, pid, cd.y_train.detach().cpu().numpy())
+    y, mu, sigma = client_moments(job, pid, cd.y_train.detach().cpu().numpy())
+    released = released_moments(job, context, y.shape[1])
+    if released is not None and job.procedure.exact:  # the closed form of the released moments
+        mu, sigma = released
     backbone = None
     if not job.procedure.exact:
         backbone = load_backbone(job, context, pid, data, cd, required=False, expected_round=rnd - 1)
@@ -208,6 +244,7 @@ def handle_train(job: JobConfig, msg: Message, context: Context) -> Message:
         seed=job.settings.seed,
         device=job.settings.device,
         moments=(mu, sigma),
+        released_sigma=None if released is None or job.procedure.exact else released[1],
     )
     if backbone is not None:
         save_backbone(job, context, pid, rnd, backbone)

@@ -202,7 +202,7 @@ def secure_reply(
     identity: SiteIdentity,
     floor: int,
     max_abs: float = TrustPolicy.max_abs,
-    dp_sgd_heads: bool = False,
+    private_heads: bool = False,
 ) -> RecordDict:
     """The secure form of a clear reply ``content`` (never sent): its vector enters the sum the message names
     ([`begin_sum`][fedhead.clients.secure.begin_sum] as ``identity``, ``floor``, the layout's bound from the
@@ -210,7 +210,7 @@ def secure_reply(
     sent: the site's keys or masked input, partition id and pass/fail self-checks. ``privacy.dp_noise > 0``
     clips, caps and noises the vector first ([`dp_contribution`][fedhead.federation.privacy_noise.dp_contribution],
     ``min_sites``: the fewest sites whose sum the server may decode), except a row-level exchange (noised in the
-    handler) and, ``dp_sgd_heads``, a head trained with DP-SGD, which enters as ``K [vec W_m, b_m, 1]`` with the
+    handler) and, ``private_heads``, a head trained with DP-SGD, which enters as ``K [vec W_m, b_m, 1]`` with the
     public ``K = privacy.dp_max_rows`` (no row count); ``lambdas``: ``(lambda_h, lambda_w)``."""
     metrics = content.metric_records.get(protocol.METRICS, MetricRecord())
     safe: dict[str, int | float] = {}
@@ -218,7 +218,7 @@ def secure_reply(
     row_exchange = privacy.row_level and protocol.ROW_RELEASE in content.array_records
 
     def begin(vector: np.ndarray, bound: float, heads: bool = False) -> RecordDict:
-        if privacy.dp_noise > 0 and not row_exchange and not (heads and dp_sgd_heads):
+        if privacy.dp_noise > 0 and not row_exchange and not (heads and private_heads):
             assert privacy.dp_max_rows is not None  # the policy refuses dp_noise without it
             vector = dp_contribution(
                 vector,
@@ -263,7 +263,7 @@ def secure_reply(
     elif protocol.HEAD in arrays:  # a round's trained head
         weight, bias = protocol.read_head(arrays[protocol.HEAD])
         count = _metric(metrics, protocol.NUM_EXAMPLES)
-        if dp_sgd_heads:  # the public weight: one row moves no count
+        if private_heads:  # the public weight: one row moves no count
             assert privacy.dp_max_rows is not None  # the policy refuses dp_noise without it
             count = float(privacy.dp_max_rows)
         vector = sr.head_vector(count, weight, bias)
@@ -339,8 +339,10 @@ def admit(msg: Message, context: Context, site: SecureSite, policy: SitePolicy, 
         exchange = stage in (protocol.STAGE_MOMENTS, protocol.STAGE_STATISTICS)
         unit = "row" if site.privacy.row_level and exchange else "site"  # the row exchange
         # a DP-SGD head is charged with its round's training (SiteLedger.charge_training), not again here
-        dp_sgd_head = site.dp_sgd_heads and msg.metadata.message_type == MessageType.TRAIN
+        dp_sgd_head = site.private_heads and msg.metadata.message_type == MessageType.TRAIN
         noise = 0.0 if dp_sgd_head else site.privacy.dp_noise
+        if unit == "row" and site.exchange_noise is not None:
+            noise = site.exchange_noise
         ledger.begin_sum(
             scope, name, policy, noise=noise, sites=site.sites, unit=unit, set_up=set_up, charged=not dp_sgd_head
         )
@@ -360,8 +362,11 @@ class SecureSite:
     sites: int = MIN_SITES
     job_key: str = ""
     max_abs: float = TrustPolicy.max_abs
-    #: the heads are DP-SGD outputs for one row ([`JobConfig.dp_sgd_heads`][fedhead.settings.job.JobConfig.dp_sgd_heads])
-    dp_sgd_heads: bool = False
+    #: the heads are DP-SGD outputs for one row ([`JobConfig.private_heads`][fedhead.settings.job.JobConfig.private_heads])
+    private_heads: bool = False
+    #: the row-level exchange's accounted noise multiplier (None: ``privacy.dp_noise``;
+    #: [`JobConfig.exchange_row_noise`][fedhead.settings.job.JobConfig.exchange_row_noise])
+    exchange_noise: float | None = None
 
 
 def secure_mod(site_of: Callable[[Message, Context], SecureSite], simulated: SimulatedSites | None = None):
@@ -409,7 +414,7 @@ def secure_mod(site_of: Callable[[Message, Context], SecureSite], simulated: Sim
                 identity=identity,
                 floor=site_floor(policy, identity),
                 max_abs=site.max_abs,
-                dp_sgd_heads=site.dp_sgd_heads,
+                private_heads=site.private_heads,
             )
         except PolicyRefusal:
             raise

@@ -58,6 +58,7 @@ def train_step(
     seed: int = 0,
     device: str | torch.device | None = "auto",
     moments: Moments | None = None,
+    released_sigma: np.ndarray | None = None,
 ) -> RecordDict:
     """One round of local work on a training message's ``content``; returns the reply content.
 
@@ -88,6 +89,9 @@ def train_step(
         Where to train ([`select_device`][fedhead.train.select_device]).
     moments : (ndarray (C,), ndarray (C, C)), optional
         ``(mu_m, Sigma_m)`` of ``y`` when already computed.
+    released_sigma : ndarray (C, C), optional
+        The site's ``Sigma_m`` from its differentially private exchange release, which the correction uses under
+        per-example DP ([`train_local`][fedhead.train.train_local]'s ``released_sigma_m``).
 
     Returns
     -------
@@ -115,7 +119,8 @@ def train_step(
             apply_shared_state(backbone, content.array_records.get(protocol.BACKBONE), pid)
         minibatch_seed = round_seed(seed, sent.round, pid)
         weight, bias, step_metrics, records = _trained_update(
-            backbone, x, y, sent, procedure, problem, train=train, seed=minibatch_seed, device=device
+            backbone, x, y, sent, procedure, problem, train=train, seed=minibatch_seed, device=device,
+            released_sigma=released_sigma,
         )
         for name, record in records.items():
             reply[name] = record
@@ -162,6 +167,7 @@ def _trained_update(
     train: TrainConfig,
     seed: int,
     device: str | torch.device | None,
+    released_sigma: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray, dict[str, MetricRecordValues], dict[str, ArrayRecord]]:
     """Local training from the broadcast head, then alignment (``procedure.align``): the head, its
     metrics and the reply's extra records (``checks`` when aligned, ``backbone`` for full-model)."""
@@ -179,6 +185,7 @@ def _trained_update(
         problem,
         broadcast_weight=sent.weight,
         sigma_cen=sent.sigma_cen,
+        released_sigma_m=released_sigma,
         device=select_device(device),
         seed=seed,
     )

@@ -34,13 +34,14 @@ def round_training(job: JobConfig) -> TrainingRelease | None:
 def exchange_in_rows(job: JobConfig, releases: float | None) -> tuple[Sequence[float] | None, Sequence[float]]:
     """The exchange's and the later releases' noise multipliers in the row unit, from the noised releases
     counted so far (``releases``, the exchange included; None: none noised): a row-level exchange
-    (``privacy.dp_unit=row``) at ``z``, a client-level one at ``z / 2``, every later (client-level) sum at
+    (``privacy.dp_unit=row``) at [`JobConfig.exchange_row_noise`][fedhead.settings.job.JobConfig.exchange_row_noise]
+    (``z``, or ``z / sqrt(m_min)`` when a site's own release is used), a client-level one at ``z / 2``, every later (client-level) sum at
     ``z / 2``. ``(None, ())`` where the exchange was exact: clear or secure mode without noise."""
     z = job.privacy.dp_noise
     if z <= 0 or not releases:
         return None, ()
     per_release = client_release_in_rows(z)
-    exchange = exchange_event(z)[0] if job.privacy.row_level else per_release
+    exchange = exchange_event(job.exchange_row_noise)[0] if job.privacy.row_level else per_release
     return [exchange], [per_release] * (int(releases) - 1)
 
 

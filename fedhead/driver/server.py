@@ -87,7 +87,8 @@ def make_job_strategy(
         trust=job.trust,
         privacy=job.privacy,
         roster=roster,
-        dp_sgd_heads=job.dp_sgd_heads,
+        private_heads=job.private_heads,
+        exchange_noise=job.exchange_row_noise,
     )
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -226,11 +227,35 @@ class JobConfig:
         return self.procedure.name
 
     @property
-    def dp_sgd_heads(self) -> bool:
-        """Whether the rounds' heads are released as DP-SGD outputs for one row (``privacy.dp_unit=row``,
-        ``train.dp_noise > 0``, a procedure that trains): their secure sums then carry no further noise and no
-        site's row count, each head weighted by the public ``privacy.dp_max_rows`` (docs/privacy.md §10)."""
-        return self.privacy.row_level and self.train.dp_noise > 0 and not self.procedure.exact
+    def private_heads(self) -> bool:
+        """Whether the rounds' heads are already private for one row (``privacy.dp_unit=row``): DP-SGD outputs
+        (``train.dp_noise > 0``) or the exact rule's closed forms from the site's own release
+        ([`reads_own_release`][fedhead.settings.job.JobConfig.reads_own_release]). Their secure sums then carry
+        no further noise and no site's row count, each head weighted by the public ``privacy.dp_max_rows``
+        (docs/privacy.md §10)."""
+        return self.privacy.row_level and (self.train.dp_noise > 0 or self.procedure.exact)
+
+    @property
+    def min_summed_sites(self) -> int:
+        """``m_min``: the fewest sites whose secure sum the server may decode (the failure policy's minimum, at
+        least 2); each site draws its share of a sum's noise for that many."""
+        return max(2, self.failure.required(self.settings.num_clients))
+
+    @property
+    def reads_own_release(self) -> bool:
+        """Whether each site reads its own moments from its row-level exchange release, which it keeps: the exact
+        rule's closed forms, or the correction's ``Sigma_m`` under DP-SGD (``gamma > 0``). That release, noised by
+        the site's share alone, is then a Gaussian mechanism of its own."""
+        own = self.procedure.exact or (self.train.dp_noise > 0 and self.procedure.gamma > 0)
+        return self.privacy.row_level and own
+
+    @property
+    def exchange_row_noise(self) -> float:
+        """The noise multiplier at which the row-level exchange is accounted for one row: ``z``, or
+        ``z / sqrt(m_min)`` when the site's own release, noised by its share alone, is used
+        ([`reads_own_release`][fedhead.settings.job.JobConfig.reads_own_release])."""
+        z = self.privacy.dp_noise
+        return z / math.sqrt(self.min_summed_sites) if self.reads_own_release else z
 
     def local_problem(self) -> LocalProblem:
         """The trainer's [`fedhead.train.LocalProblem`][fedhead.train.LocalProblem], from where each term is stored: the

@@ -81,10 +81,13 @@ class HeadAveraging(Strategy):
     roster : Roster, optional
         The federation's roster of the sites' signing keys, which secure mode needs
         ([`fedhead.federation.roster`][fedhead.federation.roster]).
-    dp_sgd_heads : bool
+    private_heads : bool
         The sites train their heads with DP-SGD under ``privacy.dp_unit=row``
-        ([`JobConfig.dp_sgd_heads`][fedhead.settings.job.JobConfig.dp_sgd_heads]; the sites' secure mod must be
+        ([`JobConfig.private_heads`][fedhead.settings.job.JobConfig.private_heads]; the sites' secure mod must be
         told the same): the heads' sums carry no further noise and count as no release.
+    exchange_noise : float, optional
+        The row-level exchange's accounted noise multiplier, where it is not ``privacy.dp_noise``
+        ([`JobConfig.exchange_row_noise`][fedhead.settings.job.JobConfig.exchange_row_noise]).
     """
 
     def __init__(
@@ -105,7 +108,8 @@ class HeadAveraging(Strategy):
         trust: TrustPolicy | None = None,
         privacy: PrivacyPolicy | None = None,
         roster: Roster | None = None,
-        dp_sgd_heads: bool = False,
+        private_heads: bool = False,
+        exchange_noise: float | None = None,
     ) -> None:
         if lambda_h <= 0 or lambda_w <= 0:
             raise ValueError(f"lambda_h and lambda_w must be positive, got {lambda_h}, {lambda_w}")
@@ -127,7 +131,9 @@ class HeadAveraging(Strategy):
         self.settings.trust.check(int(min_nodes))
         self.privacy.check_strategy(int(min_nodes), self.settings.trust, site_units=site_statistics)
         #: where every sum comes from: the exchange, the heads, the errors and what they cost in privacy
-        self.aggregator = make_aggregator(self.privacy, int(min_nodes), roster, dp_sgd_heads=dp_sgd_heads)
+        self.aggregator = make_aggregator(
+            self.privacy, int(min_nodes), roster, private_heads=private_heads, exchange_noise=exchange_noise
+        )
         self._grid: Grid | None = None
         self.observer: RunObserver = observer or NullObserver()
         self.evaluate_mse = bool(evaluate_mse)

@@ -42,10 +42,13 @@ class DifferentialPrivacy(Aggregator):
     row_level : bool
         ``privacy.dp_unit=row``: epsilon is one row's, the exchange a row-level release and every later sum a
         client-level one ([`row_privacy_spent`][fedhead.federation.row_privacy.row_privacy_spent]).
-    dp_sgd_heads : bool
+    private_heads : bool
         The heads are DP-SGD outputs for one row
-        ([`JobConfig.dp_sgd_heads`][fedhead.settings.job.JobConfig.dp_sgd_heads]): the sites send them un-noised, so
+        ([`JobConfig.private_heads`][fedhead.settings.job.JobConfig.private_heads]): the sites send them un-noised, so
         a head sum is no release of its own (the run's accountant charges the training).
+    exchange_noise : float or None
+        The row-level exchange's accounted noise multiplier (None: ``noise_multiplier``;
+        [`JobConfig.exchange_row_noise`][fedhead.settings.job.JobConfig.exchange_row_noise]).
     """
 
     def __init__(
@@ -56,14 +59,16 @@ class DifferentialPrivacy(Aggregator):
         sites: int,
         delta: float,
         row_level: bool = False,
-        dp_sgd_heads: bool = False,
+        private_heads: bool = False,
+        exchange_noise: float | None = None,
     ) -> None:
         self.inner = inner
         self.noise_multiplier = float(noise_multiplier)
         self.sites = int(sites)
         self.delta = float(delta)
         self.row_level = bool(row_level)
-        self.dp_sgd_heads = bool(dp_sgd_heads)
+        self.private_heads = bool(private_heads)
+        self.exchange_noise = self.noise_multiplier if exchange_noise is None else float(exchange_noise)
         self.rows = 1  # the exchange's pooled count (row_level: the accounting's population, recorded)
         self.releases = 0  # the secure sums decoded so far: differential privacy composes them
 
@@ -85,7 +90,7 @@ class DifferentialPrivacy(Aggregator):
     def aggregate_train(self, phase: Phase, replies: Iterable[Message]) -> HeadSum:
         """The secure aggregator's head, one release more (none for DP-SGD heads)."""
         summed = self.inner.aggregate_train(phase, replies)
-        self.releases += 0 if self.dp_sgd_heads else 1
+        self.releases += 0 if self.private_heads else 1
         return summed
 
     def aggregate_evaluate(self, phase: Phase, replies: Iterable[Message]) -> MseSum:
@@ -99,7 +104,7 @@ class DifferentialPrivacy(Aggregator):
         if not self.releases:
             return {}
         if self.row_level:
-            z, _ = exchange_event(self.noise_multiplier)
+            z, _ = exchange_event(self.exchange_noise)
             later = [self.noise_multiplier] * (self.releases - 1)
             epsilon = row_privacy_spent(z, later, self.rows, self.delta)
             return {DP_RELEASES: float(self.releases), DP_EPSILON: float(epsilon)}
@@ -108,11 +113,17 @@ class DifferentialPrivacy(Aggregator):
 
 
 def make_aggregator(
-    privacy: PrivacyPolicy, sites: int, roster: Roster | None = None, *, dp_sgd_heads: bool = False
+    privacy: PrivacyPolicy,
+    sites: int,
+    roster: Roster | None = None,
+    *,
+    private_heads: bool = False,
+    exchange_noise: float | None = None,
 ) -> Aggregator:
     """The aggregator of ``privacy.mode`` for ``sites`` sites: clear, secure (among the members of ``roster``,
     which secure mode needs), or secure wrapped in differential privacy when ``privacy.dp_noise > 0``
-    (``dp_sgd_heads``: the heads are DP-SGD outputs, summed without noise)."""
+    (``private_heads``: the heads are DP-SGD outputs, summed without noise; ``exchange_noise``: the row-level
+    exchange's accounted noise multiplier, None: ``privacy.dp_noise``)."""
     if not privacy.secure:
         return ClearAggregator()
     if roster is None:
@@ -129,5 +140,6 @@ def make_aggregator(
         sites=sites,
         delta=privacy.dp_delta,
         row_level=privacy.row_level,
-        dp_sgd_heads=dp_sgd_heads and privacy.row_level,
+        private_heads=private_heads and privacy.row_level,
+        exchange_noise=exchange_noise,
     )

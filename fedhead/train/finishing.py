@@ -107,14 +107,14 @@ class ObjectiveTerms:
     trained_sigma: np.ndarray  # (C, C) (1 - gamma) Sigma_m + gamma Sigma_cen (= Sigma_m without correction)
     target_offset: np.ndarray  # (C,) mu_m when the targets are centred, else zeros
     broadcast: np.ndarray | None  # (C, P) W_t of the proximal term
-    delta: np.ndarray | None  # (C, C) Sigma_cen - Sigma_m of the correction
+    delta: np.ndarray | None  # (C, C) Sigma_cen - Sigma_m of the correction (the released Sigma_m under DP)
 
 
 def objective_terms(
-    y: torch.Tensor, problem: LocalProblem, p: int, broadcast_weight, sigma_cen, sigma_m
+    y: torch.Tensor, problem: LocalProblem, p: int, broadcast_weight, sigma_cen, sigma_m, released_sigma_m=None
 ) -> ObjectiveTerms:
     """Moments of the targets and the checked proximal / correction inputs of
-    [`train_local`][fedhead.train.train_local]."""
+    [`train_local`][fedhead.train.train_local] (``released_sigma_m``: the correction's ``Sigma_m``)."""
     c = y.shape[1]
     y64 = y.detach().cpu().numpy().astype(np.float64)
     moments = TargetMoments.from_targets([y64])
@@ -133,6 +133,9 @@ def objective_terms(
     cen = _check_matrix("sigma_cen", sigma_cen, (c, c), True) if problem.gamma > 0 else None
     delta = None if cen is None else cen - sig_m
     trained_sigma = sig_m if cen is None else corrected_covariance(sig_m, cen, problem.gamma)
+    if cen is not None and released_sigma_m is not None:  # the correction of the released Sigma_m
+        delta = cen - _check_matrix("released_sigma_m", released_sigma_m, (c, c), True)
+        trained_sigma = corrected_covariance(sig_m, sig_m + delta, problem.gamma)  # its optimum's covariance
     offset = mu_m if problem.center_targets else np.zeros(c)
     return ObjectiveTerms(
         mu=mu_m - offset, sigma=sig_m, trained_sigma=trained_sigma, target_offset=offset, broadcast=w_t, delta=delta

@@ -75,9 +75,9 @@ def check_inputs(backbone: nn.Module, head: nn.Linear, x: torch.Tensor, y: torch
         )
 
 
-def check_arguments(cfg: TrainConfig, problem: LocalProblem, seed: int) -> int:
+def check_arguments(cfg: TrainConfig, problem: LocalProblem, seed: int, *, released: bool = False) -> int:
     """The recipe, the problem and the seed of a [`fedhead.train.train_local`][fedhead.train.train_local] call, checked;
-    the seed as int."""
+    the seed as int (``released``: the correction's ``Sigma_m`` is a differentially private release)."""
     if not isinstance(cfg, TrainConfig):
         raise TrainInputError(f"train_local: cfg must be a TrainConfig, got {type(cfg).__name__}")
     if not isinstance(problem, LocalProblem):
@@ -85,10 +85,11 @@ def check_arguments(cfg: TrainConfig, problem: LocalProblem, seed: int) -> int:
     if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool) or seed < 0:
         raise TrainInputError(f"train_local: seed must be a non-negative integer, got {seed!r}")
     cfg.validate()
-    if cfg.private and (problem.gamma > 0 or problem.center_targets):
+    if cfg.private and ((problem.gamma > 0 and not released) or problem.center_targets):
         raise TrainInputError(
-            "train_local: per-example DP (TrainConfig.dp_noise > 0) refuses gamma > 0 and centred targets: the "
-            "correction and the centring read the site's own covariance and mean outside the private steps"
+            "train_local: per-example DP (TrainConfig.dp_noise > 0) refuses gamma > 0 without a released Sigma_m, "
+            "and centred targets: the correction and the centring would read the site's own covariance and mean "
+            "outside the private steps"
         )
     return int(seed)
 

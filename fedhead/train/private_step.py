@@ -92,9 +92,7 @@ class PrivateStep(Step):
         expected_batch_size: int,
         generator: torch.Generator,
     ):
-        super().__init__(head.weight, recipe)
-        if recipe.delta is not None:
-            raise ValueError("PrivateStep: the moment correction reads the site's covariance outside DP-SGD")
+        super().__init__(head.weight, recipe)  # recipe.delta: a released Sigma_m's (train_local checks it)
         self.model = GradSampleModule(_Predictor(backbone, head), loss_reduction="mean")
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         inner = torch.optim.AdamW(

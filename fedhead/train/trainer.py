@@ -31,6 +31,7 @@ def train_local(
     broadcast_weight: np.ndarray | None = None,
     sigma_cen: np.ndarray | None = None,
     sigma_m: np.ndarray | None = None,
+    released_sigma_m: np.ndarray | None = None,
     device: str | torch.device | None = None,
     seed: int = 0,
 ) -> LocalResult:
@@ -72,6 +73,10 @@ def train_local(
     sigma_m : ndarray (C, C), optional
         The client's ``Sigma_m`` (theory.md §3), always computed from ``y`` (centring does not change
         it); a given one is only checked against it (relative Frobenius difference <= 1e-5).
+    released_sigma_m : ndarray (C, C), optional
+        ``Sigma_m`` as the site released it with differential privacy: the correction then uses it in place of
+        the rows' own, so that under per-example DP (``cfg.dp_noise > 0``, which needs it when
+        ``problem.gamma > 0``) the correction reads no row outside the private steps.
     device : str or torch.device, optional
         ``"auto"`` (default), ``"cpu"``, ``"cuda"``; see [`select_device`][fedhead.train.select_device].
     seed : int
@@ -91,10 +96,10 @@ def train_local(
     TrainDivergedError
         A non-finite gradient norm (CPU) or non-finite head or objective after training.
     """
-    seed = check_arguments(cfg, problem, seed)
+    seed = check_arguments(cfg, problem, seed, released=released_sigma_m is not None)
     check_inputs(backbone, head, x, y)
     check_private_backbone(cfg, backbone)
-    terms = objective_terms(y, problem, head.in_features, broadcast_weight, sigma_cen, sigma_m)
+    terms = objective_terms(y, problem, head.in_features, broadcast_weight, sigma_cen, sigma_m, released_sigma_m)
     dev = select_device(device)
     loop = TrainLoop(backbone, head, x, y, cfg, problem, terms, dev, seed)
     loop.run()

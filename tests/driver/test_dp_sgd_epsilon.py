@@ -28,17 +28,31 @@ def _job(tmp_path, *overrides: str):
     return load_config(compose_config([*_DP_SGD, *overrides])).jobs(tmp_path)[0]
 
 
-@pytest.mark.parametrize(("unit", "exchange"), [("site", 1.5), ("row", 3.0)])
-def test_the_exchange_the_sums_and_the_training_compose(tmp_path, unit, exchange):
-    job = _job(
-        tmp_path, "privacy.mode=secure", "privacy.dp_noise=3.0", "privacy.dp_max_rows=100", f"privacy.dp_unit={unit}"
-    )
+def test_the_exchange_the_sums_and_the_training_compose(tmp_path):
+    job = _job(tmp_path, "privacy.mode=secure", "privacy.dp_noise=3.0", "privacy.dp_max_rows=100")
     training = training_event(TrainingRelease(1.0, 0.1, 3 * 10))
-    # after round 2: the exchange, two heads and two evaluations (5 releases), two rounds of training
-    events = [release_event(exchange), *[release_event(1.5)] * 4, training, training]
+    # after round 2: the client-level exchange, two heads and two evaluations (5 releases at z / 2 = 1.5), and two
+    # rounds of training
+    events = [*[release_event(1.5)] * 5, training, training]
     spent = row_epsilons(job, 2, 5.0)
     assert spent[ROW_EPSILON] == pytest.approx(run_accountant(events).get_epsilon(1e-4), rel=1e-12)
     assert spent[DP_SGD_EPSILON] == pytest.approx(run_accountant([training, training]).get_epsilon(1e-4), rel=1e-12)
+
+
+def test_under_the_row_unit_dp_sgd_heads_are_no_release_and_the_exchange_is_the_sites_own(tmp_path):
+    """Row unit with DP-SGD: the heads are summed un-noised (no release), only the exchange is counted; the
+    correction reads each site's own release, so the exchange is accounted at ``z / sqrt(m_min)``."""
+    row = ("privacy.mode=secure", "privacy.dp_noise=3.0", "privacy.dp_max_rows=100", "privacy.dp_unit=row")
+    training = training_event(TrainingRelease(1.0, 0.1, 3 * 10))
+    for procedure, own in (("proximal", False), ("corrected_proximal", True)):
+        job = _job(tmp_path, *row, "resources.evaluate_mse=false", f"procedure={procedure}")
+        assert job.min_summed_sites == job.settings.num_clients  # the default failure policy: every site
+        z = 3.0 / math.sqrt(job.min_summed_sites) if own else 3.0
+        assert job.private_heads and job.reads_own_release == own
+        assert job.exchange_row_noise == pytest.approx(z, rel=1e-15)
+        spent = row_epsilons(job, 2, 1.0)
+        expected = run_accountant([release_event(z), training, training]).get_epsilon(1e-4)
+        assert spent[ROW_EPSILON] == pytest.approx(expected, rel=1e-12)
 
 
 def test_an_exact_exchange_or_closed_form_heads_have_no_finite_epsilon(tmp_path):

@@ -125,13 +125,37 @@ def test_dp_refuses_what_reads_rows_outside_the_private_steps(field):
         TrainConfig(dp_noise=1.0, **on)
 
 
-def test_dp_refuses_the_correction_and_centring():
+def test_dp_refuses_the_correction_without_a_released_sigma_and_centring():
     backbone, head = _net()
     x, y = _data()
     cfg = TrainConfig(dp_noise=1.0, **PRIVATE)
     for problem in (LocalProblem(epochs=1, gamma=1.0), LocalProblem(epochs=1, center_targets=True)):
-        with pytest.raises(TrainInputError, match=r"refuses gamma > 0 and centred targets"):
+        with pytest.raises(TrainInputError, match=r"refuses gamma > 0 without a released Sigma_m, and centred"):
             train_local(backbone, head, x, y, cfg, problem, sigma_cen=np.eye(2), device="cpu")
+    with pytest.raises(TrainInputError, match=r"centred targets"):
+        train_local(backbone, head, x, y, cfg, LocalProblem(epochs=1, center_targets=True), released_sigma_m=np.eye(2))
+
+
+def test_the_correction_under_dp_reads_the_released_sigma_not_the_rows():
+    """With a released ``Sigma_m`` the correction's ``Sigma_cen - Sigma_m`` is the released one's: the corrected
+    objective's covariance is ``Sigma_m + gamma (Sigma_cen - released)``, whatever the rows' own covariance."""
+    from fedhead.train.finishing import objective_terms
+
+    _, y = _data()
+    cen, released = np.diag([2.0, 0.5]), np.array([[1.5, 0.2], [0.2, 0.7]])
+    problem = LocalProblem(epochs=1, gamma=0.5)
+    exact = objective_terms(y, problem, 4, None, cen, None)
+    private = objective_terms(y, problem, 4, None, cen, None, released)
+    np.testing.assert_allclose(private.delta, cen - released, rtol=0, atol=1e-15)
+    np.testing.assert_allclose(exact.delta, cen - exact.sigma, rtol=0, atol=1e-15)
+    np.testing.assert_allclose(private.trained_sigma, exact.sigma + 0.5 * (cen - released), rtol=1e-14, atol=1e-15)
+    backbone, head = _net()
+    x, _ = _data()
+    result = train_local(
+        backbone, head, x, y, TrainConfig(dp_noise=1.0, dp_sample_rate=0.5, **PRIVATE), problem,
+        sigma_cen=cen, released_sigma_m=released, device="cpu",
+    )
+    assert np.isfinite(result.weight).all()
 
 
 def test_dp_refuses_free_features_and_batchnorm():

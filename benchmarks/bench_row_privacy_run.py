@@ -1,0 +1,146 @@
+"""Benchmark: the whole run under row-level differential privacy, exchange and heads, against epsilon.
+
+The own-data tutorial's three sites (``examples/own-data/make_sites.py --rows R``; 80 % of each
+site's rows train, ``delta = 1/N`` of the training rows), kept in their files' units
+(``dataset.standardize_targets=none dataset.standardize_inputs=none``, so that the row clip ``C``
+is public), ``model=resmlp_small``, ``--rounds`` rounds of ``--epochs`` local epochs, run with
+``fedhead-run`` as a user runs it:
+
+1. ``true``: ``procedure=exact`` in clear mode, one round: the true ``G_cen`` of the training rows.
+2. per DP-SGD noise multiplier ``sigma`` of ``--sigma``: ``procedure=corrected_proximal`` (and,
+   with ``--proximal``, ``proximal``) with ``privacy.mode=secure privacy.dp_unit=row`` (the
+   row-level exchange at ``--exchange-noise`` with ``C = --clip``; each site's correction reads its
+   ``Sigma_m`` from its own release) and ``train.dp_noise=sigma`` (DP-SGD, Poisson rate
+   ``--sample-rate``, clip 1), ``resources.evaluate_mse=false``.
+3. with ``--client-level``: the same with the client-level exchange (``privacy.dp_unit=site``) at
+   the same ``z``: refused or off, as docs/privacy.md section 8 predicts.
+
+Each run: ``e_F(G_t, G_cen_true)`` after every round and ``rounds[t].row_epsilon`` (the whole run,
+one row, at ``delta``), from its results.json; a run the noise breaks is reported with its error's
+first line. Written to ``OUT/points.json``; the table is printed.
+
+Usage::
+
+    python benchmarks/bench_row_privacy_run.py --rows 1000 --out /tmp/rowrun
+    python benchmarks/bench_row_privacy_run.py --rows 10000 --sample-rate 0.005 --out /tmp/rowrun10k
+
+Measured: docs/privacy.md section 10, "The whole run".
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def e_f(a, b) -> float:
+    """``||A - B||_F / ||B||_F``."""
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
+
+
+def common(files: list[Path], rows: int) -> list[str]:
+    """The overrides of every run: the sites in their files' units, the DP-SGD recipe, delta = 1/N."""
+    n_train = 3 * round(0.8 * rows)
+    return [
+        "dataset=table",
+        f"dataset.files=[{','.join(str(f) for f in files)}]",
+        "dataset.targets=[t1,t2]",
+        "dataset.test_fraction=0.2",
+        "dataset.standardize_targets=none",
+        "dataset.standardize_inputs=none",
+        "model=resmlp_small",
+        "local_tol=null",
+        "train.optimal_bias=false",
+        "train.solve_last_layer=false",
+        "train.finish_features=false",
+        "resources.evaluate_mse=false",
+        f"privacy.dp_delta={1.0 / n_train!r}",
+    ]
+
+
+def run(overrides: list[str], out: Path, procedure: str) -> dict:
+    """One ``fedhead-run``; its results.json, or ``{"error": first line}``."""
+    cmd = [sys.executable, "-m", "fedhead.cli.run", *overrides, f"procedure={procedure}", f"output.dir={out}"]
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=out.parent)
+    results = out / procedure / "results.json"
+    if done.returncode != 0 or not results.is_file():
+        lines = [ln for ln in done.stderr.splitlines() if "error" in ln.lower()] or done.stderr.splitlines()[-1:]
+        return {"error": lines[-1] if lines else f"exit {done.returncode}"}
+    return json.loads(results.read_text())
+
+
+def point(name: str, res: dict, g_true) -> dict:
+    """What the table shows of one run."""
+    if "error" in res:
+        return {"run": name, "error": res["error"]}
+    rounds = res["rounds"]
+    return {
+        "run": name,
+        "e_f_true": [e_f(r["gram"], g_true) for r in rounds],
+        "row_epsilon": [r.get("row_epsilon") for r in rounds],
+        "g_cen_e_f": e_f(res["targets"]["g_cen"], g_true),
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", type=int, default=1000, help="rows per site (default 1000)")
+    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--epochs", type=int, default=20, help="local epochs per round")
+    ap.add_argument("--sigma", type=float, nargs="+", default=[1.2, 2.0], help="DP-SGD noise multipliers")
+    ap.add_argument("--sample-rate", type=float, default=0.02, help="DP-SGD Poisson rate q")
+    ap.add_argument("--exchange-noise", type=float, default=4.53, help="the row-level exchange's z")
+    ap.add_argument("--clip", type=float, default=8.0, help="the exchange's row clip C (the files' units)")
+    ap.add_argument("--proximal", action="store_true", help="also proximal, without the correction")
+    ap.add_argument("--client-level", action="store_true", help="also the client-level exchange")
+    ap.add_argument("--out", type=Path, default=Path("/tmp/bench_row_privacy_run"))
+    args = ap.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    sites = args.out / f"sites{args.rows}"
+    subprocess.run(
+        [sys.executable, str(ROOT / "examples/own-data/make_sites.py"), "--rows", str(args.rows), "--out", str(sites)],
+        check=True,
+        capture_output=True,
+    )
+    base = common([sites / f"site_{c}.csv" for c in "abc"], args.rows)
+    truth = run([*base, "rounds=1"], args.out / "true", "exact")
+    if "error" in truth:
+        raise SystemExit(f"the clear reference failed: {truth['error']}")
+    g_true = truth["targets"]["g_cen"]
+    row = ["privacy.mode=secure", f"privacy.dp_noise={args.exchange_noise}", f"privacy.dp_clip={args.clip}"]
+    row += [f"privacy.dp_max_rows={round(0.8 * args.rows)}", f"rounds={args.rounds}", f"local_epochs={args.epochs}"]
+    points = []
+    for sigma in args.sigma:
+        dp_sgd = [f"train.dp_noise={sigma}", f"train.dp_sample_rate={args.sample_rate}", "train.dp_clip=1.0"]
+        units = [("row", "privacy.dp_unit=row")] + ([("site", "privacy.dp_unit=site")] if args.client_level else [])
+        procedures = ["corrected_proximal"] + (["proximal"] if args.proximal else [])
+        for unit, setting in units:
+            for procedure in procedures:
+                name = f"{procedure} {unit}-level sigma={sigma:g}"
+                out = args.out / name.replace(" ", "_").replace("=", "")
+                res = run([*base, *row, *dp_sgd, setting], out, procedure)
+                points.append(point(name, res, g_true))
+                print(json.dumps(points[-1]), flush=True)
+    (args.out / "points.json").write_text(json.dumps({"args": vars(args) | {"out": str(args.out)}, "points": points}))
+    print(f"\n{args.rows} rows per site, exchange z = {args.exchange_noise:g}, C = {args.clip:g}, q = {args.sample_rate:g}")
+    print("| run | e_F(G_t, G_cen true) by round | row-level epsilon by round | noised G_cen e_F |")
+    print("|---|---|---|---|")
+    for p in points:
+        if "error" in p:
+            print(f"| {p['run']} | refused: {p['error']} | | |")
+            continue
+        ef = " / ".join(f"{v:.3f}" for v in p["e_f_true"])
+        eps = " / ".join(f"{v:.2f}" for v in p["row_epsilon"])
+        print(f"| {p['run']} | {ef} | {eps} | {p['g_cen_e_f']:.3f} |")
+
+
+if __name__ == "__main__":
+    main()
