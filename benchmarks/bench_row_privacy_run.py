@@ -12,8 +12,12 @@ is public), ``model=resmlp_small``, ``--rounds`` rounds of ``--epochs`` local ep
    row-level exchange at ``--exchange-noise`` with ``C = --clip``; each site's correction reads its
    ``Sigma_m`` from its own release) and ``train.dp_noise=sigma`` (DP-SGD, Poisson rate
    ``--sample-rate``, clip 1), ``resources.evaluate_mse=false``.
-3. with ``--client-level``: the same with the client-level exchange (``privacy.dp_unit=site``) at
-   the same ``z``: refused or off, as docs/privacy.md section 8 predicts.
+3. ``closed forms``: ``procedure=exact +procedure.gamma=1`` under the same row-level exchange: each site's head
+   is the exact rule's closed form of its own released moments (no training, no further epsilon).
+4. with ``--reference``: ``corrected_proximal`` without any differential privacy (clear mode, the same
+   recipe): what the optimiser reaches in these rounds without noise.
+5. with ``--client-level``: the trained runs with the client-level exchange (``privacy.dp_unit=site``)
+   at the same ``z``: refused or off, as docs/privacy.md section 8 predicts.
 
 Each run: ``e_F(G_t, G_cen_true)`` after every round and ``rounds[t].row_epsilon`` (the whole run,
 one row, at ``delta``), from its results.json; a run the noise breaks is reported with its error's
@@ -85,7 +89,7 @@ def point(name: str, res: dict, g_true) -> dict:
     return {
         "run": name,
         "e_f_true": [e_f(r["gram"], g_true) for r in rounds],
-        "row_epsilon": [r.get("row_epsilon") for r in rounds],
+        "row_epsilon": [r.get("row_epsilon", r.get("dp_epsilon")) for r in rounds],
         "g_cen_e_f": e_f(res["targets"]["g_cen"], g_true),
     }
 
@@ -101,6 +105,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--clip", type=float, default=8.0, help="the exchange's row clip C (the files' units)")
     ap.add_argument("--proximal", action="store_true", help="also proximal, without the correction")
     ap.add_argument("--client-level", action="store_true", help="also the client-level exchange")
+    ap.add_argument("--reference", action="store_true", help="also corrected_proximal without DP")
     ap.add_argument("--out", type=Path, default=Path("/tmp/bench_row_privacy_run"))
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -117,7 +122,14 @@ def main(argv: list[str] | None = None) -> None:
     g_true = truth["targets"]["g_cen"]
     row = ["privacy.mode=secure", f"privacy.dp_noise={args.exchange_noise}", f"privacy.dp_clip={args.clip}"]
     row += [f"privacy.dp_max_rows={round(0.8 * args.rows)}", f"rounds={args.rounds}", f"local_epochs={args.epochs}"]
-    points = []
+    closed = run([*base, *row, "privacy.dp_unit=row", "+procedure.gamma=1.0"], args.out / "closed_forms", "exact")
+    points = [point("closed forms (exact, gamma = 1) row-level", closed, g_true)]
+    print(json.dumps(points[-1]), flush=True)
+    if args.reference:
+        clear = [f"rounds={args.rounds}", f"local_epochs={args.epochs}"]
+        reference = run([*base, *clear], args.out / "no_dp", "corrected_proximal")
+        points.append(point("corrected_proximal no DP", reference, g_true))
+        print(json.dumps(points[-1]), flush=True)
     for sigma in args.sigma:
         dp_sgd = [f"train.dp_noise={sigma}", f"train.dp_sample_rate={args.sample_rate}", "train.dp_clip=1.0"]
         units = [("row", "privacy.dp_unit=row")] + ([("site", "privacy.dp_unit=site")] if args.client_level else [])
@@ -130,7 +142,12 @@ def main(argv: list[str] | None = None) -> None:
                 points.append(point(name, res, g_true))
                 print(json.dumps(points[-1]), flush=True)
     (args.out / "points.json").write_text(json.dumps({"args": vars(args) | {"out": str(args.out)}, "points": points}))
-    print(f"\n{args.rows} rows per site, exchange z = {args.exchange_noise:g}, C = {args.clip:g}, q = {args.sample_rate:g}")
+    print_table(points, args)
+
+
+def print_table(points: list[dict], args: argparse.Namespace) -> None:
+    """The measured points as a Markdown table."""
+    print(f"\n{args.rows} rows per site, exchange z {args.exchange_noise:g}, C {args.clip:g}, q {args.sample_rate}")
     print("| run | e_F(G_t, G_cen true) by round | row-level epsilon by round | noised G_cen e_F |")
     print("|---|---|---|---|")
     for p in points:
@@ -138,7 +155,7 @@ def main(argv: list[str] | None = None) -> None:
             print(f"| {p['run']} | refused: {p['error']} | | |")
             continue
         ef = " / ".join(f"{v:.3f}" for v in p["e_f_true"])
-        eps = " / ".join(f"{v:.2f}" for v in p["row_epsilon"])
+        eps = " / ".join("-" if v is None else f"{v:.2f}" for v in p["row_epsilon"])
         print(f"| {p['run']} | {ef} | {eps} | {p['g_cen_e_f']:.3f} |")
 
 
