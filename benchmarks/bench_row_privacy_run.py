@@ -21,7 +21,8 @@ is public), ``model=resmlp_small``, ``--rounds`` rounds of ``--epochs`` local ep
 
 Each run: ``e_F(G_t, G_cen_true)`` after every round and ``rounds[t].row_epsilon`` (the whole run,
 one row, at ``delta``), from its results.json; a run the noise breaks is reported with its error's
-first line. Written to ``OUT/points.json``; the table is printed.
+first line. Written to ``OUT/points.json``; the table is printed; ``--figure``: each run's ``e_F(G_t, G_cen_true)``
+against its epsilon so far, round by round (``--replot``: from ``OUT/points.json``).
 
 Usage::
 
@@ -99,7 +100,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--rows", type=int, default=1000, help="rows per site (default 1000)")
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--epochs", type=int, default=20, help="local epochs per round")
-    ap.add_argument("--sigma", type=float, nargs="+", default=[1.2, 2.0], help="DP-SGD noise multipliers")
+    ap.add_argument("--sigma", type=float, nargs="*", default=[1.2], help="DP-SGD noise multipliers (none: no run)")
     ap.add_argument("--sample-rate", type=float, default=0.02, help="DP-SGD Poisson rate q")
     ap.add_argument("--exchange-noise", type=float, default=4.53, help="the row-level exchange's z")
     ap.add_argument("--clip", type=float, default=8.0, help="the exchange's row clip C (the files' units)")
@@ -107,7 +108,15 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--client-level", action="store_true", help="also the client-level exchange")
     ap.add_argument("--reference", action="store_true", help="also corrected_proximal without DP")
     ap.add_argument("--out", type=Path, default=Path("/tmp/bench_row_privacy_run"))
+    ap.add_argument("--figure", type=Path, default=None, help="where to draw the figure (PNG)")
+    ap.add_argument("--replot", action="store_true", help="the table and figure again from OUT/points.json")
     args = ap.parse_args(argv)
+    if args.replot:
+        points = json.loads((args.out / "points.json").read_text())["points"]
+        print_table(points, args)
+        if args.figure is not None:
+            plot(points, args.figure)
+        return
     args.out.mkdir(parents=True, exist_ok=True)
     sites = args.out / f"sites{args.rows}"
     subprocess.run(
@@ -141,8 +150,36 @@ def main(argv: list[str] | None = None) -> None:
                 res = run([*base, *row, *dp_sgd, setting], out, procedure)
                 points.append(point(name, res, g_true))
                 print(json.dumps(points[-1]), flush=True)
-    (args.out / "points.json").write_text(json.dumps({"args": vars(args) | {"out": str(args.out)}, "points": points}))
+    settings = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
+    (args.out / "points.json").write_text(json.dumps({"args": settings, "points": points}))
     print_table(points, args)
+    if args.figure is not None:
+        plot(points, args.figure)
+
+
+def plot(points: list[dict], path: Path) -> None:
+    """Each run's ``e_F(G_t, G_cen_true)`` against its epsilon so far, one marker per round (log scales)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for p in points:
+        if "error" in p:
+            continue
+        pairs = [(e, f) for e, f in zip(p["row_epsilon"], p["e_f_true"], strict=True) if e is not None and e < 1e300]
+        if pairs:
+            ax.plot(*zip(*pairs, strict=True), marker="o", label=p["run"])
+        else:  # no finite epsilon: the reference without DP, drawn as its last round's level
+            ax.axhline(p["e_f_true"][-1], ls=":", color="grey", label=f"{p['run']} (last round)")
+    ax.axhline(0.1, ls="--", color="k", lw=0.8, label="goal e_F = 0.1")
+    ax.set(xscale="log", yscale="log", xlabel="row-level epsilon so far (delta = 1/N)", ylabel="e_F(G_t, G_cen true)")
+    ax.set_title("The whole run, round by round (first marker: the exchange)", fontsize=10)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def print_table(points: list[dict], args: argparse.Namespace) -> None:
