@@ -360,7 +360,7 @@ class SecureSite:
     sites: int = MIN_SITES
     job_key: str = ""
     max_abs: float = TrustPolicy.max_abs
-    #: the heads are DP-SGD outputs for one row ([`JobConfig.dp_sgd_heads`][fedhead.settings.job.JobConfig.dp_sgd_heads])
+    #: the heads are DP-SGD outputs ([`JobConfig.dp_sgd_heads`][fedhead.settings.job.JobConfig.dp_sgd_heads])
     dp_sgd_heads: bool = False
 
 
