@@ -1,7 +1,8 @@
 """``privacy.dp_unit=row`` with a site-local table kept in its files' units, in process (real ClientApps, no
 Ray): the statistics exchange carries each site's row-level release of its raw targets (never sent as is); the
-server's ``G_cen`` is the clear run's within the predicted noise and the recorded standardisation is the
-identity. A table standardised from the sites' statistics is refused in one line before any message."""
+server's ``G_cen`` is the clear run's within the predicted noise, the recorded standardisation is the
+identity and a site's ledger charges the exchange as a row-level release. A table standardised from the sites'
+statistics is refused in one line before any message."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import math
 import numpy as np
 import pytest
 from app_helpers import simulated_sites
+from test_dp_sgd_heads import _run_with_ledgers
 from test_secure_mode import SECURE, RecordingGrid, _rel, _run
 from test_site_local import SIZES, _job, _sites
 
@@ -32,7 +34,8 @@ def test_a_table_in_its_files_units_takes_the_row_level_exchange(tmp_path, task_
     files = _sites(tmp_path)
     clear, _ = _run(_job(tmp_path / "clear", files, *OVER, *UNITS))
     z = 0.01
-    noisy, grid = _run(_job(tmp_path / "noisy", files, *OVER, *UNITS, SECURE, *ROW, f"privacy.dp_noise={z}"))
+    job = _job(tmp_path / "noisy", files, *OVER, *UNITS, SECURE, *ROW, f"privacy.dp_noise={z}")
+    noisy, ledgers, grid = _run_with_ledgers(job, tmp_path)  # sites with a row-unit budget
     assert clear.moments is not None and clear.targets is not None
     assert noisy.moments is not None and noisy.targets is not None
     rows, sigma = sum(SIZES), np.asarray(clear.moments["sigma_cen"])
@@ -53,6 +56,11 @@ def test_a_table_in_its_files_units_takes_the_row_level_exchange(tmp_path, task_
     spent = noisy.privacy["dp"]
     assert spent["releases"] == 2  # the exchange (row level), the round's head (client level)
     assert spent["epsilon"] == pytest.approx(rp.row_privacy_spent(z, [z], rows, 1e-5), rel=1e-9)
+    for releases in ledgers:  # each site charged the exchange as a row-level release, the head as a client-level one
+        assert [(r["sum"].rsplit("/", 1)[-1], r.get("unit"), r["noise"]) for r in releases] == [
+            ("exchange", "row", z),
+            ("train-1", None, z),
+        ]
 
 
 @pytest.mark.parametrize("units", [("pooled", "none"), ("none", "pooled"), ("pooled", "pooled")])
