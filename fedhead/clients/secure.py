@@ -362,10 +362,9 @@ class SecureSite:
     sites: int = MIN_SITES
     job_key: str = ""
     max_abs: float = TrustPolicy.max_abs
-    #: the heads are DP-SGD outputs for one row ([`JobConfig.private_heads`][fedhead.settings.job.JobConfig.private_heads])
+    #: the heads are private for one row ([`JobConfig.private_heads`][fedhead.settings.job.JobConfig.private_heads])
     private_heads: bool = False
-    #: the row-level exchange's accounted noise multiplier (None: ``privacy.dp_noise``;
-    #: [`JobConfig.exchange_row_noise`][fedhead.settings.job.JobConfig.exchange_row_noise])
+    #: the exchange's row-level noise ([`JobConfig.exchange_row_noise`][fedhead.settings.job.JobConfig.exchange_row_noise])
     exchange_noise: float | None = None
 
 

@@ -39,7 +39,7 @@ def test_the_exchange_the_sums_and_the_training_compose(tmp_path):
     assert spent[DP_SGD_EPSILON] == pytest.approx(run_accountant([training, training]).get_epsilon(1e-4), rel=1e-12)
 
 
-def test_under_the_row_unit_dp_sgd_heads_are_no_release_and_the_exchange_is_the_sites_own(tmp_path):
+def test_under_the_row_unit_private_heads_are_no_release_and_the_exchange_is_the_sites_own(tmp_path):
     """Row unit with DP-SGD: the heads are summed un-noised (no release), only the exchange is counted; the
     correction reads each site's own release, so the exchange is accounted at ``z / sqrt(m_min)``."""
     row = ("privacy.mode=secure", "privacy.dp_noise=3.0", "privacy.dp_max_rows=100", "privacy.dp_unit=row")

@@ -143,3 +143,41 @@ def test_the_row_unit_refuses_a_site_local_table_in_units_derived_from_the_sites
     row.check_units(("none", "none"))
     row.check_units(None)
     PrivacyPolicy(mode="secure", dp_noise=4.5, dp_max_rows=100).check_units(("pooled", "pooled"))
+
+
+#: a row-level secure run whose sites train with DP-SGD
+ROW_DP_SGD = ("privacy.mode=secure", "privacy.dp_unit=row", "privacy.dp_noise=1", "privacy.dp_max_rows=100")
+#: DP-SGD's recipe: nothing reads a site's rows outside the private steps
+DP_SGD = (
+    "train.dp_noise=1.2",
+    "local_tol=null",
+    "train.optimal_bias=false",
+    "train.solve_last_layer=false",
+    "train.finish_features=false",
+)
+
+
+def test_a_row_level_dp_sgd_run_refuses_evaluations():
+    """``privacy.dp_unit=row`` with ``train.dp_noise > 0``: an evaluation's errors would be a client-level release
+    at a row-level noise multiplier; a procedure that trains is refused in one line naming the setting that
+    avoids it, an exact one (nothing trained), ``resources.evaluate_mse=false``, no DP-SGD and the site unit are
+    not."""
+    for trains in ("procedure=proximal", "experiment.procedures=[exact,proximal]"):  # one procedure that trains
+        with pytest.raises(ConfigError) as err:
+            load_config(compose_config([trains, *ROW_DP_SGD, *DP_SGD]))
+        message = str(err.value)
+        assert message.startswith("privacy.dp_unit=row with train.dp_noise > 0: each evaluation's errors would be")
+        assert "\n" not in message and "set resources.evaluate_mse=false" in message
+        assert exit_code(err.value) == EXIT_USAGE
+    accepted = {
+        ("procedure=exact", *DP_SGD): False,  # nothing trained: the heads are closed-form
+        ("experiment.procedures=[exact]", *DP_SGD): False,
+        ("procedure=proximal", *DP_SGD, "resources.evaluate_mse=false"): True,
+        ("procedure=proximal", "train.dp_noise=0"): False,
+    }
+    for overrides, private_heads in accepted.items():
+        (job,) = load_config(compose_config([*ROW_DP_SGD, *overrides])).jobs("out")
+        assert job.private_heads is private_heads, overrides
+    site_unit = [o for o in ROW_DP_SGD if o != "privacy.dp_unit=row"]
+    (job,) = load_config(compose_config(["procedure=proximal", *site_unit, *DP_SGD])).jobs("out")
+    assert not job.private_heads  # client-level releases: every head noised and counted

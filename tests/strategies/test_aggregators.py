@@ -330,3 +330,26 @@ def test_the_privacy_mode_picks_the_aggregator_once():
     assert (dp.noise_multiplier, dp.sites, dp.delta) == (0.5, 4, 1e-6)
     strategy = HeadAveraging(lambda_h=LH, lambda_w=LW, min_nodes=4, privacy=SECURE, roster=ROSTER)
     assert type(strategy.aggregator) is SecureAggregator
+
+
+def test_private_heads_are_no_release_of_their_own(task_identity):
+    """A head sum of DP-SGD outputs (un-noised, charged with the training) counts no release, an evaluation one;
+    the aggregator is told so only under the row unit."""
+    sites = [_vote(s, 1) for s in _site_rows()]
+    pooled = PooledExchange(50.0, np.zeros(2), np.eye(2), np.eye(2), sites, [], False)
+    heads = HeadSum(np.ones((C, P)), np.ones(C), TrainReplies.none((C, P)), np.zeros(0), (), [], {})
+    counted = []
+    for private_heads in (True, False):
+        dp = DifferentialPrivacy(
+            _Sums(pooled, heads), noise_multiplier=0.7, sites=4, delta=1e-5, row_level=True, private_heads=private_heads
+        )
+        phase = Phase("train", 1, dp.exchange(_settings(), FakeGrid({}), NODES), _settings())
+        assert dp.aggregate_train(phase, []) is heads
+        counted.append(dp.releases)
+        dp.aggregate_evaluate(phase, [])
+        counted.append(dp.releases)
+    assert counted == [1, 2, 2, 3]  # the exchange, (the head,) the evaluation
+    row = PrivacyPolicy(mode="secure", dp_noise=0.5, dp_max_rows=100, dp_unit="row")
+    site = PrivacyPolicy(mode="secure", dp_noise=0.5, dp_max_rows=100)
+    made = [make_aggregator(p, 4, ROSTER, private_heads=True) for p in (row, site)]
+    assert [isinstance(a, DifferentialPrivacy) and a.private_heads for a in made] == [True, False]
