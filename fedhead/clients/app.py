@@ -28,7 +28,7 @@ from fedhead.clients.ledger import SiteLedger, run_scope
 from fedhead.clients.messages import ClientError, round_of
 from fedhead.clients.moments import moment_reply
 from fedhead.clients.policy import site_policy
-from fedhead.clients.secure import SecureSite, fully_active, secure_mod, sum_id
+from fedhead.clients.secure import SecureSite, secure_mod, sum_id
 from fedhead.clients.site import handle_statistics, local_data, local_targets, own_site
 from fedhead.clients.state import (
     client_moments,
@@ -41,6 +41,7 @@ from fedhead.clients.state import (
     save_backbone,
     train_inputs,
 )
+from fedhead.clients.sum_inputs import fully_active
 from fedhead.federation import protocol
 from fedhead.federation.run_privacy import round_training
 from fedhead.federation.secure_records import FULLY_ACTIVE, STAGE_REGIME
@@ -111,6 +112,7 @@ def released_moments(job: JobConfig, context: Context, dim: int) -> tuple[np.nda
     if not job.reads_own_release:
         return None
     from fedhead.federation.row_privacy import pooled_moments
+    from fedhead.federation.secure_records import nearest_psd
 
     if OWN_RELEASE not in context.state:
         raise ClientError("this run's heads read the site's own exchange release, which this node does not hold")
@@ -118,7 +120,7 @@ def released_moments(job: JobConfig, context: Context, dim: int) -> tuple[np.nda
         own = pooled_moments(context.state[OWN_RELEASE][protocol.RELEASE].numpy(), dim)
     except ValueError as exc:  # a noised count that is not positive: too few rows for the noise
         raise ClientError(f"the site's own exchange release: {exc}") from None
-    return own.mean, own.cov
+    return own.mean, nearest_psd(own.cov)  # a noised covariance may have negative eigenvalues
 
 
 def row_release(y: np.ndarray, privacy: PrivacyPolicy, site: SecureSite) -> ArrayRecord:

@@ -34,15 +34,14 @@ from fedhead.clients.identity import SimulatedSites, SiteIdentity, site_identity
 from fedhead.clients.ledger import SiteLedger, run_scope
 from fedhead.clients.messages import ClientError
 from fedhead.clients.policy import PolicyRefusal, SitePolicy, site_policy
+from fedhead.clients.sum_inputs import sum_input
 from fedhead.federation import protocol
 from fedhead.federation import secure_records as sr
-from fedhead.federation.local_fit import LOCAL_GAP_THRESHOLD as _LOCAL_GAP_THRESHOLD
 from fedhead.federation.privacy_noise import dp_contribution
 from fedhead.federation.secure_site import SecureSumClient
 from fedhead.federation.secure_sum import MIN_SITES, SecureSumError, default_threshold
 from fedhead.settings.privacy import PrivacyPolicy
 from fedhead.settings.trust import TrustPolicy
-from fedhead.ufm import fully_active_margins
 
 log = logging.getLogger(__name__)
 
@@ -184,13 +183,6 @@ def _secure_step(
     return out
 
 
-def _metric(metrics: Mapping[str, object], key: str) -> float:
-    value = metrics.get(key)
-    if not isinstance(value, int | float):
-        raise ClientError(f"secure sum: the reply lacks its metric '{key}'")
-    return float(value)
-
-
 def secure_reply(
     msg: Message,
     context: Context,
@@ -204,103 +196,33 @@ def secure_reply(
     max_abs: float = TrustPolicy.max_abs,
     private_heads: bool = False,
 ) -> RecordDict:
-    """The secure form of a clear reply ``content`` (never sent): its vector enters the sum the message names
+    """The secure form of a clear reply ``content`` (never sent): its
+    [`sum_input`][fedhead.clients.sum_inputs.sum_input] enters the sum the message names
     ([`begin_sum`][fedhead.clients.secure.begin_sum] as ``identity``, ``floor``, the layout's bound from the
-    run's ``max_abs``; the exchange's vector: [`exchange_vector`][fedhead.clients.secure.exchange_vector]);
-    sent: the site's keys or masked input, partition id and pass/fail self-checks. ``privacy.dp_noise > 0``
-    clips, caps and noises the vector first ([`dp_contribution`][fedhead.federation.privacy_noise.dp_contribution],
-    ``min_sites``: the fewest sites whose sum the server may decode), except a row-level exchange (noised in the
-    handler) and, ``private_heads``, a head trained with DP-SGD, which enters as ``K [vec W_m, b_m, 1]`` with the
-    public ``K = privacy.dp_max_rows`` (no row count); ``lambdas``: ``(lambda_h, lambda_w)``."""
-    metrics = content.metric_records.get(protocol.METRICS, MetricRecord())
-    safe: dict[str, int | float] = {}
-
-    row_exchange = privacy.row_level and protocol.ROW_RELEASE in content.array_records
-
-    def begin(vector: np.ndarray, bound: float, heads: bool = False) -> RecordDict:
-        if privacy.dp_noise > 0 and not row_exchange and not (heads and private_heads):
-            assert privacy.dp_max_rows is not None  # the policy refuses dp_noise without it
-            vector = dp_contribution(
-                vector,
-                max(1, int(_metric(metrics, protocol.NUM_EXAMPLES))),
-                clip=privacy.clip_of(heads),
-                max_rows=privacy.dp_max_rows,
-                noise_multiplier=privacy.dp_noise,
-                min_sites=min_sites,
-                rng=np.random.default_rng(),  # the operating system's entropy: no seed the server could know
-            )
-        noised = min_sites if privacy.dp_noise > 0 else 0
-        return begin_sum(msg, context, vector, safe, identity=identity, floor=floor, bound=bound, noised_for=noised)
-
-    if protocol.PARTITION_ID in metrics:
-        safe[protocol.PARTITION_ID] = int(_metric(metrics, protocol.PARTITION_ID))
-    arrays = content.array_records
-    if protocol.MOMENTS in arrays:  # the moment exchange
-        mean, cov = arrays[protocol.MOMENTS][protocol.MEAN].numpy(), arrays[protocol.MOMENTS][protocol.COV].numpy()
-        vector = exchange_vector(arrays, _metric(metrics, protocol.NUM_EXAMPLES), privacy)
-        safe[sr.FULLY_ACTIVE] = int(fully_active(cov, lambdas))
-        safe[sr.TARGETS] = int(np.asarray(mean).size)
-        return begin(vector, sr.moment_bound(max_abs))
-    elif protocol.SITE_STATS in arrays:  # a site-local table's statistics
-        st = arrays[protocol.SITE_STATS]
-        cov = st[protocol.Y_COV].numpy()
-        safe[sr.TARGETS] = int(cov.shape[0])
-        safe[sr.FEATURES] = int(st[protocol.X_MEAN].numpy().size)
-        if privacy.row_level:  # its files' units: the raw targets' row-level release (inputs stay raw)
-            reply = begin(exchange_vector(arrays, 0.0, privacy), sr.moment_bound(max_abs))
-            reply[protocol.SITE] = content.config_records[protocol.SITE]
-            return reply
-        vector = sr.statistics_vector(
-            _metric(metrics, protocol.NUM_EXAMPLES),
-            st[protocol.Y_MEAN].numpy(),
-            cov,
-            st[protocol.X_MEAN].numpy(),
-            st[protocol.X_VAR].numpy(),
+    run's ``max_abs``); sent: the site's keys or masked input, partition id and pass/fail self-checks.
+    ``privacy.dp_noise > 0`` clips, caps and noises the vector first
+    ([`dp_contribution`][fedhead.federation.privacy_noise.dp_contribution], ``min_sites``: the fewest sites whose
+    sum the server may decode), unless it is already private for one row (a row-level exchange release, a head of
+    ``private_heads``); ``lambdas``: ``(lambda_h, lambda_w)``."""
+    given = sum_input(msg, content, lambdas=lambdas, privacy=privacy, max_abs=max_abs, private_heads=private_heads)
+    vector = given.vector
+    if privacy.dp_noise > 0 and not given.private:
+        assert privacy.dp_max_rows is not None  # the policy refuses dp_noise without it
+        vector = dp_contribution(
+            vector,
+            given.rows,
+            clip=privacy.clip_of(given.heads),
+            max_rows=privacy.dp_max_rows,
+            noise_multiplier=privacy.dp_noise,
+            min_sites=min_sites,
+            rng=np.random.default_rng(),  # the operating system's entropy: no seed the server could know
         )
-        reply = begin(vector, sr.statistics_bound())
-        reply[protocol.SITE] = content.config_records[protocol.SITE]  # column names and the file's key
-        return reply
-    elif protocol.HEAD in arrays:  # a round's trained head
-        weight, bias = protocol.read_head(arrays[protocol.HEAD])
-        count = _metric(metrics, protocol.NUM_EXAMPLES)
-        if private_heads:  # the public weight: one row moves no count
-            assert privacy.dp_max_rows is not None  # the policy refuses dp_noise without it
-            count = float(privacy.dp_max_rows)
-        vector = sr.head_vector(count, weight, bias)
-        cfg = msg.content.config_records.get(protocol.CONFIG)
-        rnd = None if cfg is None else cfg.get(protocol.SERVER_ROUND)
-        if isinstance(rnd, int):
-            safe[protocol.SERVER_ROUND] = rnd
-        gap = metrics.get(protocol.TRAINED_GAP)
-        if isinstance(gap, int | float):
-            safe[sr.LOCAL_OPTIMUM] = int(float(gap) <= _LOCAL_GAP_THRESHOLD)
-        return begin(vector, sr.head_bound(max_abs), heads=True)
-    else:  # an evaluation
-        test = metrics.get(protocol.TEST_MSE)
-        vector = sr.mse_vector(
-            _metric(metrics, protocol.TRAIN_MSE),
-            int(_metric(metrics, protocol.NUM_EXAMPLES)),
-            None if not isinstance(test, int | float) else float(test),
-            int(_metric(metrics, protocol.NUM_TEST_EXAMPLES)) if protocol.NUM_TEST_EXAMPLES in metrics else 0,
-        )
-        return begin(vector, sr.MSE_BOUND)
-
-
-def exchange_vector(arrays: Mapping[str, ArrayRecord], count: float, privacy: PrivacyPolicy) -> np.ndarray:
-    """A site's input to the exchange's sum: ``N_m [1, mu_m, Sigma_m, mu_m mu_m^T]`` of its moment reply, or, with
-    ``privacy.dp_unit=row``, the moment step's noised row-level release
-    ([`fedhead.federation.row_privacy`][fedhead.federation.row_privacy]), which no further noise is added to."""
-    if not privacy.row_level:
-        moments = arrays[protocol.MOMENTS]
-        return sr.moment_vector(count, moments[protocol.MEAN].numpy(), moments[protocol.COV].numpy())
-    if protocol.ROW_RELEASE not in arrays:
-        raise ClientError("privacy.dp_unit=row: the moment reply carries no row-level release")
-    return arrays[protocol.ROW_RELEASE][protocol.RELEASE].numpy()
-
-
-def fully_active(cov: np.ndarray, lambdas: tuple[float, float]) -> bool:
-    """This site's own margin as pass or fail (theory.md §3)."""
-    return bool(fully_active_margins(np.asarray(cov, dtype=np.float64)[None], *lambdas).margins[0] > 0)
+    noised = min_sites if privacy.dp_noise > 0 else 0
+    safe = dict(given.safe)
+    reply = begin_sum(msg, context, vector, safe, identity=identity, floor=floor, bound=given.bound, noised_for=noised)
+    if given.site is not None:
+        reply[protocol.SITE] = given.site  # column names and the file's key
+    return reply
 
 
 def refuse_clear(msg: Message, policy: SitePolicy) -> None:
@@ -364,7 +286,7 @@ class SecureSite:
     max_abs: float = TrustPolicy.max_abs
     #: the heads are private for one row ([`JobConfig.private_heads`][fedhead.settings.job.JobConfig.private_heads])
     private_heads: bool = False
-    #: the exchange's row-level noise ([`JobConfig.exchange_row_noise`][fedhead.settings.job.JobConfig.exchange_row_noise])
+    #: [`JobConfig.exchange_row_noise`][fedhead.settings.job.JobConfig.exchange_row_noise]
     exchange_noise: float | None = None
 
 

@@ -83,15 +83,12 @@ def train_step(
         ([`LocalProblem.from_procedure`][fedhead.train.LocalProblem.from_procedure]: its ``gamma``
         and centring must be the procedure's) and the local recipe.
     partition_id, seed : int
-        The client's number and the run seed; the round's seed is
-        [`round_seed`][fedhead.train.round_seed] ``(seed, round, partition_id)``.
+        The client's number and the run seed (the round's: [`round_seed`][fedhead.train.round_seed]).
     device : str or torch.device, optional
         Where to train ([`select_device`][fedhead.train.select_device]).
-    moments : (ndarray (C,), ndarray (C, C)), optional
-        ``(mu_m, Sigma_m)`` of ``y`` when already computed.
-    released_sigma : ndarray (C, C), optional
-        The site's ``Sigma_m`` from its differentially private exchange release, which the correction uses under
-        per-example DP ([`train_local`][fedhead.train.train_local]'s ``released_sigma_m``).
+    moments, released_sigma : (ndarray (C,), ndarray (C, C)), ndarray (C, C), optional
+        ``(mu_m, Sigma_m)`` of ``y`` when already computed; [`train_local`][fedhead.train.train_local]'s
+        ``released_sigma_m`` (the site's own DP release).
 
     Returns
     -------
@@ -119,8 +116,7 @@ def train_step(
             apply_shared_state(backbone, content.array_records.get(protocol.BACKBONE), pid)
         minibatch_seed = round_seed(seed, sent.round, pid)
         weight, bias, step_metrics, records = _trained_update(
-            backbone, x, y, sent, procedure, problem, train=train, seed=minibatch_seed, device=device,
-            released_sigma=released_sigma,
+            backbone, x, y, sent, procedure, problem, train, minibatch_seed, device, released_sigma
         )
         for name, record in records.items():
             reply[name] = record
@@ -163,7 +159,6 @@ def _trained_update(
     sent: TrainingMessage,
     procedure: ProcedureConfig,
     problem: LocalProblem,
-    *,
     train: TrainConfig,
     seed: int,
     device: str | torch.device | None,

@@ -35,8 +35,9 @@ def exchange_in_rows(job: JobConfig, releases: float | None) -> tuple[Sequence[f
     """The exchange's and the later releases' noise multipliers in the row unit, from the noised releases
     counted so far (``releases``, the exchange included; None: none noised): a row-level exchange
     (``privacy.dp_unit=row``) at [`JobConfig.exchange_row_noise`][fedhead.settings.job.JobConfig.exchange_row_noise]
-    (``z``, or ``z / sqrt(m_min)`` when a site's own release is used), a client-level one at ``z / 2``, every later (client-level) sum at
-    ``z / 2``. ``(None, ())`` where the exchange was exact: clear or secure mode without noise."""
+    (``z``, or ``z / sqrt(m_min)`` when a site's own release is used), a client-level one at ``z / 2``, every
+    later (client-level) sum at ``z / 2``. ``(None, ())`` where the exchange was exact: clear or secure mode
+    without noise."""
     z = job.privacy.dp_noise
     if z <= 0 or not releases:
         return None, ()

@@ -263,7 +263,7 @@ def load_config(cfg: DictConfig) -> FedheadConfig:
     _check_secure(privacy, procedures, settings, resume=cfg.get("resume") not in (None, ""))
     train = build_section(cfg.train, "train", TrainConfig)
     resources = build_section(cfg.resources, "resources", ResourcesConfig)
-    _check_dp_sgd(privacy, train.dp_noise, resources.evaluate_mse, procedures)
+    privacy.check_dp_sgd(train.dp_noise, resources.evaluate_mse, procedures)
     return FedheadConfig(
         settings=settings,
         dataset=dataset,
@@ -280,26 +280,6 @@ def load_config(cfg: DictConfig) -> FedheadConfig:
         privacy=privacy,
         resume=None if cfg.get("resume") in (None, "") else str(cfg.get("resume")),
     )
-
-
-def _check_dp_sgd(privacy: PrivacyPolicy, dp_sgd_noise: float, evaluate_mse: bool, procedures) -> None:
-    """Refuse, before anything runs, what DP-SGD (``train.dp_noise > 0``) cannot keep private: centred targets, a
-    correction whose ``Sigma_m`` is not the site's own row-level release, and evaluations in a row-level run (each
-    evaluation's errors are a client-level release, whose noise at a row-level noise multiplier overwhelms the sum
-    after the first round's training, and whose epsilon adds to the run's)."""
-    corrected = [p.name for p in procedures if not p.exact and (p.centered or (p.gamma > 0 and not privacy.row_level))]
-    if dp_sgd_noise > 0 and corrected:
-        raise ConfigError(
-            f"train.dp_noise > 0 (DP-SGD): procedure(s) {corrected} would read each site's own mean or covariance "
-            "outside the private steps; the correction under DP-SGD needs privacy.mode=secure privacy.dp_unit=row "
-            "(each site then reads its Sigma_m from its own noised exchange release), and centring is not supported"
-        )
-    if privacy.row_level and dp_sgd_noise > 0 and evaluate_mse and any(not p.exact for p in procedures):
-        raise ConfigError(
-            "privacy.dp_unit=row with train.dp_noise > 0: each evaluation's errors would be a client-level release, "
-            "whose noise overwhelms it at this noise multiplier; set resources.evaluate_mse=false (the test rows' "
-            "errors are then not released)"
-        )
 
 
 def _check_secure(privacy: PrivacyPolicy, procedures, settings: RunSettings, *, resume: bool) -> None:

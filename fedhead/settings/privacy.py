@@ -36,10 +36,15 @@ No flwr, no torch: the config layer and the clients both import this module.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from fedhead.analysis.constraints import ConfigError, Field, Together, check, integer, number, one_of, optional
 from fedhead.settings.trust import TrustPolicy
+
+if TYPE_CHECKING:
+    from fedhead.settings.procedure import ProcedureConfig
 
 __all__ = ["DEFAULT_MIN_ROWS", "DP_UNITS", "MIN_SECURE_SITES", "MODES", "NODE_MIN_ROWS_KEY", "PrivacyPolicy"]
 
@@ -223,6 +228,28 @@ class PrivacyPolicy:
                 "table's standardisation is derived from the sites' statistics (use privacy.dp_unit=site, or "
                 "keep the files' units: dataset.standardize_targets=none dataset.standardize_inputs=none, with "
                 "privacy.dp_clip in those units)"
+            )
+
+    def check_dp_sgd(self, dp_sgd_noise: float, evaluate_mse: bool, procedures: Iterable[ProcedureConfig]) -> None:
+        """Refuse, before anything runs, what DP-SGD (``train.dp_noise > 0``) cannot keep private: centred targets,
+        a correction whose ``Sigma_m`` is not the site's own row-level release, and evaluations in a row-level run
+        (each evaluation's errors are a client-level release, whose noise at a row-level noise multiplier
+        overwhelms the sum after the first round's training, and whose epsilon adds to the run's)."""
+        if dp_sgd_noise <= 0:
+            return
+        procedures = list(procedures)
+        corrected = [p.name for p in procedures if not p.exact and (p.centered or (p.gamma > 0 and not self.row_level))]
+        if corrected:
+            raise ConfigError(
+                f"train.dp_noise > 0 (DP-SGD): procedure(s) {corrected} would read each site's own mean or covariance "
+                "outside the private steps; the correction under DP-SGD needs privacy.mode=secure privacy.dp_unit=row "
+                "(each site then reads its Sigma_m from its own noised exchange release); centring is not supported"
+            )
+        if self.row_level and evaluate_mse and any(not p.exact for p in procedures):
+            raise ConfigError(
+                "privacy.dp_unit=row with train.dp_noise > 0: each evaluation's errors would be a client-level "
+                "release, whose noise overwhelms it at this noise multiplier; set resources.evaluate_mse=false (the "
+                "test rows' errors are then not released)"
             )
 
     def check_trust(self, trust: TrustPolicy) -> None:

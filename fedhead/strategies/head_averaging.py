@@ -81,13 +81,9 @@ class HeadAveraging(Strategy):
     roster : Roster, optional
         The federation's roster of the sites' signing keys, which secure mode needs
         ([`fedhead.federation.roster`][fedhead.federation.roster]).
-    private_heads : bool
-        The sites train their heads with DP-SGD under ``privacy.dp_unit=row``
-        ([`JobConfig.private_heads`][fedhead.settings.job.JobConfig.private_heads]; the sites' secure mod must be
-        told the same): the heads' sums carry no further noise and count as no release.
-    exchange_noise : float, optional
-        The row-level exchange's accounted noise multiplier, where it is not ``privacy.dp_noise``
-        ([`JobConfig.exchange_row_noise`][fedhead.settings.job.JobConfig.exchange_row_noise]).
+    private_heads, exchange_noise : bool, float or None
+        Row unit ([`make_aggregator`][fedhead.strategies.privacy_modes.make_aggregator]): the heads are private
+        (summed without noise, no release of their own); the exchange's accounted noise multiplier (None: z).
     """
 
     def __init__(
@@ -299,22 +295,8 @@ class HeadAveraging(Strategy):
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         server_round = self.rounds.round(server_round)
         summed = self.aggregator.aggregate_train(self._phase("train", server_round), replies)
-        self.rounds.set_head(summed.weight, summed.bias)
-        assert self.rounds.tracker is not None and self._broadcast is not None
-        rec = self.rounds.tracker.record(
-            server_round,
-            summed.weight,
-            summed.bias,
-            broadcast=self._broadcast[0],
-            client_heads=summed.kept.heads,
-            fit=summed.fit,
-            client_metrics=summed.client_metrics,
-            extra={**summed.extra, **self.aggregator.privacy_spent()},
-            present=summed.present,
-            dropped=[d.to_dict() for d in summed.dropped],
-        )
-        rec.ignored_metrics, rec.clipped_updates = summed.ignored_metrics, summed.clipped_updates
-        rec.gram_errors, rec.flags = summed.gram_errors, summed.flags
+        assert self._broadcast is not None
+        rec = self.rounds.record_train(server_round, summed, self._broadcast[0], self.aggregator.privacy_spent())
         arrays = protocol.head_record(summed.weight, summed.bias)
         self._add_aggregate(arrays, summed)
         out_metrics = MetricRecord({k: float(v) for k, v in rec.scalars().items() if "/" not in k})

@@ -6,12 +6,16 @@ carries ([`ServerState`][fedhead.federation.checkpoint.ServerState]).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from fedhead.federation.checkpoint import ServerState, check_moments
 from fedhead.federation.tracking import RoundRecord, RoundTracker, Targets
 from fedhead.ufm import TargetMoments
+
+if TYPE_CHECKING:
+    from fedhead.strategies.aggregator import HeadSum
 
 
 @dataclass
@@ -86,3 +90,26 @@ class RoundState:
             covs=np.asarray(moments.covs),
             extra=extra,
         )
+
+    def record_train(
+        self, server_round: int, summed: HeadSum, broadcast: np.ndarray, extra: dict[str, float]
+    ) -> RoundRecord:
+        """Round ``server_round``'s aggregate ``summed`` (the head broadcast before it, ``broadcast``): the head
+        to broadcast next and the round's record (``extra``: further scalars, e.g. the privacy spent)."""
+        assert self.tracker is not None
+        self.set_head(summed.weight, summed.bias)
+        rec = self.tracker.record(
+            server_round,
+            summed.weight,
+            summed.bias,
+            broadcast=broadcast,
+            client_heads=summed.kept.heads,
+            fit=summed.fit,
+            client_metrics=summed.client_metrics,
+            extra={**summed.extra, **extra},
+            present=summed.present,
+            dropped=[d.to_dict() for d in summed.dropped],
+        )
+        rec.ignored_metrics, rec.clipped_updates = summed.ignored_metrics, summed.clipped_updates
+        rec.gram_errors, rec.flags = summed.gram_errors, summed.flags
+        return rec

@@ -46,9 +46,7 @@ def train_local(
     of ``problem`` and, if ``problem.center_targets``, ``y_i - mu_m`` in place of ``y_i``. AdamW
     (weight decay 0) is created afresh, the learning rate follows a cosine from ``cfg.lr`` to
     ``cfg.lr_min`` over ``problem.epochs``, gradients are clipped to global norm ``cfg.clip_norm``.
-
-    How the optimum is reached (bias, last layer, head, finishing step, tolerance):
-    docs/theory.md §14; the literal recipe turns those steps off.
+    How the optimum is reached: docs/theory.md §14; the literal recipe turns those steps off.
 
     Parameters
     ----------
@@ -74,9 +72,7 @@ def train_local(
         The client's ``Sigma_m`` (theory.md §3), always computed from ``y`` (centring does not change
         it); a given one is only checked against it (relative Frobenius difference <= 1e-5).
     released_sigma_m : ndarray (C, C), optional
-        ``Sigma_m`` as the site released it with differential privacy: the correction then uses it in place of
-        the rows' own, so that under per-example DP (``cfg.dp_noise > 0``, which needs it when
-        ``problem.gamma > 0``) the correction reads no row outside the private steps.
+        ``Sigma_m`` of a differentially private release, which the correction reads instead (DP-SGD needs it).
     device : str or torch.device, optional
         ``"auto"`` (default), ``"cpu"``, ``"cuda"``; see [`select_device`][fedhead.train.select_device].
     seed : int

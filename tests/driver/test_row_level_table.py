@@ -26,7 +26,7 @@ from fedhead.federation import secure_records as sr
 #: the files' units; C = 100 clips none of the raw target rows (their norms are below 50)
 UNITS = ("dataset.standardize_targets=none", "dataset.standardize_inputs=none")
 ROW = ("privacy.dp_unit=row", "privacy.dp_max_rows=60", "privacy.dp_clip=100", "privacy.dp_head_clip=10")
-#: one round, no evaluation: the exchange and the round's head are the run's releases
+#: one round of the exact rule, no evaluation
 OVER = ("procedure=exact", "resources.evaluate_mse=false", "privacy.dp_delta=1e-5")
 
 
@@ -53,13 +53,16 @@ def test_a_table_in_its_files_units_takes_the_row_level_exchange(tmp_path, task_
     st = noisy.standardization  # the identity, in the files' units
     assert st["targets"]["mode"] == "none" and st["inputs"]["mode"] == "none"
     assert st["targets"]["offset"] == [0.0, 0.0] and st["targets"]["scale"] == [1.0, 1.0]
+    # the exact rule's heads are closed forms of each site's own release (no release of their own); that release,
+    # noised by the site's share alone, is accounted at z / sqrt(m_min), in results.json and in each ledger
+    own = z / math.sqrt(job.min_summed_sites)
+    assert job.reads_own_release and job.exchange_row_noise == pytest.approx(own, rel=1e-15)
     spent = noisy.privacy["dp"]
-    assert spent["releases"] == 2  # the exchange (row level), the round's head (client level)
-    assert spent["epsilon"] == pytest.approx(rp.row_privacy_spent(z, [z], rows, 1e-5), rel=1e-9)
-    for releases in ledgers:  # each site charged the exchange as a row-level release, the head as a client-level one
+    assert spent["releases"] == 1
+    assert spent["epsilon"] == pytest.approx(rp.row_privacy_spent(own, [], rows, 1e-5), rel=1e-9)
+    for releases in ledgers:
         assert [(r["sum"].rsplit("/", 1)[-1], r.get("unit"), r["noise"]) for r in releases] == [
-            ("exchange", "row", z),
-            ("train-1", None, z),
+            ("exchange", "row", pytest.approx(own, rel=1e-15))
         ]
 
 

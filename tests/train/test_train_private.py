@@ -152,8 +152,15 @@ def test_the_correction_under_dp_reads_the_released_sigma_not_the_rows():
     backbone, head = _net()
     x, _ = _data()
     result = train_local(
-        backbone, head, x, y, TrainConfig(dp_noise=1.0, dp_sample_rate=0.5, **PRIVATE), problem,
-        sigma_cen=cen, released_sigma_m=released, device="cpu",
+        backbone,
+        head,
+        x,
+        y,
+        TrainConfig(dp_noise=1.0, dp_sample_rate=0.5, **PRIVATE),
+        problem,
+        sigma_cen=cen,
+        released_sigma_m=released,
+        device="cpu",
     )
     assert np.isfinite(result.weight).all()
 
