@@ -22,7 +22,8 @@ is public), ``model=resmlp_small``, ``--rounds`` rounds of ``--epochs`` local ep
 Each run: ``e_F(G_t, G_cen_true)`` after every round and ``rounds[t].row_epsilon`` (the whole run,
 one row, at ``delta``), from its results.json; a run the noise breaks is reported with its error's
 first line. Written to ``OUT/points.json``; the table is printed; ``--figure``: each run's ``e_F(G_t, G_cen_true)``
-against its epsilon so far, round by round (``--replot``: from ``OUT/points.json``).
+against its epsilon so far, round by round (``--replot DIR ...``: the tables again and one panel per earlier
+run's ``points.json``, e.g. 1,000 and 10,000 rows side by side).
 
 Usage::
 
@@ -109,13 +110,17 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--reference", action="store_true", help="also corrected_proximal without DP")
     ap.add_argument("--out", type=Path, default=Path("/tmp/bench_row_privacy_run"))
     ap.add_argument("--figure", type=Path, default=None, help="where to draw the figure (PNG)")
-    ap.add_argument("--replot", action="store_true", help="the table and figure again from OUT/points.json")
+    ap.add_argument("--replot", type=Path, nargs="+", default=None, help="earlier OUT folders: tables and figure")
     args = ap.parse_args(argv)
     if args.replot:
-        points = json.loads((args.out / "points.json").read_text())["points"]
-        print_table(points, args)
+        panels = []
+        for folder in args.replot:
+            saved = json.loads((folder / "points.json").read_text())
+            settings = argparse.Namespace(**{**vars(args), **saved.get("args", {})})
+            print_table(saved["points"], settings)
+            panels.append((f"{settings.rows:,} rows per site", saved["points"]))
         if args.figure is not None:
-            plot(points, args.figure)
+            plot(panels, args.figure)
         return
     args.out.mkdir(parents=True, exist_ok=True)
     sites = args.out / f"sites{args.rows}"
@@ -154,29 +159,32 @@ def main(argv: list[str] | None = None) -> None:
     (args.out / "points.json").write_text(json.dumps({"args": settings, "points": points}))
     print_table(points, args)
     if args.figure is not None:
-        plot(points, args.figure)
+        plot([(f"{args.rows:,} rows per site", points)], args.figure)
 
 
-def plot(points: list[dict], path: Path) -> None:
-    """Each run's ``e_F(G_t, G_cen_true)`` against its epsilon so far, one marker per round (log scales)."""
+def plot(panels: list[tuple[str, list[dict]]], path: Path) -> None:
+    """One panel per ``(title, points)``: each run's ``e_F(G_t, G_cen_true)`` against its epsilon so far, one
+    marker per round (log scales); a run without a finite epsilon as its last round's level."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4.2))
-    for p in points:
-        if "error" in p:
-            continue
-        pairs = [(e, f) for e, f in zip(p["row_epsilon"], p["e_f_true"], strict=True) if e is not None and e < 1e300]
-        if pairs:
-            ax.plot(*zip(*pairs, strict=True), marker="o", label=p["run"])
-        else:  # no finite epsilon: the reference without DP, drawn as its last round's level
-            ax.axhline(p["e_f_true"][-1], ls=":", color="grey", label=f"{p['run']} (last round)")
-    ax.axhline(0.1, ls="--", color="k", lw=0.8, label="goal e_F = 0.1")
-    ax.set(xscale="log", yscale="log", xlabel="row-level epsilon so far (delta = 1/N)", ylabel="e_F(G_t, G_cen true)")
-    ax.set_title("The whole run, round by round (first marker: the exchange)", fontsize=10)
-    ax.legend(fontsize=7)
+    fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4.2), sharey=True, squeeze=False)
+    for ax, (title, points) in zip(axes[0], panels, strict=True):
+        for p in points:
+            if "error" in p:
+                continue
+            finite = [(e, f) for e, f in zip(p["row_epsilon"], p["e_f_true"], strict=True) if e and e < 1e300]
+            if finite:
+                ax.plot(*zip(*finite, strict=True), marker="o", label=p["run"])
+            else:
+                ax.axhline(p["e_f_true"][-1], ls=":", color="grey", label=f"{p['run']} (last round)")
+        ax.axhline(0.1, ls="--", color="k", lw=0.8, label="goal e_F = 0.1")
+        ax.set(xscale="log", yscale="log", xlabel="row-level epsilon so far (delta = 1/N)", title=title)
+        ax.legend(fontsize=7)
+    axes[0][0].set_ylabel("e_F(G_t, G_cen true)")
+    fig.suptitle("The whole run, round by round (first marker: the exchange)", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -50,9 +50,10 @@ def test_the_table_and_the_figure_come_from_the_points(tmp_path, capsys):
         {"run": "no DP", "e_f_true": [0.77, 0.3], "row_epsilon": [None, None], "g_cen_e_f": 0.0},
         {"run": "client-level", "error": "fedhead-run: error: the noised count is not positive"},
     ]
-    (tmp_path / "points.json").write_text(json.dumps({"points": points}))
-    bench.main(["--replot", "--out", str(tmp_path), "--figure", str(tmp_path / "f.png")])
+    (tmp_path / "points.json").write_text(json.dumps({"args": {"rows": 1000}, "points": points}))
+    bench.main(["--replot", str(tmp_path), str(tmp_path), "--figure", str(tmp_path / "f.png")])
     table = capsys.readouterr().out
+    assert table.count("1000 rows per site") == 2  # one table per folder, with that run's settings
     assert "| closed | 0.770 / 0.020 | 1.20 / 1.20 | 0.020 |" in table
     assert "| no DP | 0.770 / 0.300 | - / - | 0.000 |" in table
     assert "| client-level | refused: fedhead-run: error: the noised count is not positive | | |" in table
