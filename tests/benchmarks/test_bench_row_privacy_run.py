@@ -4,7 +4,6 @@ rows reach the noised G_cen from the sites' own releases at a finite epsilon."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import subprocess
@@ -12,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from script_helpers import load_script
 
 from fedhead.settings.config import compose_config, load_config
 
@@ -20,11 +20,7 @@ SCRIPT = ROOT / "benchmarks" / "bench_row_privacy_run.py"
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("bench_row_privacy_run", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(SCRIPT)
 
 
 def test_every_run_of_the_benchmark_is_a_valid_config(tmp_path):

@@ -4,21 +4,17 @@ same job and ``G_cen`` and the final Gram agree to the tolerance."""
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 from pathlib import Path
 
 import numpy as np
 from results_helpers import typed_results
+from script_helpers import load_script
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "same_results.py"
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("same_results", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(SCRIPT)
 
 
 def _results(final_gram, g_cen, **changes):
