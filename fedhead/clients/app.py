@@ -114,10 +114,10 @@ def released_moments(job: JobConfig, context: Context, dim: int) -> tuple[np.nda
     from fedhead.federation.row_privacy import pooled_moments
     from fedhead.federation.secure_records import nearest_psd
 
-    if OWN_RELEASE not in context.state:
+    if OWN_RELEASE not in context.state.array_records:
         raise ClientError("this run's heads read the site's own exchange release, which this node does not hold")
     try:
-        own = pooled_moments(context.state[OWN_RELEASE][protocol.RELEASE].numpy(), dim)
+        own = pooled_moments(context.state.array_records[OWN_RELEASE][protocol.RELEASE].numpy(), dim)
     except ValueError as exc:  # a noised count that is not positive: too few rows for the noise
         raise ClientError(f"the site's own exchange release: {exc}") from None
     return own.mean, nearest_psd(own.cov)  # a noised covariance may have negative eigenvalues
