@@ -5,8 +5,11 @@ charges its training rounds, not the heads' sums, while a head of a run without 
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
+import numpy as np
+import pytest
 from app_helpers import simulated_sites
 from test_dp_sgd_run import _RUN
 from test_secure_mode import SECURE, RecordingGrid
@@ -90,3 +93,34 @@ def test_heads_without_dp_sgd_are_still_charged_under_the_row_unit(tmp_path, tas
             ("train-1", None, Z),
             ("train-2", None, Z),
         ]
+
+
+def test_the_correction_under_dp_sgd_reads_each_sites_own_release(tmp_path, task_identity, monkeypatch):
+    """``corrected_proximal`` with DP-SGD under the row unit: each site trains with the ``Sigma_m`` of its own
+    row-level release (kept in its node's state), never its rows' own; the exchange is then accounted, in
+    results.json and in each ledger, at ``z / sqrt(m_min)``."""
+    import fedhead.clients.app as client_app
+
+    job = _job(tmp_path, "procedure=corrected_proximal")
+    assert job.reads_own_release and job.min_summed_sites == 3
+    read: list[np.ndarray] = []
+    released = client_app.released_moments
+
+    def recorded(*args):
+        out = released(*args)
+        read.append(out[1])
+        return out
+
+    monkeypatch.setattr(client_app, "released_moments", recorded)
+    res, ledgers, _ = _run_with_ledgers(job, tmp_path)
+    assert res.status == "completed" and [r.round for r in res.rounds] == [0, 1, 2]
+    assert len(read) == 2 * 3  # every site, every round
+    sigma_cen = np.asarray(res.moments["sigma_cen"])
+    for sigma in read:  # a noised covariance of the site's own rows: PSD, of the exchange's shape
+        assert sigma.shape == sigma_cen.shape and np.linalg.eigvalsh(sigma).min() >= -1e-12
+    own = Z / math.sqrt(3)
+    exchange_alone = run_epsilon([exchange_event(own)[0]], (), None, 0, 1e-4)
+    assert res.rounds[0].extra[ROW_EPSILON] == pytest.approx(exchange_alone, rel=1e-12)
+    assert exchange_alone > run_epsilon([exchange_event(Z)[0]], (), None, 0, 1e-4)  # the own release costs more
+    for releases in ledgers:
+        assert [(r["sum"].rsplit("/", 1)[-1], r["noise"]) for r in releases][0] == ("exchange", pytest.approx(own))
