@@ -53,7 +53,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-#: the node state's record of the site's own row-level exchange release (its correction reads it under DP-SGD)
+#: the node state's record of the site's own row-level exchange release (the exact rule's closed forms and the
+#: correction under DP-SGD read it: [`released_moments`][fedhead.clients.app.released_moments])
 OWN_RELEASE = "fedhead.own-row-release"
 
 
@@ -94,7 +95,7 @@ def handle_query(job: JobConfig, msg: Message, context: Context) -> Message:
 def add_row_release(job: JobConfig, msg: Message, context: Context, content: RecordDict, y: np.ndarray) -> None:
     """``privacy.dp_unit=row``, a message that names a sum: the site's row-level release of its targets ``y``
     ([`row_release`][fedhead.clients.app.row_release]) into ``content``; kept in the node's state when the site's
-    correction will read its ``Sigma_m`` from it
+    heads will read their moments from it
     ([`JobConfig.reads_own_release`][fedhead.settings.job.JobConfig.reads_own_release])."""
     if not (job.privacy.row_level and sum_id(msg) is not None):
         return
