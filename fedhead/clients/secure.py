@@ -260,13 +260,14 @@ def admit(msg: Message, context: Context, site: SecureSite, policy: SitePolicy, 
         set_up = sums.is_set_up(msg, context, name)
         exchange = stage in (protocol.STAGE_MOMENTS, protocol.STAGE_STATISTICS)
         unit = "row" if site.privacy.row_level and exchange else "site"  # the row exchange
-        # a DP-SGD head is charged with its round's training (SiteLedger.charge_training), not again here
-        dp_sgd_head = site.private_heads and msg.metadata.message_type == MessageType.TRAIN
-        noise = 0.0 if dp_sgd_head else site.privacy.dp_noise
+        # a private head is charged already: with its round's training (DP-SGD, SiteLedger.charge_training), or
+        # with the site's own release it is the closed form of (the exact rule)
+        private_head = site.private_heads and msg.metadata.message_type == MessageType.TRAIN
+        noise = 0.0 if private_head else site.privacy.dp_noise
         if unit == "row" and site.exchange_noise is not None:
             noise = site.exchange_noise
         ledger.begin_sum(
-            scope, name, policy, noise=noise, sites=site.sites, unit=unit, set_up=set_up, charged=not dp_sgd_head
+            scope, name, policy, noise=noise, sites=site.sites, unit=unit, set_up=set_up, charged=not private_head
         )
 
 
