@@ -39,6 +39,7 @@ import argparse
 import json
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -52,13 +53,48 @@ def e_f(a, b) -> float:
     return float(np.linalg.norm(a - b) / np.linalg.norm(b))
 
 
-def common(files: list[Path], rows: int) -> list[str]:
+@dataclass(frozen=True)
+class Sites:
+    """A federation's site files, its targets, each site's complete rows and the overrides it needs."""
+
+    label: str
+    files: list[Path]
+    targets: tuple[str, ...]
+    rows: list[int]
+    extra: tuple[str, ...] = ()
+
+    @property
+    def n_train(self) -> int:
+        """The training rows (80 % of each site's): ``1/N`` is the runs' ``delta``."""
+        return sum(round(0.8 * n) for n in self.rows)
+
+
+def tutorial_sites(rows: int, folder: Path) -> Sites:
+    """The own-data tutorial's three sites of ``rows`` rows (``examples/own-data/make_sites.py``)."""
+    make = [sys.executable, str(ROOT / "examples/own-data/make_sites.py"), "--rows", str(rows), "--out", str(folder)]
+    subprocess.run(make, check=True, capture_output=True)
+    return Sites(f"{rows:,} rows per site", [folder / f"site_{c}.csv" for c in "abc"], ("t1", "t2"), [rows] * 3)
+
+
+def penguin_sites(csv_path: Path, folder: Path) -> Sites:
+    """The Palmer penguins' three species sites in public units (bench_privacy_cost.py's ``penguins`` setting:
+    each column shifted and scaled by a round field-guide value); the rows with a missing value are dropped."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import bench_privacy_cost
+
+    setting = next(s for s in bench_privacy_cost.penguin_sites(csv_path, folder) if s.name == "penguins")
+    rows = [sum("NA" not in line.split(",") for line in f.read_text().splitlines()[1:]) for f in setting.files]
+    label = "Palmer penguins (3 species)"
+    return Sites(label, list(setting.files), tuple(setting.targets), rows, ("dataset.missing=drop",))
+
+
+def common(sites: Sites) -> list[str]:
     """The overrides of every run: the sites in their files' units, the DP-SGD recipe, delta = 1/N."""
-    n_train = 3 * round(0.8 * rows)
     return [
         "dataset=table",
-        f"dataset.files=[{','.join(str(f) for f in files)}]",
-        "dataset.targets=[t1,t2]",
+        f"dataset.files=[{','.join(str(f) for f in sites.files)}]",
+        f"dataset.targets=[{','.join(sites.targets)}]",
+        *sites.extra,
         "dataset.test_fraction=0.2",
         "dataset.standardize_targets=none",
         "dataset.standardize_inputs=none",
@@ -68,7 +104,7 @@ def common(files: list[Path], rows: int) -> list[str]:
         "train.solve_last_layer=false",
         "train.finish_features=false",
         "resources.evaluate_mse=false",
-        f"privacy.dp_delta={1.0 / n_train!r}",
+        f"privacy.dp_delta={1.0 / sites.n_train!r}",
     ]
 
 
@@ -98,7 +134,8 @@ def point(name: str, res: dict, g_true) -> dict:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rows", type=int, default=1000, help="rows per site (default 1000)")
+    ap.add_argument("--rows", type=int, default=1000, help="rows per site of the tutorial's sites (default 1000)")
+    ap.add_argument("--penguins", type=Path, default=None, help="penguins.csv: the Palmer penguins' species sites")
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--epochs", type=int, default=20, help="local epochs per round")
     ap.add_argument("--sigma", type=float, nargs="*", default=[1.2], help="DP-SGD noise multipliers (none: no run)")
@@ -117,25 +154,28 @@ def main(argv: list[str] | None = None) -> None:
         for folder in args.replot:
             saved = json.loads((folder / "points.json").read_text())
             settings = argparse.Namespace(**{**vars(args), **saved.get("args", {})})
-            print_table(saved["points"], settings)
-            panels.append((f"{settings.rows:,} rows per site", saved["points"]))
+            label = saved.get("label", f"{settings.rows:,} rows per site")
+            print_table(saved["points"], settings, label)
+            panels.append((label, saved["points"]))
         if args.figure is not None:
             plot(panels, args.figure)
         return
     args.out.mkdir(parents=True, exist_ok=True)
-    sites = args.out / f"sites{args.rows}"
-    subprocess.run(
-        [sys.executable, str(ROOT / "examples/own-data/make_sites.py"), "--rows", str(args.rows), "--out", str(sites)],
-        check=True,
-        capture_output=True,
-    )
-    base = common([sites / f"site_{c}.csv" for c in "abc"], args.rows)
+    if args.penguins is not None:
+        sites = penguin_sites(args.penguins, args.out / "penguins")
+    else:
+        sites = tutorial_sites(args.rows, args.out / f"sites{args.rows}")
+    base = common(sites)
     truth = run([*base, "rounds=1"], args.out / "true", "exact")
     if "error" in truth:
         raise SystemExit(f"the clear reference failed: {truth['error']}")
     g_true = truth["targets"]["g_cen"]
     row = ["privacy.mode=secure", f"privacy.dp_noise={args.exchange_noise}", f"privacy.dp_clip={args.clip}"]
-    row += [f"privacy.dp_max_rows={round(0.8 * args.rows)}", f"rounds={args.rounds}", f"local_epochs={args.epochs}"]
+    row += [
+        f"privacy.dp_max_rows={round(0.8 * max(sites.rows))}",
+        f"rounds={args.rounds}",
+        f"local_epochs={args.epochs}",
+    ]
     closed = run([*base, *row, "privacy.dp_unit=row", "+procedure.gamma=1.0"], args.out / "closed_forms", "exact")
     points = [point("closed forms (exact, gamma = 1) row-level", closed, g_true)]
     print(json.dumps(points[-1]), flush=True)
@@ -156,10 +196,10 @@ def main(argv: list[str] | None = None) -> None:
                 points.append(point(name, res, g_true))
                 print(json.dumps(points[-1]), flush=True)
     settings = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
-    (args.out / "points.json").write_text(json.dumps({"args": settings, "points": points}))
-    print_table(points, args)
+    (args.out / "points.json").write_text(json.dumps({"args": settings, "label": sites.label, "points": points}))
+    print_table(points, args, sites.label)
     if args.figure is not None:
-        plot([(f"{args.rows:,} rows per site", points)], args.figure)
+        plot([(sites.label, points)], args.figure)
 
 
 def plot(panels: list[tuple[str, list[dict]]], path: Path) -> None:
@@ -190,9 +230,9 @@ def plot(panels: list[tuple[str, list[dict]]], path: Path) -> None:
     plt.close(fig)
 
 
-def print_table(points: list[dict], args: argparse.Namespace) -> None:
-    """The measured points as a Markdown table."""
-    print(f"\n{args.rows} rows per site, exchange z {args.exchange_noise:g}, C {args.clip:g}, q {args.sample_rate}")
+def print_table(points: list[dict], args: argparse.Namespace, label: str) -> None:
+    """The measured points of ``label``'s sites as a Markdown table."""
+    print(f"\n{label}, exchange z {args.exchange_noise:g}, C {args.clip:g}, q {args.sample_rate}")
     print("| run | e_F(G_t, G_cen true) by round | row-level epsilon by round | noised G_cen e_F |")
     print("|---|---|---|---|")
     for p in points:

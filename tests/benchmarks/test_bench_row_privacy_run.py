@@ -27,7 +27,7 @@ def test_every_run_of_the_benchmark_is_a_valid_config(tmp_path):
     bench = _bench()
     make_sites = [sys.executable, str(ROOT / "examples/own-data/make_sites.py"), "--rows", "30", "--out", str(tmp_path)]
     subprocess.run(make_sites, check=True, capture_output=True)
-    base = bench.common([tmp_path / f"site_{c}.csv" for c in "abc"], 1000)
+    base = bench.common(bench.Sites("tutorial", [tmp_path / f"site_{c}.csv" for c in "abc"], ("t1", "t2"), [1000] * 3))
     row = ["privacy.mode=secure", "privacy.dp_noise=4.53", "privacy.dp_clip=8", "privacy.dp_max_rows=800"]
     dp_sgd = ["train.dp_noise=1.2", "train.dp_sample_rate=0.02", "train.dp_clip=1.0", "privacy.dp_unit=row"]
     trained = load_config(compose_config([*base, *row, *dp_sgd, "procedure=corrected_proximal"])).jobs(tmp_path)[0]
@@ -49,7 +49,7 @@ def test_the_table_and_the_figure_come_from_the_points(tmp_path, capsys):
     (tmp_path / "points.json").write_text(json.dumps({"args": {"rows": 1000}, "points": points}))
     bench.main(["--replot", str(tmp_path), str(tmp_path), "--figure", str(tmp_path / "f.png")])
     table = capsys.readouterr().out
-    assert table.count("1000 rows per site") == 2  # one table per folder, with that run's settings
+    assert table.count("1,000 rows per site") == 2  # one table per folder, with that run's settings
     assert "| closed | 0.770 / 0.020 | 1.20 / 1.20 | 0.020 |" in table
     assert "| no DP | 0.770 / 0.300 | - / - | 0.000 |" in table
     assert "| client-level | refused: fedhead-run: error: the noised count is not positive | | |" in table
