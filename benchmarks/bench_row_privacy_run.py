@@ -11,7 +11,7 @@ is public), ``model=resmlp_small``, ``--rounds`` rounds of ``--epochs`` local ep
    with ``--proximal``, ``proximal``) with ``privacy.mode=secure privacy.dp_unit=row`` (the
    row-level exchange at ``--exchange-noise`` with ``C = --clip``; each site's correction reads its
    ``Sigma_m`` from its own release) and ``train.dp_noise=sigma`` (DP-SGD, Poisson rate
-   ``--sample-rate``, clip 1), ``resources.evaluate_mse=false``.
+   ``--sample-rate``, clip ``--dp-clip``), ``resources.evaluate_mse=false``.
 3. ``closed forms``: ``procedure=exact +procedure.gamma=1`` under the same row-level exchange: each site's head
    is the exact rule's closed form of its own released moments (no training, no further epsilon).
 4. with ``--reference``: ``corrected_proximal`` without any differential privacy (clear mode, the same
@@ -28,7 +28,8 @@ run's ``points.json``, e.g. 1,000 and 10,000 rows side by side).
 Usage::
 
     python benchmarks/bench_row_privacy_run.py --rows 1000 --out /tmp/rowrun
-    python benchmarks/bench_row_privacy_run.py --rows 10000 --sample-rate 0.005 --out /tmp/rowrun10k
+    python benchmarks/bench_row_privacy_run.py --rows 10000 --sample-rate 0.01 --epochs 5 --lr 3e-3 --dp-clip 5 \\
+        --out /tmp/rowrun10k
 
 Measured: docs/privacy.md section 10, "The whole run".
 """
@@ -140,6 +141,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--epochs", type=int, default=20, help="local epochs per round")
     ap.add_argument("--sigma", type=float, nargs="*", default=[1.2], help="DP-SGD noise multipliers (none: no run)")
     ap.add_argument("--sample-rate", type=float, default=0.02, help="DP-SGD Poisson rate q")
+    ap.add_argument("--dp-clip", type=float, default=1.0, help="DP-SGD per-row gradient clip (train.dp_clip)")
+    ap.add_argument("--lr", type=float, default=1e-3, help="train.lr")
     ap.add_argument("--exchange-noise", type=float, default=4.53, help="the row-level exchange's z")
     ap.add_argument("--clip", type=float, default=8.0, help="the exchange's row clip C (the files' units)")
     ap.add_argument("--proximal", action="store_true", help="also proximal, without the correction")
@@ -185,7 +188,8 @@ def main(argv: list[str] | None = None) -> None:
         points.append(point("corrected_proximal no DP", reference, g_true))
         print(json.dumps(points[-1]), flush=True)
     for sigma in args.sigma:
-        dp_sgd = [f"train.dp_noise={sigma}", f"train.dp_sample_rate={args.sample_rate}", "train.dp_clip=1.0"]
+        dp_sgd = [f"train.dp_noise={sigma}", f"train.dp_sample_rate={args.sample_rate}"]
+        dp_sgd += [f"train.dp_clip={args.dp_clip}", f"train.lr={args.lr}"]
         units = [("row", "privacy.dp_unit=row")] + ([("site", "privacy.dp_unit=site")] if args.client_level else [])
         procedures = ["corrected_proximal"] + (["proximal"] if args.proximal else [])
         for unit, setting in units:
