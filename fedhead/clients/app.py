@@ -43,7 +43,7 @@ from fedhead.clients.state import (
 )
 from fedhead.clients.sum_inputs import fully_active
 from fedhead.federation import protocol
-from fedhead.federation.run_privacy import round_training
+from fedhead.federation.run_privacy import job_training
 from fedhead.federation.secure_records import FULLY_ACTIVE, STAGE_REGIME
 from fedhead.settings.job import JobConfig
 from fedhead.settings.privacy import PrivacyPolicy
@@ -259,7 +259,7 @@ def charge_training(job: JobConfig, context: Context, rnd: int) -> None:
     """Charge round ``rnd``'s DP-SGD (``train.dp_noise > 0``) to the site's epsilon ledger before it trains
     ([`SiteLedger.charge_training`][fedhead.clients.ledger.SiteLedger.charge_training]): a round over the
     site's ``epsilon-budget`` is refused, with one line naming the rule."""
-    training = None if job.procedure.exact else round_training(job.train, job.settings.local_epochs)
+    training = job_training(job)
     if training is not None:
         SiteLedger(context).charge_training(run_scope(context, job_key(job)), rnd, site_policy(context), training)
 

@@ -13,22 +13,16 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from fedhead.federation import run_privacy
 from fedhead.federation.row_privacy import exchange_event
-from fedhead.federation.run_privacy import TrainingRelease, client_release_in_rows, run_epsilon
+from fedhead.federation.run_privacy import client_release_in_rows, job_training, run_epsilon
 from fedhead.settings.config import JobConfig
 
-__all__ = ["DP_SGD_EPSILON", "ROW_EPSILON", "dp_sgd_settings", "exchange_in_rows", "round_training", "row_epsilons"]
+__all__ = ["DP_SGD_EPSILON", "ROW_EPSILON", "dp_sgd_settings", "exchange_in_rows", "row_epsilons"]
 
 #: The run's epsilon after round t, row unit: the exchange, every noised release and every round's DP-SGD.
 ROW_EPSILON = "row_epsilon"
 #: The epsilon of the DP-SGD steps alone after round t (what training adds to the exchange's).
 DP_SGD_EPSILON = "dp_sgd_epsilon"
-
-
-def round_training(job: JobConfig) -> TrainingRelease | None:
-    """One round's DP-SGD at a site (None: the procedure does not train, or not under DP)."""
-    return None if job.procedure.exact else run_privacy.round_training(job.train, job.settings.local_epochs)
 
 
 def exchange_in_rows(job: JobConfig, releases: float | None) -> tuple[Sequence[float] | None, Sequence[float]]:
@@ -50,7 +44,7 @@ def row_epsilons(job: JobConfig, rounds: int, releases: float | None) -> dict[st
     """``row_epsilon`` (``inf`` after an exact exchange or with closed-form heads from a site's exact
     statistics) and ``dp_sgd_epsilon`` after ``rounds`` rounds, at ``privacy.dp_delta``."""
     delta = job.privacy.dp_delta
-    training = round_training(job)
+    training = job_training(job)
     exchange, later = exchange_in_rows(job, releases)
     whole = math.inf if training is None else run_epsilon(exchange, later, training, rounds, delta)
     alone = math.inf if training is None else run_epsilon((), (), training, rounds, delta)
@@ -60,7 +54,7 @@ def row_epsilons(job: JobConfig, rounds: int, releases: float | None) -> dict[st
 def dp_sgd_settings(job: JobConfig) -> dict[str, Any]:
     """results.json's ``privacy.dp_sgd`` settings: ``noise_multiplier, clip, sample_rate, steps_per_round,
     delta, accountant``."""
-    training = round_training(job)
+    training = job_training(job)
     return {
         "noise_multiplier": job.train.dp_noise,
         "clip": job.train.dp_clip,

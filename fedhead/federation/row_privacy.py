@@ -79,7 +79,8 @@ import numpy as np
 
 from fedhead.analysis.constraints import ConfigError
 from fedhead.federation.discrete_gaussian import MAX_SUM_GAP, discrete_gaussians, sum_gap
-from fedhead.federation.privacy_noise import gaussian_accountant, noise_for_epsilon
+from fedhead.federation.privacy_noise import noise_for_epsilon
+from fedhead.federation.run_privacy import client_release_in_rows, run_epsilon
 
 __all__ = [
     "BLOCK_SHARES",
@@ -312,10 +313,9 @@ def row_privacy_spent(exchange_noise: float, later_noise: Sequence[float], rows:
         raise ConfigError(f"row-level privacy: rows must be an integer >= 1, got {rows!r}")
     if not 0.0 < float(delta) < 1.0:
         raise ConfigError(f"row-level privacy: delta must be in (0, 1), got {delta!r}")
-    events = ([float(exchange_noise)] if exchange_noise else []) + [_positive("noise", z) / 2.0 for z in later_noise]
-    if not events:
-        return 0.0
-    return float(gaussian_accountant([(z, 1) for z in events], rows, float(delta)).get_epsilon(float(delta)))
+    exchange = [float(exchange_noise)] if exchange_noise else []
+    later = [client_release_in_rows(_positive("noise", z)) for z in later_noise]
+    return run_epsilon(exchange, later, None, 0, float(delta))
 
 
 def _positive(name: str, value: object) -> float:

@@ -30,16 +30,21 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from dp_accounting import dp_event, privacy_accountant
 from dp_accounting.rdp import rdp_privacy_accountant
 
 from fedhead.train.config import TrainConfig
 
+if TYPE_CHECKING:
+    from fedhead.settings.job import JobConfig
+
 __all__ = [
     "TrainingRelease",
     "client_release_in_rows",
     "release_event",
+    "job_training",
     "round_training",
     "run_accountant",
     "run_epsilon",
@@ -79,6 +84,11 @@ def round_training(train: TrainConfig, epochs: int) -> TrainingRelease | None:
     if not train.private:
         return None
     return TrainingRelease(train.dp_noise, train.dp_sample_rate, int(epochs) * train.dp_steps_per_epoch)
+
+
+def job_training(job: JobConfig) -> TrainingRelease | None:
+    """One round's DP-SGD at a site of ``job`` (None: its procedure trains nothing, or not under DP)."""
+    return None if job.procedure.exact else round_training(job.train, job.settings.local_epochs)
 
 
 def client_release_in_rows(noise_multiplier: float) -> float:
