@@ -4,13 +4,12 @@ is linked from it (everything else lives on its page of the site)."""
 
 from __future__ import annotations
 
-import importlib.util
 import re
-import sys
 from pathlib import Path
 
 import yaml
 from docs_helpers import relative_links
+from script_helpers import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -21,11 +20,7 @@ DATE = re.compile(r"\b20\d\d-\d\d-\d\d\b")
 
 def _hooks():
     """docs/hooks.py, which makes the README and benchmarks/README.md site pages."""
-    spec = importlib.util.spec_from_file_location("docs_hooks", DOCS / "hooks.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script(DOCS / "hooks.py", "docs_hooks")
 
 
 def _nav_pages(entries) -> set[str]:

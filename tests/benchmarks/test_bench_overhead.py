@@ -2,22 +2,19 @@
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from results_helpers import typed_results
+from script_helpers import load_script
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_overhead.py"
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("bench_overhead", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(SCRIPT)
 
 
 def test_help_works_without_hydra():

@@ -3,22 +3,16 @@ split of a job's phases into its exchange and rounds."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
+from script_helpers import load_script
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_secure_mode.py"
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("bench_secure_mode", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # its dataclasses look their module up
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(SCRIPT)
 
 
 def test_job_times_split_the_exchange_and_the_rounds():

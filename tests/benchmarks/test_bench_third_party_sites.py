@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import csv
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from script_helpers import load_script
 
 from fedhead import ufm
 
@@ -37,10 +37,7 @@ ISOTOPES += [("7.993", "-25.5139"), ("8.14756", "-25.37746"), ("8.14705", "-25.4
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("bench_third_party_sites", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(SCRIPT)
 
 
 def _write(folder: Path) -> tuple[Path, Path]:

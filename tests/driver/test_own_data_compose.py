@@ -10,7 +10,6 @@ with 3 sites) where docker-compose is installed.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import shutil
 import subprocess
@@ -20,16 +19,13 @@ import pytest
 import yaml
 from deploy_commands import SUPERLINK_PORT, SUPERNODE_RUNTIME_PORT, ServerTls, node_config, supernode_command
 from deploy_helpers import merged_services, mount_target
+from script_helpers import load_script
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def _load_compose_sites():
-    spec = importlib.util.spec_from_file_location("compose_sites", REPO / "scripts" / "compose_sites.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(REPO / "scripts" / "compose_sites.py")
 
 
 compose_sites = _load_compose_sites()
