@@ -65,7 +65,8 @@ JOB = (
     "output.figures=false",
 )
 MODES = ("clear", "secure")
-WHERE = ("deployment", "simulation")
+#: fedhead's site programs (fedhead-supernode, fedhead-superexec), flwr's own, and flwr's Ray simulation
+WHERE = ("deployment", "flwr-programs", "simulation")
 RUN_LIMIT_S = 1200
 GOAL_QUERY_S, GOAL_STEP_S, GOAL_ROUND_RATIO = 5.0, 4.0, 1.5
 
@@ -111,8 +112,11 @@ def read_run(out: Path, wall: float) -> Run:
     return Run([(str(k), float(s)) for k, s in res.timing.phases], wall, np.asarray(res.rounds[-1].gram))
 
 
-def deployed(files: list[Path], work: Path, modes: list[str], rounds: int, env: dict | None = None) -> dict[str, Run]:
-    """Each mode's job through ``flwr run .`` on one loopback federation of the site files."""
+def deployed(
+    files: list[Path], work: Path, modes: list[str], rounds: int, env: dict | None = None, flwr_programs: bool = False
+) -> dict[str, Run]:
+    """Each mode's job through ``flwr run .`` on one loopback federation of the site files (its SuperNodes
+    flwr's own programs with ``flwr_programs``)."""
     from deploy_helpers import Processes, flwr, start_site_federation
 
     keys = files[0].parent / "keys"  # bench_message_cost.write_sites's signing keys and roster
@@ -122,7 +126,7 @@ def deployed(files: list[Path], work: Path, modes: list[str], rounds: int, env: 
     procs = Processes(work / "logs")
     out: dict[str, Run] = {}
     try:
-        env = start_site_federation(work, files, identities, procs, env)
+        env = start_site_federation(work, files, identities, procs, env, flwr_programs=flwr_programs)
         for mode in modes:
             overrides = " ".join(
                 [*job_overrides(mode, rounds), "dataset.files=[]", f"dataset.num_clients={len(files)}"]
@@ -142,7 +146,7 @@ def deployed(files: list[Path], work: Path, modes: list[str], rounds: int, env: 
     return out
 
 
-def simulated(files: list[Path], work: Path, modes: list[str], rounds: int, _env: dict | None = None) -> dict[str, Run]:
+def simulated(files: list[Path], work: Path, modes: list[str], rounds: int) -> dict[str, Run]:
     """Each mode's job in one Ray simulation of ``len(files)`` virtual SuperNodes, after a warm-up job."""
     from fedhead.driver.simulation import run_federations
     from fedhead.settings.config import compose_config, load_config
@@ -235,6 +239,7 @@ def table(sites: int, runs: dict[tuple[str, str], Run]) -> list[str]:
     cols = [key for key in ((w, m) for w in WHERE for m in MODES) if key in runs]
     got = {key: measures(runs[key]) for key in cols}
     pairs = [(f"{w[:3]} sec/clr", (w, "secure"), (w, "clear")) for w in WHERE]
+    pairs += [(f"dep/flw {m[:3]}", ("deployment", m), ("flwr-programs", m)) for m in MODES]
     pairs += [(f"dep/sim {m[:3]}", ("deployment", m), ("simulation", m)) for m in MODES]
     pairs = [p for p in pairs if p[1] in got and p[2] in got]
     head = f"{'M = ' + str(sites) + ' sites (s)':<30}" + "".join(f"{w[:3] + ' ' + m:>12}" for w, m in cols)
@@ -243,30 +248,33 @@ def table(sites: int, runs: dict[tuple[str, str], Run]) -> list[str]:
         cells = "".join(f"{got[key][name]:12.1f}" for key in cols)
         lines.append(f"{name:<30}{cells}" + "".join(f"{ratio(got[a][name], got[b][name]):>13}" for _, a, b in pairs))
     for mode in MODES:  # the same job's result wherever it ran
-        if ("deployment", mode) in runs and ("simulation", mode) in runs:
-            a, b = runs["deployment", mode].gram, runs["simulation", mode].gram
-            lines.append(
-                f"{mode} Gram, deployment vs simulation: {np.linalg.norm(a - b) / np.linalg.norm(b):.1e} relative"
-            )
+        for other in WHERE[1:]:
+            if ("deployment", mode) in runs and (other, mode) in runs:
+                a, b = runs["deployment", mode].gram, runs[other, mode].gram
+                lines.append(
+                    f"{mode} Gram, deployment vs {other}: {np.linalg.norm(a - b) / np.linalg.norm(b):.1e} relative"
+                )
     return lines
 
 
 def goals(runs: dict[int, dict[tuple[str, str], Run]]) -> list[str]:
-    """The issue's goals against the deployment's measures."""
+    """The issue's goals against each deployment's measures (fedhead's site programs, flwr's)."""
     out = []
-    three = runs.get(3, {})
-    if ("deployment", "clear") in three:
-        q = measures(three["deployment", "clear"])["first query phase"]
-        out.append(f"query phase, 3 sites, deployment: {q:.1f} s (goal <= {GOAL_QUERY_S:g} s)")
-    for sites, by in runs.items():
-        if ("deployment", "secure") in by:
-            step = measures(by["deployment", "secure"])["later query phases (median)"]
-            out.append(
-                f"SecAgg step (median later query phase), {sites} sites: {step:.1f} s (goal <= {GOAL_STEP_S:g} s)"
-            )
-        if ("deployment", "secure") in by and ("deployment", "clear") in by:
-            r = measures(by["deployment", "secure"])["round 1"] / measures(by["deployment", "clear"])["round 1"]
-            out.append(f"secure / clear round 1, {sites} sites, deployment: {r:.2f} (goal <= {GOAL_ROUND_RATIO:g})")
+    for where in WHERE[:2]:
+        three = runs.get(3, {})
+        if (where, "clear") in three:
+            q = measures(three[where, "clear"])["first query phase"]
+            out.append(f"query phase, 3 sites, {where}: {q:.1f} s (goal <= {GOAL_QUERY_S:g} s)")
+        for sites, by in runs.items():
+            if (where, "secure") in by:
+                step = measures(by[where, "secure"])["later query phases (median)"]
+                out.append(
+                    f"SecAgg step (median later query phase), {sites} sites, {where}: {step:.1f} s "
+                    f"(goal <= {GOAL_STEP_S:g} s)"
+                )
+            if (where, "secure") in by and (where, "clear") in by:
+                r = measures(by[where, "secure"])["round 1"] / measures(by[where, "clear"])["round 1"]
+                out.append(f"secure / clear round 1, {sites} sites, {where}: {r:.2f} (goal <= {GOAL_ROUND_RATIO:g})")
     return out
 
 
@@ -287,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
     from bench_message_cost import write_sites
 
     runs: dict[int, dict[tuple[str, str], Run]] = {}
-    profiles: dict[int, list[str]] = {}
+    profiles: dict[tuple[int, str], list[str]] = {}
     load = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="fedhead-bench-deploy-") as tmp:
         for sites in args.sites:
@@ -297,11 +305,14 @@ def main(argv: list[str] | None = None) -> int:
             files = sorted((work / "data").glob("site*.csv"), key=lambda p: int(p.stem[4:]))
             by = runs.setdefault(sites, {})
             for where in args.where:
-                run = deployed if where == "deployment" else simulated
                 env = {"FLWR_LOG_LEVEL": "DEBUG"} if args.profile else None
-                by.update({(where, m): r for m, r in run(files, work / where, args.modes, args.rounds, env).items()})
-            if args.profile and "deployment" in args.where:
-                profiles[sites] = profile(work / "deployment" / "logs")
+                if where == "simulation":
+                    got = simulated(files, work / where, args.modes, args.rounds)
+                else:
+                    got = deployed(files, work / where, args.modes, args.rounds, env, where == "flwr-programs")
+                by.update({(where, m): r for m, r in got.items()})
+                if args.profile and where != "simulation":
+                    profiles[(sites, where)] = profile(work / where / "logs")
         if args.keep is not None:
             shutil.copytree(tmp, args.keep, dirs_exist_ok=True)
     print(
@@ -311,8 +322,8 @@ def main(argv: list[str] | None = None) -> int:
     for sites, by in runs.items():
         print("\n".join(table(sites, by)))
     print("\n".join(goals(runs)))
-    for sites, lines in profiles.items():
-        print(f"where a deployed message's time went, M = {sites} sites (both modes; seconds):")
+    for (sites, where), lines in profiles.items():
+        print(f"where a deployed message's time went, {where}, M = {sites} sites (both modes; seconds):")
         print("\n".join(lines))
     return 0
 

@@ -41,6 +41,10 @@ SUPERNODE_RUNTIME_PORT = 9094  # ClientApp runtime API of a SuperNode (flwr 1.42
 #: SuperExec looks for a pending message every 0.2 s instead of flwr's 1 s (docs/deployment.md, "What a message
 #: costs"; benchmarks/bench_message_cost.py).
 SUPERNODE_ENV = {"FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.2"}
+#: A site's programs: fedhead's SuperNode (flwr's with a 0.5 s idle pull, starting fedhead's SuperExec in
+#: subprocess isolation) and fedhead's SuperExec (ClientApp processes forked from a warm parent), or flwr's own
+#: (``flwr_programs=True``: the benchmark's baseline). The ServerApp's SuperExec is always flwr's.
+SITE_PROGRAMS = {False: ("fedhead-supernode", "fedhead-superexec"), True: ("flower-supernode", "flower-superexec")}
 
 
 @dataclass(frozen=True)
@@ -126,15 +130,16 @@ def supernode_command(
     superexec_secret: str | None = None,
     data_path: str | None = None,
     identity: tuple[str, str] | None = None,
+    flwr_programs: bool = False,
 ) -> list[str]:
-    """``flower-supernode`` for one partition (or one site's file, ``data_path``); ``identity``: the site's
-    signing key and the roster files of secure mode.
+    """``fedhead-supernode`` (``flower-supernode`` with ``flwr_programs``) for one partition (or one site's file,
+    ``data_path``); ``identity``: the site's signing key and the roster files of secure mode.
 
     ``root_ca`` None means ``--insecure`` (no TLS to the SuperLink). ``runtime_tls`` secures
     the SuperNode's own runtime API, which the ClientApp's SuperExec reaches over the network
     in ``process`` isolation; in ``subprocess`` isolation it only listens on ``host``.
     """
-    cmd = ["flower-supernode"]
+    cmd = [SITE_PROGRAMS[flwr_programs][0]]
     cmd += ["--root-certificates", root_ca] if root_ca is not None else ["--insecure"]
     cmd += ["--superlink", superlink]
     if auth_key is not None:
@@ -152,10 +157,12 @@ def supernode_command(
     return cmd
 
 
-def superexec_command(*, runtime_api: str, root_ca: str | None, superexec_secret: str | None = None) -> list[str]:
-    """``flower-superexec`` running the ServerApp (runtime API of the SuperLink) or the
-    ClientApps of one SuperNode (its runtime API), for ``process`` isolation."""
-    cmd = ["flower-superexec"]
+def superexec_command(
+    *, runtime_api: str, root_ca: str | None, superexec_secret: str | None = None, site: bool = True
+) -> list[str]:
+    """``fedhead-superexec`` running the ClientApps of one SuperNode (its runtime API), or with ``site=False``
+    ``flower-superexec`` running the ServerApp (runtime API of the SuperLink), for ``process`` isolation."""
+    cmd = [SITE_PROGRAMS[False][1] if site else "flower-superexec"]
     cmd += ["--root-certificates", root_ca] if root_ca is not None else ["--insecure"]
     cmd += ["--runtime-api-address", runtime_api]
     if superexec_secret is not None:

@@ -205,12 +205,18 @@ def site_federation_env(work: Path, link_port: int, ca: Path) -> dict[str, str]:
 
 
 def start_site_federation(
-    work: Path, files: list[Path], identities: list[tuple[str, str]], procs: Processes, env_extra: dict | None = None
+    work: Path,
+    files: list[Path],
+    identities: list[tuple[str, str]],
+    procs: Processes,
+    env_extra: dict | None = None,
+    flwr_programs: bool = False,
 ) -> dict[str, str]:
     """One SuperLink with TLS and SuperNode authentication (certificates of ``scripts/make_certs.sh`` under
     ``work/certs``), and one SuperNode per site file (``data-path``, ``state-dir`` ``work/node<k>``, the site's
     ``(signing key, roster)`` of ``identities``; ClientApps in subprocess isolation), started by ``procs`` and
-    online. Returns the environment for ``flwr`` (connection ``loopback``); ``env_extra`` is added to it."""
+    online. Returns the environment for ``flwr`` (connection ``loopback``); ``env_extra`` is added to it. The
+    SuperNodes are ``fedhead-supernode``, or ``flower-supernode`` with ``flwr_programs`` (``SITE_PROGRAMS``)."""
     from deploy_commands import ServerTls, free_ports, superlink_command, supernode_command
 
     n = len(files)
@@ -244,6 +250,7 @@ def start_site_federation(
             auth_key=str(certs / f"supernode-{k}.auth"),
             data_path=str(path),
             identity=identity,
+            flwr_programs=flwr_programs,
         )
         procs.start(f"supernode{k}", node, env)
     wait(f"{n} authenticated SuperNodes online", lambda: online(env) == n, procs)

@@ -80,7 +80,10 @@ def _expected(tls: bool, state: bool) -> dict[str, list[str]]:
             superexec_secret="/certs/superlink.superexec.secret" if tls else None,
         ),
         "serverapp": superexec_command(
-            runtime_api=LINK, root_ca=ca, superexec_secret="/certs/superlink.superexec.secret" if tls else None
+            runtime_api=LINK,
+            root_ca=ca,
+            superexec_secret="/certs/superlink.superexec.secret" if tls else None,
+            site=False,
         ),
     }
     for k in range(1, N_NODES + 1):
@@ -105,7 +108,8 @@ def _expected(tls: bool, state: bool) -> dict[str, list[str]]:
 
 
 def _parsed(cmd: list[str]):
-    """``cmd`` parsed by the flwr 1.42 parser of its program."""
+    """``cmd`` parsed by the flwr 1.42 parser of its program (fedhead's site programs take flwr's flags; their
+    own are left at their defaults)."""
     from flwr.supercore.cli.flower_superexec import _parse_args as superexec_parser
     from flwr.superlink.cli.flower_superlink import _parse_args_run_superlink
     from flwr.supernode.cli.flower_supernode import _parse_args_run_supernode
@@ -114,6 +118,8 @@ def _parsed(cmd: list[str]):
         "flower-superlink": _parse_args_run_superlink,
         "flower-supernode": _parse_args_run_supernode,
         "flower-superexec": superexec_parser,
+        "fedhead-supernode": _parse_args_run_supernode,
+        "fedhead-superexec": superexec_parser,
     }
     return parsers[cmd[0]]().parse_args(cmd[1:])
 
@@ -311,7 +317,7 @@ def test_docker_compose_config_validates(files):
     for name in with_gpu:
         (device,) = services[name]["deploy"]["resources"]["reservations"]["devices"]
         assert device["driver"] == "nvidia" and device["capabilities"] == ["gpu"] and device["device_ids"] == ["0"]
-        assert services[name]["entrypoint"] == ["flower-superexec"]  # the base service, merged
+        assert services[name]["entrypoint"] == ["fedhead-superexec"]  # the base service, merged
 
 
 DOC = REPO / "docs" / "deployment.md"

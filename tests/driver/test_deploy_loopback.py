@@ -39,7 +39,7 @@ RUN_LIMIT_S = 600  # `flwr run` (about 60-90 s on 2 busy cores)
 
 @pytest.fixture
 def loopback(tmp_path):
-    for tool in ("openssl", "ssh-keygen", "flwr", "flower-superlink", "flower-supernode"):
+    for tool in ("openssl", "ssh-keygen", "flwr", "flower-superlink", "fedhead-supernode"):
         if shutil.which(tool) is None:
             pytest.skip(f"{tool} not on PATH")
     certs = tmp_path / "certs"

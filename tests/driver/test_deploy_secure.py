@@ -75,7 +75,7 @@ def _clear_in_process(files: list[Path], out: Path):
 @pytest.fixture
 def site_federation(tmp_path):
     """Three sites' files, a TLS SuperLink with SuperNode authentication and one SuperNode per file, online."""
-    for tool in ("openssl", "ssh-keygen", "flwr", "flower-superlink", "flower-supernode"):
+    for tool in ("openssl", "ssh-keygen", "flwr", "flower-superlink", "fedhead-supernode"):
         if shutil.which(tool) is None:
             pytest.skip(f"{tool} not on PATH")
     sites = tmp_path / "sites"

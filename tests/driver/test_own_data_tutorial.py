@@ -117,7 +117,7 @@ def test_the_tutorial_runs_one_job_in_simulation_and_deployment():
 @pytest.mark.slow
 @pytest.mark.timeout(1500)
 def test_the_own_data_tutorial_runs_as_written(tmp_path):
-    for tool in ("bash", "openssl", "ssh-keygen", "flwr", "flower-superlink", "flower-supernode", "fedhead-run"):
+    for tool in ("bash", "openssl", "ssh-keygen", "flwr", "flower-superlink", "fedhead-supernode", "fedhead-run"):
         if shutil.which(tool) is None:
             pytest.skip(f"{tool} not on PATH")
     blocks = tutorial_blocks(DOC.read_text())
@@ -196,7 +196,7 @@ def _check_command_lines(work: Path, link: int, node: int) -> None:
         host="127.0.0.1", port=link, tls=tls, supernode_auth=True
     )
     for k, (pid, site) in enumerate(zip(pids[1:], SITES), start=1):
-        assert _tool_args(_argv(pid), "flower-supernode") == supernode_command(
+        assert _tool_args(_argv(pid), "fedhead-supernode") == supernode_command(
             superlink=f"127.0.0.1:{link}",
             host="127.0.0.1",
             port=node + k,
@@ -215,7 +215,7 @@ def _check_site_files_opened(audit: Path, files: list[Path]) -> None:
     entries = _audit_logs(audit)
     nodes = {}
     for e in entries:
-        if any(Path(a).name == "flower-supernode" for a in e["argv"]):
+        if any(Path(a).name == "fedhead-supernode" for a in e["argv"]):
             config = e["argv"][e["argv"].index("--node-config") + 1]
             nodes[e["pid"]] = parse_config_args([config])["data-path"]
     assert sorted(nodes.values()) == sorted(str(f) for f in files), nodes
