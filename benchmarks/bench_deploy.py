@@ -5,11 +5,12 @@ The own-data setting (docs/own-data.md): every site a CSV file of its own (input
 ``dataset=table``, free features, proximal training of one round. For each site count, the deployment is
 one SuperLink with TLS and SuperNode authentication and one SuperNode per file on 127.0.0.1 (ClientApps in
 subprocess isolation; tests/deploy_helpers.py, the command lines of tests/deploy_commands.py), serving
-``flwr run .`` of the clear job, then of the secure one. ``deployment`` runs fedhead's site programs
-(``fedhead-supernode``: a 0.5 s idle pull; ``fedhead-superexec``: ClientApp processes forked from a warm
-parent), ``flwr-programs`` flwr's ``flower-supernode`` and ``flower-superexec`` on the same files (``privacy.mode=secure``; each site's signing key and
-the roster of ``fedhead-keys``). The simulation is the same jobs through ``run_federations`` (flwr's Ray
-simulation, one Ray start per site count: an unmeasured warm-up job, then the clear and the secure job).
+``flwr run .`` of the clear job, then of the secure one (``privacy.mode=secure``; each site's signing key
+and the roster of ``fedhead-keys``). ``deployment`` runs fedhead's site programs (``fedhead-supernode``: a
+0.5 s idle pull; ``fedhead-superexec``: ClientApp processes forked from a warm parent), ``flwr-programs``
+flwr's ``flower-supernode`` and ``flower-superexec`` on the same files. The simulation is the same jobs
+through ``run_federations`` (flwr's Ray simulation, one Ray start per site count: an unmeasured warm-up job,
+then the clear and the secure job).
 
 Every phase is the ServerApp's own timing record (results.json ``timing.phases``: each message phase,
 from its push to its last reply), whatever steps the protocol runs; they are grouped as:
