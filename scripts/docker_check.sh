@@ -190,8 +190,14 @@ job() {  # name extra-overrides
   python3 - "$WORK/$name.deployed.json" <<'PY'
 import json, sys
 t = json.load(open(sys.argv[1]))["timing"]
+phases = t.get("phases", [])
 print("  timing: ServerApp start to first phase %.1f s, phases %s" % (
-    t.get("startup_seconds") or 0, ", ".join("%s %.1f" % (k, s) for k, s in t.get("phases", []))))
+    t.get("startup_seconds") or 0, ", ".join("%s %.1f" % (k, s) for k, s in phases)))
+trains = [i for i, (k, _) in enumerate(phases) if k == "train"] + [len(phases)]
+if len(trains) > 1:  # round 1: its training phase and every phase up to the next one (secure: its SecAgg steps)
+    first = (t.get("startup_seconds") or 0) + sum(s for _, s in phases[: trains[1]])
+    print("  round 1: %.1f s; from the ServerApp's start to round 1 done: %.1f s" % (
+        sum(s for _, s in phases[trains[0] : trains[1]]), first))
 PY
   timeout 900 fedhead-run $JOB "dataset.files=[$listed]" $extra "output.dir=$WORK/ref-$name" \
       > "$WORK/ref-$name.log" 2>&1 || { tail -20 "$WORK/ref-$name.log"; log "$name job: fedhead-run failed"; return 1; }
