@@ -108,8 +108,11 @@ def begin_sum(
         except (ValueError, KeyError, TypeError) as exc:
             raise ClientError(f"secure sum {name}, step {sr.MASK}: {exc}") from None
         encoding = sums.checked_encoding(requested, fields["bound"], record.get("sites"))
+        sums.drop_input(context)  # an input the site kept for the sum before is gone with it
         try:
-            out[sr.SECURE] = ArrayRecord({sr.MASKED: Array(client.mask(ciphertexts, values, encoding))})
+            out.update(_masked_reply(client, ciphertexts, values, encoding, sums.signs_now(msg)))
+            if sums.signs_now(msg):
+                sums.keep_input(context, values)  # until the site reveals, or its input moves to a fresh sum
         except (SecureSumError, ValueError) as exc:
             raise ClientError(f"secure sum {name}, step {sr.MASK}: {exc}") from None
         finally:
@@ -138,28 +141,53 @@ def handle_secure_step(
     if name is None:
         raise ClientError("a secure step that names no sum")
     policy = policy or SitePolicy()
+    if step == sr.RESUM:
+        return Message(sums.move_input(msg, context, name, identity), reply_to=msg)
     slot = sums.slot_of(context, name)
     record = sums.held(context, slot)
     assert record is not None
     client = sums.load(record, identity)
     try:
         payload = sr.payload_of(msg.content.config_records.get(sr.SECURE))
-        out = _secure_step(client, step, payload, context, record, policy)
+        out = _secure_step(client, step, payload, context, record, policy, sums.signs_now(msg))
     except (SecureSumError, ValueError, KeyError) as exc:
         raise ClientError(f"secure sum {name}, step {step}: {exc}") from None
     finally:
         sums.save(context, slot, client, record)
-    if step == sr.SIGN and sr.NEXT in msg.content.config_records:
+    if step in (sr.SIGN, sr.REVEAL) and sr.NEXT in msg.content.config_records:
         shares = sums.share_next(msg, context, identity)
         if shares is not None:
             out[sr.NEXT] = shares
     return Message(out, reply_to=msg)
 
 
-def _secure_step(
-    client: SecureSumClient, step: object, payload: bytes, context: Context, held: ConfigRecord, policy: SitePolicy
+def _masked_reply(
+    client: SecureSumClient, ciphertexts: Mapping[int, bytes], values: np.ndarray, encoding, sign_now: bool
 ) -> RecordDict:
-    """The reply of ``client`` to ``step``'s ``payload``."""
+    """The masked input and, ``sign_now``, the site's signature of its full list with it
+    ([`mask_and_sign`][fedhead.federation.secure_site.SecureSumClient.mask_and_sign])."""
+    if not sign_now:
+        return RecordDict({sr.SECURE: ArrayRecord({sr.MASKED: Array(client.mask(ciphertexts, values, encoding))})})
+    masked, signature = client.mask_and_sign(ciphertexts, values, encoding)
+    return RecordDict(
+        {
+            sr.SECURE: ArrayRecord({sr.MASKED: Array(masked)}),
+            sr.SIGNED: ConfigRecord({sr.PAYLOAD: sr.pack_signature(signature)}),
+        }
+    )
+
+
+def _secure_step(
+    client: SecureSumClient,
+    step: object,
+    payload: bytes,
+    context: Context,
+    held: ConfigRecord,
+    policy: SitePolicy,
+    sign_now: bool = False,
+) -> RecordDict:
+    """The reply of ``client`` to ``step``'s ``payload`` (``sign_now``: a mask request that asks for the full
+    list's signature with the masked input)."""
     out = RecordDict()
     if step == sr.SHARE_KEYS:
         book, threshold = sr.unpack_book(payload)
@@ -168,8 +196,10 @@ def _secure_step(
     elif step == sr.MASK:
         ciphertexts, requested = sr.unpack_mask_request(payload)
         encoding = sums.checked_encoding(requested, held.get("bound"), held.get("sites"))
-        masked = client.mask(ciphertexts, sums.take_input(context), encoding)  # nothing of the input is kept
-        out[sr.SECURE] = ArrayRecord({sr.MASKED: Array(masked)})
+        values = sums.take_input(context)
+        out.update(_masked_reply(client, ciphertexts, values, encoding, sign_now))
+        if sign_now:  # kept until the site reveals, or its input moves to a fresh sum; else nothing of it is kept
+            sums.keep_input(context, values)
     elif step == sr.SIGN:
         signature = client.sign_survivors(sr.unpack_unmasking(payload))
         out[sr.SECURE] = ConfigRecord({sr.PAYLOAD: sr.pack_signature(signature)})
@@ -178,6 +208,7 @@ def _secure_step(
         noised_for = held.get("noised-for", 0)
         policy.check_reveal(len(set(unmasking.survivors)), noised_for if isinstance(noised_for, int) else 0)
         out[sr.SECURE] = ConfigRecord({sr.PAYLOAD: sr.pack(client.reveal(unmasking))})
+        sums.drop_input(context)  # revealed for: its input can no longer move
     else:
         raise ClientError(f"unknown step {step!r}")
     return out

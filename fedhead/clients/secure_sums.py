@@ -1,8 +1,10 @@
 """Where a site keeps its secure sums between messages: its node's own state holds at most two, the sum it
 is in (its [`SecureSumClient`][fedhead.federation.secure_site.SecureSumClient] and, until it is masked, its
-input) and the next one, set up within this one's messages
+input; a site that signed its full list with its masked input keeps the input until it reveals, so that it
+may move to a fresh sum should a peer drop) and the next one, set up within this one's messages
 ([`fedhead.federation.secure_records.NEXT_SUM`][fedhead.federation.secure_records.NEXT_SUM]): its keys
-advertised with this sum's phase reply, its key shares sent with this sum's survivor-list signature.
+advertised with this sum's phase reply, its key shares sent with this sum's reveal (or its survivor-list
+signature, in a sum that has that step).
 
 A phase message that carries its mask request takes the next sum out of the state and masks at once
 ([`take_prepared`][fedhead.clients.secure_sums.take_prepared]); a site never holds a sum's private keys
@@ -16,7 +18,7 @@ import logging
 from collections.abc import Mapping
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MessageType
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
 
 from fedhead.clients.identity import SiteIdentity
 from fedhead.clients.ledger import SiteLedger
@@ -106,6 +108,24 @@ def keep_input(context: Context, values: np.ndarray) -> None:
     context.state[VALUES] = ArrayRecord({"values": Array(values)})
 
 
+def holds_input(context: Context) -> bool:
+    """Whether the node keeps an input of its current sum."""
+    return VALUES in context.state.array_records
+
+
+def drop_input(context: Context) -> None:
+    """Forget the current sum's kept input, if any."""
+    if holds_input(context):
+        del context.state[VALUES]
+
+
+def signs_now(msg: Message) -> bool:
+    """Whether a mask request asks for the site's signature of its full list with the masked input
+    ([`SIGN_NOW`][fedhead.federation.secure_records.SIGN_NOW])."""
+    cfg = msg.content.config_records.get(protocol.CONFIG)
+    return cfg is not None and cfg.get(sr.SIGN_NOW) is True
+
+
 def take_input(context: Context) -> np.ndarray:
     """The current sum's input, removed from the state (it is about to be masked)."""
     record = context.state.array_records.get(VALUES)
@@ -188,3 +208,32 @@ def share_next(msg: Message, context: Context, identity: SiteIdentity) -> Config
         return None
     finally:
         save(context, NEXT, client, record)
+
+
+def move_input(msg: Message, context: Context, name: str, identity: SiteIdentity) -> RecordDict:
+    """The ``resum`` step: the input of the sum ``name``, which the site signed in full with its masked input
+    and has not revealed for, moves to the fresh sum the payload names
+    ([`move_out`][fedhead.federation.secure_site.SecureSumClient.move_out]); the reply carries the site's
+    signed keys for it. The fresh sum takes the old one's place, with its bound and noise floor."""
+    record = held(context, CURRENT)
+    if record is None or record.get("id") != name:
+        raise ClientError(f"secure sum {name}, step {sr.RESUM}: this site is not in that sum now")
+    if not holds_input(context):
+        raise ClientError(f"secure sum {name}, step {sr.RESUM}: this site keeps no input of that sum")
+    try:
+        fresh = sr.payload_of(msg.content.config_records.get(sr.SECURE)).decode("utf-8")
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
+        raise ClientError(f"secure sum {name}, step {sr.RESUM}: the fresh sum's id does not parse ({exc})") from None
+    old = load(record, identity)
+    client = new_client(context, identity, fresh, old.min_survivors)  # an id used before: refused here
+    try:
+        old.move_out()
+    except SecureSumError as exc:
+        raise ClientError(f"secure sum {name}, step {sr.RESUM}: {exc}") from None
+    finally:
+        save(context, CURRENT, old, record)
+    kept = {k: v for k, v in record.items() if k in ("bound", "noised-for") and isinstance(v, int | float)}
+    keys = client.advertise()
+    save(context, CURRENT, client, None, kept)
+    log.debug("secure sum %s: this site's input moved to sum %s", name, fresh)
+    return RecordDict({sr.SECURE: ConfigRecord({sr.PAYLOAD: sr.pack(keys)})})

@@ -34,8 +34,15 @@ STAGE_SECURE = "secure-sum"  # config stage of the three later steps (query mess
 STAGE_REGIME = "regime"  # config stage: a site-local table's own margin, once the pooled standardisation is known
 STEP = "secure-step"
 SHARE_KEYS, MASK, SIGN, REVEAL = "share-keys", "mask", "sign", "reveal"
+#: The step that moves a site's input out of a sum it signed with its masked input (a peer dropped) into a
+#: fresh sum, whose id is its payload; the reply is the site's keys for that sum.
+RESUM = "resum"
+#: config of a mask request: sign the full list with the masked input (stages 3 and 4 in one message).
+SIGN_NOW = "secure-sign-now"
+SIGNED = "secure-signed"  # ConfigRecord (payload) of the signature that comes with a masked input
 #: config: the run's next sum, set up within this one's messages (its keys come with a masked input, its key
-#: shares with a survivor-list signature), so that its phase message carries its mask request at once.
+#: shares with the reveal, or with the survivor-list signature of a sum that has that step), so that its phase
+#: message carries its mask request at once.
 NEXT_SUM = "secure-next-sum"
 NEXT = "secure-next"  # ConfigRecord (payload) of the next sum's keys, key book or key shares
 LOCAL_OPTIMUM = "at-local-optimum"  # train reply metric (secure mode): 1 when the site reached its optimum

@@ -40,12 +40,10 @@ from fedhead.federation.roster import (
     public_key,
     sign_advertisement,
     sign_survivors,
-    verify_advertisement,
     verify_survivors,
 )
 from fedhead.federation.secure_sum import (
     _SEED_BYTES,
-    MIN_SITES,
     KeyShares,
     PublicKeys,
     RevealedShares,
@@ -58,6 +56,7 @@ from fedhead.federation.secure_sum import (
     _self_mask,
     _sum_tag,
     _unb64,
+    check_key_book,
     check_threshold,
     mask_key_secret,
 )
@@ -65,6 +64,7 @@ from fedhead.federation.secure_sum import (
 log = logging.getLogger(__name__)
 
 _STAGES = ("advertise", "share keys", "mask", "sign the survivors", "reveal")
+_MOVED = len(_STAGES) + 1  # ``_refused`` of a sum whose input moved to a fresh sum
 
 
 def _refuse(message: str) -> SecureSumError:
@@ -210,6 +210,8 @@ class SecureSumClient:
     def _stage_of(self, stage: int) -> Iterator[None]:
         """Run stage ``stage`` (1-based) once, after the one before; a failure ends the site's part."""
         name = _STAGES[stage - 1]
+        if self._refused == _MOVED:
+            raise _refuse(f"site {self.site} moved its input out of this sum to a fresh one; it takes no further part")
         if self._refused:
             raise _refuse(f"site {self.site} refused this sum at stage {self._refused}; it takes no further part")
         try:
@@ -244,7 +246,7 @@ class SecureSumClient:
             ``{peer: ciphertext}`` for every other participant, and the commitment to ``b_u``.
         """
         with self._stage_of(2):
-            sites = self._check_book(key_book)
+            sites = check_key_book(key_book, self._roster, self.sum_id, self.site, self._public)
             try:
                 self._threshold = check_threshold(threshold, len(sites))
             except ConfigError as exc:
@@ -265,34 +267,6 @@ class SecureSumClient:
                 ciphertexts[site] = encrypt(key, plain)
             log.debug("secure sum: site %d shared its keys with %d peers", self.site, len(ciphertexts))
             return KeyShares(ciphertexts, _seed_digest(self._seed, self.sum_id))
-
-    def _check_book(self, book: Mapping[int, PublicKeys]) -> list[int]:
-        """The book's site ids, sorted, when every entry is its roster member's signed advertisement of this sum."""
-        try:
-            sites = _check_site_ids(book)
-        except ConfigError as exc:
-            raise SecureSumError(str(exc)) from None
-        if book.get(self.site) != self._public:
-            raise _refuse(f"the key book alters or omits site {self.site}'s own entry; refused")
-        if len(sites) < MIN_SITES:
-            raise _refuse(f"the key book holds {len(sites)} sites, a secure sum needs at least {MIN_SITES}; refused")
-        names: dict[str, int] = {}
-        for s in sites:
-            entry = book[s]
-            if not isinstance(entry, PublicKeys) or not isinstance(entry.name, str):
-                raise _refuse(f"the key book's entry of site {s} is not a signed advertisement; refused")
-            if entry.name not in self._roster:
-                raise _refuse(f"the key book's entry of site {s} names {entry.name!r}, who is not in the roster")
-            if entry.name in names:
-                raise _refuse(f"sites {names[entry.name]} and {s} both claim roster name {entry.name!r}; refused")
-            names[entry.name] = s
-            fields = (self.sum_id, s, entry.name, entry.encryption, entry.mask)
-            if not verify_advertisement(self._roster, entry.signature, *fields):
-                raise _refuse(f"the key book's entry of site {s} is not {entry.name!r}'s signed advertisement")
-        keys = [k for s in sites for k in (book[s].encryption, book[s].mask)]
-        if len(set(keys)) != len(keys):
-            raise _refuse("the key book repeats a public key; refused")
-        return sites
 
     def mask(self, ciphertexts: Mapping[int, bytes], values: np.ndarray, encoding: RingFixedPoint) -> np.ndarray:
         """Stage 3: keep the peers' shares and return ``y_u``, the masked encoding of ``values``.
@@ -332,6 +306,33 @@ class SecureSumClient:
                 pair = _pair_mask(self._mask_key, self._book[peer].mask, self.sum_id, y.size)
                 y = ring_add(y, pair, k) if peer > self.site else ring_sub(y, pair, k)
             return y
+
+    def mask_and_sign(
+        self, ciphertexts: Mapping[int, bytes], values: np.ndarray, encoding: RingFixedPoint
+    ) -> tuple[np.ndarray, bytes]:
+        """Stages 3 and 4 in one message, for a sum where no site is expected to drop: ``y_u``
+        ([`mask`][fedhead.federation.secure_site.SecureSumClient.mask]) and this site's signature of the list
+        in which every peer survived, ``(sum id, U2_u + {u}, {})``, the one list it signs in this sum. Should a
+        peer drop, no list of this sum can unmask it; the site's input may then move to a fresh sum
+        ([`move_out`][fedhead.federation.secure_site.SecureSumClient.move_out])."""
+        y = self.mask(ciphertexts, values, encoding)
+        return y, self.sign_survivors(Unmasking(tuple(sorted({*self._peers, self.site})), ()))
+
+    def move_out(self) -> None:
+        """End this sum unrevealed so that the site's input may enter a fresh sum: only once the site signed its
+        full list ([`mask_and_sign`][fedhead.federation.secure_site.SecureSumClient.mask_and_sign]) and before it
+        revealed; every later stage is refused. So a site reveals for one sum of an input at most: two sums of it
+        unmasked over different sites would give the server their difference."""
+        if self._refused:
+            raise _refuse(f"site {self.site} refused this sum at stage {self._refused}; its input does not move")
+        full = Unmasking(tuple(sorted({*self._peers, self.site})), ())
+        if self._stage != 4 or self._signed != full:
+            done = "revealed for it" if self._stage >= 5 else f"is at stage {self._stage} of it"
+            raise _refuse(
+                f"site {self.site} {done}: an input moves to a fresh sum only from a sum whose full list the site "
+                "signed, before it reveals; refused"
+            )
+        self._refused = _MOVED
 
     def _open(self, peer: int, token: bytes) -> None:
         """Decrypt ``peer``'s key shares for this site (this sum, this pair) and keep them."""

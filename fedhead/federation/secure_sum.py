@@ -40,6 +40,17 @@ a sum over 128 sites stays well under a second at the server, ``benchmarks/bench
    and the dropped sites' ``sk_s`` (checked against ``s_d``), removes ``G(b_u)`` and the dropped
    sites' pair masks, and decodes the sum over ``U3``. Pair masks among survivors cancel.
 
+Stages 3 and 4 in one message: when the server asks for it with the mask request, a site returns with
+``y_u`` its signature of its *full list* ``(sum id, U2_u + {u}, {})``, the list of stage 4 when none of
+its peers dropped, and the one list it signs in this sum
+([`SecureSumClient.mask_and_sign`][fedhead.federation.secure_site.SecureSumClient.mask_and_sign]). When no
+site drops, the server goes to stage 5 at once: one round trip less. When one drops, no list of this sum
+can unmask it (every signer named it a survivor), so the sum cannot finish; each site that masked then
+moves its input to a fresh sum, under a fresh id, which runs all five stages
+([`SecureSumClient.move_out`][fedhead.federation.secure_site.SecureSumClient.move_out]). A site moves an
+input only out of a sum whose full list it signed with its mask, only before it revealed anything of it,
+and never reveals for that sum afterwards: it reveals for one sum of an input at most.
+
 PRG: ``G(seed)`` is the ChaCha20 keystream (``cryptography``) under the key
 ``HKDF-SHA256(seed, info=purpose | sum id)``, read as little-endian uint64, one key per purpose (self
 mask, pair mask) and sum. flwr's ``pseudo_rand_gen`` is not used: it folds the seed to 32 bits and
@@ -71,6 +82,9 @@ it and ``f`` the smallest floor of the honest sites.
 * One list: an honest site signs one list per sum and reveals only for that list, on ``t >= f``
   signatures from its members. Two lists would need ``f - n_C`` honest signers each, distinct:
   ``2 (f - n_C) <= M - n_C``. So for ``n_C < 2f - M`` all honest sites reveal for one ``(U3, D)``.
+* Moving an input: the sums an input entered (the one it moved from, the one it moved to) are unmasked
+  for each honest site in one at most, so two of them decoded would need ``f - n_C`` honest sites
+  each, distinct: the same bound as two lists. A sum whose full list was signed reveals no ``sk``-share.
 * Withholding: with one list, to read ``x_u`` alone, or the sum of a strict part ``S`` of ``U3``'s
   honest sites (``u`` in ``S``), the server must strip every pair mask between ``S`` and an honest
   site of ``U3`` outside ``S``, and no share of such a mask is ever revealed (sk-shares only of
@@ -94,9 +108,9 @@ colluding sites learns only the sum; ``t`` sites hold enough shares to unmask an
 Costs, ``n`` sites, ``L`` entries: per site, 2 key pairs, ``n - 1`` ECDH and Fernet encryptions of
 a 312-byte ciphertext, ``n`` ChaCha20 streams of ``k L`` words, two Ed25519 signatures and up to
 ``n`` verifications; ``y_u`` is ``8 k L`` bytes. At the server, one Shamir combine and one stream per
-survivor, one combine, ECDH and stream per dropped site and survivor. Five round trips (three when
-stages 1-2 travel with the previous sum's messages,
-[`fedhead.strategies.secure_pipeline`][fedhead.strategies.secure_pipeline]); total
+survivor, one combine, ECDH and stream per dropped site and survivor. Four round trips when no site
+drops (stages 3 and 4 in one), two when stages 1-2 also travel with the previous sum's messages
+([`fedhead.strategies.secure_pipeline`][fedhead.strategies.secure_pipeline]); total
 traffic grows as ``n^2`` (key shares, signatures) plus ``8 k L n`` (masked inputs).
 """
 
@@ -116,7 +130,7 @@ from flwr.common.secure_aggregation.crypto.symmetric_encryption import generate_
 from flwr.supercore.primitives.asymmetric import bytes_to_public_key
 
 from fedhead.analysis.constraints import ConfigError
-from fedhead.federation.roster import check_sum_id
+from fedhead.federation.roster import Roster, check_sum_id, verify_advertisement
 
 #: Fewest sites a secure sum starts with (two would reveal each one's input to the other).
 MIN_SITES = 3
@@ -150,6 +164,45 @@ def check_threshold(threshold: int, sites: int) -> int:
             f"so that no two groups of sites can reveal both shares of one site), got {threshold!r}"
         )
     return int(threshold)
+
+
+def check_key_book(
+    book: Mapping[int, PublicKeys], roster: Roster, sum_id: str, site: int, own: PublicKeys
+) -> list[int]:
+    """The book's site ids, sorted, when every entry of ``book`` is its ``roster`` member's signed advertisement of
+    the sum ``sum_id`` and ``site``'s entry is ``own`` (what a site checks at stage 2); ``SecureSumError`` otherwise."""
+    try:
+        sites = _check_site_ids(book)
+    except ConfigError as exc:
+        raise SecureSumError(str(exc)) from None
+    if book.get(site) != own:
+        raise SecureSumError(f"secure sum: the key book alters or omits site {site}'s own entry; refused")
+    if len(sites) < MIN_SITES:
+        raise SecureSumError(
+            f"secure sum: the key book holds {len(sites)} sites, a secure sum needs at least {MIN_SITES}; refused"
+        )
+    names: dict[str, int] = {}
+    for s in sites:
+        entry = book[s]
+        if not isinstance(entry, PublicKeys) or not isinstance(entry.name, str):
+            raise SecureSumError(f"secure sum: the key book's entry of site {s} is not a signed advertisement; refused")
+        if entry.name not in roster:
+            raise SecureSumError(
+                f"secure sum: the key book's entry of site {s} names {entry.name!r}, who is not in the roster"
+            )
+        if entry.name in names:
+            raise SecureSumError(
+                f"secure sum: sites {names[entry.name]} and {s} both claim roster name {entry.name!r}; refused"
+            )
+        names[entry.name] = s
+        if not verify_advertisement(roster, entry.signature, sum_id, s, entry.name, entry.encryption, entry.mask):
+            raise SecureSumError(
+                f"secure sum: the key book's entry of site {s} is not {entry.name!r}'s signed advertisement"
+            )
+    keys = [k for s in sites for k in (book[s].encryption, book[s].mask)]
+    if len(set(keys)) != len(keys):
+        raise SecureSumError("secure sum: the key book repeats a public key; refused")
+    return sites
 
 
 def _check_site_ids(sites: Iterable[int]) -> list[int]:

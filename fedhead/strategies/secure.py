@@ -5,7 +5,10 @@ statistics or head, only their sums over the surviving sites.
 [`run_secure_sum`][fedhead.strategies.secure.run_secure_sum] drives stages 2-5 over the grid after a
 phase message (stage 1: the sites reply with their public keys), and
 [`finish_sum`][fedhead.strategies.secure.finish_sum] stages 3-5 of a sum set up within the previous sum's
-messages ([`fedhead.strategies.secure_pipeline`][fedhead.strategies.secure_pipeline]); the one-time exchange of pooled
+messages ([`fedhead.strategies.secure_pipeline`][fedhead.strategies.secure_pipeline]); when a site drops
+from a sum whose sites signed their full lists with their masked inputs,
+[`move_inputs`][fedhead.strategies.secure.move_inputs] moves the others' inputs to a fresh sum (the steps'
+messages: [`fedhead.strategies.secure_steps`][fedhead.strategies.secure_steps]). The one-time exchange of pooled
 moments is [`secure_exchange`][fedhead.strategies.secure_exchange.secure_exchange], each round's sums
 [`SecureAggregator`][fedhead.strategies.secure_aggregator.SecureAggregator]. What needs per-site values
 (``G_star``, the gap terms, per-site margins, local gaps, ``delta``) is absent, with
@@ -14,15 +17,15 @@ moments is [`secure_exchange`][fedhead.strategies.secure_exchange.secure_exchang
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import secrets
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
 import numpy as np
-from flwr.app import ConfigRecord, Message, MessageType, RecordDict
-from flwr.serverapp import Grid
+from flwr.app import Message
 
 from fedhead.analysis.constraints import ConfigError
 from fedhead.analysis.regime import OutsideRegimeError
@@ -33,16 +36,15 @@ from fedhead.federation.roster import Roster
 from fedhead.federation.secure_server import SecureSumServer
 from fedhead.federation.secure_sum import (
     MIN_SITES,
-    KeyShares,
     PublicKeys,
     SecureSumError,
-    Unmasking,
     default_threshold,
 )
-from fedhead.strategies.exchange import ConfigValue, MomentExchange
-from fedhead.strategies.failures import Dropped, TooFewReplies, screen
+from fedhead.strategies.exchange import MomentExchange
+from fedhead.strategies.failures import Dropped, TooFewReplies
 from fedhead.strategies.replies import FederationError, metrics_of
-from fedhead.strategies.secure_pipeline import NextBook, SumPipeline, next_book, prepare
+from fedhead.strategies.secure_pipeline import SumPipeline, next_book, prepare
+from fedhead.strategies.secure_steps import SumMessages, ask_with_next, parser
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -134,6 +136,7 @@ class SiteReply:
     site: Mapping[str, object] | None = None  # a site-local table's columns and key
     masked: np.ndarray | None = None
     next_keys: PublicKeys | None = None
+    signature: bytes | None = None  # its signature of its full list, with its masked input
 
 
 @dataclass(frozen=True)
@@ -149,9 +152,9 @@ def parse_site_reply(msg: Message) -> SiteReply:
     """The keys (or masked input), next keys and metrics of a secure phase reply;
     [`fedhead.federation.aggregation.ReplyError`][fedhead.federation.aggregation.ReplyError] otherwise."""
     node = protocol.node_of(msg)
-    keys, masked = None, None
+    keys, masked, signature = None, None, None
     if sr.SECURE in msg.content.array_records:
-        masked = _masked(msg)
+        masked, signature = _masked_signed(msg)
     else:
         try:
             keys = sr.unpack_keys(sr.payload_of(msg.content.config_records.get(sr.SECURE)))
@@ -168,70 +171,7 @@ def parse_site_reply(msg: Message) -> SiteReply:
     pid = values.get(protocol.PARTITION_ID)
     site = msg.content.config_records.get(protocol.SITE)
     part = None if pid is None else int(pid)
-    return SiteReply(node, part, keys, values, None if site is None else dict(site), masked, following)
-
-
-def stage_messages(
-    payloads: Mapping[int, bytes],
-    sum_name: str,
-    step: str,
-    message_config: Mapping[str, ConfigValue],
-    following: tuple[str, Mapping[int, bytes]] | None = None,
-) -> list[Message]:
-    """One ``query`` per site carrying ``step``'s payload of the sum ``sum_name``; ``following``: the next
-    sum's id and a payload for some of the sites (its key book, with the survivor list)."""
-    out = []
-    for node, payload in payloads.items():
-        cfg = ConfigRecord({**message_config, protocol.STAGE: sr.STAGE_SECURE, sr.SUM_ID: sum_name, sr.STEP: step})
-        content = RecordDict({protocol.CONFIG: cfg, sr.SECURE: ConfigRecord({sr.PAYLOAD: payload})})
-        if following is not None and node in following[1]:
-            cfg[sr.NEXT_SUM] = following[0]
-            content[sr.NEXT] = ConfigRecord({sr.PAYLOAD: following[1][node]})
-        out.append(Message(content=content, dst_node_id=int(node), message_type=MessageType.QUERY))
-    return out
-
-
-@dataclass(frozen=True)
-class SumMessages:
-    """Where the later steps of the secure sum ``sum_id`` (``name`` in messages to people) go and how their
-    replies are screened: the ``grid``, the ``timeout`` of each step, the entries of every message
-    (``message_config``), the sites' ``partitions`` and the failure policy's ``required`` minimum."""
-
-    grid: Grid
-    sum_id: str
-    name: str
-    timeout: float
-    required: int
-    message_config: Mapping[str, ConfigValue] = field(default_factory=dict)
-    partitions: Mapping[int, int] | None = None
-
-    def send(self, messages: list[Message]) -> list[Message]:
-        """The replies to ``messages`` (one step)."""
-        return list(self.grid.send_and_receive(messages, timeout=self.timeout))
-
-    def screen(
-        self, step: str, replies: list[Message], parse: Callable[[Message], T], needed: int, nodes: Sequence[int]
-    ) -> tuple[dict[int, T], list[Dropped]]:
-        """The valid replies of ``step`` from ``nodes`` by node, and the sites dropped
-        ([`screen`][fedhead.strategies.failures.screen]: fewer than ``needed`` end the run)."""
-        wanted = set(nodes)
-        kept, lost = screen(
-            [m for m in replies if protocol.node_of(m) in wanted],
-            parse,
-            stage=f"secure sum of {self.name} ({step})",
-            required=needed,
-            expected_nodes=list(nodes),
-            timeout=self.timeout,
-            partitions=self.partitions,
-        )
-        return {protocol.node_of(m): v for m, v in kept}, lost
-
-    def ask(
-        self, step: str, payloads: Mapping[int, bytes], parse: Callable[[Message], T], needed: int
-    ) -> tuple[dict[int, T], list[Dropped]]:
-        """``step`` sent to the sites of ``payloads``; their screened replies."""
-        replies = self.send(stage_messages(payloads, self.sum_id, step, self.message_config))
-        return self.screen(step, replies, parse, needed, list(payloads))
+    return SiteReply(node, part, keys, values, None if site is None else dict(site), masked, following, signature)
 
 
 def run_secure_sum(
@@ -243,6 +183,7 @@ def run_secure_sum(
     setup: SumSetup,
     next_keys: Mapping[int, PublicKeys] | None = None,
     next_sum: str | None = None,
+    sign_now: bool = True,
 ) -> SecureSum:
     """Stages 2-5 of a sum that starts with its own key messages: the ``sites`` that advertised their keys
     in their phase reply (stage 1), among the members of ``setup.roster``; their ``next_keys`` for the run's
@@ -256,24 +197,29 @@ def run_secure_sum(
     reply fails or is invalid before it sent its masked input leaves the sum (a ``Dropped``); a site
     that fails to help unmask is only missing. Fewer than the threshold (or ``required``) left end the
     run with one line ([`SecureSumFailed`][fedhead.strategies.secure.SecureSumFailed] or
-    [`TooFewReplies`][fedhead.strategies.failures.TooFewReplies]).
+    [`TooFewReplies`][fedhead.strategies.failures.TooFewReplies]). ``sign_now``: each site signs its full
+    list with its masked input ([`finish_sum`][fedhead.strategies.secure.finish_sum]).
     """
     server = _server(sites, sums.sum_id, sums.name, setup)
     try:
         server.fix_input(length, sr.encoding_for(bound, len(sites)))
         book = server.collect_keys(dict(sites))
         blob = sr.pack_book(book, server.threshold)
-        shares, dropped = sums.ask(sr.SHARE_KEYS, dict.fromkeys(book, blob), _parser(sr.unpack_shares), sums.required)
+        shares, dropped = sums.ask(sr.SHARE_KEYS, dict.fromkeys(book, blob), parser(sr.unpack_shares), sums.required)
         routed = server.route_shares(shares)
         encoding = server.encoding
         assert encoding is not None
         requests = {node: sr.pack_mask_request(routed[node], encoding) for node in routed}
-        masked, lost = sums.ask(sr.MASK, requests, _masked, sums.required)
+        replies, lost = sums.ask(sr.MASK, requests, _masked_signed, sums.required, sign_now=sign_now)
     except TooFewReplies:
         raise
     except (SecureSumError, agg.ReplyError, ConfigError) as exc:
         raise SecureSumFailed(f"secure sum of {sums.name}: {exc} (privacy.threshold={server.threshold})") from None
-    return finish_sum(sums, server, masked, [*dropped, *lost], setup, next_keys=next_keys, next_sum=next_sum)
+    masked = {n: y for n, (y, _) in replies.items()}
+    signatures = {n: sig for n, (_, sig) in replies.items() if sig is not None} if sign_now else None
+    return finish_sum(
+        sums, server, masked, [*dropped, *lost], setup, signatures=signatures, next_keys=next_keys, next_sum=next_sum
+    )
 
 
 def finish_sum(
@@ -283,20 +229,37 @@ def finish_sum(
     dropped: Sequence[Dropped],
     setup: SumSetup,
     *,
+    signatures: Mapping[int, bytes] | None = None,
     next_keys: Mapping[int, PublicKeys] | None = None,
     next_sum: str | None = None,
 ) -> SecureSum:
-    """Stages 3-5 from the sites' ``masked`` inputs: the survivor list to sign (with the next sum's key
-    book for the sites that advertised keys for it), the reveal, the sum; the next sum, when its sites
-    shared their keys with their signatures, is left ready in ``setup.pipeline``."""
-    following = next_book(next_sum, next_keys or {}, setup.roster, setup.threshold_of)
+    """Stages 3-5 from the sites' ``masked`` inputs; the next sum, when its sites shared their keys in these
+    messages, is left ready in ``setup.pipeline``.
+
+    ``signatures`` None: the survivor list to sign (with the next sum's key book for the sites that
+    advertised keys for it), the reveal, the sum. Otherwise the sites signed their full lists with their
+    masked inputs: when none of the sum's sites dropped, the reveal follows at once, with the next sum's key
+    book (one message phase fewer); when one did, no list of this sum can unmask it, and the inputs of the
+    sites that masked move to a fresh sum ([`move_inputs`][fedhead.strategies.secure.move_inputs])."""
     try:
         unmasking = server.collect_masked(masked)
-        signatures, shares = _sign(sums, unmasking, following)
-        request = server.collect_signatures(signatures)
-        revealed, lost = sums.ask(
-            sr.REVEAL, dict.fromkeys(request.signatures, sr.pack(request)), _parser(sr.unpack_revealed), 0
-        )
+    except (SecureSumError, agg.ReplyError) as exc:
+        raise SecureSumFailed(f"secure sum of {sums.name}: {exc} (privacy.threshold={server.threshold})") from None
+    if signatures is not None and unmasking.dropped:
+        return move_inputs(sums, server, sorted(masked), dropped, setup, next_keys=next_keys, next_sum=next_sum)
+    following = next_book(next_sum, next_keys or {}, setup.roster, setup.threshold_of)
+    try:
+        if signatures is None:
+            survivors = dict.fromkeys(unmasking.survivors, sr.pack(unmasking))
+            signatures, shares, _ = ask_with_next(sums, sr.SIGN, survivors, following, parser(sr.unpack_signature))
+            request = server.collect_signatures(signatures)
+            revealed, lost = sums.ask(
+                sr.REVEAL, dict.fromkeys(request.signatures, sr.pack(request)), parser(sr.unpack_revealed), 0
+            )
+        else:
+            request = server.collect_signatures(signatures)
+            signers = dict.fromkeys(request.signatures, sr.pack(request))
+            revealed, shares, lost = ask_with_next(sums, sr.REVEAL, signers, following, parser(sr.unpack_revealed))
         for d in lost:  # its input is in the sum; only its shares are missing
             log.info("secure sum of %s: %s did not help unmask (%s)", sums.name, f"node {d.node}", d.reason)
         result = server.unmask(revealed)
@@ -308,44 +271,39 @@ def finish_sum(
     return SecureSum(result.total, result.survivors, tuple(dropped))
 
 
-def _sign(
-    sums: SumMessages, unmasking: Unmasking, following: NextBook | None
-) -> tuple[dict[int, bytes], dict[int, KeyShares]]:
-    """Stage 4, with the next sum's stage 2: each survivor signs the list (and shares its keys for the next
-    sum); a site in the next sum's book that is not a survivor shares its keys in the same message phase.
-    The survivors' signatures and the next sum's key shares."""
-    survivors = list(unmasking.survivors)
-    book: dict[int, bytes] = {}
-    if following is not None:
-        book = dict.fromkeys(following.book, sr.pack_book(following.book, following.server.threshold))
-    ahead = None if following is None else (following.sum_id, book)
-    messages = stage_messages(
-        dict.fromkeys(survivors, sr.pack(unmasking)), sums.sum_id, sr.SIGN, sums.message_config, ahead
+def move_inputs(
+    sums: SumMessages,
+    server: SecureSumServer,
+    sites: Sequence[int],
+    dropped: Sequence[Dropped],
+    setup: SumSetup,
+    *,
+    next_keys: Mapping[int, PublicKeys] | None = None,
+    next_sum: str | None = None,
+) -> SecureSum:
+    """A sum whose ``sites`` signed their full lists with their masked inputs, and whose other sites dropped:
+    each of ``sites`` moves its input to a fresh sum ``<id>~`` (the ``resum`` step, whose reply is its keys
+    for it) and that sum runs its stages 2-5 with a survivor list to sign, so that a site dropping in it
+    too is unmasked as usual."""
+    fresh = f"{sums.sum_id}~"
+    log.info(
+        "secure sum of %s: %d site(s) dropped after sharing their keys; the other sites' inputs move to a fresh sum",
+        sums.name,
+        len(server.sites) - len(sites),
     )
-    joining = [n for n in book if n not in unmasking.survivors]
-    if following is not None and joining:
-        payloads = {n: book[n] for n in joining}
-        messages += stage_messages(payloads, following.sum_id, sr.SHARE_KEYS, sums.message_config)
-    replies = sums.send(messages)
-    signed, _ = sums.screen(sr.SIGN, replies, _signed, 0, survivors)
-    shares = {n: s for n, (_, s) in signed.items() if s is not None}
-    if joining:
-        joined, _ = sums.screen(sr.SHARE_KEYS, replies, _parser(sr.unpack_shares), 0, joining)
-        shares.update(joined)
-    return {n: sig for n, (sig, _) in signed.items()}, shares
-
-
-def _signed(msg: Message) -> tuple[bytes, KeyShares | None]:
-    """A survivor's signature of the list and, when it sent them, its key shares for the next sum."""
-    signature = _parser(sr.unpack_signature)(msg)
-    record = msg.content.config_records.get(sr.NEXT)
-    if record is None:
-        return signature, None
-    try:
-        return signature, sr.unpack_shares(sr.payload_of(record))
-    except (ValueError, KeyError, TypeError):
-        log.info("node %d: its key shares for the next secure sum do not parse", protocol.node_of(msg))
-        return signature, None
+    keys, lost = sums.ask(sr.RESUM, dict.fromkeys(sites, fresh.encode()), parser(sr.unpack_keys), sums.required)
+    assert server.encoding is not None
+    moved = run_secure_sum(
+        dataclasses.replace(sums, sum_id=fresh),
+        keys,
+        length=server.length,
+        bound=server.encoding.bound,
+        setup=setup,
+        next_keys=next_keys,
+        next_sum=next_sum,
+        sign_now=False,
+    )
+    return SecureSum(moved.total, moved.survivors, (*dropped, *lost, *moved.dropped))
 
 
 def _server(sites: Mapping[int, PublicKeys], sum_id: str, name: str, setup: SumSetup) -> SecureSumServer:
@@ -362,18 +320,15 @@ def _server(sites: Mapping[int, PublicKeys], sum_id: str, name: str, setup: SumS
         raise SecureSumFailed(f"secure sum of {name}: {exc}") from None
 
 
-def _parser(unpack: Callable[[bytes], T]) -> Callable[[Message], T]:
-    def parse(msg: Message) -> T:
-        try:
-            return unpack(sr.payload_of(msg.content.config_records.get(sr.SECURE)))
-        except (ValueError, KeyError, TypeError) as exc:
-            raise agg.ReplyError(protocol.node_of(msg), f"secure step reply does not parse ({exc})") from None
-
-    return parse
-
-
-def _masked(msg: Message) -> np.ndarray:
+def _masked_signed(msg: Message) -> tuple[np.ndarray, bytes | None]:
+    """A masked input and, when the site sent it, its signature of its full list."""
     record = msg.content.array_records.get(sr.SECURE)
     if record is None or sr.MASKED not in record:
         raise agg.ReplyError(protocol.node_of(msg), "secure step reply lacks its masked input")
-    return record[sr.MASKED].numpy()
+    signed = msg.content.config_records.get(sr.SIGNED)
+    try:
+        signature = None if signed is None else sr.unpack_signature(sr.payload_of(signed))
+    except (ValueError, KeyError, TypeError) as exc:
+        node = protocol.node_of(msg)
+        raise agg.ReplyError(node, f"the signature with the masked input does not parse ({exc})") from None
+    return record[sr.MASKED].numpy(), signature

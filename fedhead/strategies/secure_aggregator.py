@@ -26,7 +26,6 @@ from fedhead.strategies.secure import (
     SecureSum,
     SecureSumFailed,
     SiteReply,
-    SumMessages,
     SumSetup,
     enforce_reported_regime,
     finish_sum,
@@ -34,6 +33,7 @@ from fedhead.strategies.secure import (
     run_secure_sum,
 )
 from fedhead.strategies.secure_exchange import PooledExchange, pool_sites, pooled_exchange
+from fedhead.strategies.secure_steps import SumMessages
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +94,7 @@ class SecureAggregator(Aggregator):
             if prepared is not None and node in prepared.routed and prepared.server.encoding is not None:
                 request = sr.pack_mask_request(prepared.routed[node], prepared.server.encoding)
                 content[sr.SECURE] = ConfigRecord({sr.PAYLOAD: request})
+                config[sr.SIGN_NOW] = True  # its full list signed with its masked input: no survivor-list phase
             out.append(Message(content=content, dst_node_id=node, message_type=msg.metadata.message_type))
         return out
 
@@ -124,11 +125,21 @@ class SecureAggregator(Aggregator):
             )
         else:
             masked = {r.node: r.masked for r in sites if r.masked is not None and r.node in prepared.routed}
+            signatures = {r.node: r.signature for r in sites if r.node in masked and r.signature is not None}
             late = [r for r in sites if r.node not in masked]
             for r in late:  # it missed the sum's set-up: it takes part from the next sum on
                 reason = "it was not in the sum set up in the previous sum's messages; it takes part from the next"
                 dropped.append(Dropped(phase.stage, r.node, "missing", reason, r.partition))
-            summed = finish_sum(sums, prepared.server, masked, [], self.setup, next_keys=next_keys, next_sum=following)
+            summed = finish_sum(
+                sums,
+                prepared.server,
+                masked,
+                [],
+                self.setup,
+                signatures=signatures,
+                next_keys=next_keys,
+                next_sum=following,
+            )
         in_sum = [r for r in sites if r.node in summed.survivors]
         return summed, in_sum, [*dropped, *summed.dropped]
 

@@ -44,11 +44,11 @@ from fedhead.strategies.secure import (
     SecureSum,
     SecureSumFailed,
     SiteReply,
-    SumMessages,
     SumSetup,
     parse_site_reply,
     run_secure_sum,
 )
+from fedhead.strategies.secure_steps import SumMessages
 from fedhead.strategies.statistics import standardization_record
 
 log = logging.getLogger(__name__)

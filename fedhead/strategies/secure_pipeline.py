@@ -1,11 +1,13 @@
 """The run's next secure sum, set up within the messages of the sum before it, so that a secure phase costs
-three messages in steady state (its phase message, the survivor list, the reveal) instead of five.
+two messages in steady state (its phase message, the reveal) instead of five.
 
 A phase message names the next sum (``secure-next-sum``); each site's reply, which carries its input, also
-carries its signed keys for the next sum. The survivor-list message then carries the next sum's key book,
-and each signature comes back with the site's key shares for it. The next phase message carries each site's
-routed shares and the encoding (its mask request), and the reply is the masked input at once. Every check
-of the protocol stays as it is: only the messages that carry the stages change
+carries its signed keys for the next sum. The reveal message then carries the next sum's key book, and each
+site's unmasking shares come back with its key shares for it. The next phase message carries each site's
+routed shares and the encoding (its mask request), and the reply is the masked input at once, with the
+site's signature of its full list ([`finish_sum`][fedhead.strategies.secure.finish_sum]; a sum in which a
+site drops has a survivor list to sign, and that message carries the book). Every check of the protocol
+stays as it is: only the messages that carry the stages change
 ([`PreparedSum`][fedhead.strategies.secure_pipeline.PreparedSum]). A sum that was not set up this way
 (the first of a run, after a resume, or when the set-up failed) starts with its own key messages.
 """
@@ -27,8 +29,8 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class NextBook:
-    """The next sum's server after its keys (stage 1) and the key book its sites receive with the survivor
-    list of the sum before."""
+    """The next sum's server after its keys (stage 1) and the key book its sites receive with the reveal (or
+    the survivor list) of the sum before."""
 
     sum_id: str
     server: SecureSumServer

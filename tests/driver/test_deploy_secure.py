@@ -134,9 +134,9 @@ def test_secure_mode_in_a_site_local_tls_deployment(site_federation, task_identi
     assert secure.targets["g_star"] is None
     assert [r.round for r in secure.rounds] == [0, 1, 2]
     assert all(r.extra.get("secure_sites") == len(files) for r in secure.rounds[1:])
-    # the SecAgg steps crossed the SuperLink: statistics + 4 steps + the regime check, then each round in
-    # three message phases: training + the survivor list + the reveal
-    assert [kind for kind, _ in secure.timing.phases] == ["query"] * 6 + ["train", "query", "query"] * 2
+    # the SecAgg steps crossed the SuperLink: statistics + 3 steps (share keys, mask and sign, reveal) + the
+    # regime check, then each round in two message phases: training (with the signed full list) + the reveal
+    assert [kind for kind, _ in secure.timing.phases] == ["query"] * 5 + ["train", "query"] * 2
 
     clear = _clear_in_process(files, work / "clear")
     assert clear.targets["g_star"] is not None  # clear mode

@@ -60,14 +60,28 @@ class Attacker:
         Every site's ``min_survivors`` (default ``t``).
     """
 
-    def __init__(self, m: int, t: int, *, colluding: Collection[int] = (), floor: int | None = None, seed: int = 0):
+    def __init__(
+        self,
+        m: int,
+        t: int,
+        *,
+        colluding: Collection[int] = (),
+        floor: int | None = None,
+        seed: int = 0,
+        after: Attacker | None = None,
+        sites: Iterable[int] | None = None,
+    ):
         rng = np.random.default_rng(seed)
-        self.fed = Federation(IDS[:m])
-        self.sites, self.t, self.sum_id = self.fed.sites, t, SUM
-        self.colluding = {self.sites[i] for i in colluding}
+        # ``after``: a second sum of the same federation and inputs (fresh id), over ``sites`` of it
+        self.fed = Federation(IDS[:m]) if after is None else after.fed
+        self.sites = self.fed.sites if sites is None else sorted(sites)
+        self.t, self.sum_id = t, SUM if after is None else f"{after.sum_id}~"
+        self.colluding = {self.fed.sites[i] for i in colluding}
         self.enc = RingFixedPoint.for_sites(1e3, m, words=2)
-        self.xs = {s: rng.uniform(-1e3, 1e3, 8) for s in self.sites}
-        self.clients = {s: self.fed.client(s, min_survivors=t if floor is None else floor) for s in self.sites}
+        self.xs = {s: rng.uniform(-1e3, 1e3, 8) for s in self.fed.sites} if after is None else after.xs
+        self.clients = {
+            s: self.fed.client(s, self.sum_id, min_survivors=t if floor is None else floor) for s in self.sites
+        }
         self.book: dict[int, PublicKeys] = {s: c.advertise() for s, c in self.clients.items()}
         self.ciphertexts: dict[int, dict[int, bytes]] = {}  # sender -> recipient -> token
         self.digests: dict[int, bytes] = {}
@@ -97,6 +111,14 @@ class Attacker:
         if site in self.colluding:
             self._keep(self.seed_shares, self.clients[site]._seed_shares)
             self._keep(self.key_shares, self.clients[site]._key_shares)
+
+    def mask_and_sign(self, site: int, senders: Iterable[int]) -> None:
+        """``mask`` with the site's signature of its full list (kept under that list)."""
+        senders = tuple(sorted(senders))
+        client = self.clients[site]
+        y, signature = client.mask_and_sign({v: self.ciphertexts[v][site] for v in senders}, self.xs[site], self.enc)
+        self.peers[site], self.masked[site] = senders, y
+        self.signatures[(tuple(sorted({*senders, site})), ())][site] = signature
 
     def sign(self, site: int, survivors: Iterable[int], dropped: Iterable[int]) -> None:
         """Ask ``site`` to sign the list (a colluder signs whatever it is); keep the signature."""

@@ -198,7 +198,7 @@ def _steps(grid: FakeGrid) -> list[str]:
     return [s for i, s in enumerate(steps) if i == 0 or steps[i - 1] != s]
 
 
-def test_a_sum_set_up_within_the_previous_sums_messages_takes_three_message_phases(task_identity):
+def test_a_sum_set_up_within_the_previous_sums_messages_takes_two_message_phases(task_identity):
     settings = _settings()
     phase = _phase("train", settings)
     counts = [int(c) for c in phase.exchange.moments.counts]
@@ -208,7 +208,7 @@ def test_a_sum_set_up_within_the_previous_sums_messages_takes_three_message_phas
     first = _replies(handlers, "train", secure, train)
     assert all(sr.NEXT in r.content.config_records for r in first)  # each site's keys for the next sum
     summed = secure.aggregate_train(train, first)
-    assert _steps(grid) == [sr.SHARE_KEYS, sr.MASK, sr.SIGN, sr.REVEAL]  # the first sum: its own key messages
+    assert _steps(grid) == [sr.SHARE_KEYS, sr.MASK, sr.REVEAL]  # the first sum: its own key messages
     prepared = secure.setup.pipeline.prepared
     assert prepared is not None and prepared.sum_id == secure.setup.sum_id("evaluate-1")
     assert sorted(prepared.routed) == sorted(NODES)
@@ -217,7 +217,7 @@ def test_a_sum_set_up_within_the_previous_sums_messages_takes_three_message_phas
     replies = _replies(handlers, "evaluate", secure, evaluate)
     assert all(sr.SECURE in r.content.array_records for r in replies)  # the phase reply is the masked input
     mse = secure.aggregate_evaluate(evaluate, replies)
-    assert _steps(grid) == [sr.SIGN, sr.REVEAL]  # with the phase message: three message phases
+    assert _steps(grid) == [sr.REVEAL]  # with the phase message: two message phases
     n = np.asarray(counts, dtype=np.float64)
     assert mse.train == pytest.approx(float(n @ [1, 2, 3, 4] / n.sum()), rel=1e-14) and not mse.dropped
     clear = ClearAggregator().aggregate_train(phase, _replies(_sites(counts), "train", ClearAggregator()))

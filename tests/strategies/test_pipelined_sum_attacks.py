@@ -1,6 +1,7 @@
 """A deviating server against the pipelined secure sum: a sum set up within the previous sum's messages
-(its keys with the phase replies, its key shares with the survivor-list signatures) and masked by the phase
-message that carries its mask request. Real sites behind fedhead's secure mod; the server is the secure
+(its keys with the phase replies, its key shares with the reveal) and masked by the phase message that
+carries its mask request, whose reply signs the site's full list; when a site drops, the others' inputs move
+to a fresh sum. Real sites behind fedhead's secure mod; the server is the secure
 aggregator, and the attacker changes its messages on the way. Each attempt is refused with one line."""
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from fedhead.federation.secure_sum import PublicKeys
 from fedhead.strategies.aggregator import Phase
 from fedhead.strategies.secure import SumSetup
 from fedhead.strategies.secure_aggregator import SecureAggregator
+from fedhead.strategies.secure_steps import stage_messages
 
 
 def _first_sum(handlers: dict | None = None):
@@ -72,8 +74,8 @@ def test_the_honest_pipeline_masks_with_the_phase_message(task_identity):
     secure, sites, evaluate = _first_sum()
     messages = _messages(secure, evaluate)
     assert all(sr.SECURE in m.content.config_records for m in messages.values())  # each carries its mask request
-    # the masked input at once, and the site's keys for the sum after
-    assert {_answer(sites[n], messages[n]) for n in NODES} == {"ok metrics secure secure-next"}
+    # the masked input at once with the signature of the site's full list, and its keys for the sum after
+    assert {_answer(sites[n], messages[n]) for n in NODES} == {"ok metrics secure secure-next secure-signed"}
 
 
 def test_a_mask_request_for_a_sum_the_site_did_not_set_up_is_refused(task_identity):
@@ -86,7 +88,7 @@ def test_a_mask_request_for_a_sum_the_site_did_not_set_up_is_refused(task_identi
 def test_a_replayed_phase_message_of_a_set_up_sum_is_refused(task_identity):
     secure, sites, evaluate = _first_sum()
     msg = _messages(secure, evaluate)[33]
-    assert _answer(sites[33], msg) == "ok metrics secure secure-next"
+    assert _answer(sites[33], msg) == "ok metrics secure secure-next secure-signed"
     again = _answer(sites[33], msg)
     assert again == "PolicyRefusal: refused: this site releases evaluate round 1 once per run, into one secure sum"
 
@@ -94,7 +96,7 @@ def test_a_replayed_phase_message_of_a_set_up_sum_is_refused(task_identity):
 def test_a_phase_message_reissued_under_another_sum_id_gets_no_fresh_release(task_identity):
     secure, sites, evaluate = _first_sum()
     msg = _messages(secure, evaluate)[33]
-    assert _answer(sites[33], msg) == "ok metrics secure secure-next"
+    assert _answer(sites[33], msg) == "ok metrics secure secure-next secure-signed"
     content = RecordDict(dict(msg.content.items()))
     del content[sr.SECURE]  # a fresh sum of the same phase, as one that starts with its own keys
     renamed = Message(content=content, dst_node_id=33, message_type="evaluate")
@@ -166,3 +168,48 @@ def test_a_substituted_key_in_the_next_sums_book_keeps_the_site_out_of_that_sum(
     forged[sr.SECURE] = messages[12].content.config_records[sr.SECURE]  # another site's mask request
     answer = _answer(sites[57], Message(content=forged, dst_node_id=57, message_type="evaluate"))
     assert answer.startswith("PolicyRefusal") and "takes no further part in this run" in answer
+
+
+def _masked_everywhere(secure: SecureAggregator, sites: dict, evaluate: Phase) -> None:
+    """Every site answers the evaluation's phase message: its masked input, signed in full."""
+    messages = _messages(secure, evaluate)
+    assert {_answer(sites[n], messages[n]) for n in NODES} == {"ok metrics secure secure-next secure-signed"}
+
+
+def _step_message(node: int, sum_id: str, step: str, payload: bytes) -> Message:
+    return stage_messages({node: payload}, sum_id, step, {})[0]
+
+
+def test_an_input_moves_to_a_fresh_sum_once_and_the_old_sum_is_over_for_it(task_identity):
+    secure, sites, evaluate = _first_sum()
+    _masked_everywhere(secure, sites, evaluate)
+    old = secure.setup.pipeline.sum_id(secure.setup.sum_id("evaluate-1"))
+    fresh = f"{old}~"
+    assert _answer(sites[12], _step_message(12, old, sr.RESUM, fresh.encode())) == "ok secure"  # its keys
+    again = _answer(sites[12], _step_message(12, old, sr.RESUM, f"{old}~~".encode()))
+    assert again.startswith("ClientError") and "not in that sum now" in again
+    chained = _answer(sites[12], _step_message(12, fresh, sr.RESUM, f"{old}~~".encode()))
+    assert chained.startswith("ClientError") and "is at stage 1 of it" in chained
+    reveal = _answer(sites[12], _step_message(12, old, sr.REVEAL, b"{}"))
+    assert reveal.startswith("ClientError") and "has not begun it" in reveal
+
+
+def test_an_input_does_not_move_to_a_used_sum_id(task_identity):
+    secure, sites, evaluate = _first_sum()
+    _masked_everywhere(secure, sites, evaluate)
+    old = secure.setup.pipeline.sum_id(secure.setup.sum_id("evaluate-1"))
+    used = secure.setup.sum_id("train-1")
+    answer = _answer(sites[57], _step_message(57, old, sr.RESUM, used.encode()))
+    assert answer.startswith("PolicyRefusal") and "already took part in a sum" in answer
+    # the old sum is untouched: its input may still move to a fresh id
+    assert _answer(sites[57], _step_message(57, old, sr.RESUM, f"{old}~".encode())) == "ok secure"
+
+
+def test_an_input_revealed_for_does_not_move(task_identity):
+    secure, sites, evaluate = _first_sum()
+    messages = _messages(secure, evaluate)
+    old = secure.setup.pipeline.sum_id(secure.setup.sum_id("evaluate-1"))
+    replies = [sites[n](messages[n]) for n in NODES]
+    secure.aggregate_evaluate(evaluate, replies)  # the honest sum: every site reveals
+    answer = _answer(sites[101], _step_message(101, old, sr.RESUM, f"{old}~".encode()))
+    assert answer.startswith("ClientError") and "keeps no input of that sum" in answer

@@ -76,13 +76,13 @@ def _phases(grid: FakeGrid) -> list[str]:
     return names
 
 
-def test_a_secure_round_takes_three_message_phases_after_the_first_sum(task_identity):
+def test_a_secure_round_takes_two_message_phases_after_the_first_sum(task_identity):
     grid = FakeGrid(behind_secure_mod(_clients()))
     clear, clear_obs = _run(_clients(), rounds=3)
     secure, secure_obs = _run({}, privacy=SECURE, rounds=3, fake=grid)
-    step = [sr.SIGN, sr.REVEAL]
-    exchange = ["query", sr.SHARE_KEYS, sr.MASK, *step]  # the first sum starts with its own key messages
-    assert _phases(grid) == [*exchange, *(["train", *step, "evaluate", *step] * 3)]
+    # each site signs its full list with its masked input: no phase of survivor lists when no site drops
+    exchange = ["query", sr.SHARE_KEYS, sr.MASK, sr.REVEAL]  # the first sum starts with its own key messages
+    assert _phases(grid) == [*exchange, *(["train", sr.REVEAL, "evaluate", sr.REVEAL] * 3)]
     for a, b in zip(clear_obs.records, secure_obs.records, strict=True):
         np.testing.assert_allclose(b.gram, a.gram, rtol=1e-12, atol=1e-14)
     assert secure.aggregator.setup.pipeline.prepared is None  # the last evaluation sets nothing up
@@ -104,7 +104,19 @@ class _FailsOnce:
 def test_a_site_that_missed_a_sums_set_up_takes_part_again_from_the_next(task_identity):
     handlers = _clients()
     handlers[57] = _FailsOnce(handlers[57], "train", 2)
-    secure, obs = _run(behind_secure_mod(handlers), privacy=SECURE, rounds=3, min_clients=3)
+    grid = FakeGrid(behind_secure_mod(handlers))
+    faulty = _clients()
+    faulty[57] = _FailsOnce(faulty[57], "train", 2)
+    clear, clear_obs = _run(faulty, rounds=3, min_clients=3)
+    secure, obs = _run({}, privacy=SECURE, rounds=3, min_clients=3, fake=grid)
+    # round 2's sum was set up with 57, which then dropped: the others' inputs move to a fresh sum, which
+    # takes its own key messages and a survivor list; the other rounds take two phases
+    moved = ["train", sr.RESUM, sr.SHARE_KEYS, sr.MASK, sr.SIGN, sr.REVEAL]
+    fast = ["train", sr.REVEAL, "evaluate", sr.REVEAL]
+    # 57, back for the evaluation, shares its keys for round 3's sum with the others' reveal (same batch)
+    assert _phases(grid)[4:] == [*fast, *moved, "evaluate", sr.REVEAL, sr.SHARE_KEYS, *fast]
+    for a, b in zip(clear_obs.records, obs.records, strict=True):  # round 2's head: the sum over the other three
+        np.testing.assert_allclose(b.gram, a.gram, rtol=1e-12, atol=1e-14)
     sites = {(r.round, "train"): r.extra.get("secure_sites") for r in obs.records if r.round}
     assert sites == {(1, "train"): 4, (2, "train"): 3, (3, "train"): 4}
     round2 = next(r for r in obs.records if r.round == 2)
@@ -137,12 +149,12 @@ def test_a_site_beyond_the_bounds_fails_the_secure_sum_as_a_whole(task_identity)
 
 
 def _keeps_its_next_shares(handler, sum_name: str):
-    """A site that signs the survivor list of ``sum_name`` but sends no key shares for the sum after it."""
+    """A site that reveals for ``sum_name`` but sends no key shares for the sum after it."""
 
     def handle(msg):
         reply = handler(msg)
         cfg = msg.content.config_records.get(protocol.CONFIG, ConfigRecord())
-        if cfg.get(sr.STEP) == sr.SIGN and str(cfg.get(sr.SUM_ID, "")).endswith(sum_name):
+        if cfg.get(sr.STEP) == sr.REVEAL and str(cfg.get(sr.SUM_ID, "")).endswith(sum_name):
             del reply.content[sr.NEXT]
         return reply
 
@@ -159,9 +171,9 @@ def test_a_next_sum_too_few_sites_set_up_runs_under_a_fresh_id(task_identity):
     ids = [str(m.content.config_records[protocol.CONFIG].get(sr.SUM_ID)) for m in grid.sent]
     tag = secure.aggregator.setup.tag
     assert f"{tag}/evaluate-2+" in ids and f"{tag}/evaluate-2" not in ids  # its id was taken by the set-up
-    step = [sr.SIGN, sr.REVEAL]
-    round2 = ["train", *step, "evaluate", sr.SHARE_KEYS, sr.MASK, *step]  # the evaluation starts with its keys
-    assert _phases(grid)[5:] == [*(["train", *step, "evaluate", *step]), *round2, "train", *step, "evaluate", *step]
+    fast = ["train", sr.REVEAL, "evaluate", sr.REVEAL]
+    round2 = ["train", sr.REVEAL, "evaluate", sr.SHARE_KEYS, sr.MASK, sr.REVEAL]  # the evaluation starts with its keys
+    assert _phases(grid)[4:] == [*fast, *round2, *fast]
     for a, b in zip(clear_obs.records, secure_obs.records, strict=True):
         np.testing.assert_allclose(b.gram, a.gram, rtol=1e-12, atol=1e-14)
         assert b.train_mse == pytest.approx(a.train_mse, rel=1e-14) if a.round else True
