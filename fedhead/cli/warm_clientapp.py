@@ -14,17 +14,22 @@ code that runs is the run's FAB, never this process's copy. Each child starts wi
 (Python's ``random`` reseeds itself at a fork; numpy's global generator is reseeded here from the
 operating system), its default ``SIGCHLD`` handling and no standard input. The parent exits when its
 standard input closes (its SuperExec has ended).
+
+A FAB is installed once per node ([`install_once`][fedhead.cli.warm_clientapp.install_once]): flwr extracts
+every message's FAB and hashes its files again, then finds the folder installed before and keeps it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import importlib
 import json
 import os
 import signal
 import sys
 from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
 
 #: what is imported before the first fork: flwr's ClientApp runtime, the app (dropped again, see above)
 #: and the app's heavy third-party imports that its handlers make lazily
@@ -44,6 +49,39 @@ def warm(preload: Sequence[str] = PRELOAD, app_package: str = APP_PACKAGE) -> li
         del sys.modules[name]
     importlib.invalidate_caches()
     return dropped
+
+
+#: where flwr's ClientApp runtime takes the FAB installer from, and the folder (under flwr's apps folder) of
+#: the record of every FAB installed at this node
+INSTALLER = "flwr.supernode.runtime.run_clientapp"
+INSTALLED = ".fedhead-installed"
+
+
+def install_once(install: Callable[..., Path]) -> Callable[..., Path]:
+    """flwr's ``install_from_fab`` (``install``), installing each FAB once per node: the first message of a FAB
+    installs it as flwr does (extracts it, checks every file's hash) and records the folder under the SHA-256
+    of the FAB's bytes; a later message of the same bytes takes that folder (flwr too keeps a folder it
+    installed before, and checks the new FAB's files only). Other calls go to ``install`` unchanged."""
+
+    def install_fab(fab_file: object, install_dir: Path | None = None, skip_prompt: bool = False) -> Path:
+        if not isinstance(fab_file, bytes) or install_dir is not None:
+            return install(fab_file, install_dir, skip_prompt)
+        from flwr.common.constant import APP_DIR
+        from flwr.supercore.utils import get_flwr_home
+
+        record = get_flwr_home() / APP_DIR / INSTALLED / hashlib.sha256(fab_file).hexdigest()
+        with contextlib.suppress(OSError, ValueError):
+            folder = Path(record.read_text(encoding="utf-8"))
+            if folder.is_dir():
+                return folder
+        folder = install(fab_file, install_dir, skip_prompt)
+        record.parent.mkdir(parents=True, exist_ok=True)
+        partial = record.with_name(f"{record.name}.{os.getpid()}.tmp")
+        partial.write_text(str(folder), encoding="utf-8")
+        os.replace(partial, record)
+        return folder
+
+    return install_fab
 
 
 def flwr_clientapp() -> None:
@@ -105,8 +143,20 @@ def serve(lines: Iterable[str], entry: Callable[[], None] = flwr_clientapp) -> N
         fork_child(argv, bool(request.get("quiet", False)), entry)
 
 
+def patch_installer() -> None:
+    """Give flwr's ClientApp runtime [`install_once`][fedhead.cli.warm_clientapp.install_once] (every child
+    inherits it); exits with one line when the runtime's installer is not flwr 1.42's."""
+    from flwr.cli.install import install_from_fab
+
+    runtime = importlib.import_module(INSTALLER)
+    if runtime.install_from_fab is not install_from_fab:
+        sys.exit(f"fedhead warm ClientApp parent: {INSTALLER}.install_from_fab is not flwr 1.42's: flwr not supported")
+    runtime.install_from_fab = install_once(install_from_fab)
+
+
 def main() -> None:
     warm()
+    patch_installer()
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps the children: no zombies
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C ends the SuperExec, whose end closes our input
     serve(sys.stdin)

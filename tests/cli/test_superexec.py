@@ -194,3 +194,92 @@ def test_the_warm_parent_forks_flwr_clientapp_per_request_and_ends_with_its_inpu
     assert parent.returncode == 0, err.decode()[-2000:]
     assert b"usage: flwr-clientapp" in out, (out + err).decode()[-2000:]
     assert warm_clientapp.PRELOAD[0] == "flwr.supernode.cli.flwr_clientapp"
+
+
+_PYPROJECT = """[build-system]
+requires = ["hatchling"]
+build-backend = "hatchling.build"
+
+[project]
+name = "tinyapp"
+version = "1.0.0"
+
+[tool.flwr.app]
+publisher = "tester"
+
+[tool.flwr.app.components]
+serverapp = "tinyapp.server:app"
+clientapp = "tinyapp.client:app"
+
+[tool.flwr.app.config]
+rounds = 1
+"""
+
+
+def _fab(body: str = "x = 1\n", *, tamper: bool = False) -> bytes:
+    """A FAB as flwr builds one: the files, and ``.info/CONTENT`` with each file's SHA-256 (``tamper``: a wrong one)."""
+    import hashlib
+    import io
+    import zipfile
+
+    files = {"pyproject.toml": _PYPROJECT, "tinyapp/__init__.py": body}
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as archive:
+        lines = []
+        for name, text in files.items():
+            archive.writestr(name, text)
+            digest = hashlib.sha256((text + ("#" if tamper else "")).encode()).hexdigest()
+            lines.append(f"{name},{digest},{len(text)}")
+        archive.writestr(".info/CONTENT", "\n".join(lines) + "\n")
+    return buf.getvalue()
+
+
+@pytest.fixture
+def counted_install(tmp_path, monkeypatch):
+    """flwr's own ``install_from_fab`` into a private ``FLWR_HOME``, counting its calls, behind ``install_once``."""
+    from flwr.cli.install import install_from_fab
+
+    monkeypatch.setenv("FLWR_HOME", str(tmp_path / "flwr-home"))
+    calls = []
+
+    def install(*args):
+        calls.append(args)
+        return install_from_fab(*args)
+
+    return warm_clientapp.install_once(install), calls
+
+
+def test_a_fab_is_installed_and_checked_once_per_node(counted_install, tmp_path):
+    install, calls = counted_install
+    first = install(_fab(), None, True)
+    assert (first / "tinyapp" / "__init__.py").read_text() == "x = 1\n" and len(calls) == 1
+    assert install(_fab(), None, True) == first and len(calls) == 1  # the same bytes: the folder installed before
+    other = install(_fab("x = 2\n"), None, True)
+    assert other != first and (other / "tinyapp" / "__init__.py").read_text() == "x = 2\n" and len(calls) == 2
+    import shutil
+
+    shutil.rmtree(first)  # a folder that is gone is installed again
+    assert install(_fab(), None, True) == first and first.is_dir() and len(calls) == 3
+    records = list((tmp_path / "flwr-home" / "apps" / warm_clientapp.INSTALLED).iterdir())
+    assert len(records) == 2 and not [r for r in records if r.name.endswith(".tmp")]
+
+
+def test_a_fab_whose_files_fail_their_hashes_is_refused_every_time(counted_install, tmp_path):
+    import click
+
+    install, calls = counted_install
+    for _ in range(2):
+        with pytest.raises(click.ClickException, match="hashes couldn't be verified"):
+            install(_fab(tamper=True), None, True)
+    assert len(calls) == 2 and not (tmp_path / "flwr-home" / "apps" / warm_clientapp.INSTALLED).exists()
+
+
+def test_the_parent_gives_flwrs_runtime_the_install_once_installer_and_refuses_another(monkeypatch):
+    from flwr.cli.install import install_from_fab
+
+    runtime = importlib.import_module(warm_clientapp.INSTALLER)
+    monkeypatch.setattr(runtime, "install_from_fab", install_from_fab)
+    warm_clientapp.patch_installer()
+    assert runtime.install_from_fab is not install_from_fab and runtime.install_from_fab.__name__ == "install_fab"
+    with pytest.raises(SystemExit, match="is not flwr 1.42's"):
+        warm_clientapp.patch_installer()  # not flwr's any more
