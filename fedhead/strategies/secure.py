@@ -245,9 +245,12 @@ def finish_sum(
         unmasking = server.collect_masked(masked)
     except (SecureSumError, agg.ReplyError) as exc:
         raise SecureSumFailed(f"secure sum of {sums.name}: {exc} (privacy.threshold={server.threshold})") from None
+    # a site that dropped out of this sum is not set up for the next (it would drop out of that one too); one
+    # that was not in this sum, but answered the phase with its keys, is
+    next_keys = {n: k for n, k in (next_keys or {}).items() if n not in unmasking.dropped}
     if signatures is not None and unmasking.dropped:
         return move_inputs(sums, server, sorted(masked), dropped, setup, next_keys=next_keys, next_sum=next_sum)
-    following = next_book(next_sum, next_keys or {}, setup.roster, setup.threshold_of)
+    following = next_book(next_sum, next_keys, setup.roster, setup.threshold_of)
     try:
         if signatures is None:
             survivors = dict.fromkeys(unmasking.survivors, sr.pack(unmasking))
