@@ -189,6 +189,19 @@ class SecureSumServer:
             log.info("secure sum: site(s) %s dropped after sharing keys", list(self._unmasking.dropped))
         return self._unmasking
 
+    def verified(self, signatures: Mapping[int, bytes]) -> dict[int, bytes]:
+        """The ``signatures`` of the survivor list (after stage 3) that are survivors' and verify; another is left
+        out with a log line (its site's input still counts, only its signature does not)."""
+        alive, gone = self._unmasking.survivors, self._unmasking.dropped
+        kept = {}
+        for site, signature in signatures.items():
+            name = self._book[site].name if site in self._book else None
+            if site in alive and name and verify_survivors(self.roster, signature, name, self.sum_id, alive, gone):
+                kept[site] = signature
+            else:
+                log.info("secure sum: site %d's survivor-list signature does not verify; left out", site)
+        return kept
+
     def collect_signatures(self, signatures: Mapping[int, bytes]) -> Unmasking:
         """Stage 4: the survivors' signatures of the list ``{site: signature}``; returns the unmasking request
         (the list and every signature) to send to the sites that signed."""

@@ -255,12 +255,12 @@ def finish_sum(
         if signatures is None:
             survivors = dict.fromkeys(unmasking.survivors, sr.pack(unmasking))
             signatures, shares, _ = ask_with_next(sums, sr.SIGN, survivors, following, parser(sr.unpack_signature))
-            request = server.collect_signatures(signatures)
+            request = server.collect_signatures(server.verified(signatures))
             revealed, lost = sums.ask(
                 sr.REVEAL, dict.fromkeys(request.signatures, sr.pack(request)), parser(sr.unpack_revealed), 0
             )
         else:
-            request = server.collect_signatures(signatures)
+            request = server.collect_signatures(server.verified(signatures))
             signers = dict.fromkeys(request.signatures, sr.pack(request))
             revealed, shares, lost = ask_with_next(sums, sr.REVEAL, signers, following, parser(sr.unpack_revealed))
         for d in lost:  # its input is in the sum; only its shares are missing

@@ -177,3 +177,25 @@ def test_a_next_sum_too_few_sites_set_up_runs_under_a_fresh_id(task_identity):
     for a, b in zip(clear_obs.records, secure_obs.records, strict=True):
         np.testing.assert_allclose(b.gram, a.gram, rtol=1e-12, atol=1e-14)
         assert b.train_mse == pytest.approx(a.train_mse, rel=1e-14) if a.round else True
+
+
+def _forges_its_signature(handler):
+    """A site whose survivor-list signature with its masked input does not verify (its input is genuine)."""
+
+    def handle(msg):
+        reply = handler(msg)
+        if sr.SIGNED in reply.content.config_records:
+            reply.content[sr.SIGNED] = ConfigRecord({sr.PAYLOAD: sr.pack_signature(b"\x00" * 64)})
+        return reply
+
+    return handle
+
+
+def test_a_signature_that_does_not_verify_is_left_out_and_its_sites_input_counts(task_identity):
+    sites = behind_secure_mod(_clients())
+    sites[57] = _forges_its_signature(sites[57])
+    clear, clear_obs = _run(_clients(), rounds=2)
+    secure, secure_obs = _run(sites, privacy=SECURE, rounds=2)
+    for a, b in zip(clear_obs.records, secure_obs.records, strict=True):  # every site's head is in every sum
+        np.testing.assert_allclose(b.gram, a.gram, rtol=1e-12, atol=1e-14)
+        assert b.extra.get("secure_sites", 4) == 4
