@@ -3,14 +3,16 @@
 flwr 1.42's SuperNode loop (``flwr.supernode.start_client_internal``) sleeps a fixed 3 s whenever a pull
 from the SuperLink finds no message and checks for its ClientApp's reply every 0.5 s; neither has a
 setting. After a site replies it pulls at once, finds nothing (the server is still waiting for the other
-sites) and sleeps: every message phase waits about 3 s for its last site, however short its work. A
-secure round is three phases, so on a job of little computation it cannot come near its clear round's
-cost. ``fedhead-supernode`` takes ``flower-supernode``'s command line, plus::
+sites) and sleeps: every message phase waits about 3 s for its last site, however short its work.
+``fedhead-supernode`` takes ``flower-supernode``'s command line, plus::
 
     --idle-pull S      seconds between pulls that found nothing (flwr: 3; here 0.5 by default)
     --reply-check S    seconds between checks for the ClientApp's reply (flwr: 0.5; here 0.05)
+    --pull-retry S     seconds before a message's part not there yet is pulled again, doubling up to
+                       10 S (flwr: 1, doubling up to 10; here 0.05)
 
-and runs flwr's SuperNode unchanged but for those two waits; in ``--isolation subprocess`` it starts
+and runs flwr's SuperNode unchanged but for those waits (the last:
+[`fedhead.federation.pull_retry`][fedhead.federation.pull_retry]); in ``--isolation subprocess`` it starts
 ``fedhead-superexec`` (warm ClientApp processes, [`fedhead.cli.superexec`][fedhead.cli.superexec]) where
 flwr starts ``flower-superexec``. A shorter idle pull costs one more request to the SuperLink per site
 and interval: 2 a second per idle site at 0.5 s (docs/deployment.md, "What a message costs").
@@ -24,6 +26,8 @@ import math
 import sys
 import time
 from types import ModuleType
+
+from fedhead.federation import pull_retry
 
 #: flwr's SuperNode loop, whose ``time`` and ``subprocess`` names ``main`` replaces
 SUPERNODE_LOOP = "flwr.supernode.start_client_internal"
@@ -77,6 +81,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--idle-pull", type=_wait, default=IDLE_PULL_S, help=f"seconds (flwr: {FLWR_IDLE_PULL_S})")
     p.add_argument("--reply-check", type=_wait, default=REPLY_CHECK_S, help=f"seconds (flwr: {FLWR_REPLY_CHECK_S})")
+    p.add_argument(
+        "--pull-retry",
+        type=_wait,
+        default=pull_retry.FIRST_RETRY_S,
+        help=f"seconds, doubling up to 10 times this (flwr: {pull_retry.FLWR_FIRST_RETRY_S:g})",
+    )
     return p
 
 
@@ -97,6 +107,7 @@ def main() -> None:
     ours, rest = parser.parse_known_args(sys.argv[1:])
     try:
         tune(importlib.import_module(SUPERNODE_LOOP), ours.idle_pull, ours.reply_check)
+        pull_retry.retry_sooner(SUPERNODE_LOOP, ours.pull_retry, 10 * ours.pull_retry)
     except RuntimeError as err:
         sys.exit(f"fedhead-supernode: error: {err}")
     from flwr.supernode.cli import flower_supernode

@@ -49,16 +49,19 @@ def test_tune_replaces_the_names_of_flwrs_loop(monkeypatch):
         supernode.tune(loop, 0.5, 0.05)  # tuned twice: no longer flwr's modules
 
 
-@pytest.mark.parametrize("value", ["0", "nan", "61", "x"])
-def test_a_wait_out_of_range_is_one_error_line(value):
+OUT_OF_RANGE = [("--idle-pull", "0"), ("--idle-pull", "nan"), ("--reply-check", "61"), ("--pull-retry", "x")]
+
+
+@pytest.mark.parametrize(("flag", "value"), OUT_OF_RANGE)
+def test_a_wait_out_of_range_is_one_error_line(flag, value):
     res = subprocess.run(
-        [sys.executable, "-m", "fedhead.cli.supernode", "--idle-pull", value, "--insecure"],
+        [sys.executable, "-m", "fedhead.cli.supernode", flag, value, "--insecure"],
         capture_output=True,
         text=True,
         timeout=60,
     )
     assert res.returncode == 2
-    assert res.stderr.strip().splitlines()[-1].startswith("fedhead-supernode: error: argument --idle-pull")
+    assert res.stderr.strip().splitlines()[-1].startswith(f"fedhead-supernode: error: argument {flag}")
 
 
 def test_help_shows_fedheads_flags_then_flwrs():
@@ -67,4 +70,4 @@ def test_help_shows_fedheads_flags_then_flwrs():
     )
     assert res.returncode == 0, res.stderr
     ours, flwrs = res.stdout.index("--idle-pull"), res.stdout.index("--superlink")
-    assert ours < flwrs and "--reply-check" in res.stdout
+    assert ours < flwrs and "--reply-check" in res.stdout and "--pull-retry" in res.stdout
