@@ -155,7 +155,7 @@ def patch_installer() -> None:
     runtime = importlib.import_module(INSTALLER)
     if runtime.install_from_fab is not install_from_fab:
         sys.exit(f"fedhead warm ClientApp parent: {INSTALLER}.install_from_fab is not flwr 1.42's: flwr not supported")
-    runtime.install_from_fab = install_once(install_from_fab)
+    setattr(runtime, "install_from_fab", install_once(install_from_fab))  # noqa: B010 - a module's name
 
 
 def main() -> None:

@@ -52,7 +52,7 @@ def sooner(
 def _flwrs() -> Callable[..., Any] | None:
     """flwr's own ``pull_objects`` (unwrapped, when its module was given sooner retries)."""
     found = importlib.import_module(PULLS).__dict__.get("pull_objects")
-    return found.__wrapped__ if getattr(found, "fedhead_sooner", False) else found
+    return getattr(found, "__wrapped__", None) if getattr(found, "fedhead_sooner", False) else found
 
 
 def retry_sooner(module_name: str, first: float = FIRST_RETRY_S, cap: float = RETRY_CAP_S) -> None:
