@@ -189,17 +189,25 @@ class SecureSumServer:
             log.info("secure sum: site(s) %s dropped after sharing keys", list(self._unmasking.dropped))
         return self._unmasking
 
+    def _signature_fault(self, site: int, signature: bytes) -> str | None:
+        """Why ``site``'s signature of the survivor list (after stage 3) is no valid survivor's; None if it is."""
+        alive, gone = self._unmasking.survivors, self._unmasking.dropped
+        if site not in alive:
+            return "secure sum: a survivor-list signature from a site that is not a survivor"
+        if not verify_survivors(self.roster, signature, self._book[site].name, self.sum_id, alive, gone):
+            return "secure sum: the survivor-list signature does not verify"
+        return None
+
     def verified(self, signatures: Mapping[int, bytes]) -> dict[int, bytes]:
         """The ``signatures`` of the survivor list (after stage 3) that are survivors' and verify; another is left
         out with a log line (its site's input still counts, only its signature does not)."""
-        alive, gone = self._unmasking.survivors, self._unmasking.dropped
         kept = {}
         for site, signature in signatures.items():
-            name = self._book[site].name if site in self._book else None
-            if site in alive and name and verify_survivors(self.roster, signature, name, self.sum_id, alive, gone):
+            fault = self._signature_fault(site, signature)
+            if fault is None:
                 kept[site] = signature
             else:
-                log.info("secure sum: site %d's survivor-list signature does not verify; left out", site)
+                log.info("site %d: %s; left out", site, fault)
         return kept
 
     def collect_signatures(self, signatures: Mapping[int, bytes]) -> Unmasking:
@@ -208,10 +216,9 @@ class SecureSumServer:
         self._enter(4, "collect signatures")
         alive, gone = self._unmasking.survivors, self._unmasking.dropped
         for site, signature in signatures.items():
-            if site not in alive:
-                raise ReplyError(site, "secure sum: a survivor-list signature from a site that is not a survivor")
-            if not verify_survivors(self.roster, signature, self._book[site].name, self.sum_id, alive, gone):
-                raise ReplyError(site, "secure sum: the survivor-list signature does not verify")
+            fault = self._signature_fault(site, signature)
+            if fault is not None:
+                raise ReplyError(site, fault)
         self._enough(len(signatures), "signed the survivor list")
         self._unmasking = Unmasking(alive, gone, {s: signatures[s] for s in sorted(signatures)})
         return self._unmasking
