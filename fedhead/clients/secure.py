@@ -110,9 +110,7 @@ def begin_sum(
         encoding = sums.checked_encoding(requested, fields["bound"], record.get("sites"))
         sums.drop_input(context)  # an input the site kept for the sum before is gone with it
         try:
-            out.update(_masked_reply(client, ciphertexts, values, encoding, sums.signs_now(msg)))
-            if sums.signs_now(msg):
-                sums.keep_input(context, values)  # until the site reveals, or its input moves to a fresh sum
+            out.update(_masked_reply(client, ciphertexts, values, encoding, sums.signs_now(msg), context))
         except (SecureSumError, ValueError) as exc:
             raise ClientError(f"secure sum {name}, step {sr.MASK}: {exc}") from None
         finally:
@@ -162,13 +160,20 @@ def handle_secure_step(
 
 
 def _masked_reply(
-    client: SecureSumClient, ciphertexts: Mapping[int, bytes], values: np.ndarray, encoding, sign_now: bool
+    client: SecureSumClient,
+    ciphertexts: Mapping[int, bytes],
+    values: np.ndarray,
+    encoding,
+    sign_now: bool,
+    context: Context,
 ) -> RecordDict:
     """The masked input and, ``sign_now``, the site's signature of its full list with it
-    ([`mask_and_sign`][fedhead.federation.secure_site.SecureSumClient.mask_and_sign])."""
+    ([`mask_and_sign`][fedhead.federation.secure_site.SecureSumClient.mask_and_sign]); then ``values`` are kept
+    in the node's state until the site reveals, or its input moves to a fresh sum (else nothing of it is)."""
     if not sign_now:
         return RecordDict({sr.SECURE: ArrayRecord({sr.MASKED: Array(client.mask(ciphertexts, values, encoding))})})
     masked, signature = client.mask_and_sign(ciphertexts, values, encoding)
+    sums.keep_input(context, values)
     return RecordDict(
         {
             sr.SECURE: ArrayRecord({sr.MASKED: Array(masked)}),
@@ -196,10 +201,7 @@ def _secure_step(
     elif step == sr.MASK:
         ciphertexts, requested = sr.unpack_mask_request(payload)
         encoding = sums.checked_encoding(requested, held.get("bound"), held.get("sites"))
-        values = sums.take_input(context)
-        out.update(_masked_reply(client, ciphertexts, values, encoding, sign_now))
-        if sign_now:  # kept until the site reveals, or its input moves to a fresh sum; else nothing of it is kept
-            sums.keep_input(context, values)
+        out.update(_masked_reply(client, ciphertexts, sums.take_input(context), encoding, sign_now, context))
     elif step == sr.SIGN:
         signature = client.sign_survivors(sr.unpack_unmasking(payload))
         out[sr.SECURE] = ConfigRecord({sr.PAYLOAD: sr.pack_signature(signature)})
