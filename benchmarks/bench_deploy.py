@@ -7,7 +7,8 @@ one SuperLink with TLS and SuperNode authentication and one SuperNode per file o
 subprocess isolation; tests/deploy_helpers.py, the command lines of tests/deploy_commands.py), serving
 ``flwr run .`` of the clear job, then of the secure one (``privacy.mode=secure``; each site's signing key
 and the roster of ``fedhead-keys``). ``deployment`` runs fedhead's site programs (``fedhead-supernode``: a
-0.5 s idle pull; ``fedhead-superexec``: ClientApp processes forked from a warm parent), ``flwr-programs``
+0.5 s idle pull, pull retries within 0.05 to 0.5 s; ``fedhead-superexec``: ClientApp processes forked from a
+warm parent, each FAB installed once), ``flwr-programs``
 flwr's ``flower-supernode`` and ``flower-superexec`` on the same files. The simulation is the same jobs
 through ``run_federations`` (flwr's Ray simulation, one Ray start per site count: an unmeasured warm-up job,
 then the clear and the secure job).

@@ -22,8 +22,10 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-#: flwr 1.42's first retry and cap, in seconds
-FLWR_FIRST_RETRY_S, FLWR_RETRY_CAP_S = 1.0, 10.0
+from flwr.supercore.constant import PULL_BACKOFF_CAP, PULL_INITIAL_BACKOFF, PULL_MAX_TRIES_PER_OBJECT
+
+#: flwr's own first retry and cap, in seconds (1 and 10 in flwr 1.42)
+FLWR_FIRST_RETRY_S, FLWR_RETRY_CAP_S = float(PULL_INITIAL_BACKOFF), float(PULL_BACKOFF_CAP)
 #: fedhead's: a missing object is asked for again within 0.05 to 0.5 s
 FIRST_RETRY_S, RETRY_CAP_S = 0.05, 0.5
 #: where flwr defines ``pull_objects``
@@ -40,7 +42,7 @@ def sooner(
     def pull(*args: Any, **kwargs: Any) -> Any:
         kwargs["initial_backoff"] = min(float(kwargs.get("initial_backoff", first)), first)
         kwargs["backoff_cap"] = min(float(kwargs.get("backoff_cap", cap)), cap)
-        tries = kwargs.get("max_tries_per_object", 500)
+        tries = kwargs.get("max_tries_per_object", PULL_MAX_TRIES_PER_OBJECT)
         if tries is not None:
             kwargs["max_tries_per_object"] = int(tries) * math.ceil(FLWR_RETRY_CAP_S / kwargs["backoff_cap"])
         return pull_objects(*args, **kwargs)
